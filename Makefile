@@ -1,0 +1,57 @@
+# dra-testbed: the verbs people expect. Every target installs what it needs first.
+#   make e2e     bring a local control plane up, prove it allocates, tear it down (KEEP=1 keeps it)
+#   make test    unit + integration tests against the real local control plane
+#   make bench   benchmark figures (COLD=1 also re-runs a cold build of the binaries)
+#   make lint    ruff + mypy
+#   make clean   remove the virtualenv and caches of this checkout (not the built binaries)
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+INSTALLED := $(VENV)/.installed
+PYTEST_ARGS ?=
+RUNS ?= 5
+
+.PHONY: install binaries e2e test unit bench lint format clean clean-binaries
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(INSTALLED): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $@
+
+install: $(INSTALLED) binaries
+
+binaries: $(INSTALLED)
+	$(VENV)/bin/testbed binaries
+
+e2e: install
+	$(PY) scripts/e2e.py
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+unit: $(INSTALLED)
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+bench: install
+	$(PY) benchmarks/bench_controlplane.py --runs $(RUNS) $(if $(COLD),--cold,)
+
+lint: $(INSTALLED)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+format: $(INSTALLED)
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info build dist
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+
+clean-binaries: $(INSTALLED)
+	rm -rf "$$($(PY) -c 'from testbed import config; print(config.binaries_cache_dir())')"

@@ -1,0 +1,50 @@
+"""`make e2e`: the user's path end to end, through the `testbed` command itself.
+
+Brings a cluster up, proves it allocates, shows its status, and always tears it down
+(KEEP=1 keeps it running for a look around).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+NAME = os.environ.get("CLUSTER_NAME", "e2e")
+
+
+def testbed(*args: str, capture: bool = False) -> str:
+    print(f"+ testbed {' '.join(args)}", file=sys.stderr, flush=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "testbed.cli", *args, "--name", NAME],
+        stdout=subprocess.PIPE if capture else None,
+        text=True,
+        check=True,
+    )
+    return result.stdout or ""
+
+
+def main() -> int:
+    started = time.monotonic()
+    keep = os.environ.get("KEEP") == "1"
+    try:
+        kubeconfig = testbed("up", capture=True).strip().splitlines()[-1]
+        testbed("check")
+        testbed("status")
+    except subprocess.CalledProcessError as exc:
+        print(f"e2e FAILED: `{' '.join(exc.cmd[2:])}` exited {exc.returncode}", file=sys.stderr)
+        keep = False
+        return 1
+    finally:
+        if not keep:
+            testbed("down")
+    print(f"e2e passed in {time.monotonic() - started:.1f}s", file=sys.stderr)
+    if keep:
+        print(f"cluster kept (KEEP=1): export KUBECONFIG={kubeconfig}")
+        print(f"`testbed down --name {NAME}` ends it")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

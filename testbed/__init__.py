@@ -1,0 +1,1 @@
+"""dra-testbed: the Kubernetes-facing side of the testbed and its orchestration."""

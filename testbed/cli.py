@@ -1,0 +1,230 @@
+"""`testbed`: up | down | status | kubeconfig | check | binaries.
+
+stdout carries only what scripts consume (the kubeconfig path, last line of `up`);
+progress and diagnostics go to stderr.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from collections.abc import Callable
+from functools import wraps
+from pathlib import Path
+from types import FrameType
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from testbed import config as cfg
+from testbed.controlplane import binaries as binaries_module
+from testbed.controlplane import cluster
+from testbed.errors import TestbedError
+from testbed.progress import ConsoleProgress
+
+F = TypeVar("F", bound=Callable[..., Any])
+stderr = Console(stderr=True, highlight=False)
+
+
+def _interrupt_on_sigterm() -> None:
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def reports_errors(command: F) -> F:
+    @wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except TestbedError as exc:
+            stderr.print(f"[bold red]error:[/] {exc.message}")
+            if exc.detail:
+                stderr.print(exc.detail.rstrip(), markup=False)
+            if exc.hint:
+                stderr.print(f"[yellow]hint:[/] {exc.hint}")
+            sys.exit(1)
+        except KeyboardInterrupt:
+            stderr.print("interrupted: everything this command started has been stopped")
+            sys.exit(130)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def cluster_options(command: F) -> F:
+    command = click.option(
+        "--state-dir",
+        type=click.Path(path_type=Path),
+        default=None,
+        help="Cluster directory (default: <TESTBED_STATE_DIR>/clusters/<name>).",
+    )(command)
+    return click.option(
+        "--name", default=cfg.DEFAULT_CLUSTER_NAME, show_default=True, help="Cluster name."
+    )(command)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """A fake-hardware testbed for Kubernetes Dynamic Resource Allocation."""
+
+
+@main.command()
+@cluster_options
+@click.option("--port", type=int, default=None, help="kube-apiserver port (default: a free one).")
+@click.option("--kcm-qps", type=float, default=75.0, show_default=True)
+@click.option("--kcm-burst", type=int, default=150, show_default=True)
+@click.option("--scheduler-qps", type=float, default=100.0, show_default=True)
+@click.option("--scheduler-burst", type=int, default=200, show_default=True)
+@click.option(
+    "--alpha",
+    is_flag=True,
+    help="Turn on every alpha DRA feature gate and alpha/beta APIs on all components "
+    "(also: TESTBED_ALPHA=1).",
+)
+@click.option(
+    "--feature-gates",
+    default="",
+    help="Extra gates for all components, e.g. DRADeviceCompatibilityGroups=true "
+    "(also: TESTBED_FEATURE_GATES).",
+)
+@click.option(
+    "--timeout", type=float, default=120.0, show_default=True, help="Start-up timeout, seconds."
+)
+@reports_errors
+def up(
+    name: str,
+    state_dir: Path | None,
+    port: int | None,
+    kcm_qps: float,
+    kcm_burst: int,
+    scheduler_qps: float,
+    scheduler_burst: int,
+    alpha: bool,
+    feature_gates: str,
+    timeout: float,
+) -> None:
+    """Start a local control plane; print the kubeconfig path last."""
+    _interrupt_on_sigterm()
+    config = cfg.ControlPlaneConfig.from_env(
+        name=name,
+        state_dir=state_dir,
+        apiserver_port=port,
+        kcm_qps=kcm_qps,
+        kcm_burst=kcm_burst,
+        scheduler_qps=scheduler_qps,
+        scheduler_burst=scheduler_burst,
+        alpha=alpha,
+        startup_timeout_s=timeout,
+        extra_feature_gates=cfg.parse_feature_gates(feature_gates, "--feature-gates"),
+    )
+    state = cluster.up(config, ConsoleProgress())
+    click.echo(str(state.kubeconfig))
+
+
+@main.command()
+@cluster_options
+@click.option("--keep-state", is_flag=True, help="Keep logs, PKI and etcd data on disk.")
+@reports_errors
+def down(name: str, state_dir: Path | None, keep_state: bool) -> None:
+    """Stop everything `testbed up` started."""
+    config = cfg.ControlPlaneConfig(name=name, state_dir=state_dir)
+    stopped = cluster.down(config, keep_state=keep_state)
+    if stopped:
+        stderr.print(f"stopped {', '.join(stopped)}")
+    else:
+        stderr.print(f"cluster {name!r}: nothing was running")
+
+
+@main.command()
+@cluster_options
+@reports_errors
+def kubeconfig(name: str, state_dir: Path | None) -> None:
+    """Print the admin kubeconfig path of a running cluster."""
+    config = cfg.ControlPlaneConfig(name=name, state_dir=state_dir)
+    state = cluster.ClusterState.load(config.cluster_dir) if config.cluster_dir.exists() else None
+    if state is None or not state.ready:
+        raise TestbedError(f"cluster {name!r} is not running", hint="start it with `testbed up`")
+    click.echo(str(state.kubeconfig))
+
+
+@main.command()
+@cluster_options
+@reports_errors
+def status(name: str, state_dir: Path | None) -> None:
+    """Say what runs, and whether it is healthy. Exit 0 only if all is."""
+    config = cfg.ControlPlaneConfig(name=name, state_dir=state_dir)
+    state, components = cluster.status(config)
+    out = Console(highlight=False)
+    if state is None:
+        out.print(f"cluster {name!r}: not running")
+        sys.exit(1)
+    table = Table(title=f"cluster {name!r} ({state.root})")
+    for column in ("component", "pid", "process", "health", "log"):
+        table.add_column(column)
+    for c in components:
+        table.add_row(
+            c.name,
+            str(c.pid),
+            "running" if c.alive else "[red]gone[/]",
+            "[green]healthy[/]" if c.healthy else "[red]unhealthy[/]",
+            c.log,
+        )
+    out.print(table)
+    out.print(f"apiserver: {state.apiserver_url}\nkubeconfig: {state.kubeconfig}")
+    out.print(f"binaries: {state.binaries}")
+    if not all(c.healthy for c in components):
+        sys.exit(1)
+
+
+@main.command()
+@cluster_options
+@click.option(
+    "--kubeconfig",
+    "kubeconfig_file",
+    type=click.Path(exists=True, path_type=Path),
+    default=None,
+    help="Check this cluster instead of a testbed one.",
+)
+@reports_errors
+def check(name: str, state_dir: Path | None, kubeconfig_file: Path | None) -> None:
+    """Prove the cluster allocates DRA devices: node, slice, class, claim template, pod."""
+    from testbed.controlplane import selfcheck
+    from testbed.kube import api_client
+
+    if kubeconfig_file is None:
+        config = cfg.ControlPlaneConfig(name=name, state_dir=state_dir)
+        state = (
+            cluster.ClusterState.load(config.cluster_dir) if config.cluster_dir.exists() else None
+        )
+        if state is None or not state.ready:
+            raise TestbedError(
+                f"cluster {name!r} is not running", hint="start it with `testbed up`"
+            )
+        kubeconfig_file = state.kubeconfig
+    api = api_client(kubeconfig_file)
+    try:
+        result = selfcheck.run_allocation_check(api)
+    finally:
+        api.close()  # type: ignore[no-untyped-call]
+    click.echo(
+        f"ok: Kubernetes {result.version} allocated {result.driver}/{result.pool}/{result.device} "
+        f"to claim {result.claim}, reserved it for the pod and bound the pod to "
+        f"{result.bound_node} in {result.seconds:.2f}s"
+    )
+
+
+@main.command("binaries")
+@click.option("--no-download", is_flag=True, help="Skip release downloads; build if not cached.")
+@reports_errors
+def binaries_command(no_download: bool) -> None:
+    """Obtain the control-plane binaries (cache, download or build); print their directory."""
+    found = binaries_module.ensure_binaries(ConsoleProgress(), allow_download=not no_download)
+    stderr.print(f"binaries: {found.source}")
+    click.echo(str(found.directory))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+"""Every knob of the testbed in one place: versions, paths, feature gates, defaults.
+
+Environment variables read here (and nowhere else):
+
+- ``TESTBED_KUBE_BIN_DIR``: a directory holding etcd, kube-apiserver,
+  kube-scheduler and kube-controller-manager to use as they are.
+- ``TESTBED_CACHE_DIR``: where built or downloaded binaries are kept
+  (default ``$XDG_CACHE_HOME/dra-testbed`` or ``~/.cache/dra-testbed``).
+- ``TESTBED_STATE_DIR``: where clusters keep PKI, logs, etcd data and PIDs
+  (default ``$XDG_STATE_HOME/dra-testbed`` or ``~/.local/state/dra-testbed``).
+- ``TESTBED_FEATURE_GATES``: extra gates for every component, ``A=true,B=false``.
+- ``TESTBED_ALPHA``: ``1`` turns on every alpha DRA gate and alpha/beta APIs.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from testbed.errors import TestbedError
+
+KUBERNETES_VERSION = "v1.37.1"
+"""Newest 1.37 patch whose source the Go module proxy serves (v1.37.2 is listed but
+its archive is refused), so every path (download, cache, build) yields the same one."""
+
+ETCD_VERSION = "v3.6.16"
+
+CONTROL_PLANE_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
+"""What a cluster cannot start without."""
+
+OPTIONAL_BINARIES = ("kubectl",)
+"""Built or downloaded alongside when possible; used for dry-runs and `auth can-i`."""
+
+RELEASE_BASE_URL = "https://dl.k8s.io/release"
+ETCD_RELEASE_BASE_URL = "https://github.com/etcd-io/etcd/releases/download"
+DOWNLOAD_TIMEOUT_S = 10.0
+
+# Beta DRA gates as of 1.37. Most are on by default; naming them all makes the
+# intent explicit, and DRAWorkloadResourceClaims is off by default and needs
+# GenericWorkload. GA gates are locked on and must not be named (a removed
+# gate stops the component from starting).
+BETA_DRA_GATES: dict[str, bool] = {
+    "DRAConsumableCapacity": True,
+    "DRADeviceBindingConditions": True,
+    "DRAFractionalCapacityRange": True,
+    "DRAPartitionableDevices": True,
+    "DRAResourceClaimGranularStatusAuthorization": True,
+    "DRASchedulerFilterTimeout": True,
+    "DRAWorkloadResourceClaims": True,
+    "GenericWorkload": True,
+}
+
+ALPHA_DRA_GATES: dict[str, bool] = {
+    "DRADerivedAttributes": True,
+    "DRADeviceCompatibilityGroups": True,
+    "DRAListTypeAttributes": True,
+    "DRANodeAllocatableResources": True,
+    "DRAOptionalNodeOperations": True,
+    "DRAPartitionableDevicesType": True,
+    "DRAResourcePoolStatus": True,
+}
+
+DEFAULT_CLUSTER_NAME = "testbed"
+
+
+def _xdg(var: str, fallback: str) -> Path:
+    value = os.environ.get(var)
+    return Path(value) if value else Path.home() / fallback
+
+
+def cache_root() -> Path:
+    explicit = os.environ.get("TESTBED_CACHE_DIR")
+    return Path(explicit) if explicit else _xdg("XDG_CACHE_HOME", ".cache") / "dra-testbed"
+
+
+def state_root() -> Path:
+    explicit = os.environ.get("TESTBED_STATE_DIR")
+    if explicit:
+        return Path(explicit)
+    return _xdg("XDG_STATE_HOME", ".local/state") / "dra-testbed"
+
+
+def binaries_cache_dir() -> Path:
+    return cache_root() / f"k8s-{KUBERNETES_VERSION}-etcd-{ETCD_VERSION}"
+
+
+def kube_bin_dir_override() -> Path | None:
+    value = os.environ.get("TESTBED_KUBE_BIN_DIR")
+    return Path(value) if value else None
+
+
+def parse_feature_gates(text: str, source: str) -> dict[str, bool]:
+    """Parse ``A=true,B=false``; ``source`` names where the text came from in errors."""
+    gates: dict[str, bool] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, value = item.partition("=")
+        if not sep or value.lower() not in ("true", "false") or not name:
+            raise TestbedError(
+                f"{source}: cannot read feature gate {item!r}",
+                hint="write gates as Name=true or Name=false, separated by commas",
+            )
+        gates[name] = value.lower() == "true"
+    return gates
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "").lower() in ("1", "true", "yes", "on")
+
+
+@dataclass
+class ControlPlaneConfig:
+    """How one local control plane is started."""
+
+    name: str = DEFAULT_CLUSTER_NAME
+    state_dir: Path | None = None
+    apiserver_port: int | None = None
+    """None picks a free port."""
+    kcm_qps: float = 75.0
+    kcm_burst: int = 150
+    """The cluster-admin guide found 75/150 the floor for pod startup within SLO."""
+    scheduler_qps: float = 100.0
+    scheduler_burst: int = 200
+    alpha: bool = False
+    """All alpha DRA gates plus alpha and beta API versions, on every component."""
+    extra_feature_gates: dict[str, bool] = field(default_factory=dict)
+    etcd_unsafe_no_fsync: bool = True
+    """A testbed's etcd holds nothing worth an fsync; skipping it keeps slow disks from
+    dominating latency figures."""
+    startup_timeout_s: float = 120.0
+
+    @classmethod
+    def from_env(cls, **overrides: object) -> ControlPlaneConfig:
+        config = cls(**overrides)  # type: ignore[arg-type]
+        if env_flag("TESTBED_ALPHA"):
+            config.alpha = True
+        env_gates = os.environ.get("TESTBED_FEATURE_GATES", "")
+        if env_gates:
+            merged = parse_feature_gates(env_gates, "TESTBED_FEATURE_GATES")
+            merged.update(config.extra_feature_gates)
+            config.extra_feature_gates = merged
+        return config
+
+    @property
+    def cluster_dir(self) -> Path:
+        return self.state_dir or state_root() / "clusters" / self.name
+
+    def feature_gates(self) -> dict[str, bool]:
+        gates = dict(BETA_DRA_GATES)
+        if self.alpha:
+            gates.update(ALPHA_DRA_GATES)
+        gates.update(self.extra_feature_gates)
+        return gates
+
+    def runtime_config(self) -> str | None:
+        return "api/alpha=true,api/beta=true" if self.alpha else None

@@ -1,0 +1,387 @@
+"""Bring a local control plane up, report on it, and take it down, leaving nothing behind.
+
+A cluster is a directory (``<state>/clusters/<name>``) holding its PKI, kubeconfigs,
+etcd data, component logs and ``state.json``, the record of the processes it started.
+``state.json`` is written after every process start, so even a `testbed up` killed
+half-way leaves enough for `testbed down` (or the next `testbed up`) to clean up.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import ssl
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from testbed.config import ControlPlaneConfig
+from testbed.controlplane import components, pki, processes
+from testbed.controlplane.binaries import Binaries, ensure_binaries
+from testbed.controlplane.components import Layout, Ports
+from testbed.controlplane.processes import ProcessRecord
+from testbed.errors import TestbedError
+from testbed.progress import Progress, SilentProgress
+
+STOP_ORDER = ("kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd")
+OWNED_MARKERS = ("state.json", "pki", "logs")
+POLL_INTERVAL_S = 0.1
+
+
+@dataclass
+class ClusterState:
+    name: str
+    root: Path
+    ports: Ports
+    binaries: str
+    processes: list[ProcessRecord] = field(default_factory=list)
+    ready: bool = False
+    started_at: float = field(default_factory=time.time)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(self.root)
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.layout.admin_kubeconfig
+
+    @property
+    def apiserver_url(self) -> str:
+        return f"https://127.0.0.1:{self.ports.apiserver}"
+
+    def save(self) -> None:
+        document = {
+            "name": self.name,
+            "root": str(self.root),
+            "ports": self.ports.as_dict(),
+            "binaries": self.binaries,
+            "processes": [p.to_json() for p in self.processes],
+            "ready": self.ready,
+            "started_at": self.started_at,
+            "timings": self.timings,
+        }
+        temporary = self.layout.state_file.with_suffix(".tmp")
+        temporary.write_text(json.dumps(document, indent=2))
+        temporary.replace(self.layout.state_file)
+
+    @classmethod
+    def load(cls, root: Path) -> ClusterState | None:
+        path = Layout(root).state_file
+        if not path.exists():
+            return None
+        try:
+            data = json.loads(path.read_text())
+            return cls(
+                name=data["name"],
+                root=Path(data["root"]),
+                ports=Ports(**data["ports"]),
+                binaries=data["binaries"],
+                processes=[ProcessRecord.from_json(p) for p in data["processes"]],
+                ready=bool(data["ready"]),
+                started_at=float(data["started_at"]),
+                timings=dict(data.get("timings", {})),
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            raise TestbedError(
+                f"cannot read {path}: {exc}",
+                hint=f"if no testbed processes run, remove {root} and start again",
+            ) from exc
+
+    def live_processes(self) -> list[ProcessRecord]:
+        return [p for p in self.processes if p.alive()]
+
+
+class ComponentFailed(TestbedError):
+    pass
+
+
+# --- health ------------------------------------------------------------------------
+
+
+def admin_ssl_context(layout: Layout) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=str(layout.pki.ca_cert))
+    context.load_cert_chain(
+        str(layout.pki.client_cert(pki.ADMIN)), str(layout.pki.client_key(pki.ADMIN))
+    )
+    return context
+
+
+def _self_signed_context() -> ssl.SSLContext:
+    """KCM and scheduler serve with certs they sign themselves; we only ask their health."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+def http_status(
+    url: str, context: ssl.SSLContext | None = None, timeout: float = 2.0
+) -> int | None:
+    try:
+        with urllib.request.urlopen(url, context=context, timeout=timeout) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (urllib.error.URLError, OSError):
+        return None
+
+
+@dataclass(frozen=True)
+class HealthCheck:
+    name: str
+    url: str
+    context: ssl.SSLContext | None
+
+
+def health_checks(state: ClusterState) -> dict[str, HealthCheck]:
+    admin = admin_ssl_context(state.layout)
+    insecure = _self_signed_context()
+    ports = state.ports
+    return {
+        "etcd": HealthCheck("etcd", f"http://127.0.0.1:{ports.etcd_client}/health", None),
+        "kube-apiserver": HealthCheck("kube-apiserver", f"{state.apiserver_url}/readyz", admin),
+        "kube-controller-manager": HealthCheck(
+            "kube-controller-manager",
+            f"https://127.0.0.1:{ports.controller_manager}/healthz",
+            insecure,
+        ),
+        "kube-scheduler": HealthCheck(
+            "kube-scheduler", f"https://127.0.0.1:{ports.scheduler}/readyz", insecure
+        ),
+    }
+
+
+# --- up ------------------------------------------------------------------------------
+
+
+def _prepare_directory(config: ControlPlaneConfig, progress: Progress) -> Path:
+    """Refuse a running cluster; clear what a killed run left; never delete foreign files."""
+    root = config.cluster_dir
+    state = ClusterState.load(root) if root.exists() else None
+    if state is not None:
+        live = state.live_processes()
+        if live:
+            if state.ready:
+                message = (
+                    f"cluster {config.name!r} is already running (kubeconfig {state.kubeconfig})"
+                )
+            else:
+                running = ", ".join(f"{p.name} (pid {p.pid})" for p in live)
+                message = f"cluster {config.name!r} is partly running: {running}"
+            raise TestbedError(
+                message,
+                hint=f"use it as it is, or run `testbed down --name {config.name}` first",
+            )
+        progress.step(f"clearing stale state of an earlier run that was killed: {root}")
+    if root.exists():
+        entries = list(root.iterdir())
+        if entries and not any((root / marker).exists() for marker in OWNED_MARKERS):
+            raise TestbedError(
+                f"{root} exists and does not look like a testbed cluster directory",
+                hint="choose another --state-dir, or empty that directory",
+            )
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    return root
+
+
+def _choose_ports(config: ControlPlaneConfig) -> Ports:
+    if config.apiserver_port is not None and processes.port_in_use(config.apiserver_port):
+        raise TestbedError(
+            f"port {config.apiserver_port} on 127.0.0.1 is already in use",
+            hint="pick another with --port, or leave --port out to get a free one",
+        )
+    chosen: set[int] = set()
+
+    def pick() -> int:
+        while (port := processes.free_port()) in chosen:
+            pass
+        chosen.add(port)
+        return port
+
+    return Ports(
+        etcd_client=pick(),
+        etcd_peer=pick(),
+        apiserver=config.apiserver_port or pick(),
+        controller_manager=pick(),
+        scheduler=pick(),
+    )
+
+
+def _wait_healthy(
+    state: ClusterState,
+    running: dict[str, tuple[object, ProcessRecord]],
+    names: list[str],
+    deadline: float,
+    progress: Progress,
+) -> None:
+    checks = health_checks(state)
+    pending = list(names)
+    while pending:
+        for name, (_, record) in running.items():
+            if not record.alive():
+                processes.stop(state.processes)  # reap, so the exit is final
+                raise ComponentFailed(
+                    f"{name} exited during start-up",
+                    detail=f"last lines of {record.log}:\n{processes.log_tail(record.log)}",
+                    hint="the log names the cause; a port race or a bad flag are the usual ones",
+                )
+        pending = [n for n in pending if http_status(checks[n].url, checks[n].context) != 200]
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            name = pending[0]
+            record = running[name][1]
+            raise ComponentFailed(
+                f"{', '.join(pending)} not healthy within the start-up timeout",
+                detail=f"last lines of {record.log}:\n{processes.log_tail(record.log)}",
+                hint="a slow machine may need a longer --timeout",
+            )
+        progress.update(f"waiting for {', '.join(pending)}")
+        time.sleep(POLL_INTERVAL_S)
+
+
+def _wait_for(
+    description: str,
+    ready: Callable[[], bool],
+    state: ClusterState,
+    deadline: float,
+    progress: Progress,
+) -> None:
+    while not ready():
+        dead = [p for p in state.processes if not p.alive()]
+        if dead:
+            raise ComponentFailed(
+                f"{dead[0].name} exited while waiting for {description}",
+                detail=f"last lines of {dead[0].log}:\n{processes.log_tail(dead[0].log)}",
+            )
+        if time.monotonic() > deadline:
+            raise ComponentFailed(f"timed out waiting for {description}")
+        progress.update(f"waiting for {description}")
+        time.sleep(POLL_INTERVAL_S)
+
+
+def up(
+    config: ControlPlaneConfig,
+    progress: Progress | None = None,
+    binaries: Binaries | None = None,
+) -> ClusterState:
+    """Start etcd, kube-apiserver, kube-controller-manager and kube-scheduler; wait for
+    all four to be healthy and the default service account to exist."""
+    progress = progress or SilentProgress()
+    t0 = time.monotonic()
+    root = _prepare_directory(config, progress)
+    binaries = binaries or ensure_binaries(progress)
+    t_binaries = time.monotonic()
+    progress.step(f"binaries: {binaries.source}")
+
+    layout = Layout(root)
+    ports = _choose_ports(config)
+    state = ClusterState(name=config.name, root=root, ports=ports, binaries=binaries.source)
+    running: dict[str, tuple[object, ProcessRecord]] = {}
+
+    def launch(name: str, command: list[str]) -> None:
+        proc, record = processes.start(name, command, layout.log(name), cwd=root)
+        running[name] = (proc, record)
+        state.processes.append(record)
+        state.save()
+
+    try:
+        pki.generate(layout.root / "pki")
+        for who in pki.CLIENTS:
+            components.write_kubeconfig(layout, who, state.apiserver_url, config.name)
+        state.save()
+        deadline = time.monotonic() + config.startup_timeout_s
+
+        launch("etcd", components.etcd_command(binaries, layout, ports, config))
+        launch("kube-apiserver", components.apiserver_command(binaries, layout, ports, config))
+        with progress.task("starting etcd and kube-apiserver"):
+            _wait_healthy(state, running, ["etcd", "kube-apiserver"], deadline, progress)
+        t_apiserver = time.monotonic()
+
+        launch(
+            "kube-controller-manager",
+            components.controller_manager_command(binaries, layout, ports, config),
+        )
+        launch("kube-scheduler", components.scheduler_command(binaries, layout, ports, config))
+        with progress.task("starting kube-controller-manager and kube-scheduler"):
+            _wait_healthy(
+                state, running, ["kube-controller-manager", "kube-scheduler"], deadline, progress
+            )
+            # Pods cannot be created before the service-account controller made `default`.
+            context = admin_ssl_context(layout)
+            sa_url = f"{state.apiserver_url}/api/v1/namespaces/default/serviceaccounts/default"
+            _wait_for(
+                "the default service account",
+                lambda: http_status(sa_url, context) == 200,
+                state,
+                deadline,
+                progress,
+            )
+        t_ready = time.monotonic()
+        state.ready = True
+        state.timings = {
+            "binaries_s": round(t_binaries - t0, 3),
+            "apiserver_ready_s": round(t_apiserver - t_binaries, 3),
+            "all_ready_s": round(t_ready - t_binaries, 3),
+        }
+        state.save()
+        progress.step(
+            f"control plane {config.name!r} ready in {t_ready - t_binaries:.1f}s "
+            f"(apiserver https://127.0.0.1:{ports.apiserver}, logs in {layout.logs})"
+        )
+        return state
+    except BaseException:
+        # Ctrl-C, a failed component, anything: leave no process behind.
+        processes.stop(state.processes)
+        layout.state_file.unlink(missing_ok=True)
+        raise
+
+
+# --- down and status ------------------------------------------------------------------
+
+
+def down(config: ControlPlaneConfig, keep_state: bool = False) -> list[str]:
+    """Stop every process the cluster started; remove its directory unless asked not to."""
+    root = config.cluster_dir
+    if not root.exists():
+        return []
+    state = ClusterState.load(root)
+    stopped: list[str] = []
+    if state is not None:
+        order = {name: i for i, name in enumerate(STOP_ORDER)}
+        records = sorted(state.processes, key=lambda p: order.get(p.name, -1))
+        stopped = processes.stop(records)
+    if keep_state:
+        Layout(root).state_file.unlink(missing_ok=True)
+    elif state is not None or any((root / m).exists() for m in OWNED_MARKERS):
+        shutil.rmtree(root)
+    return stopped
+
+
+@dataclass(frozen=True)
+class ComponentStatus:
+    name: str
+    pid: int
+    alive: bool
+    healthy: bool
+    log: str
+
+
+def status(config: ControlPlaneConfig) -> tuple[ClusterState | None, list[ComponentStatus]]:
+    state = ClusterState.load(config.cluster_dir) if config.cluster_dir.exists() else None
+    if state is None:
+        return None, []
+    checks = health_checks(state)
+    report = []
+    for record in state.processes:
+        alive = record.alive()
+        check = checks.get(record.name)
+        healthy = alive and check is not None and http_status(check.url, check.context) == 200
+        report.append(ComponentStatus(record.name, record.pid, alive, healthy, record.log))
+    return state, report

@@ -1,0 +1,145 @@
+"""Start, find and stop the processes a cluster owns, by PID and nothing else.
+
+Each process is recorded with its kernel start time, so a PID reused by an unrelated
+process after a reboot or a crash is never signalled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from testbed.errors import TestbedError
+
+
+@dataclass(frozen=True)
+class ProcessRecord:
+    name: str
+    pid: int
+    start_ticks: int
+    log: str
+    command: list[str]
+
+    def to_json(self) -> dict[str, object]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, object]) -> ProcessRecord:
+        return cls(
+            name=str(data["name"]),
+            pid=int(data["pid"]),  # type: ignore[call-overload]
+            start_ticks=int(data["start_ticks"]),  # type: ignore[call-overload]
+            log=str(data["log"]),
+            command=[str(part) for part in data["command"]],  # type: ignore[attr-defined]
+        )
+
+    def alive(self) -> bool:
+        return process_start_ticks(self.pid) == self.start_ticks
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """Field 22 of /proc/<pid>/stat; None if there is no such (living) process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    if fields[0] in ("Z", "X"):  # a zombie has exited; only its parent's wait() is missing
+        return None
+    return int(fields[19])
+
+
+def start(
+    name: str, command: list[str], log_path: Path, cwd: Path
+) -> tuple[subprocess.Popen[bytes], ProcessRecord]:
+    """Start detached: its own session, so Ctrl-C in the terminal does not reach it and
+    it outlives the `testbed up` that started it."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            start_new_session=True,
+        )
+    ticks = process_start_ticks(proc.pid)
+    return proc, ProcessRecord(name, proc.pid, ticks or -1, str(log_path), command)
+
+
+def stop(records: list[ProcessRecord], timeout_s: float = 10.0) -> list[str]:
+    """SIGTERM each live process, wait, SIGKILL whatever is left. Returns names stopped."""
+    live = [r for r in records if r.alive()]
+    for record in live:
+        _signal(record.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(r.alive() for r in live):
+        _reap(live)
+        time.sleep(0.05)
+    for record in live:
+        if record.alive():
+            _signal(record.pid, signal.SIGKILL)
+    kill_deadline = time.monotonic() + 5.0
+    while time.monotonic() < kill_deadline and any(r.alive() for r in live):
+        _reap(live)
+        time.sleep(0.05)
+    still = [r.name for r in live if r.alive()]
+    if still:
+        raise TestbedError(
+            f"could not stop {', '.join(still)}",
+            hint="look up the PIDs with `testbed status` and stop them by hand",
+        )
+    return [r.name for r in live]
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
+
+
+def _reap(records: list[ProcessRecord]) -> None:
+    """Collect exited children of this process, so they do not linger as zombies."""
+    for record in records:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(record.pid, os.WNOHANG)
+
+
+def log_tail(path: Path | str, lines: int = 25) -> str:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - 16384))
+            text = handle.read().decode(errors="replace")
+    except OSError:
+        return f"(no log at {path})"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def port_in_use(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError as exc:
+            return exc.errno == errno.EADDRINUSE
+    return False
+
+
+def accepting_connections(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(1.0)
+        return sock.connect_ex(("127.0.0.1", port)) == 0

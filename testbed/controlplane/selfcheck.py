@@ -1,0 +1,216 @@
+"""`testbed check`: prove a cluster can allocate DRA devices, with no driver at all.
+
+It registers a Node, hand-writes a ResourceSlice for it, and runs a Pod whose claim
+comes from a ResourceClaimTemplate; the controller-manager must create the claim and
+the scheduler must allocate, reserve and bind. Everything it creates is removed again.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from testbed.errors import TestbedError
+from testbed.kube import build, present
+
+API_VERSION = "resource.k8s.io/v1"
+DRA_RESOURCES = (
+    "deviceclasses",
+    "resourceclaims",
+    "resourceclaimtemplates",
+    "resourceslices",
+    "devicetaintrules",
+)
+
+
+@dataclass(frozen=True)
+class AllocationCheck:
+    version: str
+    node: str
+    pod_uid: str
+    bound_node: str
+    claim: str
+    driver: str
+    pool: str
+    device: str
+    reserved_for: list[str]
+    seconds: float
+
+
+def device_class(name: str, expression: str) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "DeviceClass",
+        "metadata": {"name": name},
+        "spec": {"selectors": [{"cel": {"expression": expression}}]},
+    }
+
+
+def ready_node(core: k8s.CoreV1Api, name: str) -> None:
+    """A Node as a kubelet registers it: Ready, with pod capacity."""
+    labels = {"kubernetes.io/hostname": name}
+    core.create_node(
+        build(
+            k8s.V1Node,
+            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}},
+        )
+    )
+    capacity = {"cpu": "8", "memory": "32Gi", "pods": "110"}
+    core.patch_node_status(
+        name,
+        {
+            "status": {
+                "capacity": capacity,
+                "allocatable": capacity,
+                "conditions": [
+                    {
+                        "type": "Ready",
+                        "status": "True",
+                        "reason": "KubeletReady",
+                        "message": "registered by testbed check",
+                    }
+                ],
+            }
+        },
+    )
+
+
+def _slice(node: str, driver: str, devices: int) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}-{driver.split('.')[0]}"},
+        "spec": {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [
+                {"name": f"dev-{i}", "attributes": {"index": {"int": i}}} for i in range(devices)
+            ],
+        },
+    }
+
+
+def _pod(template: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "user"},
+        "spec": {
+            "resourceClaims": [{"name": "dev", "resourceClaimTemplateName": template}],
+            "containers": [
+                {
+                    "name": "c",
+                    "image": "registry.invalid/none",
+                    "resources": {"claims": [{"name": "dev"}]},
+                }
+            ],
+            # No kubelet renews this node's lease; tolerate the taints that follow.
+            "tolerations": [{"operator": "Exists"}],
+        },
+    }
+
+
+def _claim_template(name: str, device_class_name: str) -> dict[str, Any]:
+    request = {"name": "dev", "exactly": {"deviceClassName": device_class_name}}
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {"spec": {"devices": {"requests": [request]}}},
+    }
+
+
+def _wait_scheduled(core: k8s.CoreV1Api, namespace: str, name: str, timeout_s: float) -> k8s.V1Pod:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        pod = core.read_namespaced_pod(name, namespace)
+        if present(pod.spec, "pod.spec").node_name:
+            return pod
+        if time.monotonic() > deadline:
+            raise TestbedError(
+                f"pod {namespace}/{name} was not scheduled within {timeout_s:.0f}s",
+                detail=_pod_events(core, namespace),
+                hint="see the kube-scheduler and kube-controller-manager logs",
+            )
+        time.sleep(0.1)
+
+
+def served_dra_resources(api: k8s.ApiClient) -> set[str]:
+    return {r.name for r in k8s.ResourceV1Api(api).get_api_resources().resources}
+
+
+def run_allocation_check(api: k8s.ApiClient, timeout_s: float = 60.0) -> AllocationCheck:
+    core, resource = k8s.CoreV1Api(api), k8s.ResourceV1Api(api)
+    version = k8s.VersionApi(api).get_code().git_version
+    missing = set(DRA_RESOURCES) - served_dra_resources(api)
+    if missing:
+        raise TestbedError(
+            f"{API_VERSION} does not serve {', '.join(sorted(missing))}",
+            hint="the API server needs Kubernetes >= 1.34 with DRA enabled",
+        )
+    suffix = uuid.uuid4().hex[:6]
+    node, driver, namespace = f"check-{suffix}", f"check-{suffix}.dra-testbed.io", f"check-{suffix}"
+    started = time.monotonic()
+    try:
+        ready_node(core, node)
+        core.create_namespace(build(k8s.V1Namespace, {"metadata": {"name": namespace}}))
+        resource.create_resource_slice(build(k8s.V1ResourceSlice, _slice(node, driver, devices=2)))
+        resource.create_device_class(
+            build(k8s.V1DeviceClass, device_class(driver, f"device.driver == '{driver}'"))
+        )
+        resource.create_namespaced_resource_claim_template(
+            namespace, build(k8s.V1ResourceClaimTemplate, _claim_template("one-device", driver))
+        )
+        core.create_namespaced_pod(namespace, build(k8s.V1Pod, _pod("one-device")))
+        pod = _wait_scheduled(core, namespace, "user", timeout_s)
+        elapsed = time.monotonic() - started
+        pod_status = present(pod.status, "pod.status")
+        claim_statuses = present(pod_status.resource_claim_statuses, "pod resourceClaimStatuses")
+        claim_name = present(claim_statuses[0].resource_claim_name, "generated claim name")
+        claim = resource.read_namespaced_resource_claim(claim_name, namespace)
+        claim_status = present(claim.status, "claim.status")
+        allocation = present(claim_status.allocation, "claim.status.allocation")
+        results = present(present(allocation.devices, "allocation.devices").results, "results")
+        return AllocationCheck(
+            version=version,
+            node=node,
+            pod_uid=present(present(pod.metadata, "pod.metadata").uid, "pod uid"),
+            bound_node=present(present(pod.spec, "pod.spec").node_name, "pod.spec.nodeName"),
+            claim=claim_name,
+            driver=results[0].driver,
+            pool=results[0].pool,
+            device=results[0].device,
+            reserved_for=[r.uid for r in claim_status.reserved_for or []],
+            seconds=elapsed,
+        )
+    finally:
+        _cleanup(core, resource, namespace, node, driver)
+
+
+def _pod_events(core: k8s.CoreV1Api, namespace: str) -> str:
+    events = core.list_namespaced_event(namespace).items
+    return "\n".join(f"{e.reason}: {e.message}" for e in events) or "(no events)"
+
+
+def _cleanup(
+    core: k8s.CoreV1Api, resource: k8s.ResourceV1Api, namespace: str, node: str, driver: str
+) -> None:
+    deletions: tuple[Callable[[], object], ...] = (
+        lambda: core.delete_namespace(namespace),
+        lambda: resource.delete_device_class(driver),
+        lambda: resource.delete_collection_resource_slice(field_selector=f"spec.driver={driver}"),
+        lambda: core.delete_node(node),
+    )
+    for delete in deletions:
+        try:
+            delete()
+        except ApiException as exc:
+            if exc.status != 404:
+                raise

@@ -1,0 +1,23 @@
+"""The one exception type users see: a message plus what to do about it."""
+
+from __future__ import annotations
+
+
+class TestbedError(Exception):
+    """An error whose text names the problem and, in ``hint``, the way out."""
+
+    __test__ = False  # not a pytest test class, despite the name
+
+    def __init__(self, message: str, hint: str | None = None, detail: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.detail = detail
+
+    def __str__(self) -> str:
+        parts = [self.message]
+        if self.detail:
+            parts.append(self.detail.rstrip())
+        if self.hint:
+            parts.append(f"hint: {self.hint}")
+        return "\n".join(parts)

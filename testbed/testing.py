@@ -1,0 +1,76 @@
+"""pytest fixtures: one real local control plane per test session, and clients for it.
+
+Use from any project with ``pytest_plugins = ["testbed.testing"]``. Set
+``TESTBED_TEST_KUBECONFIG`` to run the same tests against a cluster you already have
+(a kind cluster, a `testbed up` one) instead of starting one.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+from kubernetes import client as k8s
+
+from testbed.config import ControlPlaneConfig
+from testbed.controlplane import cluster
+from testbed.controlplane.binaries import Binaries, ensure_binaries
+from testbed.kube import api_client
+from testbed.progress import PrintProgress
+
+T = TypeVar("T")
+
+
+def wait_for(
+    condition: Callable[[], T | None], timeout_s: float, what: str, interval_s: float = 0.1
+) -> T:
+    """Poll until ``condition`` returns something truthy; fail naming ``what`` otherwise."""
+    deadline = time.monotonic() + timeout_s
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = condition()
+        if last:
+            return last
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what} (last: {last!r})")
+
+
+@pytest.fixture(scope="session")
+def kube_binaries() -> Binaries:
+    """The control-plane binaries; built or downloaded on first use, then cached."""
+    return ensure_binaries(PrintProgress())
+
+
+@pytest.fixture(scope="session")
+def control_plane(
+    kube_binaries: Binaries, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[cluster.ClusterState]:
+    """A running control plane shared by the whole session, stopped at its end."""
+    config = ControlPlaneConfig(name="pytest", state_dir=tmp_path_factory.mktemp("cluster"))
+    state = cluster.up(config, PrintProgress(), binaries=kube_binaries)
+    try:
+        yield state
+    finally:
+        cluster.down(config)
+
+
+@pytest.fixture(scope="session")
+def kubeconfig_path(request: pytest.FixtureRequest) -> Path:
+    external = os.environ.get("TESTBED_TEST_KUBECONFIG")
+    if external:
+        return Path(external)
+    state: cluster.ClusterState = request.getfixturevalue("control_plane")
+    return state.kubeconfig
+
+
+@pytest.fixture(scope="session")
+def kube_api(kubeconfig_path: Path) -> Iterator[k8s.ApiClient]:
+    api = api_client(kubeconfig_path)
+    try:
+        yield api
+    finally:
+        api.close()  # type: ignore[no-untyped-call]

@@ -1,0 +1,164 @@
+"""Start-up, teardown and every way they can go wrong, on clusters of their own."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from testbed.config import ControlPlaneConfig
+from testbed.controlplane import cluster, processes
+from testbed.controlplane.binaries import Binaries
+from testbed.errors import TestbedError
+from testbed.progress import SilentProgress
+from testbed.testing import wait_for
+
+pytestmark = pytest.mark.controlplane
+
+
+def _ports(state: cluster.ClusterState) -> list[int]:
+    return list(state.ports.as_dict().values())
+
+
+def _assert_nothing_left(records: list[processes.ProcessRecord], ports: list[int]) -> None:
+    assert [r.name for r in records if r.alive()] == []
+    assert [p for p in ports if processes.accepting_connections(p)] == []
+
+
+def test_killed_run_is_cleared_and_teardown_leaves_nothing(
+    kube_binaries: Binaries, tmp_path: Path
+) -> None:
+    config = ControlPlaneConfig(name="lifecycle", state_dir=tmp_path / "c")
+    first = cluster.up(config, binaries=kube_binaries)
+    assert sorted(r.name for r in first.live_processes()) == sorted(cluster.STOP_ORDER)
+    for record in first.processes:  # as if the machine lost the processes mid-run
+        os.kill(record.pid, signal.SIGKILL)
+    wait_for(lambda: not first.live_processes(), 10, "the killed processes to exit")
+
+    second = cluster.up(config, binaries=kube_binaries)
+    assert second.ready and len(second.live_processes()) == 4
+    stopped = cluster.down(config)
+    assert sorted(stopped) == sorted(cluster.STOP_ORDER)
+    _assert_nothing_left(first.processes + second.processes, _ports(second))
+    assert not config.cluster_dir.exists()
+    assert cluster.down(config) == []  # a second down is a no-op, not an error
+
+
+def test_second_up_on_a_running_cluster_is_refused(control_plane: cluster.ClusterState) -> None:
+    config = ControlPlaneConfig(name=control_plane.name, state_dir=control_plane.root)
+    with pytest.raises(TestbedError) as info:
+        cluster.up(config, binaries=Binaries(Path("/nonexistent"), "unused"))
+    assert "already running" in str(info.value) and "testbed down" in str(info.value)
+    assert len(control_plane.live_processes()) == 4
+    assert (
+        cluster.http_status(
+            f"{control_plane.apiserver_url}/readyz", cluster.admin_ssl_context(control_plane.layout)
+        )
+        == 200
+    )
+
+
+def test_apiserver_port_in_use_is_refused_before_anything_starts(
+    kube_binaries: Binaries, tmp_path: Path
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = ControlPlaneConfig(name="busy", state_dir=tmp_path / "c", apiserver_port=port)
+        with pytest.raises(TestbedError) as info:
+            cluster.up(config, binaries=kube_binaries)
+    assert f"port {port}" in str(info.value) and "--port" in str(info.value)
+    assert cluster.ClusterState.load(config.cluster_dir) is None
+
+
+def test_component_dying_at_start_up_shows_its_log(kube_binaries: Binaries, tmp_path: Path) -> None:
+    config = ControlPlaneConfig(
+        name="dying", state_dir=tmp_path / "c", extra_feature_gates={"NoSuchGateAnywhere": True}
+    )
+    with pytest.raises(cluster.ComponentFailed) as info:
+        cluster.up(config, SilentProgress(), binaries=kube_binaries)
+    text = str(info.value)
+    assert "kube-apiserver exited during start-up" in text
+    assert "NoSuchGateAnywhere" in text  # the apiserver's own complaint, from its log
+    logs = config.cluster_dir / "logs"
+    assert (logs / "etcd.log").exists()
+    # every process that was started is gone
+    assert cluster.ClusterState.load(config.cluster_dir) is None
+    for line in (logs / "etcd.log").read_text().splitlines()[:1]:
+        assert line  # the log stays for the post-mortem
+
+
+def _cli(*args: str, env: dict[str, str], timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "testbed.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+@pytest.fixture
+def cli_env(kube_binaries: Binaries, tmp_path: Path) -> dict[str, str]:
+    return dict(
+        os.environ,
+        TESTBED_STATE_DIR=str(tmp_path / "state"),
+        TESTBED_KUBE_BIN_DIR=str(kube_binaries.directory),
+    )
+
+
+def test_cli_up_prints_the_kubeconfig_last_then_status_and_down(cli_env: dict[str, str]) -> None:
+    started = _cli("up", "--name", "cli", env=cli_env)
+    assert started.returncode == 0, started.stderr
+    kubeconfig = Path(started.stdout.strip().splitlines()[-1])
+    assert kubeconfig.is_file() and "current-context: cli" in kubeconfig.read_text()
+    try:
+        assert _cli("kubeconfig", "--name", "cli", env=cli_env).stdout.strip() == str(kubeconfig)
+        status = _cli("status", "--name", "cli", env=cli_env)
+        assert status.returncode == 0, status.stdout + status.stderr
+        for component in cluster.STOP_ORDER:
+            assert component in status.stdout
+        again = _cli("up", "--name", "cli", env=cli_env)
+        assert again.returncode == 1 and "already running" in again.stderr
+    finally:
+        stopped = _cli("down", "--name", "cli", env=cli_env)
+    assert stopped.returncode == 0 and "stopped" in stopped.stderr
+    after = _cli("status", "--name", "cli", env=cli_env)
+    assert after.returncode == 1 and "not running" in after.stdout
+    assert _cli("kubeconfig", "--name", "cli", env=cli_env).returncode == 1
+
+
+def test_ctrl_c_during_start_up_stops_everything(cli_env: dict[str, str]) -> None:
+    state_file = Path(cli_env["TESTBED_STATE_DIR"]) / "clusters" / "ctrlc" / "state.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "testbed.cli", "up", "--name", "ctrlc"],
+        env=cli_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        records = wait_for(
+            lambda: (
+                (s := cluster.ClusterState.load(state_file.parent))
+                and any(p.name == "kube-apiserver" for p in s.processes)
+                and s.processes
+            ),
+            60,
+            "kube-apiserver to be started",
+        )
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
+    wait_for(lambda: not any(r.alive() for r in records), 10, "started processes to be gone")

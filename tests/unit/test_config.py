@@ -1,0 +1,40 @@
+from pathlib import Path
+
+import pytest
+
+from testbed import config
+from testbed.errors import TestbedError
+
+
+def test_feature_gates_parse_and_name_their_source() -> None:
+    assert config.parse_feature_gates("A=true, B=False,", "x") == {"A": True, "B": False}
+    with pytest.raises(TestbedError) as info:
+        config.parse_feature_gates("A=yes", "--feature-gates")
+    assert "--feature-gates" in str(info.value) and "'A=yes'" in str(info.value)
+
+
+def test_beta_gates_always_on_and_alpha_only_when_asked() -> None:
+    plain = config.ControlPlaneConfig()
+    assert plain.feature_gates()["DRAPartitionableDevices"] is True
+    assert "DRADeviceCompatibilityGroups" not in plain.feature_gates()
+    assert plain.runtime_config() is None
+    alpha = config.ControlPlaneConfig(alpha=True)
+    assert alpha.feature_gates()["DRADeviceCompatibilityGroups"] is True
+    assert alpha.runtime_config() == "api/alpha=true,api/beta=true"
+
+
+def test_environment_gates_and_alpha_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TESTBED_FEATURE_GATES", "DRAConsumableCapacity=false,Extra=true")
+    monkeypatch.setenv("TESTBED_ALPHA", "1")
+    loaded = config.ControlPlaneConfig.from_env(extra_feature_gates={"Extra": False})
+    gates = loaded.feature_gates()
+    assert gates["DRAConsumableCapacity"] is False
+    assert gates["Extra"] is False  # the command line wins over the environment
+    assert gates["DRAResourcePoolStatus"] is True
+
+
+def test_paths_follow_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("TESTBED_CACHE_DIR", str(tmp_path / "c"))
+    monkeypatch.setenv("TESTBED_STATE_DIR", str(tmp_path / "s"))
+    assert config.binaries_cache_dir().parent == tmp_path / "c"
+    assert config.ControlPlaneConfig(name="x").cluster_dir == tmp_path / "s" / "clusters" / "x"
