@@ -25,7 +25,7 @@ from testbed.errors import TestbedError
 from testbed.progress import ConsoleProgress
 
 F = TypeVar("F", bound=Callable[..., Any])
-stderr = Console(stderr=True, highlight=False)
+stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def _interrupt_on_sigterm() -> None:
@@ -157,12 +157,12 @@ def status(name: str, state_dir: Path | None) -> None:
     """Say what runs, and whether it is healthy. Exit 0 only if all is."""
     config = cfg.ControlPlaneConfig(name=name, state_dir=state_dir)
     state, components = cluster.status(config)
-    out = Console(highlight=False)
+    out = Console(highlight=False, soft_wrap=True)
     if state is None:
         out.print(f"cluster {name!r}: not running")
         sys.exit(1)
     table = Table(title=f"cluster {name!r} ({state.root})")
-    for column in ("component", "pid", "process", "health", "log"):
+    for column in ("component", "pid", "process", "health"):
         table.add_column(column)
     for c in components:
         table.add_row(
@@ -170,10 +170,10 @@ def status(name: str, state_dir: Path | None) -> None:
             str(c.pid),
             "running" if c.alive else "[red]gone[/]",
             "[green]healthy[/]" if c.healthy else "[red]unhealthy[/]",
-            c.log,
         )
     out.print(table)
     out.print(f"apiserver: {state.apiserver_url}\nkubeconfig: {state.kubeconfig}")
+    out.print(f"logs: {state.layout.logs}")
     out.print(f"binaries: {state.binaries}")
     if not all(c.healthy for c in components):
         sys.exit(1)

@@ -61,6 +61,12 @@ ALPHA_DRA_GATES: dict[str, bool] = {
     "DRAResourcePoolStatus": True,
 }
 
+GATE_APIS: dict[str, str] = {
+    "GenericWorkload": "scheduling.k8s.io/v1beta1",
+}
+"""Beta gates whose API version is off by default: the scheduler waits for its
+informers (PodGroup here) and never becomes ready unless the API is served."""
+
 DEFAULT_CLUSTER_NAME = "testbed"
 
 
@@ -153,4 +159,7 @@ class ControlPlaneConfig:
         return gates
 
     def runtime_config(self) -> str | None:
-        return "api/alpha=true,api/beta=true" if self.alpha else None
+        if self.alpha:
+            return "api/alpha=true,api/beta=true"
+        apis = [api for gate, api in GATE_APIS.items() if self.feature_gates().get(gate)]
+        return ",".join(f"{api}=true" for api in apis) or None

@@ -28,7 +28,7 @@ class ConsoleProgress:
     """Writes to stderr so stdout stays machine-readable (the kubeconfig path)."""
 
     def __init__(self, console: Console | None = None, plain_interval_s: float = 15.0):
-        self.console = console or Console(stderr=True, highlight=False)
+        self.console = console or Console(stderr=True, highlight=False, soft_wrap=True)
         self.plain_interval_s = plain_interval_s
         self._status: object | None = None
         self._last_plain = 0.0

@@ -198,9 +198,7 @@ def _download(cache: Path, progress: Progress) -> Binaries:
                 raise TestbedError(f"{tarball} holds no etcd binary")
             (staging / "etcd").write_bytes(extracted.read())
             (staging / "etcd").chmod(0o755)
-        binaries = _publish(staging, cache, "downloaded release binaries, sha256 verified")
-        progress.step(f"binaries: {binaries.source}")
-        return binaries
+        return _publish(staging, cache, "downloaded release binaries, sha256 verified")
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
@@ -272,7 +270,7 @@ def _build(cache: Path, go: str, progress: Progress) -> Binaries:
     try:
         progress.step(
             f"building Kubernetes {config.KUBERNETES_VERSION} from Go modules with {go_version} "
-            "(first time only; about 15-40 minutes on 2 cores)"
+            "(first time only; about 10-20 minutes on 2 cores)"
         )
         packages = [f"k8s.io/kubernetes/cmd/{name}" for name in KUBE_COMMANDS]
         with progress.task(f"go build {', '.join(KUBE_COMMANDS)}"):
@@ -293,9 +291,7 @@ def _build(cache: Path, go: str, progress: Progress) -> Binaries:
         (staging / BUILD_INFO_FILE).write_text(
             json.dumps({"seconds": round(seconds, 1), "go": go_version, "date": build_date})
         )
-        binaries = _publish(staging, cache, source)
-        progress.step(f"binaries: {binaries.source}")
-        return binaries
+        return _publish(staging, cache, source)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 

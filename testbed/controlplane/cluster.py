@@ -26,7 +26,9 @@ from testbed.controlplane.processes import ProcessRecord
 from testbed.errors import TestbedError
 from testbed.progress import Progress, SilentProgress
 
-STOP_ORDER = ("kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd")
+STOP_STAGES = (("kube-scheduler", "kube-controller-manager"), ("kube-apiserver",), ("etcd",))
+"""Clients first, etcd last: an apiserver whose etcd is gone takes seconds to give up."""
+STOP_ORDER = tuple(name for stage in STOP_STAGES for name in stage)
 OWNED_MARKERS = ("state.json", "pki", "logs")
 POLL_INTERVAL_S = 0.1
 
@@ -94,6 +96,13 @@ class ClusterState:
 
     def live_processes(self) -> list[ProcessRecord]:
         return [p for p in self.processes if p.alive()]
+
+    def stop_processes(self) -> list[str]:
+        """Stop stage by stage; anything not in a stage (a future component) goes first."""
+        known = set(STOP_ORDER)
+        stages = [[p for p in self.processes if p.name not in known]]
+        stages += [[p for p in self.processes if p.name in stage] for stage in STOP_STAGES]
+        return [name for stage in stages for name in processes.stop(stage)]
 
 
 class ComponentFailed(TestbedError):
@@ -225,7 +234,7 @@ def _wait_healthy(
     while pending:
         for name, (_, record) in running.items():
             if not record.alive():
-                processes.stop(state.processes)  # reap, so the exit is final
+                state.stop_processes()
                 raise ComponentFailed(
                     f"{name} exited during start-up",
                     detail=f"last lines of {record.log}:\n{processes.log_tail(record.log)}",
@@ -338,7 +347,7 @@ def up(
         return state
     except BaseException:
         # Ctrl-C, a failed component, anything: leave no process behind.
-        processes.stop(state.processes)
+        state.stop_processes()
         layout.state_file.unlink(missing_ok=True)
         raise
 
@@ -352,11 +361,7 @@ def down(config: ControlPlaneConfig, keep_state: bool = False) -> list[str]:
     if not root.exists():
         return []
     state = ClusterState.load(root)
-    stopped: list[str] = []
-    if state is not None:
-        order = {name: i for i, name in enumerate(STOP_ORDER)}
-        records = sorted(state.processes, key=lambda p: order.get(p.name, -1))
-        stopped = processes.stop(records)
+    stopped = state.stop_processes() if state is not None else []
     if keep_state:
         Layout(root).state_file.unlink(missing_ok=True)
     elif state is not None or any((root / m).exists() for m in OWNED_MARKERS):

@@ -145,10 +145,20 @@ def apiserver_command(
         f"--etcd-servers=http://127.0.0.1:{ports.etcd_client}",
         "--bind-address=127.0.0.1",
         "--advertise-address=127.0.0.1",
+        # A loopback advertise address is refused while the endpoint reconciler runs;
+        # nothing on a local control plane reaches the apiserver through its Service.
+        "--endpoint-reconciler-type=none",
         f"--secure-port={ports.apiserver}",
         f"--tls-cert-file={pki.serving_cert}",
         f"--tls-private-key-file={pki.serving_key}",
         f"--client-ca-file={pki.ca_cert}",
+        # Published to kube-system/extension-apiserver-authentication; without it the
+        # delegated authenticators of KCM and scheduler log a complaint every second.
+        f"--requestheader-client-ca-file={pki.ca_cert}",
+        "--requestheader-allowed-names=front-proxy-client",
+        "--requestheader-username-headers=X-Remote-User",
+        "--requestheader-group-headers=X-Remote-Group",
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
         f"--service-account-key-file={pki.sa_public}",
         f"--service-account-signing-key-file={pki.sa_private}",

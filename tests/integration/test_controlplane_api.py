@@ -35,7 +35,7 @@ def test_invalid_cel_selector_is_rejected_with_the_cel_error(kube_api: k8s.ApiCl
     api = k8s.ResourceV1Api(kube_api)
     name = f"bad-cel-{uuid.uuid4().hex[:6]}"
     with pytest.raises(ApiException) as info:
-        api.createselfcheck.device_class(selfcheck.device_class(name, "device.driver == "))
+        api.create_device_class(selfcheck.device_class(name, "device.driver == "))
     assert info.value.status == 422
     assert "spec.selectors[0].cel.expression" in info.value.body
     assert "compilation failed" in info.value.body
@@ -44,7 +44,7 @@ def test_invalid_cel_selector_is_rejected_with_the_cel_error(kube_api: k8s.ApiCl
 def test_valid_cel_selector_is_accepted(kube_api: k8s.ApiClient) -> None:
     api = k8s.ResourceV1Api(kube_api)
     name = f"good-cel-{uuid.uuid4().hex[:6]}"
-    created = api.createselfcheck.device_class(
+    created = api.create_device_class(
         selfcheck.device_class(
             name,
             "device.driver == 'gpu.example.com' && "
@@ -54,7 +54,7 @@ def test_valid_cel_selector_is_accepted(kube_api: k8s.ApiClient) -> None:
     try:
         assert created.metadata.name == name
     finally:
-        api.deleteselfcheck.device_class(name)
+        api.delete_device_class(name)
 
 
 def test_allocation_path_without_a_driver(kube_api: k8s.ApiClient) -> None:

@@ -17,7 +17,9 @@ def test_beta_gates_always_on_and_alpha_only_when_asked() -> None:
     plain = config.ControlPlaneConfig()
     assert plain.feature_gates()["DRAPartitionableDevices"] is True
     assert "DRADeviceCompatibilityGroups" not in plain.feature_gates()
-    assert plain.runtime_config() is None
+    assert plain.runtime_config() == "scheduling.k8s.io/v1beta1=true"  # for GenericWorkload
+    no_workload = config.ControlPlaneConfig(extra_feature_gates={"GenericWorkload": False})
+    assert no_workload.runtime_config() is None
     alpha = config.ControlPlaneConfig(alpha=True)
     assert alpha.feature_gates()["DRADeviceCompatibilityGroups"] is True
     assert alpha.runtime_config() == "api/alpha=true,api/beta=true"
