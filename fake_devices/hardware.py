@@ -1,0 +1,393 @@
+"""The emulated hardware of one node: its devices, who uses them, their health, faults.
+
+Devices are described in neutral terms: attributes, capacities, and what they draw from
+a shared pool (a GPU's memory slices and multiprocessors). A whole GPU draws all of its
+pool and a partition draws its placement, so two devices conflict exactly when their
+draws together exceed the pool. A driver can publish this so a scheduler works the
+conflicts out by itself; the hardware still refuses a double use, as real hardware would.
+
+Everything is deterministic from (seed, node name): UUIDs, MACs, injected failures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import random
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from fake_devices.profiles import HardwareProfile
+
+AttributeValue = str | int | bool
+
+
+class Health(StrEnum):
+    HEALTHY = "HEALTHY"
+    UNHEALTHY = "UNHEALTHY"
+
+
+@dataclass(frozen=True)
+class SharedPool:
+    """Capacity that several devices draw from (one per partitionable GPU)."""
+
+    name: str
+    capacity: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    kind: str
+    """"gpu", "partition" or "nic"."""
+    attributes: Mapping[str, AttributeValue]
+    capacity: Mapping[str, int]
+    pool: str | None = None
+    draws: Mapping[str, int] = field(default_factory=dict)
+    parent: str | None = None
+    """For a partition, the whole GPU it is carved from."""
+
+
+@dataclass(frozen=True)
+class DeviceHealth:
+    device: str
+    health: Health
+    message: str
+    updated_unix: int
+
+
+@dataclass(frozen=True)
+class PreparedDevice:
+    name: str
+    env: Mapping[str, str]
+    """What a container using this device would see in its environment."""
+
+
+class HardwareError(Exception):
+    """A device operation failed as real hardware might (busy, lost, injected fault)."""
+
+
+def _digest(*parts: object) -> bytes:
+    return hashlib.sha256("/".join(str(p) for p in parts).encode()).digest()
+
+
+def stable_uuid(seed: int, node: str, kind: str, index: int) -> str:
+    h = _digest(seed, node, kind, index).hex()
+    return f"{kind.upper()}-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+def stable_mac(seed: int, node: str, index: int) -> str:
+    raw = bytearray(_digest(seed, node, "mac", index)[:6])
+    raw[0] = (raw[0] & 0xFC) | 0x02  # locally administered, unicast
+    return ":".join(f"{b:02x}" for b in raw)
+
+
+def build_inventory(
+    profile: HardwareProfile, node: str, seed: int
+) -> tuple[list[Device], list[SharedPool]]:
+    """The devices of one node: GPUs (whole and partitions) and NICs on shared PCIe roots."""
+    devices: list[Device] = []
+    pools: list[SharedPool] = []
+    gpus_per_numa = max(1, -(-profile.gpu_count // profile.numa_nodes))
+    nics_per_numa = max(1, -(-profile.nic_count // profile.numa_nodes))
+
+    def bus(index: int) -> int:
+        return 0x20 + index * 0x0C  # 16 devices stay below 0xff
+
+    def root(index: int) -> str:
+        return f"pci0000:{bus(index) - 1:02x}"
+
+    if profile.gpus is not None:
+        spec = profile.gpus
+        for i in range(spec.count):
+            bus_id = f"0000:{bus(i):02x}:00.0"
+            common: dict[str, AttributeValue] = {
+                "index": i,
+                "uuid": stable_uuid(seed, node, "gpu", i),
+                "productName": spec.product_name,
+                "architecture": spec.architecture,
+                "driverVersion": spec.driver_version,
+                "numaNode": i // gpus_per_numa,
+                "pciBusID": bus_id,
+                "pcieRoot": root(i),
+            }
+            whole = f"gpu-{i}"
+            pool_name: str | None = None
+            pool_capacity: dict[str, int] = {}
+            if spec.partitions:
+                pool_name = f"{whole}-counters"
+                pool_capacity = {
+                    "memory": spec.memory_gib << 30,
+                    "multiprocessors": spec.multiprocessors,
+                }
+                pool_capacity |= {f"memorySlice{s}": 1 for s in range(spec.memory_slices)}
+                pools.append(SharedPool(pool_name, pool_capacity))
+            devices.append(
+                Device(
+                    name=whole,
+                    kind="gpu",
+                    attributes={**common, "type": "gpu"},
+                    capacity={
+                        "memory": spec.memory_gib << 30,
+                        "multiprocessors": spec.multiprocessors,
+                    },
+                    pool=pool_name,
+                    draws=dict(pool_capacity),
+                )
+            )
+            for partition in spec.partitions:
+                for start in partition.placements:
+                    slices = {
+                        f"memorySlice{s}": 1 for s in range(start, start + partition.memory_slices)
+                    }
+                    devices.append(
+                        Device(
+                            name=f"{whole}-{partition.name.replace('.', '')}-{start}",
+                            kind="partition",
+                            attributes={
+                                **common,
+                                "type": "partition",
+                                "profile": partition.name,
+                                "placementStart": start,
+                                "placementSize": partition.memory_slices,
+                                "uuid": stable_uuid(seed, node, f"mig{i}-{partition.name}", start),
+                                "parentUUID": str(common["uuid"]),
+                            },
+                            capacity={
+                                "memory": partition.memory_gib << 30,
+                                "multiprocessors": partition.multiprocessors,
+                            },
+                            pool=pool_name,
+                            draws={
+                                "memory": partition.memory_gib << 30,
+                                "multiprocessors": partition.multiprocessors,
+                                **slices,
+                            },
+                            parent=whole,
+                        )
+                    )
+    if profile.nics is not None:
+        nic = profile.nics
+        for i in range(nic.count):
+            devices.append(
+                Device(
+                    name=f"nic-{i}",
+                    kind="nic",
+                    attributes={
+                        "index": i,
+                        "type": "nic",
+                        "model": nic.model,
+                        "ifName": f"eth{i + 1}",
+                        "macAddress": stable_mac(seed, node, i),
+                        "rdma": nic.rdma,
+                        "linkSpeedGbps": nic.link_speed_gbps,
+                        "numaNode": i // nics_per_numa,
+                        "pciBusID": f"0000:{bus(i) + 1:02x}:00.0",
+                        "pcieRoot": root(i),
+                    },
+                    capacity={"virtualFunctions": nic.virtual_functions},
+                )
+            )
+    return devices, pools
+
+
+@dataclass
+class Faults:
+    fail_next_prepares: int = 0
+    fail_message: str = "injected device failure"
+    latency_s: float = 0.0
+    failure_rate: float = 0.0
+    """Probability that a prepare fails, drawn from the node's seeded RNG."""
+
+
+class NodeHardware:
+    """The hardware of one node. Async so latency faults cost no thread."""
+
+    def __init__(self, node: str, profile: HardwareProfile, seed: int = 0):
+        self.node = node
+        self.profile = profile
+        self.seed = seed
+        devices, pools = build_inventory(profile, node, seed)
+        self._devices = {d.name: d for d in devices}
+        self._pools = {p.name: p for p in pools}
+        self._lost: set[str] = set()
+        self._health: dict[str, DeviceHealth] = {}
+        self._claims: dict[str, list[str]] = {}
+        """claim UID -> devices it holds."""
+        self._admin_claims: set[str] = set()
+        self.faults = Faults()
+        self._rng = random.Random(int.from_bytes(_digest(seed, node, "faults")[:8], "big"))
+        self.generation = 1
+        """Bumped whenever the inventory or health changes."""
+        self._changed = asyncio.Event()
+
+    # --- inventory and health ------------------------------------------------------
+
+    def devices(self) -> list[Device]:
+        return [d for name, d in self._devices.items() if name not in self._lost]
+
+    def pools(self) -> list[SharedPool]:
+        return list(self._pools.values())
+
+    def device(self, name: str) -> Device:
+        if name not in self._devices or name in self._lost:
+            raise HardwareError(f"{self.node}: no device {name!r}")
+        return self._devices[name]
+
+    def health(self) -> list[DeviceHealth]:
+        """A full snapshot; a partition is as sick as the GPU it is carved from."""
+        now = int(time.time())
+        snapshot = []
+        for device in self.devices():
+            sick = self._health.get(device.name)
+            if sick is None and device.parent:
+                sick = self._health.get(device.parent)
+            if sick is None:
+                snapshot.append(DeviceHealth(device.name, Health.HEALTHY, "", now))
+            else:
+                snapshot.append(
+                    DeviceHealth(device.name, sick.health, sick.message, sick.updated_unix)
+                )
+        return snapshot
+
+    def _bump(self) -> None:
+        self.generation += 1
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def wait_for_change(self, after_generation: int, timeout_s: float) -> int:
+        """Long poll: returns the generation once it moves past ``after_generation``."""
+        if self.generation > after_generation:
+            return self.generation
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), timeout_s)
+        return self.generation
+
+    # --- faults --------------------------------------------------------------------
+
+    def inject(
+        self,
+        *,
+        fail_next_prepares: int | None = None,
+        latency_s: float | None = None,
+        failure_rate: float | None = None,
+        message: str | None = None,
+    ) -> None:
+        if fail_next_prepares is not None:
+            self.faults.fail_next_prepares = fail_next_prepares
+        if latency_s is not None:
+            self.faults.latency_s = latency_s
+        if failure_rate is not None:
+            self.faults.failure_rate = failure_rate
+        if message is not None:
+            self.faults.fail_message = message
+
+    def set_health(self, device: str, health: Health, message: str = "") -> None:
+        self.device(device)
+        if health is Health.HEALTHY:
+            self._health.pop(device, None)
+        else:
+            self._health[device] = DeviceHealth(device, health, message, int(time.time()))
+        self._bump()
+
+    def lose_device(self, device: str) -> None:
+        """The device vanishes (fell off the bus): it and its partitions leave the inventory."""
+        self.device(device)
+        self._lost.add(device)
+        self._lost.update(d.name for d in self._devices.values() if d.parent == device)
+        self._bump()
+
+    # --- use -----------------------------------------------------------------------
+
+    def holders(self, device: str) -> list[str]:
+        return [uid for uid, names in self._claims.items() if device in names]
+
+    def _check_conflicts(self, claim_uid: str, names: list[str]) -> None:
+        drawn: dict[str, dict[str, int]] = {}
+        for uid, held in self._claims.items():
+            if uid == claim_uid or uid in self._admin_claims:
+                continue
+            for name in held:
+                device = self._devices[name]
+                if device.pool:
+                    for counter, amount in device.draws.items():
+                        drawn.setdefault(device.pool, {}).setdefault(counter, 0)
+                        drawn[device.pool][counter] += amount
+                elif name in names:
+                    raise HardwareError(f"{self.node}: {name} is in use by claim {uid}")
+        for name in names:
+            device = self._devices[name]
+            if not device.pool:
+                continue
+            pool = self._pools[device.pool]
+            for counter, amount in device.draws.items():
+                used = drawn.setdefault(device.pool, {}).get(counter, 0)
+                if used + amount > pool.capacity[counter]:
+                    others = {
+                        u
+                        for u, held in self._claims.items()
+                        if u != claim_uid
+                        for n in held
+                        if self._devices[n].pool == device.pool
+                    }
+                    gpu = device.pool.removesuffix("-counters")
+                    raise HardwareError(
+                        f"{self.node}: {name} overlaps devices of {gpu} already in use by "
+                        f"claim(s) {', '.join(sorted(others))}"
+                    )
+                drawn[device.pool][counter] = used + amount
+
+    async def prepare(
+        self,
+        claim_uid: str,
+        names: list[str],
+        settings: Mapping[str, Mapping[str, str]] | None = None,
+        admin_access: bool = False,
+    ) -> list[PreparedDevice]:
+        """Reserve ``names`` for the claim and apply each device's settings (sharing
+        strategy and the like). Idempotent: the same claim and devices again returns the
+        same answer."""
+        settings = settings or {}
+        if self.faults.latency_s:
+            await asyncio.sleep(self.faults.latency_s)
+        if self._claims.get(claim_uid) == sorted(names):
+            return [self._prepared(n, settings.get(n)) for n in sorted(names)]
+        if self.faults.fail_next_prepares > 0:
+            self.faults.fail_next_prepares -= 1
+            raise HardwareError(f"{self.node}: {self.faults.fail_message}")
+        if self.faults.failure_rate and self._rng.random() < self.faults.failure_rate:
+            raise HardwareError(f"{self.node}: {self.faults.fail_message} (random)")
+        for name in names:
+            self.device(name)
+            sick = self._health.get(name)
+            if sick is not None:
+                raise HardwareError(f"{self.node}: {name} is unhealthy: {sick.message}")
+        if not admin_access:
+            self._check_conflicts(claim_uid, names)
+        else:
+            self._admin_claims.add(claim_uid)
+        self._claims[claim_uid] = sorted(names)
+        return [self._prepared(n, settings.get(n)) for n in sorted(names)]
+
+    def _prepared(self, name: str, settings: Mapping[str, str] | None) -> PreparedDevice:
+        device = self._devices[name]
+        key = name.upper().replace("-", "_")
+        if device.kind == "nic":
+            env = {f"{key}_IFNAME": str(device.attributes["ifName"])}
+        else:
+            env = {f"{key}_UUID": str(device.attributes["uuid"])}
+        env.update(settings or {})
+        return PreparedDevice(name, env)
+
+    async def unprepare(self, claim_uid: str) -> bool:
+        """Release the claim's devices. Unknown claims are fine (already released)."""
+        if self.faults.latency_s:
+            await asyncio.sleep(self.faults.latency_s)
+        self._admin_claims.discard(claim_uid)
+        return self._claims.pop(claim_uid, None) is not None
+
+    def claims(self) -> dict[str, list[str]]:
+        return {uid: list(names) for uid, names in self._claims.items()}

@@ -1,0 +1,111 @@
+"""CDI spec files: one per prepared claim, naming the devices a container may use.
+
+A container runtime (or the fake kubelet) resolves each CDI device ID
+``<vendor>/<class>=<name>`` by finding the spec of that kind with a device of that name
+and applying its container edits.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from testbed.driver.files import write_atomically
+
+CDI_VERSION = "0.6.0"
+
+
+@dataclass(frozen=True)
+class CdiDevice:
+    name: str
+    env: Mapping[str, str]
+
+
+def kind_for(driver: str) -> str:
+    """``gpu.dra-testbed.io`` -> ``gpu.dra-testbed.io/gpu``."""
+    return f"{driver}/{driver.split('.')[0]}"
+
+
+def device_id(driver: str, name: str) -> str:
+    return f"{kind_for(driver)}={name}"
+
+
+def claim_device_name(claim_uid: str, device: str) -> str:
+    return f"{claim_uid}-{device}"
+
+
+def spec_path(cdi_dir: Path, driver: str, claim_uid: str) -> Path:
+    return cdi_dir / f"{driver}-{claim_uid}.json"
+
+
+def write_claim_spec(
+    cdi_dir: Path,
+    driver: str,
+    claim_uid: str,
+    devices: list[CdiDevice],
+    claim_env: Mapping[str, str],
+) -> Path:
+    spec = {
+        "cdiVersion": CDI_VERSION,
+        "kind": kind_for(driver),
+        "containerEdits": {"env": [f"{k}={v}" for k, v in sorted(claim_env.items())]},
+        "devices": [
+            {
+                "name": d.name,
+                "containerEdits": {"env": [f"{k}={v}" for k, v in sorted(d.env.items())]},
+            }
+            for d in devices
+        ],
+    }
+    path = spec_path(cdi_dir, driver, claim_uid)
+    write_atomically(path, json.dumps(spec, indent=2).encode())
+    return path
+
+
+def remove_claim_spec(cdi_dir: Path, driver: str, claim_uid: str) -> bool:
+    path = spec_path(cdi_dir, driver, claim_uid)
+    existed = path.exists()
+    path.unlink(missing_ok=True)
+    return existed
+
+
+class CdiResolutionError(LookupError):
+    pass
+
+
+def resolve(cdi_dir: Path, device_ids: list[str]) -> dict[str, str]:
+    """The environment a container gets for ``device_ids``, as a runtime would build it:
+    spec-level edits of every spec involved, then each device's own edits."""
+    specs: dict[str, list[dict[str, object]]] = {}
+    for path in sorted(cdi_dir.glob("*.json")):
+        try:
+            spec = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        specs.setdefault(str(spec.get("kind")), []).append(spec)
+    env: dict[str, str] = {}
+    for device_id_ in device_ids:
+        kind, sep, name = device_id_.partition("=")
+        if not sep:
+            raise CdiResolutionError(
+                f"malformed CDI device ID {device_id_!r} (want vendor/class=name)"
+            )
+        found = None
+        for spec in specs.get(kind, []):
+            for device in spec.get("devices", []):  # type: ignore[attr-defined]
+                if device.get("name") == name:
+                    found = (spec, device)
+        if found is None:
+            raise CdiResolutionError(
+                f"unresolvable CDI device {device_id_}: no spec in {cdi_dir} defines it"
+            )
+        spec, device = found
+        for entry in [
+            *spec.get("containerEdits", {}).get("env", []),  # type: ignore[attr-defined]
+            *device.get("containerEdits", {}).get("env", []),
+        ]:
+            key, _, value = entry.partition("=")
+            env[key] = value
+    return env

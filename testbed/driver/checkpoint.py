@@ -1,0 +1,109 @@
+"""The driver's record of prepared claims, on disk, so a restart knows what it did.
+
+A claim is written as PrepareStarted before the hardware is touched and as
+PrepareCompleted after the CDI spec exists; a restart finds half-done claims and undoes
+them. The file carries a checksum: a corrupt or truncated file is set aside (never
+silently trusted or deleted) and the driver starts with an empty record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+from testbed.driver.files import write_atomically
+
+VERSION = 1
+
+
+class ClaimState(StrEnum):
+    PREPARE_STARTED = "PrepareStarted"
+    PREPARE_COMPLETED = "PrepareCompleted"
+
+
+@dataclass(frozen=True)
+class PreparedDeviceRecord:
+    request_names: list[str]
+    pool: str
+    device: str
+    cdi_device_ids: list[str]
+    share_id: str | None = None
+
+
+@dataclass
+class ClaimRecord:
+    uid: str
+    namespace: str
+    name: str
+    state: ClaimState
+    devices: list[PreparedDeviceRecord] = field(default_factory=list)
+    admin_access: bool = False
+
+    def to_json(self) -> dict[str, object]:
+        data = asdict(self)
+        data["state"] = self.state.value
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, object]) -> ClaimRecord:
+        devices = [PreparedDeviceRecord(**d) for d in data.get("devices", [])]  # type: ignore[attr-defined]
+        return cls(
+            uid=str(data["uid"]),
+            namespace=str(data["namespace"]),
+            name=str(data["name"]),
+            state=ClaimState(str(data["state"])),
+            devices=devices,
+            admin_access=bool(data.get("admin_access", False)),
+        )
+
+
+class CheckpointCorrupt(Exception):
+    def __init__(self, path: Path, moved_to: Path, reason: str):
+        super().__init__(f"checkpoint {path} is unreadable ({reason}); moved it to {moved_to}")
+        self.moved_to = moved_to
+
+
+def _checksum(claims: dict[str, object]) -> str:
+    return hashlib.sha256(json.dumps(claims, sort_keys=True).encode()).hexdigest()
+
+
+class Checkpoint:
+    def __init__(self, path: Path):
+        self.path = path
+        self.claims: dict[str, ClaimRecord] = {}
+
+    def load(self) -> None:
+        """Read the file; raise CheckpointCorrupt (after setting it aside) if it is bad."""
+        self.claims = {}
+        if not self.path.exists():
+            return
+        raw = self.path.read_bytes()
+        try:
+            document = json.loads(raw)
+            claims = document["claims"]
+            if document.get("version") != VERSION:
+                raise ValueError(f"version {document.get('version')!r}, expected {VERSION}")
+            if document.get("checksum") != _checksum(claims):
+                raise ValueError("checksum mismatch")
+            self.claims = {uid: ClaimRecord.from_json(c) for uid, c in claims.items()}
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            moved = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time() * 1000)}")
+            self.path.replace(moved)
+            raise CheckpointCorrupt(self.path, moved, str(exc)) from exc
+
+    def save(self) -> None:
+        claims = {uid: record.to_json() for uid, record in sorted(self.claims.items())}
+        document = {"version": VERSION, "checksum": _checksum(claims), "claims": claims}  # type: ignore[arg-type]
+        write_atomically(self.path, json.dumps(document, indent=1).encode(), mode=0o600)
+
+    def put(self, record: ClaimRecord) -> None:
+        self.claims[record.uid] = record
+        self.save()
+
+    def remove(self, uid: str) -> None:
+        if self.claims.pop(uid, None) is not None:
+            self.save()

@@ -1,0 +1,59 @@
+"""Where the driver reads ResourceClaims: a watch-fed cache, falling back to the API.
+
+One cache serves every driver instance in a process (or Ray actor), so a fleet holds one
+claim watch per process, not one per node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from testbed.kubeapi import KubeClient, Obj, path_for
+
+API_VERSION = "resource.k8s.io/v1"
+
+
+class ClaimCache:
+    def __init__(self, client: KubeClient, watch: bool = True):
+        self.client = client
+        self._claims: dict[tuple[str, str], Obj] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._watch = watch
+        self.hits = 0
+        self.misses = 0
+
+    def start(self) -> None:
+        if self._watch and self._task is None:
+            self._task = asyncio.create_task(self._run(), name="claim-cache")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        async for kind, claim in self.client.watch(path_for(API_VERSION, "resourceclaims")):
+            key = (claim["metadata"]["namespace"], claim["metadata"]["name"])
+            if kind == "DELETED":
+                self._claims.pop(key, None)
+            else:
+                self._claims[key] = claim
+
+    async def get(self, namespace: str, name: str, uid: str) -> Obj:
+        """The claim, if the cached copy is this UID and allocated; otherwise from the API.
+        Raises ApiError (404) if it does not exist."""
+        cached = self._claims.get((namespace, name))
+        if (
+            cached is not None
+            and cached["metadata"]["uid"] == uid
+            and cached.get("status", {}).get("allocation")
+        ):
+            self.hits += 1
+            return cached
+        self.misses += 1
+        claim = await self.client.get(path_for(API_VERSION, "resourceclaims", name, namespace))
+        self._claims[(namespace, name)] = claim
+        return claim

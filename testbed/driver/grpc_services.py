@@ -1,0 +1,229 @@
+"""The driver's gRPC services, exactly as a kubelet calls them.
+
+- ``pluginregistration.Registration`` on ``<plugins_registry>/<driver>[-<podUID>]-reg.sock``
+- DRA ``v1.DRAPlugin`` and ``v1beta1.DRAPlugin`` on ``<plugins>/<driver>/dra[-<podUID>].sock``
+- resource health ``v1.DRAResourceHealth`` and ``v1alpha1.DRAResourceHealth`` (full
+  snapshots, pushed on every change)
+- ``grpc.health.v1.Health`` on a TCP port, for a liveness probe: it really calls GetInfo
+  on the registration socket and an empty NodePrepareResources on the DRA socket.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from fake_devices.hardware import Health
+from testbed.driver import metrics
+from testbed.driver.backend import DeviceBackend
+from testbed.driver.prepare import ClaimPreparer, ClaimRef
+from testbed.grpcapi import (
+    dra_v1_pb2,
+    dra_v1_pb2_grpc,
+    dra_v1beta1_pb2,
+    dra_v1beta1_pb2_grpc,
+    health_v1_pb2,
+    health_v1_pb2_grpc,
+    health_v1alpha1_pb2,
+    health_v1alpha1_pb2_grpc,
+    pluginregistration_pb2,
+    pluginregistration_pb2_grpc,
+)
+
+log = logging.getLogger(__name__)
+
+SUPPORTED_SERVICES = [
+    "v1.DRAPlugin",
+    "v1beta1.DRAPlugin",
+    "v1.DRAResourceHealth",
+    "v1alpha1.DRAResourceHealth",
+]
+"""Advertised in GetInfo, most preferred first; a kubelet takes the first DRA entry it knows."""
+
+HEALTH_CHECK_TIMEOUT_S = 30
+R = TypeVar("R")
+
+
+def _timed(driver: str, method: str, call: Callable[[], Awaitable[R]]) -> Awaitable[R]:
+    async def run() -> R:
+        started = time.perf_counter()
+        code = grpc.StatusCode.OK
+        try:
+            return await call()
+        except Exception:
+            code = grpc.StatusCode.INTERNAL
+            raise
+        finally:
+            metrics.GRPC_OPERATIONS.labels(driver, method, metrics.go_status_name(code)).observe(
+                time.perf_counter() - started
+            )
+
+    return run()
+
+
+class DraService:
+    """NodePrepareResources/NodeUnprepareResources for one proto version (v1 or v1beta1)."""
+
+    def __init__(self, pb2: Any, preparer: ClaimPreparer, with_share_id: bool):
+        self.pb2 = pb2
+        self.preparer = preparer
+        self.with_share_id = with_share_id
+        self.package = pb2.DESCRIPTOR.package
+
+    async def NodePrepareResources(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        method = f"/{self.package}.DRAPlugin/NodePrepareResources"
+        return await _timed(self.preparer.driver, method, lambda: self._prepare(request))
+
+    async def _prepare(self, request: Any) -> Any:
+        refs = [ClaimRef(c.namespace, c.uid, c.name) for c in request.claims]
+        results = await self.preparer.prepare(refs)
+        response = self.pb2.NodePrepareResourcesResponse()
+        for uid, result in results.items():
+            entry = response.claims[uid]
+            if result.error:
+                entry.error = result.error
+                continue
+            for record in result.devices:
+                device = entry.devices.add(
+                    request_names=record.request_names,
+                    pool_name=record.pool,
+                    device_name=record.device,
+                    cdi_device_ids=record.cdi_device_ids,
+                )
+                if self.with_share_id and record.share_id:
+                    device.share_id = record.share_id
+        return response
+
+    async def NodeUnprepareResources(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        method = f"/{self.package}.DRAPlugin/NodeUnprepareResources"
+        return await _timed(self.preparer.driver, method, lambda: self._unprepare(request))
+
+    async def _unprepare(self, request: Any) -> Any:
+        refs = [ClaimRef(c.namespace, c.uid, c.name) for c in request.claims]
+        errors = await self.preparer.unprepare(refs)
+        response = self.pb2.NodeUnprepareResourcesResponse()
+        for uid, error in errors.items():
+            response.claims[uid].error = error
+        return response
+
+
+class RegistrationService(pluginregistration_pb2_grpc.RegistrationServicer):
+    def __init__(self, driver: str, endpoint: str):
+        self.driver = driver
+        self.endpoint = endpoint
+        self.registered: bool | None = None
+        self.registration_error = ""
+
+    async def GetInfo(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return pluginregistration_pb2.PluginInfo(
+            type="DRAPlugin",
+            name=self.driver,
+            endpoint=self.endpoint,
+            supported_versions=SUPPORTED_SERVICES,
+        )
+
+    async def NotifyRegistrationStatus(
+        self, request: Any, context: grpc.aio.ServicerContext
+    ) -> Any:
+        self.registered = request.plugin_registered
+        self.registration_error = request.error
+        if not request.plugin_registered:
+            log.error("%s: the kubelet refused the registration: %s", self.driver, request.error)
+        return pluginregistration_pb2.RegistrationStatusResponse()
+
+
+class ResourceHealthService:
+    """NodeWatchResources for one proto version: a snapshot now and after every change."""
+
+    def __init__(self, pb2: Any, backend: DeviceBackend, kinds: tuple[str, ...], pool: str):
+        self.pb2 = pb2
+        self.backend = backend
+        self.kinds = kinds
+        self.pool = pool
+
+    async def _snapshot(self) -> tuple[int, Any]:
+        generation, health = await self.backend.health()
+        _, devices, _ = await self.backend.inventory()
+        mine = {d.name for d in devices if d.kind in self.kinds}
+        status = {Health.HEALTHY: self.pb2.HEALTHY, Health.UNHEALTHY: self.pb2.UNHEALTHY}
+        response = self.pb2.NodeWatchResourcesResponse()
+        for entry in health:
+            if entry.device in mine:
+                response.devices.add(
+                    device=self.pb2.DeviceIdentifier(pool_name=self.pool, device_name=entry.device),
+                    health=status[entry.health],
+                    last_updated_time=entry.updated_unix,
+                    health_check_timeout_seconds=HEALTH_CHECK_TIMEOUT_S,
+                    message=entry.message,
+                )
+        return generation, response
+
+    async def NodeWatchResources(
+        self, request: Any, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Any]:
+        generation, snapshot = await self._snapshot()
+        yield snapshot
+        while True:
+            changed = await self.backend.wait_for_change(generation, HEALTH_CHECK_TIMEOUT_S / 2)
+            if changed != generation:
+                generation, snapshot = await self._snapshot()
+                yield snapshot
+
+
+def add_services(
+    server: grpc.aio.Server,
+    registration: RegistrationService,
+    preparer: ClaimPreparer,
+    backend: DeviceBackend,
+    kinds: tuple[str, ...],
+    pool: str,
+) -> None:
+    pluginregistration_pb2_grpc.add_RegistrationServicer_to_server(registration, server)
+    dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(DraService(dra_v1_pb2, preparer, True), server)
+    dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(
+        DraService(dra_v1beta1_pb2, preparer, False), server
+    )
+    health_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
+        ResourceHealthService(health_v1_pb2, backend, kinds, pool), server
+    )
+    health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
+        ResourceHealthService(health_v1alpha1_pb2, backend, kinds, pool), server
+    )
+
+
+class LivenessService(health_pb2_grpc.HealthServicer):
+    """SERVING only if both sockets answer as a kubelet would need them to."""
+
+    def __init__(self, registration_socket: str, dra_socket: str, timeout_s: float = 5.0):
+        self.registration_socket = registration_socket
+        self.dra_socket = dra_socket
+        self.timeout_s = timeout_s
+
+    async def probe(self) -> str:
+        """Empty string if healthy, else what is wrong."""
+        try:
+            async with grpc.aio.insecure_channel(f"unix://{self.registration_socket}") as channel:
+                info = await pluginregistration_pb2_grpc.RegistrationStub(channel).GetInfo(
+                    pluginregistration_pb2.InfoRequest(), timeout=self.timeout_s
+                )
+                if info.type != "DRAPlugin":
+                    return f"registration socket answers type {info.type!r}"
+            async with grpc.aio.insecure_channel(f"unix://{self.dra_socket}") as channel:
+                await dra_v1_pb2_grpc.DRAPluginStub(channel).NodePrepareResources(
+                    dra_v1_pb2.NodePrepareResourcesRequest(), timeout=self.timeout_s
+                )
+        except grpc.aio.AioRpcError as exc:
+            return f"{exc.code().name}: {exc.details()}"
+        return ""
+
+    async def Check(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        problem = await self.probe()
+        if problem:
+            log.warning("liveness check failed: %s", problem)
+            return health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.NOT_SERVING)
+        return health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.SERVING)

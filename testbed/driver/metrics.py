@@ -1,0 +1,59 @@
+"""Driver-side metrics, named and labelled as the kubelet's, so the PromQL the
+cluster-admin guide gives works unchanged against the testbed."""
+
+from __future__ import annotations
+
+import grpc
+from prometheus_client import Counter, Gauge, Histogram
+
+# Finer than the kubelet's 0.1..40 s range so millisecond targets can be read, same names.
+DURATION_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    20,
+    40,
+)
+
+GRPC_OPERATIONS = Histogram(
+    "dra_grpc_operations_duration_seconds",
+    "Duration in seconds of the DRA gRPC operations, as served by the driver",
+    ["driver_name", "method_name", "grpc_status_code"],
+    buckets=DURATION_BUCKETS,
+)
+PREPARED_CLAIMS = Gauge(
+    "dra_testbed_prepared_claims", "Claims currently prepared, per driver", ["driver_name"]
+)
+CLAIM_ERRORS = Counter(
+    "dra_testbed_claim_errors_total",
+    "Claims that failed to prepare or unprepare, by reason",
+    ["driver_name", "operation", "reason"],
+)
+CHECKPOINT_CORRUPTIONS = Counter(
+    "dra_testbed_checkpoint_corruptions_total",
+    "Checkpoint files found unreadable and set aside",
+    ["driver_name"],
+)
+SLICE_WRITES = Counter(
+    "dra_testbed_resourceslice_writes_total",
+    "ResourceSlice create/update/delete calls",
+    ["driver_name"],
+)
+
+
+def go_status_name(code: grpc.StatusCode) -> str:
+    """grpc.StatusCode.DEADLINE_EXCEEDED -> "DeadlineExceeded", as Go's codes.Code prints."""
+    if code is grpc.StatusCode.OK:
+        return "OK"
+    return "".join(part.capitalize() for part in code.name.split("_"))

@@ -1,0 +1,162 @@
+"""One driver instance for one node: sockets up, slices published, stopped cleanly.
+
+Start order follows what a kubelet expects: the DRA socket exists before the
+registration socket appears, since the kubelet connects to the endpoint GetInfo names.
+On stop an instance removes only its own sockets (another instance may be taking over
+during a rolling update) and leaves the slices: the kubelet wipes them if no instance
+comes back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import grpc
+from grpc_health.v1 import health_pb2_grpc
+
+from testbed.driver import metrics
+from testbed.driver.backend import DeviceBackend
+from testbed.driver.claims import ClaimCache
+from testbed.driver.grpc_services import LivenessService, RegistrationService, add_services
+from testbed.driver.prepare import ClaimPreparer, DriverPaths
+from testbed.driver.slices import DRIVER_KINDS, SlicePublisher, desired_slices
+from testbed.errors import TestbedError
+from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
+
+log = logging.getLogger(__name__)
+MAX_SOCKET_PATH = 107  # sun_path is 108 bytes including the terminating NUL
+PUBLISH_RETRY_S = 1.0
+
+
+class DriverPlugin:
+    def __init__(
+        self,
+        driver: str,
+        node: str,
+        paths: DriverPaths,
+        backend: DeviceBackend,
+        client: KubeClient,
+        claims: ClaimCache,
+        liveness_port: int | None = None,
+        publish_slices: bool = True,
+    ):
+        if driver not in DRIVER_KINDS:
+            raise TestbedError(
+                f"unknown driver {driver!r}", hint=f"use one of {', '.join(DRIVER_KINDS)}"
+            )
+        self.driver = driver
+        self.node = node
+        self.paths = paths
+        self.backend = backend
+        self.client = client
+        self.preparer = ClaimPreparer(driver, node, paths, backend, claims, client)
+        self.registration = RegistrationService(driver, str(paths.dra_socket))
+        self.publisher = SlicePublisher(client, driver, node)
+        self.publish_slices = publish_slices
+        self.liveness_port = liveness_port
+        self._server: grpc.aio.Server | None = None
+        self._liveness: grpc.aio.Server | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self.published = asyncio.Event()
+
+    def _check_paths(self) -> None:
+        for sock in (self.paths.registration_socket, self.paths.dra_socket):
+            length = len(str(sock).encode())
+            if length > MAX_SOCKET_PATH:
+                raise TestbedError(
+                    f"socket path {sock} is {length} bytes; unix sockets allow {MAX_SOCKET_PATH}",
+                    hint="use a shorter state or kubelet directory",
+                )
+
+    async def start(self) -> None:
+        self._check_paths()
+        for directory in (self.paths.registry_dir, self.paths.plugin_dir, self.paths.cdi_dir):
+            directory.mkdir(parents=True, exist_ok=True)
+        await self.preparer.repair()
+        for sock in (self.paths.dra_socket, self.paths.registration_socket):
+            sock.unlink(missing_ok=True)  # our own name: a leftover of a crash of this instance
+        server = grpc.aio.server()
+        add_services(
+            server,
+            self.registration,
+            self.preparer,
+            self.backend,
+            DRIVER_KINDS[self.driver],
+            self.node,
+        )
+        server.add_insecure_port(f"unix://{self.paths.dra_socket}")
+        server.add_insecure_port(f"unix://{self.paths.registration_socket}")
+        await server.start()
+        self._server = server
+        if self.liveness_port is not None:
+            liveness = grpc.aio.server()
+            health_pb2_grpc.add_HealthServicer_to_server(
+                LivenessService(str(self.paths.registration_socket), str(self.paths.dra_socket)),
+                liveness,
+            )
+            self.liveness_port = liveness.add_insecure_port(f"127.0.0.1:{self.liveness_port}")
+            await liveness.start()
+            self._liveness = liveness
+        if self.publish_slices:
+            self._tasks.append(
+                asyncio.create_task(self._publish_loop(), name=f"slices-{self.driver}-{self.node}")
+            )
+
+    async def publish_once(self) -> bool:
+        _, devices, pools = await self.backend.inventory()
+        _, health = await self.backend.health()
+        specs = desired_slices(self.driver, self.node, devices, pools, health)
+        if self.publisher.owner is None:
+            self.publisher.owner = await self._node_owner()
+        before = self.publisher.writes
+        changed = await self.publisher.publish(specs)
+        metrics.SLICE_WRITES.labels(self.driver).inc(self.publisher.writes - before)
+        return changed
+
+    async def _node_owner(self) -> Obj | None:
+        try:
+            node = await self.client.get(path_for("v1", "nodes", self.node))
+        except ApiError:
+            return None
+        return {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "name": self.node,
+            "uid": node["metadata"]["uid"],
+            "controller": True,
+        }
+
+    async def _publish_loop(self) -> None:
+        generation = 0
+        while True:
+            try:
+                generation, _, _ = await self.backend.inventory()
+                await self.publish_once()
+                self.published.set()
+            except (ApiError, OSError) as exc:
+                log.warning(
+                    "%s on %s: publishing slices failed (%s); retrying", self.driver, self.node, exc
+                )
+                await asyncio.sleep(PUBLISH_RETRY_S)
+                continue
+            except Exception:
+                log.exception("%s on %s: publishing slices failed", self.driver, self.node)
+                await asyncio.sleep(PUBLISH_RETRY_S)
+                continue
+            await self.backend.wait_for_change(generation, 30.0)
+
+    async def stop(self, grace_s: float = 1.0) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        for server in (self._liveness, self._server):
+            if server is not None:
+                await server.stop(grace_s)
+        self._server = self._liveness = None
+        for sock in (self.paths.registration_socket, self.paths.dra_socket):
+            sock.unlink(missing_ok=True)

@@ -1,0 +1,395 @@
+"""Prepare and unprepare claims for one driver on one node: the driver's core logic.
+
+Every claim gets its own answer: a bad claim (unallocated, for another node, a UID
+that changed, a malformed config, a device fault) fails that claim alone. Work for a node
+is serialized by a file lock that every driver instance on the node shares (two
+instances run side by side during a rolling update), and the checkpoint is re-read
+under that lock, since the other instance may have changed it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import fcntl
+import hashlib
+import logging
+import os
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fake_devices.hardware import HardwareError
+from testbed.driver import cdi, metrics
+from testbed.driver.backend import DeviceBackend
+from testbed.driver.checkpoint import (
+    Checkpoint,
+    CheckpointCorrupt,
+    ClaimRecord,
+    ClaimState,
+    PreparedDeviceRecord,
+)
+from testbed.driver.claims import ClaimCache
+from testbed.driver.opaque_config import NIC_DRIVER, ConfigError, NicConfig, configs_for_request
+from testbed.kubeapi import ApiError, KubeClient, path_for
+
+log = logging.getLogger(__name__)
+LOCK_POLL_S = 0.002
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    namespace: str
+    uid: str
+    name: str
+
+
+@dataclass(frozen=True)
+class PrepareResult:
+    devices: list[PreparedDeviceRecord]
+    error: str = ""
+
+
+class ClaimFailed(Exception):
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class DriverPaths:
+    """A node's kubelet directories as one driver instance sees them."""
+
+    driver: str
+    registry_dir: Path
+    plugin_dir: Path
+    cdi_dir: Path
+    pod_uid: str | None = None
+
+    @classmethod
+    def for_node(
+        cls, kubelet_dir: Path, driver: str, cdi_dir: Path, pod_uid: str | None = None
+    ) -> DriverPaths:
+        return cls(
+            driver,
+            kubelet_dir / "plugins_registry",
+            kubelet_dir / "plugins" / driver,
+            cdi_dir,
+            pod_uid,
+        )
+
+    @property
+    def registration_socket(self) -> Path:
+        name = (
+            f"{self.driver}-{self.pod_uid}-reg.sock" if self.pod_uid else f"{self.driver}-reg.sock"
+        )
+        return self.registry_dir / name
+
+    @property
+    def dra_socket(self) -> Path:
+        return self.plugin_dir / (f"dra-{self.pod_uid}.sock" if self.pod_uid else "dra.sock")
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.plugin_dir / "checkpoint.json"
+
+    @property
+    def lock(self) -> Path:
+        return self.plugin_dir / "driver.lock"
+
+
+class ClaimPreparer:
+    def __init__(
+        self,
+        driver: str,
+        node: str,
+        paths: DriverPaths,
+        backend: DeviceBackend,
+        claims: ClaimCache,
+        client: KubeClient | None = None,
+    ):
+        self.driver = driver
+        self.node = node
+        self.paths = paths
+        self.backend = backend
+        self.claims = claims
+        self.client = client
+        self.checkpoint = Checkpoint(paths.checkpoint)
+        self._lock = asyncio.Lock()
+        self.corruptions: list[str] = []
+        """Checkpoint problems found (and set aside) since start, for status and tests."""
+
+    # --- locking and checkpoint --------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def node_lock(self) -> AsyncIterator[None]:
+        async with self._lock:
+            self.paths.plugin_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.paths.lock, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                while True:  # non-blocking attempts keep the event loop free
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    except BlockingIOError:
+                        await asyncio.sleep(LOCK_POLL_S)
+                self._load_checkpoint()
+                yield
+            finally:
+                os.close(fd)  # releases the flock
+
+    def _load_checkpoint(self) -> None:
+        try:
+            self.checkpoint.load()
+        except CheckpointCorrupt as exc:
+            log.error("%s on %s: %s; starting with an empty record", self.driver, self.node, exc)
+            self.corruptions.append(str(exc))
+            metrics.CHECKPOINT_CORRUPTIONS.labels(self.driver).inc()
+
+    def _record_gauge(self) -> None:
+        completed = sum(
+            1 for c in self.checkpoint.claims.values() if c.state is ClaimState.PREPARE_COMPLETED
+        )
+        metrics.PREPARED_CLAIMS.labels(self.driver).set(completed)
+
+    async def repair(self) -> None:
+        """After a crash: undo half-prepared claims; re-assert completed ones on the hardware
+        (which may have restarted and forgotten them)."""
+        async with self.node_lock():
+            for record in list(self.checkpoint.claims.values()):
+                if record.state is ClaimState.PREPARE_STARTED:
+                    log.warning("%s: undoing claim %s left half-prepared", self.driver, record.uid)
+                    await self.backend.unprepare(record.uid)
+                    cdi.remove_claim_spec(self.paths.cdi_dir, self.driver, record.uid)
+                    self.checkpoint.remove(record.uid)
+                else:
+                    try:
+                        await self.backend.prepare(
+                            record.uid, [d.device for d in record.devices], {}, record.admin_access
+                        )
+                    except HardwareError as exc:
+                        log.error("%s: cannot re-assert claim %s: %s", self.driver, record.uid, exc)
+            self._record_gauge()
+
+    # --- prepare -------------------------------------------------------------------------
+
+    async def prepare(self, refs: list[ClaimRef]) -> dict[str, PrepareResult]:
+        results: dict[str, PrepareResult] = {}
+        if not refs:
+            return results
+        async with self.node_lock():
+            for ref in refs:
+                if ref.uid in results:
+                    continue
+                try:
+                    results[ref.uid] = PrepareResult(await self._prepare_one(ref))
+                except ClaimFailed as exc:
+                    metrics.CLAIM_ERRORS.labels(self.driver, "prepare", exc.reason).inc()
+                    results[ref.uid] = PrepareResult([], f"{self.driver}: {exc}")
+            self._record_gauge()
+        return results
+
+    def _check_ref(self, ref: ClaimRef) -> None:
+        missing = [f for f in ("uid", "namespace", "name") if not getattr(ref, f)]
+        if missing:
+            raise ClaimFailed("BadRequest", f"claim reference without {', '.join(missing)}")
+
+    async def _prepare_one(self, ref: ClaimRef) -> list[PreparedDeviceRecord]:
+        self._check_ref(ref)
+        done = self.checkpoint.claims.get(ref.uid)
+        if done is not None and done.state is ClaimState.PREPARE_COMPLETED:
+            return done.devices
+        claim = await self._fetch(ref)
+        results, config_entries = self._allocation(ref, claim)
+        settings: dict[str, dict[str, str]] = {}
+        nic_configs: dict[str, NicConfig] = {}
+        for result in results:
+            try:
+                configs = configs_for_request(self.driver, config_entries, result["request"])
+            except ConfigError as exc:
+                raise ClaimFailed(
+                    "InvalidConfig", f"claim {ref.namespace}/{ref.name}: {exc}"
+                ) from None
+            env: dict[str, str] = {}
+            for config in configs:
+                env.update(config.env())
+                if isinstance(config, NicConfig):
+                    nic_configs[result["device"]] = config
+            settings[result["device"]] = env
+        records = [
+            PreparedDeviceRecord(
+                request_names=[result["request"]],
+                pool=result["pool"],
+                device=result["device"],
+                cdi_device_ids=[
+                    cdi.device_id(self.driver, cdi.claim_device_name(ref.uid, result["device"]))
+                ],
+                share_id=result.get("shareID"),
+            )
+            for result in results
+        ]
+        admin = any(bool(r.get("adminAccess")) for r in results)
+        self.checkpoint.put(
+            ClaimRecord(
+                ref.uid, ref.namespace, ref.name, ClaimState.PREPARE_STARTED, records, admin
+            )
+        )
+        try:
+            prepared = await self.backend.prepare(
+                ref.uid, [r.device for r in records], settings, admin
+            )
+        except HardwareError as exc:
+            await self.backend.unprepare(ref.uid)
+            self.checkpoint.remove(ref.uid)
+            raise ClaimFailed("DeviceError", f"claim {ref.namespace}/{ref.name}: {exc}") from None
+        cdi.write_claim_spec(
+            self.paths.cdi_dir,
+            self.driver,
+            ref.uid,
+            [cdi.CdiDevice(cdi.claim_device_name(ref.uid, p.name), p.env) for p in prepared],
+            {"DRA_TESTBED_CLAIM": f"{ref.namespace}/{ref.name}"},
+        )
+        self.checkpoint.put(
+            ClaimRecord(
+                ref.uid, ref.namespace, ref.name, ClaimState.PREPARE_COMPLETED, records, admin
+            )
+        )
+        if self.driver == NIC_DRIVER and self.client is not None:
+            await self._publish_network_status(ref, records, nic_configs)
+        return records
+
+    async def _fetch(self, ref: ClaimRef) -> Mapping[str, Any]:
+        try:
+            claim = await self.claims.get(ref.namespace, ref.name, ref.uid)
+        except ApiError as exc:
+            if exc.not_found:
+                raise ClaimFailed(
+                    "NotFound", f"claim {ref.namespace}/{ref.name} does not exist"
+                ) from None
+            raise ClaimFailed(
+                "ApiError", f"reading claim {ref.namespace}/{ref.name}: {exc}"
+            ) from None
+        if claim["metadata"]["uid"] != ref.uid:
+            raise ClaimFailed(
+                "UIDMismatch",
+                f"claim {ref.namespace}/{ref.name} has UID {claim['metadata']['uid']}, "
+                f"not {ref.uid}: it was deleted and created again",
+            )
+        return claim
+
+    def _allocation(
+        self, ref: ClaimRef, claim: Mapping[str, Any]
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        allocation = (claim.get("status") or {}).get("allocation")
+        if not allocation:
+            raise ClaimFailed("NotAllocated", f"claim {ref.namespace}/{ref.name} is not allocated")
+        devices = allocation.get("devices") or {}
+        results = [r for r in devices.get("results") or [] if r.get("driver") == self.driver]
+        if not results:
+            raise ClaimFailed(
+                "NoDevices",
+                f"claim {ref.namespace}/{ref.name} has no devices allocated by {self.driver}",
+            )
+        elsewhere = sorted({r["pool"] for r in results if r.get("pool") != self.node})
+        if elsewhere:
+            raise ClaimFailed(
+                "WrongNode",
+                f"claim {ref.namespace}/{ref.name} is allocated on node(s) {', '.join(elsewhere)}, "
+                f"not on {self.node}",
+            )
+        return results, list(devices.get("config") or [])
+
+    async def _publish_network_status(
+        self, ref: ClaimRef, records: list[PreparedDeviceRecord], configs: Mapping[str, NicConfig]
+    ) -> None:
+        """Write status.devices with networkData for the NICs, as a CNI-style driver would."""
+        assert self.client is not None
+        _, devices, _ = await self.backend.inventory()
+        by_name = {d.name: d for d in devices}
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        entries = []
+        for record in records:
+            nic = by_name.get(record.device)
+            if nic is None:
+                continue
+            config = configs.get(record.device)
+            ips = (
+                list(config.ips)
+                if config and config.ips
+                else [self._derived_ip(ref.uid, nic.attributes["index"])]
+            )
+            entries.append(
+                {
+                    "driver": self.driver,
+                    "pool": record.pool,
+                    "device": record.device,
+                    "conditions": [
+                        {
+                            "type": "Ready",
+                            "status": "True",
+                            "reason": "InterfaceConfigured",
+                            "message": f"{nic.attributes['ifName']} up",
+                            "lastTransitionTime": now,
+                        }
+                    ],
+                    "networkData": {
+                        "interfaceName": str(nic.attributes["ifName"]),
+                        "ips": ips,
+                        "hardwareAddress": str(nic.attributes["macAddress"]),
+                    },
+                }
+            )
+        body = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": ref.name, "namespace": ref.namespace, "uid": ref.uid},
+            "status": {"devices": entries},
+        }
+        path = path_for("resource.k8s.io/v1", "resourceclaims", ref.name, ref.namespace, "status")
+        try:
+            await self.client.request(
+                "PATCH",
+                path,
+                body,
+                params={"fieldManager": self.driver, "force": "true"},
+                content_type="application/apply-patch+yaml",
+            )
+        except ApiError as exc:
+            # The devices are prepared; a status write failing must not fail the pod.
+            log.warning(
+                "%s: could not write network status of %s/%s: %s",
+                self.driver,
+                ref.namespace,
+                ref.name,
+                exc,
+            )
+
+    @staticmethod
+    def _derived_ip(claim_uid: str, index: object) -> str:
+        host = int(hashlib.sha256(claim_uid.encode()).hexdigest(), 16) % 250 + 2
+        return f"192.168.{int(str(index))}.{host}/24"
+
+    # --- unprepare -----------------------------------------------------------------------
+
+    async def unprepare(self, refs: list[ClaimRef]) -> dict[str, str]:
+        """Release each claim; unknown claims succeed (nothing to do)."""
+        errors: dict[str, str] = {}
+        if not refs:
+            return errors
+        async with self.node_lock():
+            for ref in refs:
+                if not ref.uid:
+                    errors[""] = f"{self.driver}: claim reference without uid"
+                    continue
+                try:
+                    await self.backend.unprepare(ref.uid)
+                    cdi.remove_claim_spec(self.paths.cdi_dir, self.driver, ref.uid)
+                    self.checkpoint.remove(ref.uid)
+                    errors[ref.uid] = ""
+                except (HardwareError, OSError) as exc:
+                    metrics.CLAIM_ERRORS.labels(self.driver, "unprepare", type(exc).__name__).inc()
+                    errors[ref.uid] = f"{self.driver}: unprepare {ref.namespace}/{ref.name}: {exc}"
+            self._record_gauge()
+        return errors

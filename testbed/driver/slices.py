@@ -1,0 +1,207 @@
+"""ResourceSlices for one driver on one node: built from the inventory, published idempotently.
+
+The pool is named after the node. Shared counters (a partitionable GPU's memory slices
+and multiprocessors) go in a slice of their own; devices that consume them go in other
+slices of the same pool, all with one generation. Slices are split to honour the API's
+limits, and the publisher only writes when the desired content differs from what is
+there, bumping the pool generation when it does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from fake_devices.hardware import Device, DeviceHealth, Health, SharedPool
+from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
+
+API_VERSION = "resource.k8s.io/v1"
+MAX_DEVICES = 128
+MAX_DEVICES_WITH_TAINTS_OR_COUNTERS = 64
+MAX_COUNTER_SETS = 8
+MAX_ATTRIBUTES_AND_CAPACITIES = 32
+STANDARD_ATTRIBUTES = {"pciBusID", "pcieRoot"}
+UNHEALTHY_TAINT_KEY = "dra-testbed.io/unhealthy"
+
+DRIVER_KINDS = {"gpu.dra-testbed.io": ("gpu", "partition"), "nic.dra-testbed.io": ("nic",)}
+
+
+def _attribute(value: str | int | bool, name: str) -> dict[str, Any]:
+    if isinstance(value, bool):
+        return {"bool": value}
+    if isinstance(value, int):
+        return {"int": value}
+    if name == "driverVersion":
+        return {"version": value}
+    return {"string": value}
+
+
+def device_entry(device: Device, health: DeviceHealth | None) -> Obj:
+    attributes = {
+        (f"resource.kubernetes.io/{k}" if k in STANDARD_ATTRIBUTES else k): _attribute(v, k)
+        for k, v in device.attributes.items()
+    }
+    capacity = {k: {"value": str(v)} for k, v in device.capacity.items()}
+    if len(attributes) + len(capacity) > MAX_ATTRIBUTES_AND_CAPACITIES:
+        raise ValueError(
+            f"{device.name}: more than {MAX_ATTRIBUTES_AND_CAPACITIES} attributes+capacities"
+        )
+    entry: Obj = {"name": device.name, "attributes": attributes, "capacity": capacity}
+    if device.pool:
+        entry["consumesCounters"] = [
+            {
+                "counterSet": device.pool,
+                "counters": {k: {"value": str(v)} for k, v in device.draws.items()},
+            }
+        ]
+    if health is not None and health.health is Health.UNHEALTHY:
+        entry["taints"] = [{"key": UNHEALTHY_TAINT_KEY, "value": "true", "effect": "NoSchedule"}]
+    return entry
+
+
+@dataclass(frozen=True)
+class SliceSpec:
+    """One slice's content, without pool generation or count (set when publishing)."""
+
+    name: str
+    devices: tuple[Obj, ...] = ()
+    shared_counters: tuple[Obj, ...] = ()
+
+
+def _chunks(items: list[Obj], size: int) -> Iterable[list[Obj]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def desired_slices(
+    driver: str,
+    node: str,
+    devices: list[Device],
+    pools: list[SharedPool],
+    health: list[DeviceHealth],
+) -> list[SliceSpec]:
+    kinds = DRIVER_KINDS[driver]
+    mine = [d for d in devices if d.kind in kinds]
+    by_name = {h.device: h for h in health}
+    entries = [device_entry(d, by_name.get(d.name)) for d in mine]
+    used_pools = {d.pool for d in mine if d.pool}
+    counter_sets = [
+        {"name": p.name, "counters": {k: {"value": str(v)} for k, v in p.capacity.items()}}
+        for p in pools
+        if p.name in used_pools
+    ]
+    prefix = f"{node}-{driver.split('.')[0]}"
+    specs = [
+        SliceSpec(f"{prefix}-counters-{i}", shared_counters=tuple(chunk))
+        for i, chunk in enumerate(_chunks(counter_sets, MAX_COUNTER_SETS))
+    ]
+    plain = [e for e in entries if "consumesCounters" not in e and "taints" not in e]
+    limited = [e for e in entries if "consumesCounters" in e or "taints" in e]
+    groups = list(_chunks(plain, MAX_DEVICES)) + list(
+        _chunks(limited, MAX_DEVICES_WITH_TAINTS_OR_COUNTERS)
+    )
+    specs += [SliceSpec(f"{prefix}-{i}", devices=tuple(group)) for i, group in enumerate(groups)]
+    if not specs:  # an empty pool is still published, so the scheduler knows it is empty
+        specs.append(SliceSpec(f"{prefix}-0"))
+    return specs
+
+
+def slice_object(driver: str, node: str, spec: SliceSpec, generation: int, count: int) -> Obj:
+    body: Obj = {
+        "driver": driver,
+        "nodeName": node,
+        "pool": {"name": node, "generation": generation, "resourceSliceCount": count},
+    }
+    if spec.devices:
+        body["devices"] = list(spec.devices)
+    if spec.shared_counters:
+        body["sharedCounters"] = list(spec.shared_counters)
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "ResourceSlice",
+        "metadata": {"name": spec.name, "labels": {"dra-testbed.io/node": node}},
+        "spec": body,
+    }
+
+
+def _comparable(spec: Obj) -> Obj:
+    """What must match for an existing slice to count as up to date."""
+    pool = spec.get("pool", {})
+    devices = []
+    for device in spec.get("devices") or []:
+        if "taints" in device:  # the API server stamps timeAdded on taints
+            device = dict(
+                device,
+                taints=[{k: v for k, v in t.items() if k != "timeAdded"} for t in device["taints"]],
+            )
+        devices.append(device)
+    return {
+        "devices": devices,
+        "sharedCounters": spec.get("sharedCounters") or [],
+        "count": pool.get("resourceSliceCount"),
+        "nodeName": spec.get("nodeName"),
+    }
+
+
+class SlicePublisher:
+    """Keeps the API's slices for (driver, node) equal to the desired ones."""
+
+    def __init__(self, client: KubeClient, driver: str, node: str, owner: Obj | None = None):
+        self.client = client
+        self.driver = driver
+        self.node = node
+        self.owner = owner
+        """An ownerReference (the Node), so slices go when the node goes."""
+        self.writes = 0
+
+    async def existing(self) -> list[Obj]:
+        listing = await self.client.get(
+            path_for(API_VERSION, "resourceslices"),
+            {"fieldSelector": f"spec.driver={self.driver},spec.nodeName={self.node}"},
+        )
+        items: list[Obj] = listing.get("items", [])
+        return items
+
+    async def publish(self, specs: list[SliceSpec]) -> bool:
+        """Make the API match; return True if anything was written."""
+        current = {s["metadata"]["name"]: s for s in await self.existing()}
+        count = len(specs)
+        generation = max((s["spec"]["pool"]["generation"] for s in current.values()), default=0)
+        desired = {
+            s.name: slice_object(self.driver, self.node, s, generation, count) for s in specs
+        }
+        up_to_date = (
+            set(current) == set(desired)
+            and all(
+                _comparable(current[n]["spec"]) == _comparable(desired[n]["spec"]) for n in desired
+            )
+            and len({s["spec"]["pool"]["generation"] for s in current.values()}) <= 1
+        )
+        if up_to_date:
+            return False
+        generation += 1
+        for name, spec in zip(desired, specs, strict=True):
+            obj = slice_object(self.driver, self.node, spec, generation, count)
+            if self.owner:
+                obj["metadata"]["ownerReferences"] = [self.owner]
+            path = path_for(API_VERSION, "resourceslices", name)
+            if name in current:
+                obj["metadata"]["resourceVersion"] = current[name]["metadata"]["resourceVersion"]
+                await self.client.replace(path, obj)
+            else:
+                await self.client.create(path_for(API_VERSION, "resourceslices"), obj)
+            self.writes += 1
+        for name in set(current) - set(desired):
+            await self.client.delete_if_exists(path_for(API_VERSION, "resourceslices", name))
+            self.writes += 1
+        return True
+
+    async def remove_all(self) -> None:
+        try:
+            for item in await self.existing():
+                await self.client.delete_if_exists(
+                    path_for(API_VERSION, "resourceslices", item["metadata"]["name"])
+                )
+        except ApiError:
+            pass

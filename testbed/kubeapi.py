@@ -1,0 +1,258 @@
+"""A small asyncio client for the Kubernetes REST API.
+
+The driver and the fake kubelet are asyncio programs that must stay light (thousands
+of them share a process), so they speak plain JSON over one aiohttp session instead of
+the synchronous, model-heavy `kubernetes` client. Objects are dicts, as on the wire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import ssl
+import tempfile
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+
+Obj = dict[str, Any]
+
+IN_CLUSTER_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+PATCH_TYPES = {
+    "merge": "application/merge-patch+json",
+    "strategic": "application/strategic-merge-patch+json",
+    "json": "application/json-patch+json",
+}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, reason: str, message: str):
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+    @property
+    def conflict(self) -> bool:
+        return self.status == 409
+
+
+@dataclass(frozen=True)
+class Credentials:
+    server: str
+    ssl_context: ssl.SSLContext
+    token: str | None = None
+
+
+def _load_pem_pair(context: ssl.SSLContext, cert: bytes, key: bytes) -> None:
+    """ssl only loads key pairs from files: write them to a private temp dir briefly."""
+    with tempfile.TemporaryDirectory(prefix="testbed-kube-") as scratch:
+        cert_path, key_path = Path(scratch, "c.pem"), Path(scratch, "k.pem")
+        cert_path.write_bytes(cert)
+        key_path.write_bytes(key)
+        key_path.chmod(0o600)
+        context.load_cert_chain(str(cert_path), str(key_path))
+
+
+def _field(entry: Mapping[str, Any], name: str, base: Path) -> bytes | None:
+    if f"{name}-data" in entry:
+        return base64.b64decode(str(entry[f"{name}-data"]))
+    if name in entry:
+        return (base / str(entry[name])).read_bytes()
+    return None
+
+
+def credentials_from_kubeconfig(path: Path, context_name: str | None = None) -> Credentials:
+    document = yaml.safe_load(path.read_text())
+    context_name = context_name or document["current-context"]
+    context = next(c["context"] for c in document["contexts"] if c["name"] == context_name)
+    cluster = next(c["cluster"] for c in document["clusters"] if c["name"] == context["cluster"])
+    users = document.get("users") or []
+    user: dict[str, Any] = next((u["user"] for u in users if u["name"] == context.get("user")), {})
+    base = path.parent
+    ssl_context = ssl.create_default_context()
+    ca = _field(cluster, "certificate-authority", base)
+    if ca is not None:
+        ssl_context.load_verify_locations(cadata=ca.decode())
+    cert = _field(user, "client-certificate", base)
+    key = _field(user, "client-key", base)
+    if cert is not None and key is not None:
+        _load_pem_pair(ssl_context, cert, key)
+    return Credentials(cluster["server"], ssl_context, user.get("token"))
+
+
+def in_cluster_credentials() -> Credentials:
+    host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ["KUBERNETES_SERVICE_PORT"]
+    ssl_context = ssl.create_default_context(cafile=str(IN_CLUSTER_DIR / "ca.crt"))
+    token = (IN_CLUSTER_DIR / "token").read_text().strip()
+    return Credentials(f"https://{host}:{port}", ssl_context, token)
+
+
+def default_credentials(kubeconfig: Path | None = None) -> Credentials:
+    """Explicit kubeconfig, then $KUBECONFIG, then the in-cluster service account."""
+    if kubeconfig is None and os.environ.get("KUBECONFIG"):
+        kubeconfig = Path(os.environ["KUBECONFIG"])
+    if kubeconfig is not None:
+        return credentials_from_kubeconfig(kubeconfig)
+    return in_cluster_credentials()
+
+
+def path_for(
+    api_version: str,
+    plural: str,
+    name: str | None = None,
+    namespace: str | None = None,
+    subresource: str | None = None,
+) -> str:
+    """REST path, e.g. ("resource.k8s.io/v1", "resourceclaims", "c", "ns") ->
+    /apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/c."""
+    prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    parts = [prefix]
+    if namespace is not None:
+        parts.append(f"namespaces/{namespace}")
+    parts.append(plural)
+    if name is not None:
+        parts.append(name)
+    if subresource is not None:
+        parts.append(subresource)
+    return "/".join(parts)
+
+
+class KubeClient:
+    """One aiohttp session; share it among everything in a process or actor."""
+
+    def __init__(self, credentials: Credentials, connection_limit: int = 64):
+        self.credentials = credentials
+        headers = {"Accept": "application/json", "User-Agent": "dra-testbed"}
+        if credentials.token:
+            headers["Authorization"] = f"Bearer {credentials.token}"
+        self._headers = headers
+        self._limit = connection_limit
+        self._session: aiohttp.ClientSession | None = None
+
+    @classmethod
+    def from_kubeconfig(cls, path: Path | None = None) -> KubeClient:
+        return cls(default_credentials(path))
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(ssl=self.credentials.ssl_context, limit=self._limit)
+            self._session = aiohttp.ClientSession(
+                base_url=self.credentials.server, headers=self._headers, connector=connector
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: Obj | list[Obj] | None = None,
+        params: Mapping[str, str] | None = None,
+        content_type: str = "application/json",
+        timeout_s: float = 30.0,
+    ) -> Obj:
+        data = None if body is None else json.dumps(body)
+        headers = {"Content-Type": content_type} if body is not None else None
+        async with self._http().request(
+            method,
+            path,
+            data=data,
+            params=params,
+            headers=headers,
+            timeout=aiohttp.ClientTimeout(total=timeout_s),
+        ) as response:
+            text = await response.text()
+            if response.status >= 400:
+                raise _api_error(response.status, text)
+            return json.loads(text) if text else {}
+
+    async def get(self, path: str, params: Mapping[str, str] | None = None) -> Obj:
+        return await self.request("GET", path, params=params)
+
+    async def create(self, path: str, body: Obj) -> Obj:
+        return await self.request("POST", path, body)
+
+    async def replace(self, path: str, body: Obj) -> Obj:
+        return await self.request("PUT", path, body)
+
+    async def patch(self, path: str, body: Obj | list[Obj], patch_type: str = "merge") -> Obj:
+        return await self.request("PATCH", path, body, content_type=PATCH_TYPES[patch_type])
+
+    async def delete(self, path: str, body: Obj | None = None) -> Obj:
+        return await self.request("DELETE", path, body)
+
+    async def delete_if_exists(self, path: str, body: Obj | None = None) -> bool:
+        try:
+            await self.delete(path, body)
+            return True
+        except ApiError as exc:
+            if exc.not_found:
+                return False
+            raise
+
+    async def watch(
+        self, path: str, params: Mapping[str, str] | None = None, timeout_s: int = 300
+    ) -> AsyncIterator[tuple[str, Obj]]:
+        """List then watch, yielding ("ADDED"|"MODIFIED"|"DELETED", obj) forever,
+        re-listing when the watch expires (410) and reconnecting after errors."""
+        base = dict(params or {})
+        resource_version = ""
+        while True:
+            try:
+                if not resource_version:
+                    listing = await self.get(path, base)
+                    for item in listing.get("items", []):
+                        yield "ADDED", item
+                    resource_version = listing["metadata"]["resourceVersion"]
+                query = dict(
+                    base,
+                    watch="1",
+                    resourceVersion=resource_version,
+                    allowWatchBookmarks="true",
+                    timeoutSeconds=str(timeout_s),
+                )
+                async with self._http().get(
+                    path, params=query, timeout=aiohttp.ClientTimeout(total=timeout_s + 30)
+                ) as response:
+                    if response.status >= 400:
+                        raise _api_error(response.status, await response.text())
+                    async for line in response.content:
+                        event = json.loads(line)
+                        kind, obj = event["type"], event["object"]
+                        if kind == "ERROR":
+                            if obj.get("code") == 410:
+                                resource_version = ""
+                            break
+                        resource_version = obj["metadata"]["resourceVersion"]
+                        if kind != "BOOKMARK":
+                            yield kind, obj
+            except ApiError as exc:
+                if exc.status == 410:
+                    resource_version = ""
+                    continue
+                await asyncio.sleep(1.0)
+            except (TimeoutError, aiohttp.ClientError, json.JSONDecodeError):
+                await asyncio.sleep(1.0)
+
+
+def _api_error(status: int, text: str) -> ApiError:
+    try:
+        status_obj = json.loads(text)
+        return ApiError(status, status_obj.get("reason", ""), status_obj.get("message", text))
+    except json.JSONDecodeError:
+        return ApiError(status, "", text[:500])
