@@ -123,7 +123,7 @@ def build_inventory(
                     "memory": spec.memory_gib << 30,
                     "multiprocessors": spec.multiprocessors,
                 }
-                pool_capacity |= {f"memorySlice{s}": 1 for s in range(spec.memory_slices)}
+                pool_capacity |= {f"memory-slice-{s}": 1 for s in range(spec.memory_slices)}
                 pools.append(SharedPool(pool_name, pool_capacity))
             devices.append(
                 Device(
@@ -141,7 +141,8 @@ def build_inventory(
             for partition in spec.partitions:
                 for start in partition.placements:
                     slices = {
-                        f"memorySlice{s}": 1 for s in range(start, start + partition.memory_slices)
+                        f"memory-slice-{s}": 1
+                        for s in range(start, start + partition.memory_slices)
                     }
                     devices.append(
                         Device(

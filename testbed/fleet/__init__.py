@@ -1,0 +1,1 @@
+"""Ray orchestration: NodeHost actors, each hosting many synthetic nodes."""

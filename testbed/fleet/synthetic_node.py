@@ -1,0 +1,85 @@
+"""One synthetic node: its hardware, a driver instance per driver, and its fake kubelet.
+
+Everything a real node has, laid out as on a real node under ``<root>``:
+``kubelet/plugins_registry``, ``kubelet/plugins/<driver>/`` (sockets, checkpoint, lock)
+and ``cdi/``. The kubelet reaches the drivers only through those sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from pathlib import Path
+
+from fake_devices.hardware import NodeHardware
+from fake_devices.profiles import HardwareProfile
+from testbed.driver.backend import LocalBackend
+from testbed.driver.claims import ClaimCache
+from testbed.driver.opaque_config import GPU_DRIVER, NIC_DRIVER
+from testbed.driver.plugin import DriverPlugin
+from testbed.driver.prepare import DriverPaths
+from testbed.kubeapi import KubeClient
+from testbed.kubelet.kubelet import FakeKubelet
+from testbed.kubelet.node import NodeSpec
+
+
+def drivers_for(profile: HardwareProfile) -> list[str]:
+    return [
+        d
+        for d, present in ((GPU_DRIVER, profile.gpu_count), (NIC_DRIVER, profile.nic_count))
+        if present
+    ]
+
+
+class SyntheticNode:
+    def __init__(
+        self,
+        name: str,
+        profile: HardwareProfile,
+        root: Path,
+        client: KubeClient,
+        claims: ClaimCache,
+        seed: int = 0,
+        labels: Mapping[str, str] | None = None,
+        watch_pods: bool = True,
+    ):
+        self.name = name
+        self.root = root
+        self.hardware = NodeHardware(name, profile, seed)
+        self.backend = LocalBackend(self.hardware)
+        kubelet_dir, cdi_dir = root / "kubelet", root / "cdi"
+        self.kubelet = FakeKubelet(
+            client,
+            NodeSpec(name, labels={"dra-testbed.io/profile": profile.name, **(labels or {})}),
+            kubelet_dir,
+            cdi_dir,
+            watch_pods=watch_pods,
+        )
+        self.drivers = [
+            DriverPlugin(
+                driver,
+                name,
+                DriverPaths.for_node(kubelet_dir, driver, cdi_dir),
+                self.backend,
+                client,
+                claims,
+            )
+            for driver in drivers_for(profile)
+        ]
+
+    async def start(self) -> None:
+        await self.kubelet.start()  # the Node first: slices are owned by it
+        for driver in self.drivers:
+            await driver.start()
+
+    async def wait_ready(self, timeout_s: float) -> None:
+        """Every driver registered with the kubelet and its slices published."""
+        for driver in self.drivers:
+            await self.kubelet.plugins.wait_for_driver(driver.driver, timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await driver.published.wait()
+
+    async def stop(self) -> None:
+        for driver in self.drivers:
+            await driver.stop()
+        await self.kubelet.stop()

@@ -1,0 +1,201 @@
+"""Node registration and heartbeat, as a kubelet does them.
+
+The Node is created Ready with capacity, labels and (by default) a NoSchedule taint
+that keeps ordinary DaemonSets and workloads off synthetic nodes; its Lease in
+``kube-node-lease`` is renewed every 10 s so the node lifecycle controller keeps it Ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import hashlib
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from testbed import config
+from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
+
+log = logging.getLogger(__name__)
+
+LEASE_DURATION_S = 40
+LEASE_RENEW_S = 10.0
+SYNTHETIC_TAINT = {"key": "dra-testbed.io/synthetic", "value": "true", "effect": "NoSchedule"}
+SYNTHETIC_TOLERATION = {
+    "key": "dra-testbed.io/synthetic",
+    "operator": "Exists",
+    "effect": "NoSchedule",
+}
+
+
+def now_rfc3339(micro: bool = False) -> str:
+    stamp = dt.datetime.now(dt.UTC)
+    return stamp.strftime("%Y-%m-%dT%H:%M:%S.%fZ" if micro else "%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class NodeSpec:
+    name: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    taints: list[Obj] = field(default_factory=lambda: [dict(SYNTHETIC_TAINT)])
+    capacity: Mapping[str, str] = field(
+        default_factory=lambda: {
+            "cpu": "64",
+            "memory": "512Gi",
+            "pods": "250",
+            "ephemeral-storage": "1Ti",
+        }
+    )
+
+    def internal_ip(self) -> str:
+        digest = hashlib.sha256(self.name.encode()).digest()
+        return f"10.{100 + digest[0] % 100}.{digest[1]}.{digest[2] % 250 + 2}"
+
+
+def node_object(spec: NodeSpec) -> Obj:
+    labels = {
+        "kubernetes.io/hostname": spec.name,
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "amd64",
+        "dra-testbed.io/synthetic": "true",
+        **spec.labels,
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": spec.name, "labels": labels},
+        "spec": {"taints": list(spec.taints)},
+    }
+
+
+def node_status(spec: NodeSpec) -> Obj:
+    stamp = now_rfc3339()
+
+    def condition(kind: str, status: str, reason: str, message: str) -> Obj:
+        return {
+            "type": kind,
+            "status": status,
+            "reason": reason,
+            "message": message,
+            "lastHeartbeatTime": stamp,
+            "lastTransitionTime": stamp,
+        }
+
+    return {
+        "status": {
+            "capacity": dict(spec.capacity),
+            "allocatable": dict(spec.capacity),
+            "conditions": [
+                condition(
+                    "MemoryPressure",
+                    "False",
+                    "KubeletHasSufficientMemory",
+                    "kubelet has sufficient memory",
+                ),
+                condition(
+                    "DiskPressure",
+                    "False",
+                    "KubeletHasNoDiskPressure",
+                    "kubelet has no disk pressure",
+                ),
+                condition(
+                    "PIDPressure", "False", "KubeletHasSufficientPID", "kubelet has sufficient PID"
+                ),
+                condition(
+                    "Ready",
+                    "True",
+                    "KubeletReady",
+                    "dra-testbed fake kubelet is posting ready status",
+                ),
+            ],
+            "addresses": [
+                {"type": "InternalIP", "address": spec.internal_ip()},
+                {"type": "Hostname", "address": spec.name},
+            ],
+            "nodeInfo": {
+                "kubeletVersion": f"{config.KUBERNETES_VERSION}-dra-testbed",
+                "kubeProxyVersion": "",
+                "operatingSystem": "linux",
+                "architecture": "amd64",
+                "containerRuntimeVersion": "dra-testbed://1",
+                "kernelVersion": "",
+                "osImage": "dra-testbed synthetic node",
+                "machineID": "",
+                "systemUUID": "",
+                "bootID": "",
+            },
+        }
+    }
+
+
+class NodeAgent:
+    def __init__(self, client: KubeClient, spec: NodeSpec):
+        self.client = client
+        self.spec = spec
+        self.uid = ""
+        self._task: asyncio.Task[None] | None = None
+
+    async def register(self) -> None:
+        """Create the Node (or adopt an existing one of the same name) and mark it Ready."""
+        path = path_for("v1", "nodes", self.spec.name)
+        try:
+            node = await self.client.create(path_for("v1", "nodes"), node_object(self.spec))
+        except ApiError as exc:
+            if not exc.conflict:
+                raise
+            node = await self.client.get(path)
+        self.uid = node["metadata"]["uid"]
+        await self.client.patch(
+            path_for("v1", "nodes", self.spec.name, subresource="status"),
+            node_status(self.spec),
+            "strategic",
+        )
+        await self.renew_lease()
+
+    async def renew_lease(self) -> None:
+        path = path_for("coordination.k8s.io/v1", "leases", self.spec.name, "kube-node-lease")
+        spec = {
+            "holderIdentity": self.spec.name,
+            "leaseDurationSeconds": LEASE_DURATION_S,
+            "renewTime": now_rfc3339(micro=True),
+        }
+        try:
+            await self.client.patch(path, {"spec": spec})
+        except ApiError as exc:
+            if not exc.not_found:
+                raise
+            owner = {"apiVersion": "v1", "kind": "Node", "name": self.spec.name, "uid": self.uid}
+            await self.client.create(
+                path_for("coordination.k8s.io/v1", "leases", namespace="kube-node-lease"),
+                {
+                    "apiVersion": "coordination.k8s.io/v1",
+                    "kind": "Lease",
+                    "metadata": {"name": self.spec.name, "ownerReferences": [owner]},
+                    "spec": spec,
+                },
+            )
+
+    def start(self, first_delay_s: float = LEASE_RENEW_S) -> None:
+        self._task = asyncio.create_task(
+            self._renew_forever(first_delay_s), name=f"lease-{self.spec.name}"
+        )
+
+    async def _renew_forever(self, delay_s: float) -> None:
+        while True:
+            await asyncio.sleep(delay_s)
+            delay_s = LEASE_RENEW_S
+            try:
+                await self.renew_lease()
+            except Exception as exc:  # keep trying: a kubelet never gives up on its lease
+                log.warning("lease renewal for %s failed: %s", self.spec.name, exc)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with_suppress = asyncio.gather(self._task, return_exceptions=True)
+            await with_suppress
+            self._task = None
+
+    async def delete(self) -> None:
+        await self.client.delete_if_exists(path_for("v1", "nodes", self.spec.name))

@@ -1,0 +1,479 @@
+"""Pods bound to this node: prepare their claims, "run" them, unprepare, remove them.
+
+For each pod: wait until every claim is allocated and reserved for it; call
+NodePrepareResources once per driver for the claims not yet prepared on this node
+(claims shared by several pods are prepared once and unprepared when the last user is
+gone); resolve each container's CDI device IDs against the spec files as a runtime
+would (an unknown ID fails the start); record the environment a container would see in
+the ``dra-testbed.io/container-env`` annotation; set the pod Running. A pod whose
+containers run ``sleep N`` (and do not restart) or that carries
+``dra-testbed.io/run-seconds`` succeeds after that long. On termination or deletion the
+claims are unprepared, then a deleted pod is removed for good, as a kubelet does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from testbed.driver import cdi
+from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
+from testbed.kubelet import metrics
+from testbed.kubelet.node import NodeSpec, now_rfc3339
+from testbed.kubelet.plugins import PluginCallError, PluginManager, PreparedDevice
+
+log = logging.getLogger(__name__)
+
+ENV_ANNOTATION = "dra-testbed.io/container-env"
+RUN_SECONDS_ANNOTATION = "dra-testbed.io/run-seconds"
+BACKOFF_START_S = 0.2
+BACKOFF_MAX_S = 5.0
+SLEEP_COMMAND = re.compile(r"(?:^|\s|;|&&)sleep\s+(\d+(?:\.\d+)?)(?:\s|;|$)")
+
+
+def run_seconds(pod: Obj) -> float | None:
+    """How long the pod runs before it succeeds; None if it runs until deleted."""
+    annotation = pod["metadata"].get("annotations", {}).get(RUN_SECONDS_ANNOTATION)
+    if annotation is not None:
+        try:
+            return max(0.0, float(annotation))
+        except ValueError:
+            return None
+    spec = pod["spec"]
+    if spec.get("restartPolicy", "Always") == "Always":
+        return None
+    durations = []
+    for container in spec.get("containers", []):
+        match = SLEEP_COMMAND.search(
+            " ".join(container.get("command", []) + container.get("args", []))
+        )
+        if match is None:
+            return None
+        durations.append(float(match.group(1)))
+    return max(durations, default=None)
+
+
+@dataclass
+class PreparedClaim:
+    namespace: str
+    name: str
+    uid: str
+    drivers: list[str]
+    devices: list[PreparedDevice] = field(default_factory=list)
+    users: set[str] = field(default_factory=set)
+
+
+class StartFailed(Exception):
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+class PodManager:
+    def __init__(
+        self,
+        client: KubeClient,
+        node: NodeSpec,
+        plugins: PluginManager,
+        cdi_dir: Path,
+        watch_pods: bool = True,
+    ):
+        self.client = client
+        self.node = node
+        self.plugins = plugins
+        self.cdi_dir = cdi_dir
+        self.watch_pods = watch_pods
+        self.claims: dict[str, PreparedClaim] = {}
+        self._workers: dict[str, asyncio.Task[None]] = {}
+        self._latest: dict[str, Obj] = {}
+        self._updated: dict[str, asyncio.Event] = {}
+        self._claims_lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+        self._last_event: dict[tuple[str, str], str] = {}
+
+    def start(self) -> None:
+        if self.watch_pods:
+            self._task = asyncio.create_task(self._watch(), name=f"pods-{self.node.name}")
+
+    async def stop(self) -> None:
+        tasks = [t for t in (self._task, *self._workers.values()) if t is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._workers.clear()
+
+    async def _watch(self) -> None:
+        path = path_for("v1", "pods")
+        async for kind, pod in self.client.watch(
+            path, {"fieldSelector": f"spec.nodeName={self.node.name}"}
+        ):
+            self.observe(kind, pod)
+
+    def observe(self, kind: str, pod: Obj) -> None:
+        """Feed a pod event (from this manager's watch, or a watch shared by many nodes)."""
+        uid = pod["metadata"]["uid"]
+        self._latest[uid] = dict(pod, _deleted=kind == "DELETED")
+        event = self._updated.setdefault(uid, asyncio.Event())
+        event.set()
+        if (
+            uid not in self._workers
+            and kind != "DELETED"
+            and pod.get("status", {}).get("phase") not in ("Succeeded", "Failed")
+        ):
+            self._workers[uid] = asyncio.create_task(self._run(uid), name=f"pod-{uid}")
+        elif uid not in self._workers and pod["metadata"].get("deletionTimestamp"):
+            self._workers[uid] = asyncio.create_task(
+                self._finish_deletion(uid), name=f"pod-del-{uid}"
+            )
+
+    # --- helpers ---------------------------------------------------------------------
+
+    def _pod(self, uid: str) -> Obj:
+        return self._latest[uid]
+
+    def _deleting(self, uid: str) -> bool:
+        pod = self._latest[uid]
+        return bool(pod.get("_deleted") or pod["metadata"].get("deletionTimestamp"))
+
+    async def _pause(self, uid: str, seconds: float) -> None:
+        """Sleep, but wake at once if the pod changes (e.g. is being deleted)."""
+        event = self._updated.setdefault(uid, asyncio.Event())
+        event.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), seconds)
+
+    async def event(self, pod: Obj, reason: str, message: str, kind: str = "Warning") -> None:
+        meta = pod["metadata"]
+        key = (meta["uid"], reason)
+        if self._last_event.get(key) == message:
+            return
+        self._last_event[key] = message
+        stamp = now_rfc3339()
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {
+                "name": f"{meta['name']}.{uuid.uuid4().hex[:16]}",
+                "namespace": meta["namespace"],
+            },
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta["uid"],
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": kind,
+            "count": 1,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "source": {"component": "kubelet", "host": self.node.name},
+            "reportingComponent": "kubelet",
+            "reportingInstance": self.node.name,
+        }
+        try:
+            await self.client.create(path_for("v1", "events", namespace=meta["namespace"]), body)
+        except ApiError as exc:
+            log.debug("could not record event %s on %s: %s", reason, meta["name"], exc)
+
+    # --- lifecycle -------------------------------------------------------------------
+
+    async def _run(self, uid: str) -> None:
+        try:
+            started = await self._start(uid)
+            if started:
+                seconds = run_seconds(self._pod(uid))
+                if seconds is not None:
+                    deadline = time.monotonic() + seconds
+                    while not self._deleting(uid) and (left := deadline - time.monotonic()) > 0:
+                        await self._pause(uid, left)
+                    if not self._deleting(uid):
+                        await self._set_succeeded(uid)
+                        await self._release(uid)
+                while not self._deleting(uid):
+                    await self._pause(uid, 3600)
+            await self._finish_deletion(uid)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("pod worker %s on %s failed", uid, self.node.name)
+        finally:
+            self._workers.pop(uid, None)
+
+    async def _start(self, uid: str) -> bool:
+        backoff = BACKOFF_START_S
+        while not self._deleting(uid):
+            pod = self._pod(uid)
+            try:
+                env = await self._prepare(pod)
+                await self._set_running(pod, env)
+                return True
+            except StartFailed as exc:
+                await self.event(pod, exc.reason, str(exc))
+            await self._pause(uid, backoff)
+            backoff = min(backoff * 2, BACKOFF_MAX_S)
+        return False
+
+    async def _pod_claims(self, pod: Obj) -> list[Obj]:
+        """The pod's ResourceClaims, each allocated and reserved for it."""
+        meta = pod["metadata"]
+        statuses = {
+            s["name"]: s.get("resourceClaimName")
+            for s in pod.get("status", {}).get("resourceClaimStatuses", [])
+        }
+        claims = []
+        for entry in pod["spec"].get("resourceClaims", []):
+            name = entry.get("resourceClaimName") or statuses.get(entry["name"])
+            if not name:
+                raise StartFailed(
+                    "ClaimNotReady", f"claim for {entry['name']} has not been created yet"
+                )
+            try:
+                claim = await self.client.get(
+                    path_for("resource.k8s.io/v1", "resourceclaims", name, meta["namespace"])
+                )
+            except ApiError as exc:
+                raise StartFailed("ClaimNotReady", f"resourceclaim {name}: {exc.message}") from None
+            reserved = {r.get("uid") for r in claim.get("status", {}).get("reservedFor", [])}
+            if not claim.get("status", {}).get("allocation") or meta["uid"] not in reserved:
+                raise StartFailed(
+                    "ClaimNotReady",
+                    f"resourceclaim {name} is not yet allocated and reserved for the pod",
+                )
+            claims.append(dict(claim, _pod_claim_name=entry["name"]))
+        return claims
+
+    async def _prepare(self, pod: Obj) -> dict[str, dict[str, str]]:
+        uid = pod["metadata"]["uid"]
+        claims = await self._pod_claims(pod)
+        if not claims:
+            return {}
+        started = time.perf_counter()
+        failed = True
+        try:
+            async with self._claims_lock:
+                await self._prepare_claims(uid, claims)
+            env = self._container_env(pod, claims)
+            failed = False
+            return env
+        finally:
+            metrics.OPERATIONS.labels("PrepareResources", str(failed).lower()).observe(
+                time.perf_counter() - started
+            )
+
+    async def _prepare_claims(self, pod_uid: str, claims: list[Obj]) -> None:
+        by_driver: dict[str, list[Obj]] = {}
+        for claim in claims:
+            claim_uid = claim["metadata"]["uid"]
+            if claim_uid in self.claims:
+                continue
+            drivers = sorted(
+                {r["driver"] for r in claim["status"]["allocation"]["devices"]["results"]}
+            )
+            for driver in drivers:
+                by_driver.setdefault(driver, []).append(claim)
+        answered: dict[str, set[str]] = {}
+        devices: dict[str, list[PreparedDevice]] = {}
+        errors: list[str] = []
+        for driver, driver_claims in by_driver.items():
+            refs = [
+                (c["metadata"]["namespace"], c["metadata"]["uid"], c["metadata"]["name"])
+                for c in driver_claims
+            ]
+            try:
+                results = await self.plugins.prepare(driver, refs)
+            except PluginCallError as exc:
+                errors.append(str(exc))
+                continue
+            for claim_uid, answer in results.items():
+                if answer.error:
+                    errors.append(answer.error)
+                else:
+                    answered.setdefault(claim_uid, set()).add(driver)
+                    devices.setdefault(claim_uid, []).extend(answer.devices)
+        # A claim counts as prepared only when every driver it uses prepared it; the
+        # others are asked again on the next attempt (prepare is idempotent).
+        for claim in claims:
+            meta = claim["metadata"]
+            drivers = sorted(
+                {r["driver"] for r in claim["status"]["allocation"]["devices"]["results"]}
+            )
+            if meta["uid"] not in self.claims and answered.get(meta["uid"]) == set(drivers):
+                self.claims[meta["uid"]] = PreparedClaim(
+                    meta["namespace"], meta["name"], meta["uid"], drivers, devices[meta["uid"]]
+                )
+        for claim in claims:
+            prepared = self.claims.get(claim["metadata"]["uid"])
+            if prepared is not None:
+                prepared.users.add(pod_uid)
+        if errors:
+            raise StartFailed("FailedPrepareDynamicResources", "; ".join(errors))
+
+    def _container_env(self, pod: Obj, claims: list[Obj]) -> dict[str, dict[str, str]]:
+        by_pod_name = {c["_pod_claim_name"]: self.claims[c["metadata"]["uid"]] for c in claims}
+        env: dict[str, dict[str, str]] = {}
+        for container in pod["spec"].get("containers", []):
+            ids: list[str] = []
+            for ref in container.get("resources", {}).get("claims", []):
+                prepared = by_pod_name.get(ref["name"])
+                if prepared is None:
+                    continue
+                request = ref.get("request")
+                for device in prepared.devices:
+                    if request is None or any(
+                        r == request or r.startswith(f"{request}/") for r in device.request_names
+                    ):
+                        ids.extend(device.cdi_device_ids)
+            try:
+                env[container["name"]] = cdi.resolve(self.cdi_dir, ids)
+            except cdi.CdiResolutionError as exc:
+                raise StartFailed("Failed", f"container {container['name']}: {exc}") from None
+        return env
+
+    async def _set_running(self, pod: Obj, env: Mapping[str, Mapping[str, str]]) -> None:
+        meta = pod["metadata"]
+        await self.client.patch(
+            path_for("v1", "pods", meta["name"], meta["namespace"]),
+            {"metadata": {"annotations": {ENV_ANNOTATION: json.dumps(env, sort_keys=True)}}},
+        )
+        stamp = now_rfc3339()
+        ip = self.node.internal_ip()
+
+        def condition(kind: str) -> Obj:
+            return {"type": kind, "status": "True", "lastTransitionTime": stamp}
+
+        status = {
+            "phase": "Running",
+            "hostIP": ip,
+            "hostIPs": [{"ip": ip}],
+            "podIP": ip,
+            "podIPs": [{"ip": ip}],
+            "startTime": stamp,
+            "conditions": [
+                condition(k)
+                for k in ("PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready")
+            ],
+            "containerStatuses": [
+                {
+                    "name": c["name"],
+                    "image": c.get("image", ""),
+                    "imageID": "",
+                    "ready": True,
+                    "started": True,
+                    "restartCount": 0,
+                    "containerID": f"dra-testbed://{meta['uid']}-{c['name']}",
+                    "state": {"running": {"startedAt": stamp}},
+                }
+                for c in pod["spec"].get("containers", [])
+            ],
+        }
+        await self.client.patch(
+            path_for("v1", "pods", meta["name"], meta["namespace"], "status"),
+            {"status": status},
+            "strategic",
+        )
+
+    async def _set_succeeded(self, uid: str) -> None:
+        pod = self._pod(uid)
+        meta = pod["metadata"]
+        stamp = now_rfc3339()
+        status = {
+            "phase": "Succeeded",
+            "conditions": [
+                {
+                    "type": k,
+                    "status": "False",
+                    "reason": "PodCompleted",
+                    "lastTransitionTime": stamp,
+                }
+                for k in ("ContainersReady", "Ready")
+            ],
+            "containerStatuses": [
+                {
+                    "name": c["name"],
+                    "image": c.get("image", ""),
+                    "imageID": "",
+                    "ready": False,
+                    "started": False,
+                    "restartCount": 0,
+                    "containerID": f"dra-testbed://{meta['uid']}-{c['name']}",
+                    "state": {
+                        "running": None,
+                        "terminated": {
+                            "exitCode": 0,
+                            "reason": "Completed",
+                            "startedAt": stamp,
+                            "finishedAt": stamp,
+                        },
+                    },
+                }
+                for c in pod["spec"].get("containers", [])
+            ],
+        }
+        await self.client.patch(
+            path_for("v1", "pods", meta["name"], meta["namespace"], "status"),
+            {"status": status},
+            "strategic",
+        )
+
+    async def _release(self, pod_uid: str) -> None:
+        """Unprepare the claims this pod was the last user of."""
+        started = time.perf_counter()
+        failed = False
+        async with self._claims_lock:
+            done = []
+            for claim in self.claims.values():
+                claim.users.discard(pod_uid)
+                if not claim.users:
+                    done.append(claim)
+            for driver in sorted({d for c in done for d in c.drivers}):
+                mine = [c for c in done if driver in c.drivers]
+                refs = [(c.namespace, c.uid, c.name) for c in mine]
+                try:
+                    errors = await self.plugins.unprepare(driver, refs)
+                except PluginCallError as exc:
+                    errors = {c.uid: str(exc) for c in mine}
+                if any(errors.values()):
+                    failed = True
+                    log.warning(
+                        "unprepare on %s: %s",
+                        self.node.name,
+                        "; ".join(e for e in errors.values() if e),
+                    )
+            for claim in done:
+                self.claims.pop(claim.uid, None)
+        if done or failed:
+            metrics.OPERATIONS.labels("UnprepareResources", str(failed).lower()).observe(
+                time.perf_counter() - started
+            )
+
+    async def _finish_deletion(self, uid: str) -> None:
+        await self._release(uid)
+        pod = self._latest.get(uid)
+        if pod is not None and not pod.get("_deleted"):
+            meta = pod["metadata"]
+            with contextlib.suppress(ApiError):
+                await self.client.delete(
+                    path_for("v1", "pods", meta["name"], meta["namespace"]),
+                    {
+                        "apiVersion": "v1",
+                        "kind": "DeleteOptions",
+                        "gracePeriodSeconds": 0,
+                        "preconditions": {"uid": uid},
+                    },
+                )
+        self._latest.pop(uid, None)
+        self._updated.pop(uid, None)
+        self._workers.pop(uid, None)
