@@ -18,10 +18,13 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from fake_devices.profiles import ProfileError, load_profile
 from testbed import config as cfg
+from testbed import environment
 from testbed.controlplane import binaries as binaries_module
 from testbed.controlplane import cluster
 from testbed.errors import TestbedError
+from testbed.fleet.fleet import FleetSpec
 from testbed.progress import ConsoleProgress
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -93,6 +96,26 @@ def main() -> None:
 @click.option(
     "--timeout", type=float, default=120.0, show_default=True, help="Start-up timeout, seconds."
 )
+@click.option(
+    "--nodes",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Synthetic nodes to start (each with hardware, drivers and a fake kubelet).",
+)
+@click.option(
+    "--profile",
+    default="tiny",
+    show_default=True,
+    help="Hardware profile of the synthetic nodes: gpu8, h100x8, tiny, or a YAML file.",
+)
+@click.option(
+    "--nodes-per-host",
+    type=click.IntRange(min=1),
+    default=50,
+    show_default=True,
+    help="Synthetic nodes per NodeHost Ray actor.",
+)
 @reports_errors
 def up(
     name: str,
@@ -105,8 +128,11 @@ def up(
     alpha: bool,
     feature_gates: str,
     timeout: float,
+    nodes: int,
+    profile: str,
+    nodes_per_host: int,
 ) -> None:
-    """Start a local control plane; print the kubeconfig path last."""
+    """Start a local control plane (and synthetic nodes); print the kubeconfig path last."""
     _interrupt_on_sigterm()
     config = cfg.ControlPlaneConfig.from_env(
         name=name,
@@ -120,7 +146,14 @@ def up(
         startup_timeout_s=timeout,
         extra_feature_gates=cfg.parse_feature_gates(feature_gates, "--feature-gates"),
     )
-    state = cluster.up(config, ConsoleProgress())
+    fleet = None
+    if nodes:
+        try:
+            load_profile(profile)  # a bad profile fails before anything starts
+        except ProfileError as exc:
+            raise TestbedError(str(exc), hint="fix the profile or pick a shipped one") from None
+        fleet = FleetSpec(nodes, profile, nodes_per_host=nodes_per_host)
+    state = environment.up(config, fleet, ConsoleProgress())
     click.echo(str(state.kubeconfig))
 
 
@@ -131,7 +164,7 @@ def up(
 def down(name: str, state_dir: Path | None, keep_state: bool) -> None:
     """Stop everything `testbed up` started."""
     config = cfg.ControlPlaneConfig(name=name, state_dir=state_dir)
-    stopped = cluster.down(config, keep_state=keep_state)
+    stopped = environment.down(config, keep_state=keep_state)
     if stopped:
         stderr.print(f"stopped {', '.join(stopped)}")
     else:

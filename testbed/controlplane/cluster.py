@@ -43,6 +43,8 @@ class ClusterState:
     ready: bool = False
     started_at: float = field(default_factory=time.time)
     timings: dict[str, float] = field(default_factory=dict)
+    extras: dict[str, object] = field(default_factory=dict)
+    """What layers above the control plane record (the Ray address, the fleet)."""
 
     @property
     def layout(self) -> Layout:
@@ -66,6 +68,7 @@ class ClusterState:
             "ready": self.ready,
             "started_at": self.started_at,
             "timings": self.timings,
+            "extras": self.extras,
         }
         temporary = self.layout.state_file.with_suffix(".tmp")
         temporary.write_text(json.dumps(document, indent=2))
@@ -87,6 +90,7 @@ class ClusterState:
                 ready=bool(data["ready"]),
                 started_at=float(data["started_at"]),
                 timings=dict(data.get("timings", {})),
+                extras=dict(data.get("extras", {})),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise TestbedError(
@@ -100,9 +104,11 @@ class ClusterState:
     def stop_processes(self) -> list[str]:
         """Stop stage by stage; anything not in a stage (a future component) goes first."""
         known = set(STOP_ORDER)
-        stages = [[p for p in self.processes if p.name not in known]]
-        stages += [[p for p in self.processes if p.name in stage] for stage in STOP_STAGES]
-        return [name for stage in stages for name in processes.stop(stage)]
+        # Ray drains for up to 30 s on SIGTERM; a throw-away cluster need not wait.
+        stopped = processes.stop([p for p in self.processes if p.name not in known], timeout_s=2.0)
+        for stage in STOP_STAGES:
+            stopped += processes.stop([p for p in self.processes if p.name in stage])
+        return stopped
 
 
 class ComponentFailed(TestbedError):
@@ -387,6 +393,7 @@ def status(config: ControlPlaneConfig) -> tuple[ClusterState | None, list[Compon
     for record in state.processes:
         alive = record.alive()
         check = checks.get(record.name)
-        healthy = alive and check is not None and http_status(check.url, check.context) == 200
+        # Components without an HTTP health endpoint (Ray) count as healthy while alive.
+        healthy = alive and (check is None or http_status(check.url, check.context) == 200)
         report.append(ComponentStatus(record.name, record.pid, alive, healthy, record.log))
     return state, report

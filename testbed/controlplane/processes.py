@@ -91,6 +91,7 @@ def stop(records: list[ProcessRecord], timeout_s: float = 10.0) -> list[str]:
     while time.monotonic() < kill_deadline and any(r.alive() for r in live):
         _reap(live)
         time.sleep(0.05)
+    _stop_leftover_group_members(live)
     still = [r.name for r in live if r.alive()]
     if still:
         raise TestbedError(
@@ -98,6 +99,36 @@ def stop(records: list[ProcessRecord], timeout_s: float = 10.0) -> list[str]:
             hint="look up the PIDs with `testbed status` and stop them by hand",
         )
     return [r.name for r in live]
+
+
+def group_members(pgid: int) -> list[int]:
+    """Living processes in process group ``pgid`` (each started process leads its own)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            members.append(int(entry.name))
+    return members
+
+
+def _stop_leftover_group_members(records: list[ProcessRecord]) -> None:
+    """Children that outlived their leader (Ray's agents do) are still ours: same group."""
+    for record in records:
+        leftovers = group_members(record.pid)
+        for pid in leftovers:
+            _signal(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 3.0
+        while leftovers and time.monotonic() < deadline:
+            time.sleep(0.05)
+            leftovers = group_members(record.pid)
+        for pid in leftovers:
+            _signal(pid, signal.SIGKILL)
 
 
 def _signal(pid: int, sig: signal.Signals) -> None:

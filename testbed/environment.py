@@ -1,0 +1,78 @@
+"""A whole testbed: control plane, DeviceClasses, and a fleet of synthetic nodes.
+
+The fleet's NodeHost actors are detached and live in a Ray head that the cluster owns
+(recorded as the "ray" process), so they keep running after `testbed up` returns;
+`testbed down` stops them gracefully, then Ray, then the control plane.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import asdict
+from pathlib import Path
+
+from testbed.config import ControlPlaneConfig
+from testbed.controlplane import cluster
+from testbed.controlplane.binaries import Binaries
+from testbed.driver import deviceclasses
+from testbed.fleet import raycluster
+from testbed.fleet.fleet import Fleet, FleetSpec
+from testbed.kubeapi import KubeClient
+from testbed.progress import Progress, SilentProgress
+
+log = logging.getLogger(__name__)
+
+
+def install_device_classes(kubeconfig: Path) -> list[str]:
+    async def run() -> list[str]:
+        client = KubeClient.from_kubeconfig(kubeconfig)
+        try:
+            return await deviceclasses.install(client)
+        finally:
+            await client.close()
+
+    return asyncio.run(run())
+
+
+def up(
+    config: ControlPlaneConfig,
+    fleet: FleetSpec | None = None,
+    progress: Progress | None = None,
+    binaries: Binaries | None = None,
+) -> cluster.ClusterState:
+    progress = progress or SilentProgress()
+    state = cluster.up(config, progress, binaries)
+    try:
+        names = install_device_classes(state.kubeconfig)
+        progress.step(f"DeviceClasses: {', '.join(names)}")
+        if fleet is not None and fleet.count > 0:
+            start_fleet(state, fleet, progress)
+        return state
+    except BaseException:
+        down(config)
+        raise
+
+
+def start_fleet(state: cluster.ClusterState, spec: FleetSpec, progress: Progress) -> Fleet:
+    with progress.task("starting Ray on 127.0.0.1"):
+        record, address = raycluster.start_head(state.root, state.layout.log("ray"))
+    state.processes.insert(0, record)
+    state.extras["ray_address"] = address
+    state.extras["fleet"] = asdict(spec)
+    state.save()
+    raycluster.connect(address, state.name)
+    fleet = Fleet(spec, state.kubeconfig, state.root, detached=True)
+    fleet.start(progress)
+    return fleet
+
+
+def down(config: ControlPlaneConfig, keep_state: bool = False) -> list[str]:
+    """Stop Ray (and with it the NodeHosts), then the control plane. The synthetic nodes
+    are not asked to stop one by one: their directories go with the cluster's."""
+    root = config.cluster_dir
+    state = cluster.ClusterState.load(root) if root.exists() else None
+    stopped = cluster.down(config, keep_state=keep_state)
+    if state is not None:
+        raycluster.remove_temp_dir(state.root)
+    return stopped

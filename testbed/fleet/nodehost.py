@@ -1,0 +1,100 @@
+"""NodeHost: a Ray actor that hosts many synthetic nodes in one asyncio process.
+
+One API client and one claim cache serve all its nodes. The host also exposes the
+hardware's fault switches, so scenarios and tests can break devices on purpose.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+from fake_devices.hardware import Health
+from fake_devices.profiles import load_profile
+from testbed.driver.claims import ClaimCache
+from testbed.fleet.synthetic_node import SyntheticNode
+from testbed.kubeapi import KubeClient
+
+
+class NodeHost:
+    def __init__(
+        self, kubeconfig: str, state_dir: str, nodes: list[tuple[str, str]], seed: int = 0
+    ):
+        """``nodes``: (node name, hardware profile name or path)."""
+        logging.basicConfig(level=logging.WARNING)
+        self.kubeconfig = Path(kubeconfig)
+        self.state_dir = Path(state_dir)
+        self.node_specs = nodes
+        self.seed = seed
+        self.nodes: dict[str, SyntheticNode] = {}
+        self.client: KubeClient | None = None
+        self.claims: ClaimCache | None = None
+
+    async def start(self, ready_timeout_s: float = 120.0) -> list[str]:
+        self.client = KubeClient.from_kubeconfig(self.kubeconfig)
+        self.claims = ClaimCache(self.client)
+        self.claims.start()
+        profiles = {p: load_profile(p) for _, p in self.node_specs}
+        for name, profile in self.node_specs:
+            self.nodes[name] = SyntheticNode(
+                name, profiles[profile], self.state_dir / name, self.client, self.claims, self.seed
+            )
+        await asyncio.gather(*(node.start() for node in self.nodes.values()))
+        await asyncio.gather(*(node.wait_ready(ready_timeout_s) for node in self.nodes.values()))
+        return sorted(self.nodes)
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(node.stop() for node in self.nodes.values()), return_exceptions=True)
+        if self.claims is not None:
+            await self.claims.stop()
+        if self.client is not None:
+            await self.client.close()
+
+    def _node(self, name: str) -> SyntheticNode:
+        try:
+            return self.nodes[name]
+        except KeyError:
+            raise KeyError(f"this host has no node {name!r}") from None
+
+    # --- faults and inspection -----------------------------------------------------
+
+    async def inject(self, node: str, **faults: Any) -> None:
+        self._node(node).hardware.inject(**faults)
+
+    async def set_health(self, node: str, device: str, healthy: bool, message: str = "") -> None:
+        self._node(node).hardware.set_health(
+            device, Health.HEALTHY if healthy else Health.UNHEALTHY, message
+        )
+
+    async def hardware_claims(self, node: str) -> dict[str, list[str]]:
+        return self._node(node).hardware.claims()
+
+    async def kubelet_claims(self, node: str) -> list[str]:
+        return sorted(self._node(node).kubelet.pods.claims)
+
+    async def node_dir(self, node: str) -> str:
+        return str(self._node(node).root)
+
+    async def restart_driver(self, node: str, driver: str) -> None:
+        """Stop a driver instance and start a fresh one on the same directories, as after
+        a crash: the new instance repairs from the checkpoint."""
+        target = self._node(node)
+        for i, plugin in enumerate(target.drivers):
+            if plugin.driver == driver:
+                await plugin.stop(grace_s=0)
+                assert self.client is not None and self.claims is not None
+                fresh = type(plugin)(
+                    driver, node, plugin.paths, plugin.backend, self.client, self.claims
+                )
+                target.drivers[i] = fresh
+                await fresh.start()
+                return
+        raise KeyError(f"node {node} has no driver {driver}")
+
+    async def checkpoint_corruptions(self, node: str, driver: str) -> list[str]:
+        for plugin in self._node(node).drivers:
+            if plugin.driver == driver:
+                return list(plugin.preparer.corruptions)
+        return []

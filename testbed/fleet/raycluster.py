@@ -1,0 +1,100 @@
+"""A local Ray head for one testbed cluster, run as a managed process on 127.0.0.1.
+
+`ray start --head --block` stays in the foreground and stops the processes it started
+when it gets SIGTERM, so the cluster's Ray is stopped by its PID like every other
+component, and no machine-wide `ray stop` is ever needed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from testbed.controlplane import processes
+from testbed.controlplane.processes import ProcessRecord
+from testbed.errors import TestbedError
+
+NAMESPACE_PREFIX = "dra-testbed"
+
+
+def ray_temp_dir(cluster_root: Path) -> Path:
+    """Short, per cluster: Ray puts unix sockets under it (108-byte path limit)."""
+    digest = hashlib.sha256(str(cluster_root).encode()).hexdigest()[:10]
+    return Path(tempfile.gettempdir()) / f"tbray-{digest}"
+
+
+def namespace(cluster_name: str) -> str:
+    return f"{NAMESPACE_PREFIX}-{cluster_name}"
+
+
+def start_head(
+    cluster_root: Path, log_path: Path, num_cpus: int | None = None
+) -> tuple[ProcessRecord, str]:
+    ray = shutil.which("ray", path=str(Path(sys.executable).parent)) or shutil.which("ray")
+    if ray is None:
+        raise TestbedError("the `ray` command is not installed", hint="run `make install`")
+    port = processes.free_port()
+    temp_dir = ray_temp_dir(cluster_root)
+    command = [
+        ray,
+        "start",
+        "--head",
+        "--block",
+        "--node-ip-address=127.0.0.1",
+        f"--port={port}",
+        f"--temp-dir={temp_dir}",
+        "--include-dashboard=false",
+        "--disable-usage-stats",
+        f"--ray-client-server-port={processes.free_port()}",
+        f"--node-manager-port={processes.free_port()}",
+        f"--object-manager-port={processes.free_port()}",
+        f"--runtime-env-agent-port={processes.free_port()}",
+        f"--dashboard-agent-listen-port={processes.free_port()}",
+        f"--dashboard-agent-grpc-port={processes.free_port()}",
+        f"--metrics-export-port={processes.free_port()}",
+    ]
+    if num_cpus is not None:
+        command.append(f"--num-cpus={num_cpus}")
+    _, record = processes.start("ray", command, log_path, cwd=cluster_root)
+    address = f"127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if not record.alive():
+            raise TestbedError(
+                "ray exited during start-up",
+                detail=f"last lines of {log_path}:\n{processes.log_tail(log_path)}",
+            )
+        with socket.socket() as sock:
+            sock.settimeout(0.5)
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return record, address
+        time.sleep(0.1)
+    raise TestbedError("ray did not start within 60 s", detail=processes.log_tail(log_path))
+
+
+def connect(address: str, cluster_name: str) -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    ray.init(
+        address=address,
+        namespace=namespace(cluster_name),
+        logging_level=logging.WARNING,
+        log_to_driver=False,
+    )
+
+
+def stop_head(record: ProcessRecord, cluster_root: Path) -> None:
+    processes.stop([record], timeout_s=15.0)
+    remove_temp_dir(cluster_root)
+
+
+def remove_temp_dir(cluster_root: Path) -> None:
+    shutil.rmtree(ray_temp_dir(cluster_root), ignore_errors=True)
