@@ -7,6 +7,7 @@ Use from any project with ``pytest_plugins = ["testbed.testing"]``. Set
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -19,6 +20,9 @@ from kubernetes import client as k8s
 from testbed.config import ControlPlaneConfig
 from testbed.controlplane import cluster
 from testbed.controlplane.binaries import Binaries, ensure_binaries
+from testbed.environment import install_device_classes
+from testbed.fleet import raycluster
+from testbed.fleet.fleet import Fleet, FleetSpec
 from testbed.kube import api_client
 from testbed.progress import PrintProgress
 
@@ -56,6 +60,32 @@ def control_plane(
         yield state
     finally:
         cluster.down(config)
+
+
+@pytest.fixture(scope="session")
+def fleet(control_plane: cluster.ClusterState) -> Iterator[Fleet]:
+    """Two ``tiny`` synthetic nodes (tb-000, tb-001) on one NodeHost actor in a real local
+    Ray, with the testbed's DeviceClasses installed."""
+    import ray
+
+    install_device_classes(control_plane.kubeconfig)
+    record, address = raycluster.start_head(control_plane.root, control_plane.layout.log("ray"))
+    running = None
+    try:
+        raycluster.connect(address, control_plane.name)
+        running = Fleet(
+            FleetSpec(2, "tiny", name_prefix="tb", nodes_per_host=2),
+            control_plane.kubeconfig,
+            control_plane.root,
+        )
+        running.start(PrintProgress())
+        yield running
+    finally:
+        if running is not None:
+            with contextlib.suppress(Exception):
+                running.stop()
+        ray.shutdown()  # before the head goes, or Ray's client ends this process
+        raycluster.stop_head(record, control_plane.root)
 
 
 @pytest.fixture(scope="session")

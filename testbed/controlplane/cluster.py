@@ -211,20 +211,13 @@ def _choose_ports(config: ControlPlaneConfig) -> Ports:
             f"port {config.apiserver_port} on 127.0.0.1 is already in use",
             hint="pick another with --port, or leave --port out to get a free one",
         )
-    chosen: set[int] = set()
-
-    def pick() -> int:
-        while (port := processes.free_port()) in chosen:
-            pass
-        chosen.add(port)
-        return port
-
+    etcd_client, etcd_peer, apiserver, controller_manager, scheduler = processes.free_ports(5)
     return Ports(
-        etcd_client=pick(),
-        etcd_peer=pick(),
-        apiserver=config.apiserver_port or pick(),
-        controller_manager=pick(),
-        scheduler=pick(),
+        etcd_client=etcd_client,
+        etcd_peer=etcd_peer,
+        apiserver=config.apiserver_port or apiserver,
+        controller_manager=controller_manager,
+        scheduler=scheduler,
     )
 
 

@@ -39,7 +39,17 @@ def start_head(
     ray = shutil.which("ray", path=str(Path(sys.executable).parent)) or shutil.which("ray")
     if ray is None:
         raise TestbedError("the `ray` command is not installed", hint="run `make install`")
-    port = processes.free_port()
+    (
+        port,
+        client,
+        node_manager,
+        object_manager,
+        runtime_env,
+        agent,
+        agent_grpc,
+        metrics,
+        dashboard,
+    ) = processes.free_ports(9)
     temp_dir = ray_temp_dir(cluster_root)
     command = [
         ray,
@@ -51,13 +61,14 @@ def start_head(
         f"--temp-dir={temp_dir}",
         "--include-dashboard=false",
         "--disable-usage-stats",
-        f"--ray-client-server-port={processes.free_port()}",
-        f"--node-manager-port={processes.free_port()}",
-        f"--object-manager-port={processes.free_port()}",
-        f"--runtime-env-agent-port={processes.free_port()}",
-        f"--dashboard-agent-listen-port={processes.free_port()}",
-        f"--dashboard-agent-grpc-port={processes.free_port()}",
-        f"--metrics-export-port={processes.free_port()}",
+        f"--ray-client-server-port={client}",
+        f"--node-manager-port={node_manager}",
+        f"--object-manager-port={object_manager}",
+        f"--runtime-env-agent-port={runtime_env}",
+        f"--dashboard-agent-listen-port={agent}",
+        f"--dashboard-agent-grpc-port={agent_grpc}",
+        f"--metrics-export-port={metrics}",
+        f"--dashboard-port={dashboard}",
     ]
     if num_cpus is not None:
         command.append(f"--num-cpus={num_cpus}")

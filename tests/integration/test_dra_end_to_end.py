@@ -1,0 +1,327 @@
+"""Pods with DRA claims on synthetic nodes, end to end: real control plane, real Ray,
+real gRPC over unix sockets between the fake kubelet and the driver."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import ray
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from testbed.fleet.fleet import Fleet
+from testbed.testing import wait_for
+from tests.integration.dra_helpers import (
+    GPU,
+    NIC,
+    PARTITION,
+    allocated_devices,
+    claim_spec,
+    container_env,
+    create_claim,
+    create_template,
+    events,
+    pod,
+    pod_claim_name,
+    request,
+    unique,
+    wait_gone,
+    wait_running,
+)
+
+pytestmark = pytest.mark.controlplane
+
+
+@pytest.fixture
+def namespace(kube_api: k8s.ApiClient, fleet: Fleet) -> Iterator[str]:
+    name = unique("e2e")
+    k8s.CoreV1Api(kube_api).create_namespace({"metadata": {"name": name}})
+    yield name
+    k8s.CoreV1Api(kube_api).delete_namespace(name)
+
+
+def hardware_claims(fleet: Fleet, node: str) -> dict[str, list[str]]:
+    result: dict[str, list[str]] = ray.get(fleet.host(node).hardware_claims.remote(node))
+    return result
+
+
+def test_gpu_claim_from_template_runs_and_is_released(
+    kube_api: k8s.ApiClient, fleet: Fleet, namespace: str
+) -> None:
+    core = k8s.CoreV1Api(kube_api)
+    create_template(kube_api, namespace, "one-gpu", claim_spec(request("gpu", GPU)))
+    core.create_namespaced_pod(
+        namespace, pod("worker", {"gpu": {"resourceClaimTemplateName": "one-gpu"}})
+    )
+    running = wait_running(kube_api, namespace, "worker")
+    node = running.spec.node_name
+    claim = pod_claim_name(running, "gpu")
+    [device] = allocated_devices(kube_api, namespace, claim)
+    env = container_env(running)["main"]
+    assert env["DRA_TESTBED_CLAIM"] == f"{namespace}/{claim}"
+    assert env[f"{device.device.upper().replace('-', '_')}_UUID"].startswith("GPU-")
+    claim_uid = (
+        k8s.ResourceV1Api(kube_api).read_namespaced_resource_claim(claim, namespace).metadata.uid
+    )
+    assert hardware_claims(fleet, node)[claim_uid] == [device.device]
+    node_dir = Path(ray.get(fleet.host(node).node_dir.remote(node)))
+    assert (node_dir / "cdi" / f"{GPU}-{claim_uid}.json").exists()
+
+    core.delete_namespaced_pod("worker", namespace)
+    wait_gone(kube_api, namespace, "worker")
+    wait_for(lambda: claim_uid not in hardware_claims(fleet, node), 30, "the device to be released")
+    assert not (node_dir / "cdi" / f"{GPU}-{claim_uid}.json").exists()
+
+    def claim_deleted() -> bool:
+        try:
+            k8s.ResourceV1Api(kube_api).read_namespaced_resource_claim(claim, namespace)
+        except ApiException as exc:
+            return exc.status == 404
+        return False
+
+    wait_for(claim_deleted, 30, "the generated claim to be deleted (deallocated)")
+
+
+def test_claim_shared_by_two_containers_and_two_pods(
+    kube_api: k8s.ApiClient, fleet: Fleet, namespace: str
+) -> None:
+    core = k8s.CoreV1Api(kube_api)
+    create_claim(kube_api, namespace, "shared", claim_spec(request("gpu", GPU)))
+    for name in ("a", "b"):
+        core.create_namespaced_pod(
+            namespace,
+            pod(
+                name,
+                {"gpu": {"resourceClaimName": "shared"}},
+                containers={"one": ["gpu"], "two": ["gpu"]},
+            ),
+        )
+    a, b = (wait_running(kube_api, namespace, n) for n in ("a", "b"))
+    assert a.spec.node_name == b.spec.node_name
+    envs = [container_env(p)[c] for p in (a, b) for c in ("one", "two")]
+    assert all(e == envs[0] for e in envs), envs
+    claim_uid = (
+        k8s.ResourceV1Api(kube_api).read_namespaced_resource_claim("shared", namespace).metadata.uid
+    )
+    node = a.spec.node_name
+
+    core.delete_namespaced_pod("a", namespace)
+    wait_gone(kube_api, namespace, "a")
+    assert claim_uid in hardware_claims(fleet, node), "still used by pod b"
+    core.delete_namespaced_pod("b", namespace)
+    wait_gone(kube_api, namespace, "b")
+    wait_for(
+        lambda: claim_uid not in hardware_claims(fleet, node), 30, "release after the last user"
+    )
+
+
+def test_partition_blocks_its_whole_gpu_until_released(
+    kube_api: k8s.ApiClient, fleet: Fleet, namespace: str
+) -> None:
+    core = k8s.CoreV1Api(kube_api)
+    node = "tb-001"
+    on_gpu0 = f"device.attributes['{GPU}'].index == 0"
+    create_template(kube_api, namespace, "slice", claim_spec(request("part", PARTITION, on_gpu0)))
+    create_template(kube_api, namespace, "whole", claim_spec(request("gpu", GPU, on_gpu0)))
+    core.create_namespaced_pod(
+        namespace, pod("partition", {"p": {"resourceClaimTemplateName": "slice"}}, node=node)
+    )
+    wait_running(kube_api, namespace, "partition")
+    core.create_namespaced_pod(
+        namespace, pod("whole", {"g": {"resourceClaimTemplateName": "whole"}}, node=node)
+    )
+    wait_for(
+        lambda: any(r == "FailedScheduling" for r, _ in events(kube_api, namespace, "whole")),
+        30,
+        "the scheduler to find the whole GPU unavailable",
+    )
+    assert core.read_namespaced_pod("whole", namespace).spec.node_name is None
+
+    core.delete_namespaced_pod("partition", namespace)
+    running = wait_running(kube_api, namespace, "whole", timeout_s=90)
+    assert running.spec.node_name == node
+
+
+def test_gpu_and_nic_on_the_same_pcie_root(
+    kube_api: k8s.ApiClient, fleet: Fleet, namespace: str
+) -> None:
+    core = k8s.CoreV1Api(kube_api)
+    create_template(
+        kube_api,
+        namespace,
+        "aligned",
+        claim_spec(
+            request("gpu", GPU),
+            request("nic", NIC),
+            constraints=[
+                {"requests": ["gpu", "nic"], "matchAttribute": "resource.kubernetes.io/pcieRoot"}
+            ],
+        ),
+    )
+    core.create_namespaced_pod(
+        namespace, pod("trainer", {"net": {"resourceClaimTemplateName": "aligned"}})
+    )
+    running = wait_running(kube_api, namespace, "trainer")
+    claim_name = pod_claim_name(running, "net")
+    devices = {r.request: r.device for r in allocated_devices(kube_api, namespace, claim_name)}
+    assert devices["gpu"].split("-")[1] == devices["nic"].split("-")[1], devices  # gpu-i with nic-i
+    env = container_env(running)["main"]
+    assert any(k.endswith("_IFNAME") for k in env) and any(k.endswith("_UUID") for k in env)
+
+    def network_status() -> object:
+        claim = k8s.ResourceV1Api(kube_api).read_namespaced_resource_claim(claim_name, namespace)
+        return claim.status.devices
+
+    [status] = wait_for(network_status, 30, "the NIC driver to write claim status")
+    assert status.driver == NIC and status.device == devices["nic"]
+    assert status.network_data.interface_name.startswith("eth")
+    assert status.network_data.hardware_address.count(":") == 5
+    assert status.network_data.ips and status.conditions[0].type == "Ready"
+
+
+def test_first_available_falls_back_to_what_fits(
+    kube_api: k8s.ApiClient, fleet: Fleet, namespace: str
+) -> None:
+    core = k8s.CoreV1Api(kube_api)
+    spec = {
+        "devices": {
+            "requests": [
+                {
+                    "name": "gpu",
+                    "firstAvailable": [
+                        {
+                            "name": "eight",
+                            "deviceClassName": GPU,
+                            "allocationMode": "ExactCount",
+                            "count": 8,
+                        },
+                        {"name": "partition", "deviceClassName": PARTITION},
+                    ],
+                }
+            ]
+        }
+    }
+    create_template(kube_api, namespace, "flexible", spec)
+    core.create_namespaced_pod(
+        namespace, pod("flex", {"gpu": {"resourceClaimTemplateName": "flexible"}})
+    )
+    running = wait_running(kube_api, namespace, "flex")
+    [result] = allocated_devices(kube_api, namespace, pod_claim_name(running, "gpu"))
+    assert result.request == "gpu/partition"
+    assert any(k.endswith("_UUID") for k in container_env(running)["main"])
+
+
+def test_admin_access_reaches_a_device_in_use(
+    kube_api: k8s.ApiClient, fleet: Fleet, namespace: str
+) -> None:
+    # A NIC, not a GPU: the 1.37 allocator still checks shared counters for admin-access
+    # requests, so a partitionable GPU in use cannot be reached with admin access.
+    core = k8s.CoreV1Api(kube_api)
+    core.patch_namespace(
+        namespace, {"metadata": {"labels": {"resource.kubernetes.io/admin-access": "true"}}}
+    )
+    node = "tb-000"
+    on_nic1 = f"device.attributes['{NIC}'].index == 1"
+    create_template(kube_api, namespace, "user", claim_spec(request("nic", NIC, on_nic1)))
+    create_template(
+        kube_api, namespace, "admin", claim_spec(request("nic", NIC, on_nic1, adminAccess=True))
+    )
+    core.create_namespaced_pod(
+        namespace, pod("user", {"nic": {"resourceClaimTemplateName": "user"}}, node=node)
+    )
+    wait_running(kube_api, namespace, "user")
+    core.create_namespaced_pod(
+        namespace, pod("monitor", {"nic": {"resourceClaimTemplateName": "admin"}}, node=node)
+    )
+    monitor = wait_running(kube_api, namespace, "monitor")
+    [result] = allocated_devices(kube_api, namespace, pod_claim_name(monitor, "nic"))
+    assert result.device == "nic-1" and result.admin_access is True
+    assert "NIC_1_IFNAME" in container_env(monitor)["main"]
+
+
+def test_bad_opaque_config_fails_that_claim_only(
+    kube_api: k8s.ApiClient, fleet: Fleet, namespace: str
+) -> None:
+    core = k8s.CoreV1Api(kube_api)
+
+    def gpu_config(sharing: dict[str, object]) -> list[object]:
+        params = {"apiVersion": f"{GPU}/v1alpha1", "kind": "GpuConfig", "sharing": sharing}
+        return [{"requests": ["gpu"], "opaque": {"driver": GPU, "parameters": params}}]
+
+    create_template(
+        kube_api,
+        namespace,
+        "broken",
+        claim_spec(request("gpu", PARTITION), config=gpu_config({"strategy": "Sometimes"})),
+    )
+    create_template(
+        kube_api,
+        namespace,
+        "good",
+        claim_spec(
+            request("gpu", PARTITION),
+            config=gpu_config({"strategy": "TimeSlicing", "timeSlicing": {"interval": "Long"}}),
+        ),
+    )
+    core.create_namespaced_pod(
+        namespace, pod("broken", {"gpu": {"resourceClaimTemplateName": "broken"}})
+    )
+    wait_for(
+        lambda: [
+            m
+            for r, m in events(kube_api, namespace, "broken")
+            if r == "FailedPrepareDynamicResources"
+        ],
+        60,
+        "a FailedPrepareDynamicResources event",
+    )
+    [message] = {
+        m for r, m in events(kube_api, namespace, "broken") if r == "FailedPrepareDynamicResources"
+    }
+    assert "invalid GpuConfig" in message and "sharing.strategy" in message
+    assert core.read_namespaced_pod("broken", namespace).status.phase == "Pending"
+
+    core.create_namespaced_pod(
+        namespace, pod("good", {"gpu": {"resourceClaimTemplateName": "good"}})
+    )
+    env = container_env(wait_running(kube_api, namespace, "good"))["main"]
+    assert env["GPU_SHARING_STRATEGY"] == "TimeSlicing" and env["GPU_TIMESLICE_INTERVAL"] == "Long"
+
+
+def test_job_running_sleep_2_succeeds_and_frees_its_device(
+    kube_api: k8s.ApiClient, fleet: Fleet, namespace: str
+) -> None:
+    create_template(kube_api, namespace, "one-gpu", claim_spec(request("gpu", GPU)))
+    template = pod(
+        "sleeper",
+        {"gpu": {"resourceClaimTemplateName": "one-gpu"}},
+        command=["sleep", "2"],
+        restart_policy="Never",
+    )
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "sleeper"},
+        "spec": {"backoffLimit": 0, "template": {"spec": template["spec"]}},
+    }
+    k8s.BatchV1Api(kube_api).create_namespaced_job(namespace, job)
+    done = wait_for(
+        lambda: (
+            (
+                j := k8s.BatchV1Api(kube_api).read_namespaced_job("sleeper", namespace)
+            ).status.succeeded
+            and j
+        ),
+        90,
+        "the job to succeed",
+    )
+    assert done.status.succeeded == 1
+    pods = (
+        k8s.CoreV1Api(kube_api)
+        .list_namespaced_pod(namespace, label_selector="job-name=sleeper")
+        .items
+    )
+    node = pods[0].spec.node_name
+    wait_for(lambda: not hardware_claims(fleet, node), 30, "the job's device to be released")
