@@ -352,8 +352,6 @@ class NodeHardware:
         strategy and the like). Idempotent: the same claim and devices again returns the
         same answer."""
         settings = settings or {}
-        if self.faults.latency_s:
-            await asyncio.sleep(self.faults.latency_s)
         if self._claims.get(claim_uid) == sorted(names):
             return [self._prepared(n, settings.get(n)) for n in sorted(names)]
         if self.faults.fail_next_prepares > 0:
@@ -371,6 +369,8 @@ class NodeHardware:
         else:
             self._admin_claims.add(claim_uid)
         self._claims[claim_uid] = sorted(names)
+        if self.faults.latency_s:  # reserved, then slow to come up: a crash can land here
+            await asyncio.sleep(self.faults.latency_s)
         return [self._prepared(n, settings.get(n)) for n in sorted(names)]
 
     def _prepared(self, name: str, settings: Mapping[str, str] | None) -> PreparedDevice:

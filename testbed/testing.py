@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -41,6 +43,16 @@ def wait_for(
             return last
         time.sleep(interval_s)
     raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what} (last: {last!r})")
+
+
+@pytest.fixture
+def short_tmp_path() -> Iterator[Path]:
+    """A short temporary directory: unix socket paths must stay within 107 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="tb-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

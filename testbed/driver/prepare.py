@@ -16,6 +16,7 @@ import fcntl
 import hashlib
 import logging
 import os
+import re
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,9 @@ from testbed.kubeapi import ApiError, KubeClient, path_for
 
 log = logging.getLogger(__name__)
 LOCK_POLL_S = 0.002
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+UID = re.compile(r"[A-Za-z0-9-]+")
 
 
 @dataclass(frozen=True)
@@ -192,9 +196,18 @@ class ClaimPreparer:
         return results
 
     def _check_ref(self, ref: ClaimRef) -> None:
+        """The kubelet sends what the API stored; anything else must not reach a URL."""
         missing = [f for f in ("uid", "namespace", "name") if not getattr(ref, f)]
         if missing:
             raise ClaimFailed("BadRequest", f"claim reference without {', '.join(missing)}")
+        if not DNS_LABEL.fullmatch(ref.namespace):
+            raise ClaimFailed(
+                "BadRequest", f"claim namespace {ref.namespace[:80]!r} is not a DNS label"
+            )
+        if len(ref.name) > 253 or not DNS_SUBDOMAIN.fullmatch(ref.name):
+            raise ClaimFailed("BadRequest", f"claim name {ref.name[:80]!r} is not a DNS subdomain")
+        if len(ref.uid) > 128 or not UID.fullmatch(ref.uid):
+            raise ClaimFailed("BadRequest", f"claim UID {ref.uid[:80]!r} is malformed")
 
     async def _prepare_one(self, ref: ClaimRef) -> list[PreparedDeviceRecord]:
         self._check_ref(ref)
