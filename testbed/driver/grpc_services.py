@@ -199,26 +199,27 @@ def add_services(
 class LivenessService(health_pb2_grpc.HealthServicer):
     """SERVING only if both sockets answer as a kubelet would need them to."""
 
-    def __init__(self, registration_socket: str, dra_socket: str, timeout_s: float = 5.0):
-        self.registration_socket = registration_socket
-        self.dra_socket = dra_socket
+    def __init__(self, sockets: list[tuple[str, str]], timeout_s: float = 5.0):
+        """``sockets``: (registration socket, DRA socket) of every driver to vouch for."""
+        self.sockets = sockets
         self.timeout_s = timeout_s
 
     async def probe(self) -> str:
         """Empty string if healthy, else what is wrong."""
-        try:
-            async with grpc.aio.insecure_channel(f"unix://{self.registration_socket}") as channel:
-                info = await pluginregistration_pb2_grpc.RegistrationStub(channel).GetInfo(
-                    pluginregistration_pb2.InfoRequest(), timeout=self.timeout_s
-                )
-                if info.type != "DRAPlugin":
-                    return f"registration socket answers type {info.type!r}"
-            async with grpc.aio.insecure_channel(f"unix://{self.dra_socket}") as channel:
-                await dra_v1_pb2_grpc.DRAPluginStub(channel).NodePrepareResources(
-                    dra_v1_pb2.NodePrepareResourcesRequest(), timeout=self.timeout_s
-                )
-        except grpc.aio.AioRpcError as exc:
-            return f"{exc.code().name}: {exc.details()}"
+        for registration_socket, dra_socket in self.sockets:
+            try:
+                async with grpc.aio.insecure_channel(f"unix://{registration_socket}") as channel:
+                    info = await pluginregistration_pb2_grpc.RegistrationStub(channel).GetInfo(
+                        pluginregistration_pb2.InfoRequest(), timeout=self.timeout_s
+                    )
+                    if info.type != "DRAPlugin":
+                        return f"{registration_socket} answers type {info.type!r}"
+                async with grpc.aio.insecure_channel(f"unix://{dra_socket}") as channel:
+                    await dra_v1_pb2_grpc.DRAPluginStub(channel).NodePrepareResources(
+                        dra_v1_pb2.NodePrepareResourcesRequest(), timeout=self.timeout_s
+                    )
+            except grpc.aio.AioRpcError as exc:
+                return f"{exc.code().name}: {exc.details()}"
         return ""
 
     async def Check(self, request: Any, context: grpc.aio.ServicerContext) -> Any:

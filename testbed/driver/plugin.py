@@ -93,7 +93,9 @@ class DriverPlugin:
         if self.liveness_port is not None:
             liveness = grpc.aio.server()
             health_pb2_grpc.add_HealthServicer_to_server(
-                LivenessService(str(self.paths.registration_socket), str(self.paths.dra_socket)),
+                LivenessService(
+                    [(str(self.paths.registration_socket), str(self.paths.dra_socket))]
+                ),
                 liveness,
             )
             self.liveness_port = liveness.add_insecure_port(f"127.0.0.1:{self.liveness_port}")

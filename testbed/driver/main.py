@@ -1,0 +1,172 @@
+"""`testbed-driver`: the DRA driver alone, for one real node (the kind DaemonSet's command).
+
+Configured from the environment, as a DaemonSet passes it:
+
+    NODE_NAME          the node (downward API spec.nodeName)                 required
+    POD_UID            this pod's UID (downward API): rolling-update socket names
+    DRIVERS            drivers to serve                 gpu.dra-testbed.io,nic.dra-testbed.io
+    KUBELET_DIR        the kubelet's root                                 /var/lib/kubelet
+    CDI_DIR            where CDI specs go                                     /var/run/cdi
+    HARDWARE_PROFILE   emulated hardware: a shipped profile name or a YAML path   gpu8
+    HARDWARE_SEED      seed for UUIDs, MACs and random faults                        0
+    HEALTH_PORT        grpc.health.v1 liveness port on 127.0.0.1 (0: any, -1: off)  51515
+    HEALTH_ADDRESS     address the liveness server binds                      127.0.0.1
+    KUBECONFIG         a kubeconfig; without it, the pod's service account
+
+SIGTERM or SIGINT stops it cleanly: it removes its own sockets and leaves the slices
+(the kubelet wipes them if no instance comes back within 30 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2_grpc
+
+from fake_devices.hardware import NodeHardware
+from fake_devices.profiles import ProfileError, load_profile
+from testbed.driver.backend import LocalBackend
+from testbed.driver.claims import ClaimCache
+from testbed.driver.grpc_services import LivenessService
+from testbed.driver.plugin import DriverPlugin
+from testbed.driver.prepare import DriverPaths
+from testbed.driver.slices import DRIVER_KINDS
+from testbed.errors import TestbedError
+from testbed.kubeapi import KubeClient
+
+log = logging.getLogger("testbed-driver")
+
+
+@dataclass(frozen=True)
+class Settings:
+    node: str
+    pod_uid: str | None
+    drivers: list[str]
+    kubelet_dir: Path
+    cdi_dir: Path
+    profile: str
+    seed: int
+    health_port: int
+    health_address: str
+    kubeconfig: Path | None
+
+    @classmethod
+    def from_env(cls, env: dict[str, str]) -> Settings:
+        node = env.get("NODE_NAME", "")
+        if not node:
+            raise TestbedError(
+                "NODE_NAME is not set", hint="set it from the downward API: fieldRef spec.nodeName"
+            )
+        drivers = [
+            d.strip() for d in env.get("DRIVERS", ",".join(DRIVER_KINDS)).split(",") if d.strip()
+        ]
+        unknown = [d for d in drivers if d not in DRIVER_KINDS]
+        if unknown or not drivers:
+            raise TestbedError(
+                f"DRIVERS names unknown drivers {unknown}",
+                hint=f"use a comma-separated subset of {', '.join(DRIVER_KINDS)}",
+            )
+
+        def integer(name: str, default: str) -> int:
+            try:
+                return int(env.get(name, default))
+            except ValueError:
+                raise TestbedError(f"{name}={env.get(name)!r} is not an integer") from None
+
+        return cls(
+            node=node,
+            pod_uid=env.get("POD_UID") or None,
+            drivers=drivers,
+            kubelet_dir=Path(env.get("KUBELET_DIR", "/var/lib/kubelet")),
+            cdi_dir=Path(env.get("CDI_DIR", "/var/run/cdi")),
+            profile=env.get("HARDWARE_PROFILE", "gpu8"),
+            seed=integer("HARDWARE_SEED", "0"),
+            health_port=integer("HEALTH_PORT", "51515"),
+            health_address=env.get("HEALTH_ADDRESS", "127.0.0.1"),
+            kubeconfig=Path(env["KUBECONFIG"]) if env.get("KUBECONFIG") else None,
+        )
+
+
+async def serve(settings: Settings, stop: asyncio.Event) -> None:
+    try:
+        profile = load_profile(settings.profile)
+    except ProfileError as exc:
+        raise TestbedError(
+            str(exc), hint="set HARDWARE_PROFILE to gpu8, h100x8, tiny or a YAML path"
+        ) from None
+    client = KubeClient.from_kubeconfig(settings.kubeconfig)
+    claims = ClaimCache(client)
+    claims.start()
+    backend = LocalBackend(NodeHardware(settings.node, profile, settings.seed))
+    plugins = [
+        DriverPlugin(
+            driver,
+            settings.node,
+            DriverPaths.for_node(settings.kubelet_dir, driver, settings.cdi_dir, settings.pod_uid),
+            backend,
+            client,
+            claims,
+        )
+        for driver in settings.drivers
+    ]
+    liveness: grpc.aio.Server | None = None
+    try:
+        for plugin in plugins:
+            await plugin.start()
+            log.info(
+                "serving %s on %s (registration %s)",
+                plugin.driver,
+                plugin.paths.dra_socket,
+                plugin.paths.registration_socket,
+            )
+        if settings.health_port >= 0:
+            liveness = grpc.aio.server()
+            health_pb2_grpc.add_HealthServicer_to_server(
+                LivenessService(
+                    [(str(p.paths.registration_socket), str(p.paths.dra_socket)) for p in plugins]
+                ),
+                liveness,
+            )
+            port = liveness.add_insecure_port(f"{settings.health_address}:{settings.health_port}")
+            await liveness.start()
+            log.info("liveness (grpc.health.v1) on %s:%d", settings.health_address, port)
+        await stop.wait()
+        log.info("stopping")
+    finally:
+        if liveness is not None:
+            await liveness.stop(1)
+        for plugin in plugins:
+            await plugin.stop()
+        await claims.stop()
+        await client.close()
+
+
+async def run(settings: Settings) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await serve(settings, stop)
+
+
+def main() -> None:
+    logging.basicConfig(
+        level=os.environ.get("LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        asyncio.run(run(Settings.from_env(dict(os.environ))))
+    except TestbedError as exc:
+        print(f"testbed-driver: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
