@@ -39,6 +39,7 @@ unit: $(INSTALLED)
 
 bench: install
 	$(PY) benchmarks/bench_controlplane.py --runs $(RUNS) $(if $(COLD),--cold,)
+	$(PY) benchmarks/bench_dra.py
 
 lint: $(INSTALLED)
 	$(VENV)/bin/ruff check .

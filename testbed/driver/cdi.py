@@ -46,6 +46,7 @@ def write_claim_spec(
     claim_uid: str,
     devices: list[CdiDevice],
     claim_env: Mapping[str, str],
+    durable: bool = True,
 ) -> Path:
     spec = {
         "cdiVersion": CDI_VERSION,
@@ -60,7 +61,7 @@ def write_claim_spec(
         ],
     }
     path = spec_path(cdi_dir, driver, claim_uid)
-    write_atomically(path, json.dumps(spec, indent=2).encode())
+    write_atomically(path, json.dumps(spec, indent=2).encode(), durable=durable)
     return path
 
 

@@ -72,8 +72,9 @@ def _checksum(claims: dict[str, object]) -> str:
 
 
 class Checkpoint:
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, durable: bool = True):
         self.path = path
+        self.durable = durable
         self.claims: dict[str, ClaimRecord] = {}
 
     def load(self) -> None:
@@ -98,7 +99,9 @@ class Checkpoint:
     def save(self) -> None:
         claims = {uid: record.to_json() for uid, record in sorted(self.claims.items())}
         document = {"version": VERSION, "checksum": _checksum(claims), "claims": claims}  # type: ignore[arg-type]
-        write_atomically(self.path, json.dumps(document, indent=1).encode(), mode=0o600)
+        write_atomically(
+            self.path, json.dumps(document, indent=1).encode(), mode=0o600, durable=self.durable
+        )
 
     def put(self, record: ClaimRecord) -> None:
         self.claims[record.uid] = record

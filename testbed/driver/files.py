@@ -7,14 +7,17 @@ import tempfile
 from pathlib import Path
 
 
-def write_atomically(path: Path, data: bytes, mode: int = 0o644) -> None:
+def write_atomically(path: Path, data: bytes, mode: int = 0o644, durable: bool = True) -> None:
+    """Write to a temporary file and rename it over ``path``. ``durable`` adds an fsync,
+    which only matters if the machine (not the process) goes down."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
+            if durable:
+                handle.flush()
+                os.fsync(handle.fileno())
         os.chmod(temporary, mode)
         os.replace(temporary, path)
     except BaseException:

@@ -41,7 +41,10 @@ class DriverPlugin:
         claims: ClaimCache,
         liveness_port: int | None = None,
         publish_slices: bool = True,
+        durable: bool = True,
     ):
+        """``durable``: fsync checkpoint and CDI writes (a real node). Synthetic nodes, whose
+        state is throw-away, skip it, as the testbed's etcd does."""
         if driver not in DRIVER_KINDS:
             raise TestbedError(
                 f"unknown driver {driver!r}", hint=f"use one of {', '.join(DRIVER_KINDS)}"
@@ -51,7 +54,7 @@ class DriverPlugin:
         self.paths = paths
         self.backend = backend
         self.client = client
-        self.preparer = ClaimPreparer(driver, node, paths, backend, claims, client)
+        self.preparer = ClaimPreparer(driver, node, paths, backend, claims, client, durable)
         self.registration = RegistrationService(driver, str(paths.dra_socket))
         self.publisher = SlicePublisher(client, driver, node)
         self.publish_slices = publish_slices

@@ -113,14 +113,16 @@ class ClaimPreparer:
         backend: DeviceBackend,
         claims: ClaimCache,
         client: KubeClient | None = None,
+        durable: bool = True,
     ):
         self.driver = driver
+        self.durable = durable
         self.node = node
         self.paths = paths
         self.backend = backend
         self.claims = claims
         self.client = client
-        self.checkpoint = Checkpoint(paths.checkpoint)
+        self.checkpoint = Checkpoint(paths.checkpoint, durable)
         self._lock = asyncio.Lock()
         self.corruptions: list[str] = []
         """Checkpoint problems found (and set aside) since start, for status and tests."""
@@ -263,6 +265,7 @@ class ClaimPreparer:
             ref.uid,
             [cdi.CdiDevice(cdi.claim_device_name(ref.uid, p.name), p.env) for p in prepared],
             {"DRA_TESTBED_CLAIM": f"{ref.namespace}/{ref.name}"},
+            durable=self.durable,
         )
         self.checkpoint.put(
             ClaimRecord(
@@ -393,8 +396,9 @@ class ClaimPreparer:
             return errors
         async with self.node_lock():
             for ref in refs:
-                if not ref.uid:
-                    errors[""] = f"{self.driver}: claim reference without uid"
+                if not ref.uid or len(ref.uid) > 128 or not UID.fullmatch(ref.uid):
+                    # never let it near a file name: it names the CDI spec to remove
+                    errors[ref.uid] = f"{self.driver}: claim UID {ref.uid[:80]!r} is malformed"
                     continue
                 try:
                     await self.backend.unprepare(ref.uid)

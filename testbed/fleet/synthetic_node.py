@@ -63,6 +63,7 @@ class SyntheticNode:
                 self.backend,
                 client,
                 claims,
+                durable=False,
             )
             for driver in drivers_for(profile)
         ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
@@ -418,10 +419,10 @@ def test_fuzzed_requests_get_per_claim_errors_and_never_crash_the_driver(
             assert set(response.claims) == {uid for _, uid, _ in claims}
             if not unprepare:
                 assert all(entry.error for entry in response.claims.values())
-            else:  # unknown claims unprepare fine; only a missing UID is an error
-                assert all(
-                    bool(entry.error) == (uid == "") for uid, entry in response.claims.items()
-                )
+            else:  # unknown claims unprepare fine; a malformed UID (it names files) is an error
+                for uid, entry in response.claims.items():
+                    well_formed = re.fullmatch(r"[A-Za-z0-9-]{1,128}", uid) is not None
+                    assert bool(entry.error) != well_formed, (uid, entry.error)
 
         check()
         assert harness.hardware.claims() == {}

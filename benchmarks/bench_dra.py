@@ -1,0 +1,265 @@
+"""DRA path figures on a fresh local control plane.
+
+    python benchmarks/bench_dra.py [--rpc-rounds N] [--pods N]
+
+1. NodePrepareResources / NodeUnprepareResources for a 1-claim request through the real
+   unix socket, with the claim in the driver's cache: p50/p99 (target p99 <= 10 ms).
+2. A pod with a GPU claim template, from creation to Running as a watch sees it, on an
+   idle 4-node fleet (real Ray, real fake kubelets): p50/p99 (target p50 <= 1.5 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import grpc
+import ray
+from kubernetes import client as k8s
+from kubernetes import watch
+
+from fake_devices.hardware import NodeHardware
+from fake_devices.profiles import load_profile
+from testbed.config import ControlPlaneConfig
+from testbed.controlplane import cluster
+from testbed.driver.backend import LocalBackend
+from testbed.driver.claims import ClaimCache
+from testbed.driver.plugin import DriverPlugin
+from testbed.driver.prepare import DriverPaths
+from testbed.environment import install_device_classes
+from testbed.fleet import raycluster
+from testbed.fleet.fleet import Fleet, FleetSpec
+from testbed.grpcapi import dra_v1_pb2, dra_v1_pb2_grpc
+from testbed.kube import api_client
+from testbed.kubeapi import KubeClient
+from testbed.kubelet.node import SYNTHETIC_TOLERATION
+
+GPU = "gpu.dra-testbed.io"
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def rpc_latency(
+    state: cluster.ClusterState, rounds: int, scratch: Path, durable: bool
+) -> tuple[list[float], list[float]]:
+    api = api_client(state.kubeconfig)
+    node = "bench-node"
+    resource = k8s.ResourceV1Api(api)
+    claim = resource.create_namespaced_resource_claim(
+        "default",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "bench"},
+            "spec": {
+                "devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": GPU}}]}
+            },
+        },
+    )
+    resource.patch_namespaced_resource_claim_status(
+        "bench",
+        "default",
+        {
+            "status": {
+                "allocation": {
+                    "devices": {
+                        "results": [
+                            {"request": "gpu", "driver": GPU, "pool": node, "device": "gpu-0"}
+                        ]
+                    }
+                }
+            }
+        },
+    )
+    uid = claim.metadata.uid
+
+    async def run() -> tuple[list[float], list[float]]:
+        client = KubeClient.from_kubeconfig(state.kubeconfig)
+        cache = ClaimCache(client)
+        cache.start()
+        plugin = DriverPlugin(
+            GPU,
+            node,
+            DriverPaths.for_node(scratch / "kubelet", GPU, scratch / "cdi"),
+            LocalBackend(NodeHardware(node, load_profile("gpu8"))),
+            client,
+            cache,
+            publish_slices=False,
+            durable=durable,
+        )
+        await plugin.start()
+        prepares, unprepares = [], []
+        try:
+            async with grpc.aio.insecure_channel(f"unix://{plugin.paths.dra_socket}") as channel:
+                stub = dra_v1_pb2_grpc.DRAPluginStub(channel)
+                ref = [dra_v1_pb2.Claim(namespace="default", uid=uid, name="bench")]
+                for _ in range(rounds + 10):  # the first 10 warm up caches and the channel
+                    started = time.perf_counter()
+                    answer = await stub.NodePrepareResources(
+                        dra_v1_pb2.NodePrepareResourcesRequest(claims=ref)
+                    )
+                    prepares.append(time.perf_counter() - started)
+                    assert not answer.claims[uid].error, answer.claims[uid].error
+                    started = time.perf_counter()
+                    await stub.NodeUnprepareResources(
+                        dra_v1_pb2.NodeUnprepareResourcesRequest(claims=ref)
+                    )
+                    unprepares.append(time.perf_counter() - started)
+            print(f"  claim cache: {cache.hits} hits, {cache.misses} misses")
+        finally:
+            await plugin.stop(grace_s=0)
+            await cache.stop()
+            await client.close()
+        return prepares[10:], unprepares[10:]
+
+    try:
+        return asyncio.run(run())
+    finally:
+        resource.delete_namespaced_resource_claim("bench", "default")
+        api.close()
+
+
+def pod_startup(state: cluster.ClusterState, pods: int) -> list[float]:
+    install_device_classes(state.kubeconfig)
+    record, address = raycluster.start_head(state.root, state.layout.log("ray"))
+    fleet = None
+    api = api_client(state.kubeconfig)
+    core = k8s.CoreV1Api(api)
+    try:
+        raycluster.connect(address, state.name)
+        fleet = Fleet(
+            FleetSpec(4, "gpu8", name_prefix="bench", nodes_per_host=4),
+            state.kubeconfig,
+            state.root,
+        )
+        fleet.start()
+        namespace = f"bench-{uuid.uuid4().hex[:6]}"
+        core.create_namespace({"metadata": {"name": namespace}})
+        k8s.ResourceV1Api(api).create_namespaced_resource_claim_template(
+            namespace,
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaimTemplate",
+                "metadata": {"name": "gpu"},
+                "spec": {
+                    "spec": {
+                        "devices": {
+                            "requests": [{"name": "gpu", "exactly": {"deviceClassName": GPU}}]
+                        }
+                    }
+                },
+            },
+        )
+        latencies = []
+        for i in range(pods):
+            name = f"p{i}"
+            created = time.monotonic()
+            core.create_namespaced_pod(
+                namespace,
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": name},
+                    "spec": {
+                        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "gpu"}],
+                        "tolerations": [SYNTHETIC_TOLERATION],
+                        "terminationGracePeriodSeconds": 0,
+                        "containers": [
+                            {"name": "c", "image": "x", "resources": {"claims": [{"name": "gpu"}]}}
+                        ],
+                    },
+                },
+            )
+            stream = watch.Watch()
+            for event in stream.stream(
+                core.list_namespaced_pod,
+                namespace,
+                field_selector=f"metadata.name={name}",
+                timeout_seconds=60,
+            ):
+                if event["object"].status.phase == "Running":
+                    latencies.append(time.monotonic() - created)
+                    stream.stop()
+            core.delete_namespaced_pod(name, namespace)  # keep the fleet idle for the next one
+        return latencies
+    finally:
+        if fleet is not None:
+            fleet.stop()
+        ray.shutdown()
+        raycluster.stop_head(record, state.root)
+        api.close()
+
+
+def report(label: str, values: list[float], target: str, met: bool) -> None:
+    ms = [v * 1000 for v in values]
+    print(
+        f"  {label}: p50 {statistics.median(ms):.2f} ms, p99 {percentile(ms, 0.99):.2f} ms "
+        f"(n={len(ms)}, max {max(ms):.2f} ms); target {target}: {'met' if met else 'MISSED'}"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rpc-rounds", type=int, default=300)
+    parser.add_argument("--pods", type=int, default=30)
+    args = parser.parse_args()
+    scratch = Path(tempfile.mkdtemp(prefix="tbb-"))
+    config = ControlPlaneConfig(name="bench-dra", state_dir=scratch / "c")
+    state = cluster.up(config)
+    try:
+        prepares, unprepares = rpc_latency(state, args.rpc_rounds, scratch / "n", durable=False)
+        durable_prepares, durable_unprepares = rpc_latency(
+            state, args.rpc_rounds, scratch / "d", durable=True
+        )
+        startups = pod_startup(state, args.pods)
+    finally:
+        cluster.down(config)
+        shutil.rmtree(scratch, ignore_errors=True)
+    print("\nDRA path benchmark")
+    report(
+        "NodePrepareResources (1 claim, cached), synthetic node",
+        prepares,
+        "p99 <= 10 ms",
+        percentile(prepares, 0.99) <= 0.010,
+    )
+    report(
+        "NodeUnprepareResources (1 claim), synthetic node",
+        unprepares,
+        "p99 <= 10 ms",
+        percentile(unprepares, 0.99) <= 0.010,
+    )
+    print("  with fsync (durable, as the standalone driver on a real node writes):")
+    report(
+        "  NodePrepareResources",
+        durable_prepares,
+        "p99 <= 10 ms",
+        percentile(durable_prepares, 0.99) <= 0.010,
+    )
+    report(
+        "  NodeUnprepareResources",
+        durable_unprepares,
+        "p99 <= 10 ms",
+        percentile(durable_unprepares, 0.99) <= 0.010,
+    )
+    report(
+        "pod with GPU claim, created -> Running (idle 4-node fleet)",
+        startups,
+        "p50 <= 1.5 s",
+        statistics.median(startups) <= 1.5,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
