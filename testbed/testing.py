@@ -62,11 +62,10 @@ def kube_binaries() -> Binaries:
 
 
 @pytest.fixture(scope="session")
-def control_plane(
-    kube_binaries: Binaries, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[cluster.ClusterState]:
+def control_plane(kube_binaries: Binaries) -> Iterator[cluster.ClusterState]:
     """A running control plane shared by the whole session, stopped at its end."""
-    config = ControlPlaneConfig(name="pytest", state_dir=tmp_path_factory.mktemp("cluster"))
+    # Short on purpose: synthetic nodes put unix sockets under it (107-byte limit).
+    config = ControlPlaneConfig(name="pytest", state_dir=Path(tempfile.mkdtemp(prefix="tbc-")))
     state = cluster.up(config, PrintProgress(), binaries=kube_binaries)
     try:
         yield state

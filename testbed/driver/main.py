@@ -10,7 +10,8 @@ Configured from the environment, as a DaemonSet passes it:
     HARDWARE_PROFILE   emulated hardware: a shipped profile name or a YAML path   gpu8
     HARDWARE_SEED      seed for UUIDs, MACs and random faults                        0
     HEALTH_PORT        grpc.health.v1 liveness port on 127.0.0.1 (0: any, -1: off)  51515
-    HEALTH_ADDRESS     address the liveness server binds                      127.0.0.1
+    HEALTH_ADDRESS     address the liveness and metrics servers bind          127.0.0.1
+    METRICS_PORT       Prometheus /metrics port (0: any, -1: off)                  8080
     KUBECONFIG         a kubeconfig; without it, the pod's service account
 
 SIGTERM or SIGINT stops it cleanly: it removes its own sockets and leaves the slices
@@ -40,6 +41,7 @@ from testbed.driver.prepare import DriverPaths
 from testbed.driver.slices import DRIVER_KINDS
 from testbed.errors import TestbedError
 from testbed.kubeapi import KubeClient
+from testbed.metrics_server import MetricsServer
 
 log = logging.getLogger("testbed-driver")
 
@@ -55,6 +57,7 @@ class Settings:
     seed: int
     health_port: int
     health_address: str
+    metrics_port: int
     kubeconfig: Path | None
 
     @classmethod
@@ -90,6 +93,7 @@ class Settings:
             seed=integer("HARDWARE_SEED", "0"),
             health_port=integer("HEALTH_PORT", "51515"),
             health_address=env.get("HEALTH_ADDRESS", "127.0.0.1"),
+            metrics_port=integer("METRICS_PORT", "8080"),
             kubeconfig=Path(env["KUBECONFIG"]) if env.get("KUBECONFIG") else None,
         )
 
@@ -117,7 +121,12 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
         for driver in settings.drivers
     ]
     liveness: grpc.aio.Server | None = None
+    metrics = MetricsServer(settings.health_address, settings.metrics_port)
     try:
+        if settings.metrics_port >= 0:
+            log.info(
+                "metrics on http://%s:%d/metrics", settings.health_address, await metrics.start()
+            )
         for plugin in plugins:
             await plugin.start()
             log.info(
@@ -140,6 +149,7 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
         await stop.wait()
         log.info("stopping")
     finally:
+        await metrics.stop()
         if liveness is not None:
             await liveness.stop(1)
         for plugin in plugins:

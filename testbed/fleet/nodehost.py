@@ -16,6 +16,7 @@ from fake_devices.profiles import load_profile
 from testbed.driver.claims import ClaimCache
 from testbed.fleet.synthetic_node import SyntheticNode
 from testbed.kubeapi import KubeClient
+from testbed.metrics_server import MetricsServer
 
 
 class NodeHost:
@@ -31,6 +32,7 @@ class NodeHost:
         self.nodes: dict[str, SyntheticNode] = {}
         self.client: KubeClient | None = None
         self.claims: ClaimCache | None = None
+        self.metrics = MetricsServer()
 
     async def start(self, ready_timeout_s: float = 120.0) -> list[str]:
         self.client = KubeClient.from_kubeconfig(self.kubeconfig)
@@ -43,9 +45,15 @@ class NodeHost:
             )
         await asyncio.gather(*(node.start() for node in self.nodes.values()))
         await asyncio.gather(*(node.wait_ready(ready_timeout_s) for node in self.nodes.values()))
+        await self.metrics.start()
         return sorted(self.nodes)
 
+    async def metrics_port(self) -> int:
+        """Where this host's drivers and kubelets export their metrics (one registry)."""
+        return self.metrics.port
+
     async def stop(self) -> None:
+        await self.metrics.stop()
         await asyncio.gather(*(node.stop() for node in self.nodes.values()), return_exceptions=True)
         if self.claims is not None:
             await self.claims.stop()

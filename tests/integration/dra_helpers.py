@@ -142,3 +142,38 @@ def pod_claim_name(p: Any, pod_claim: str) -> str:
     return next(
         s.resource_claim_name for s in p.status.resource_claim_statuses if s.name == pod_claim
     )
+
+
+def allocated_claim(
+    api: k8s.ApiClient,
+    namespace: str,
+    name: str,
+    pool: str | None,
+    device: str = "gpu-0",
+    config: list[Any] | None = None,
+) -> str:
+    """A claim with an allocation written directly (pool None: left unallocated)."""
+    resource = k8s.ResourceV1Api(api)
+    claim = resource.create_namespaced_resource_claim(
+        namespace,
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": {
+                "devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": GPU}}]}
+            },
+        },
+    )
+    if pool is not None:
+        allocation: dict[str, Any] = {
+            "devices": {
+                "results": [{"request": "gpu", "driver": GPU, "pool": pool, "device": device}]
+            }
+        }
+        if config:
+            allocation["devices"]["config"] = config
+        resource.patch_namespaced_resource_claim_status(
+            name, namespace, {"status": {"allocation": allocation}}
+        )
+    return str(claim.metadata.uid)

@@ -3,6 +3,10 @@ real gRPC over unix sockets between the fake kubelet and the driver."""
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
+import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,7 +14,11 @@ import pytest
 import ray
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
+from prometheus_client.parser import text_string_to_metric_families
 
+from fake_devices.actor import hardware_host_actor
+from fake_devices.hardware import HardwareError
+from testbed.driver.backend import RayBackend
 from testbed.fleet.fleet import Fleet
 from testbed.testing import wait_for
 from tests.integration.dra_helpers import (
@@ -325,3 +333,129 @@ def test_job_running_sleep_2_succeeds_and_frees_its_device(
     )
     node = pods[0].spec.node_name
     wait_for(lambda: not hardware_claims(fleet, node), 30, "the job's device to be released")
+
+
+def test_nodehost_metrics_carry_the_kubelet_and_plugin_histograms(
+    fleet: Fleet, kube_api: k8s.ApiClient, namespace: str
+) -> None:
+    core = k8s.CoreV1Api(kube_api)
+    create_template(kube_api, namespace, "one-gpu", claim_spec(request("gpu", GPU)))
+    core.create_namespaced_pod(
+        namespace, pod("measured", {"gpu": {"resourceClaimTemplateName": "one-gpu"}})
+    )
+    node = wait_running(kube_api, namespace, "measured").spec.node_name
+    core.delete_namespaced_pod("measured", namespace)
+    wait_gone(kube_api, namespace, "measured")
+    port = ray.get(fleet.host(node).metrics_port.remote())
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        families = {f.name: f for f in text_string_to_metric_families(response.read().decode())}
+    kubelet = {
+        (s.labels["operation_name"], s.labels["is_error"]): s.value
+        for s in families["dra_operations_duration_seconds"].samples
+        if s.name.endswith("_count")
+    }
+    assert (
+        kubelet[("PrepareResources", "false")] >= 1
+        and kubelet[("UnprepareResources", "false")] >= 1
+    )
+    plugin = {
+        (s.labels["driver_name"], s.labels["method_name"], s.labels["grpc_status_code"])
+        for s in families["dra_grpc_operations_duration_seconds"].samples
+    }
+    assert (GPU, "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources", "OK") in plugin
+    assert (GPU, "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodeUnprepareResources", "OK") in plugin
+
+
+def test_hardware_in_its_own_ray_actor_backs_a_driver(fleet: Fleet) -> None:
+    """The shape kind mode uses: the driver elsewhere, the emulated hardware in Ray."""
+    first = hardware_host_actor().remote({"hw-a": "tiny"}, 7)
+    twin = hardware_host_actor().remote({"hw-a": "tiny"}, 7)
+    other_seed = hardware_host_actor().remote({"hw-a": "tiny"}, 8)
+    backend = RayBackend(first, "hw-a")
+
+    async def scenario() -> None:
+        _, devices, pools = await backend.inventory()
+        assert len(devices) == 16 and len(pools) == 2
+        prepared = await backend.prepare(
+            "c1", ["gpu-0-1g5gb-0"], {"gpu-0-1g5gb-0": {"MODE": "x"}}, False
+        )
+        assert prepared[0].env["MODE"] == "x"
+        with pytest.raises(HardwareError, match="overlaps"):
+            await backend.prepare("c2", ["gpu-0"], {}, False)
+        assert await backend.claims() == {"c1": ["gpu-0-1g5gb-0"]}
+        assert await backend.unprepare("c1") and await backend.claims() == {}
+
+    try:
+        asyncio.run(scenario())
+        uuids = [
+            ray.get(a.inventory.remote("hw-a"))[1][0].attributes["uuid"]
+            for a in (first, twin, other_seed)
+        ]
+        assert uuids[0] == uuids[1] != uuids[2], "deterministic from the seed"
+    finally:
+        for actor in (first, twin, other_seed):
+            ray.kill(actor)
+
+
+def test_an_unresolvable_cdi_device_fails_the_pod_start(
+    kube_api: k8s.ApiClient, fleet: Fleet, namespace: str
+) -> None:
+    node, driver = "tb-001", "wrong-cdi.example.com"
+    kubelet_dir = Path(ray.get(fleet.host(node).node_dir.remote(node))) / "kubelet"
+    plugin = subprocess.Popen(
+        [
+            sys.executable,
+            str(Path(__file__).with_name("wrong_cdi_plugin.py")),
+            str(kubelet_dir / "plugins_registry"),
+            str(kubelet_dir / "plugins" / driver),
+            driver,
+        ]
+    )
+    resource = k8s.ResourceV1Api(kube_api)
+    try:
+        resource.create_resource_slice(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceSlice",
+                "metadata": {"name": f"{node}-wrong-cdi"},
+                "spec": {
+                    "driver": driver,
+                    "nodeName": node,
+                    "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                    "devices": [{"name": "d0"}],
+                },
+            }
+        )
+        resource.create_device_class(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "DeviceClass",
+                "metadata": {"name": driver},
+                "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{driver}'"}}]},
+            }
+        )
+        create_template(kube_api, namespace, "wrong", claim_spec(request("dev", driver)))
+        k8s.CoreV1Api(kube_api).create_namespaced_pod(
+            namespace, pod("victim", {"dev": {"resourceClaimTemplateName": "wrong"}}, node=node)
+        )
+        try:
+            wait_for(
+                lambda: [
+                    m
+                    for r, m in events(kube_api, namespace, "victim")
+                    if "unresolvable CDI device" in m
+                ],
+                60,
+                "the container start to fail on the CDI device",
+            )
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: events {events(kube_api, namespace, 'victim')}") from None
+        assert (
+            k8s.CoreV1Api(kube_api).read_namespaced_pod("victim", namespace).status.phase
+            == "Pending"
+        )
+    finally:
+        plugin.terminate()
+        plugin.wait(10)
+        resource.delete_device_class(driver)
+        resource.delete_resource_slice(f"{node}-wrong-cdi")

@@ -39,6 +39,7 @@ from testbed.grpcapi import (
     pluginregistration_pb2_grpc,
 )
 from testbed.kubeapi import KubeClient
+from tests.integration.dra_helpers import allocated_claim
 
 pytestmark = pytest.mark.controlplane
 GPU = "gpu.dra-testbed.io"
@@ -50,41 +51,6 @@ def namespace(kube_api: k8s.ApiClient) -> Any:
     k8s.CoreV1Api(kube_api).create_namespace({"metadata": {"name": name}})
     yield name
     k8s.CoreV1Api(kube_api).delete_namespace(name)
-
-
-def allocated_claim(
-    api: k8s.ApiClient,
-    namespace: str,
-    name: str,
-    pool: str | None,
-    device: str = "gpu-0",
-    config: list[Any] | None = None,
-) -> str:
-    """A claim with an allocation written directly (pool None: left unallocated)."""
-    resource = k8s.ResourceV1Api(api)
-    claim = resource.create_namespaced_resource_claim(
-        namespace,
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": name},
-            "spec": {
-                "devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": GPU}}]}
-            },
-        },
-    )
-    if pool is not None:
-        allocation: dict[str, Any] = {
-            "devices": {
-                "results": [{"request": "gpu", "driver": GPU, "pool": pool, "device": device}]
-            }
-        }
-        if config:
-            allocation["devices"]["config"] = config
-        resource.patch_namespaced_resource_claim_status(
-            name, namespace, {"status": {"allocation": allocation}}
-        )
-    return str(claim.metadata.uid)
 
 
 class Harness:

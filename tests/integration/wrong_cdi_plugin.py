@@ -1,0 +1,78 @@
+"""A DRA plugin that answers every prepare with a CDI device no spec defines.
+
+Run as a process: python wrong_cdi_plugin.py <plugins_registry dir> <plugin dir> <driver>
+It speaks the real registration and DRA v1 protocol; it exists to prove that the fake
+kubelet refuses to start a container whose CDI devices cannot be resolved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from testbed.grpcapi import (
+    dra_v1_pb2,
+    dra_v1_pb2_grpc,
+    pluginregistration_pb2,
+    pluginregistration_pb2_grpc,
+)
+
+
+class Plugin:
+    def __init__(self, driver: str, endpoint: str):
+        self.driver = driver
+        self.endpoint = endpoint
+
+    async def GetInfo(self, request: Any, context: Any) -> Any:
+        return pluginregistration_pb2.PluginInfo(
+            type="DRAPlugin",
+            name=self.driver,
+            endpoint=self.endpoint,
+            supported_versions=["v1.DRAPlugin"],
+        )
+
+    async def NotifyRegistrationStatus(self, request: Any, context: Any) -> Any:
+        return pluginregistration_pb2.RegistrationStatusResponse()
+
+    async def NodePrepareResources(self, request: Any, context: Any) -> Any:
+        response = dra_v1_pb2.NodePrepareResourcesResponse()
+        for claim in request.claims:
+            response.claims[claim.uid].devices.add(
+                request_names=["dev"],
+                pool_name="x",
+                device_name="d0",
+                cdi_device_ids=[f"{self.driver}/dev=defined-nowhere"],
+            )
+        return response
+
+    async def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
+        response = dra_v1_pb2.NodeUnprepareResourcesResponse()
+        for claim in request.claims:
+            response.claims[claim.uid].error = ""
+        return response
+
+
+async def main(registry: Path, plugin_dir: Path, driver: str) -> None:
+    plugin_dir.mkdir(parents=True, exist_ok=True)
+    endpoint = plugin_dir / "dra.sock"
+    plugin = Plugin(driver, str(endpoint))
+    server = grpc.aio.server()
+    pluginregistration_pb2_grpc.add_RegistrationServicer_to_server(plugin, server)
+    dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(plugin, server)
+    server.add_insecure_port(f"unix://{endpoint}")
+    server.add_insecure_port(f"unix://{registry / f'{driver}-reg.sock'}")
+    await server.start()
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()
+    await server.stop(0)
+    (registry / f"{driver}-reg.sock").unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]))

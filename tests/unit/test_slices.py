@@ -1,0 +1,58 @@
+"""ResourceSlice content from the inventory, within the API's limits."""
+
+from fake_devices.hardware import DeviceHealth, Health, build_inventory
+from fake_devices.profiles import load_profile
+from testbed.driver.slices import UNHEALTHY_TAINT_KEY, desired_slices
+
+GPU, NIC = "gpu.dra-testbed.io", "nic.dra-testbed.io"
+
+
+def _slices(profile: str, driver: str, health: list[DeviceHealth] | None = None):  # type: ignore[no-untyped-def]
+    devices, pools = build_inventory(load_profile(profile), "n1", seed=0)
+    return desired_slices(driver, "n1", devices, pools, health or [])
+
+
+def test_partitionable_gpus_split_counters_and_devices_within_limits() -> None:
+    specs = _slices("h100x8", GPU)
+    counters = [s for s in specs if s.shared_counters]
+    device_slices = [s for s in specs if s.devices]
+    assert len(counters) == 1 and len(counters[0].shared_counters) == 8  # one set per GPU, max 8
+    assert all(not s.devices for s in counters), "shared counters live in a slice of their own"
+    assert all(len(s.devices) <= 64 for s in device_slices)  # 64 when consumesCounters is used
+    names = [d["name"] for s in device_slices for d in s.devices]
+    assert len(names) == len(set(names)) == 8 * (1 + 7 + 3 + 2)  # whole GPU + its placements
+    assert all(len(n) <= 32 for n in names)
+    for device in (d for s in device_slices for d in s.devices):
+        assert len(device["attributes"]) + len(device["capacity"]) <= 32
+        assert len(device["consumesCounters"]) <= 2
+        for attr in device["attributes"].values():
+            assert len(str(attr.get("string", ""))) <= 64
+
+
+def test_standard_pcie_attributes_pair_gpu_and_nic() -> None:
+    gpu = {d["name"]: d for s in _slices("h100x8", GPU) for d in s.devices}
+    nic = {d["name"]: d for s in _slices("h100x8", NIC) for d in s.devices}
+    root = "resource.kubernetes.io/pcieRoot"
+    assert gpu["gpu-3"]["attributes"][root] == nic["nic-3"]["attributes"][root]
+    assert gpu["gpu-3"]["attributes"][root] != nic["nic-4"]["attributes"][root]
+    assert gpu["gpu-3"]["attributes"]["resource.kubernetes.io/pciBusID"]["string"].startswith(
+        "0000:"
+    )
+    assert gpu["gpu-0"]["attributes"]["driverVersion"] == {"version": "550.54.15"}
+
+
+def test_plain_gpus_fit_one_slice_and_a_driver_sees_only_its_devices() -> None:
+    [spec] = _slices("gpu8", GPU)
+    assert len(spec.devices) == 8 and not spec.shared_counters
+    assert all("consumesCounters" not in d for d in spec.devices)
+    [nics] = _slices("gpu8", NIC)
+    assert nics.devices == ()  # an empty pool is still published
+
+
+def test_an_unhealthy_device_carries_a_noschedule_taint() -> None:
+    sick = [DeviceHealth("gpu-2", Health.UNHEALTHY, "ECC errors", 0)]
+    devices = {d["name"]: d for s in _slices("gpu8", GPU, sick) for d in s.devices}
+    assert devices["gpu-2"]["taints"] == [
+        {"key": UNHEALTHY_TAINT_KEY, "value": "true", "effect": "NoSchedule"}
+    ]
+    assert "taints" not in devices["gpu-1"]
