@@ -1,7 +1,8 @@
 """`make e2e`: the user's path end to end, through the `testbed` command itself.
 
-Brings a cluster up, proves it allocates, shows its status, and always tears it down
-(KEEP=1 keeps it running for a look around).
+Brings up a control plane with synthetic nodes (NODES, default 4, of PROFILE, default
+h100x8), proves it allocates and that a pod with a GPU claim runs through the driver and
+the fake kubelet, shows its status, and always tears it down (KEEP=1 keeps it running).
 """
 
 from __future__ import annotations
@@ -29,7 +30,12 @@ def main() -> int:
     started = time.monotonic()
     keep = os.environ.get("KEEP") == "1"
     try:
-        kubeconfig = testbed("up", capture=True).strip().splitlines()[-1]
+        nodes, profile = os.environ.get("NODES", "4"), os.environ.get("PROFILE", "h100x8")
+        kubeconfig = (
+            testbed("up", "--nodes", nodes, "--profile", profile, capture=True)
+            .strip()
+            .splitlines()[-1]
+        )
         testbed("check")
         testbed("status")
     except subprocess.CalledProcessError as exc:

@@ -223,7 +223,7 @@ def status(name: str, state_dir: Path | None) -> None:
 )
 @reports_errors
 def check(name: str, state_dir: Path | None, kubeconfig_file: Path | None) -> None:
-    """Prove the cluster allocates DRA devices: node, slice, class, claim template, pod."""
+    """Prove the cluster allocates DRA devices; with synthetic nodes, run a GPU pod too."""
     from testbed.controlplane import selfcheck
     from testbed.kube import api_client
 
@@ -240,6 +240,8 @@ def check(name: str, state_dir: Path | None, kubeconfig_file: Path | None) -> No
     api = api_client(kubeconfig_file)
     try:
         result = selfcheck.run_allocation_check(api)
+        nodes = selfcheck.synthetic_nodes(api)
+        pod = selfcheck.run_dra_pod_check(api) if nodes else None
     finally:
         api.close()  # type: ignore[no-untyped-call]
     click.echo(
@@ -247,6 +249,12 @@ def check(name: str, state_dir: Path | None, kubeconfig_file: Path | None) -> No
         f"to claim {result.claim}, reserved it for the pod and bound the pod to "
         f"{result.bound_node} in {result.seconds:.2f}s"
     )
+    if pod is not None:
+        click.echo(
+            f"ok: a pod with a GPU claim ran on synthetic node {pod.node} ({pod.device}, env "
+            f"{', '.join(sorted(pod.env))}) after {pod.seconds_to_running:.2f}s; unprepared and "
+            f"removed {pod.seconds_to_removed:.2f}s after deletion ({len(nodes)} synthetic nodes)"
+        )
 
 
 @main.command("binaries")

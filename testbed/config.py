@@ -8,12 +8,16 @@ Environment variables read here (and nowhere else):
   (default ``$XDG_CACHE_HOME/dra-testbed`` or ``~/.cache/dra-testbed``).
 - ``TESTBED_STATE_DIR``: where clusters keep PKI, logs, etcd data and PIDs
   (default ``$XDG_STATE_HOME/dra-testbed`` or ``~/.local/state/dra-testbed``).
+- ``TESTBED_RUNTIME_DIR``: where synthetic nodes keep their directories and sockets
+  (default ``$XDG_RUNTIME_DIR/dra-testbed`` or ``/tmp/dra-testbed-<uid>``): short,
+  since a unix socket path must fit in 107 bytes.
 - ``TESTBED_FEATURE_GATES``: extra gates for every component, ``A=true,B=false``.
 - ``TESTBED_ALPHA``: ``1`` turns on every alpha DRA gate and alpha/beta APIs.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,6 +89,20 @@ def state_root() -> Path:
     if explicit:
         return Path(explicit)
     return _xdg("XDG_STATE_HOME", ".local/state") / "dra-testbed"
+
+
+def runtime_root() -> Path:
+    explicit = os.environ.get("TESTBED_RUNTIME_DIR")
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    return Path(xdg) / "dra-testbed" if xdg else Path(f"/tmp/dra-testbed-{os.getuid()}")
+
+
+def nodes_dir(cluster_dir: Path) -> Path:
+    """Where a cluster's synthetic nodes live: short and unique per cluster directory."""
+    digest = hashlib.sha256(str(cluster_dir.resolve()).encode()).hexdigest()[:8]
+    return runtime_root() / digest
 
 
 def binaries_cache_dir() -> Path:

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 from dataclasses import asdict
 from pathlib import Path
 
-from testbed.config import ControlPlaneConfig
+from testbed import config
+from testbed.config import ControlPlaneConfig, nodes_dir
 from testbed.controlplane import cluster
 from testbed.controlplane.binaries import Binaries
 from testbed.driver import deviceclasses
@@ -62,7 +64,10 @@ def start_fleet(state: cluster.ClusterState, spec: FleetSpec, progress: Progress
     state.extras["fleet"] = asdict(spec)
     state.save()
     raycluster.connect(address, state.name)
-    fleet = Fleet(spec, state.kubeconfig, state.root, detached=True)
+    nodes = config.nodes_dir(state.root)
+    state.extras["nodes_dir"] = str(nodes)
+    state.save()
+    fleet = Fleet(spec, state.kubeconfig, nodes, detached=True)
     fleet.start(progress)
     return fleet
 
@@ -75,4 +80,6 @@ def down(config: ControlPlaneConfig, keep_state: bool = False) -> list[str]:
     stopped = cluster.down(config, keep_state=keep_state)
     if state is not None:
         raycluster.remove_temp_dir(state.root)
+        if not keep_state:
+            shutil.rmtree(nodes_dir(state.root), ignore_errors=True)
     return stopped

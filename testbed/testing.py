@@ -19,7 +19,7 @@ from typing import TypeVar
 import pytest
 from kubernetes import client as k8s
 
-from testbed.config import ControlPlaneConfig
+from testbed.config import ControlPlaneConfig, nodes_dir
 from testbed.controlplane import cluster
 from testbed.controlplane.binaries import Binaries, ensure_binaries
 from testbed.environment import install_device_classes
@@ -97,6 +97,7 @@ def fleet(control_plane: cluster.ClusterState) -> Iterator[Fleet]:
                 running.stop()
         ray.shutdown()  # before the head goes, or Ray's client ends this process
         raycluster.stop_head(record, control_plane.root)
+        shutil.rmtree(nodes_dir(control_plane.root), ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -214,3 +214,77 @@ def _cleanup(
         except ApiException as exc:
             if exc.status != 404:
                 raise
+
+
+@dataclass(frozen=True)
+class PodCheck:
+    node: str
+    device: str
+    env: dict[str, str]
+    seconds_to_running: float
+    seconds_to_removed: float
+
+
+def synthetic_nodes(api: k8s.ApiClient) -> list[str]:
+    nodes = k8s.CoreV1Api(api).list_node(label_selector="dra-testbed.io/synthetic=true").items
+    return [present(n.metadata, "node.metadata").name or "" for n in nodes]
+
+
+def run_dra_pod_check(api: k8s.ApiClient, timeout_s: float = 60.0) -> PodCheck:
+    """A pod with a GPU claim on a synthetic node: scheduled, prepared by the driver,
+    Running with its CDI environment; then deleted, unprepared and removed."""
+    import json
+
+    core, resource = k8s.CoreV1Api(api), k8s.ResourceV1Api(api)
+    namespace = f"check-{uuid.uuid4().hex[:6]}"
+    core.create_namespace(build(k8s.V1Namespace, {"metadata": {"name": namespace}}))
+    try:
+        resource.create_namespaced_resource_claim_template(
+            namespace,
+            build(k8s.V1ResourceClaimTemplate, _claim_template("gpu", "gpu.dra-testbed.io")),
+        )
+        manifest = _pod("gpu")
+        manifest["spec"]["tolerations"] = [
+            {"key": "dra-testbed.io/synthetic", "operator": "Exists"}
+        ]
+        started = time.monotonic()
+        core.create_namespaced_pod(namespace, build(k8s.V1Pod, manifest))
+        deadline = started + timeout_s
+        while (pod := core.read_namespaced_pod("user", namespace)).status.phase != "Running":  # type: ignore[union-attr]
+            if time.monotonic() > deadline:
+                raise TestbedError(
+                    f"pod {namespace}/user did not run within {timeout_s:.0f}s",
+                    detail=_pod_events(core, namespace),
+                    hint="see `testbed status` and the NodeHost logs under the cluster's ray/ dir",
+                )
+            time.sleep(0.05)
+        running = time.monotonic() - started
+        annotations = present(pod.metadata, "pod.metadata").annotations or {}
+        env = json.loads(annotations.get("dra-testbed.io/container-env", "{}")).get("c", {})
+        statuses = present(
+            present(pod.status, "pod.status").resource_claim_statuses, "claim statuses"
+        )
+        claim = resource.read_namespaced_resource_claim(
+            present(statuses[0].resource_claim_name, "claim name"), namespace
+        )
+        results = present(
+            present(present(claim.status, "claim.status").allocation, "allocation").devices,
+            "devices",
+        )
+        device = present(results.results, "results")[0].device
+        started = time.monotonic()
+        core.delete_namespaced_pod("user", namespace)
+        while True:
+            try:
+                core.read_namespaced_pod("user", namespace)
+            except ApiException as exc:
+                if exc.status == 404:
+                    break
+                raise
+            if time.monotonic() > started + timeout_s:
+                raise TestbedError(f"pod {namespace}/user was not removed within {timeout_s:.0f}s")
+            time.sleep(0.05)
+        node = present(pod.spec, "pod.spec").node_name or ""
+        return PodCheck(node, device, env, running, time.monotonic() - started)
+    finally:
+        core.delete_namespace(namespace)

@@ -27,10 +27,11 @@ class FleetSpec:
 
 
 class Fleet:
-    def __init__(self, spec: FleetSpec, kubeconfig: Path, state_dir: Path, detached: bool = False):
+    def __init__(self, spec: FleetSpec, kubeconfig: Path, nodes_dir: Path, detached: bool = False):
+        """``nodes_dir``: where each node's directory tree (and sockets) goes."""
         self.spec = spec
         self.kubeconfig = kubeconfig
-        self.state_dir = state_dir
+        self.nodes_dir = nodes_dir
         self.detached = detached
         self.hosts: list[Any] = []
         self.host_of: dict[str, Any] = {}
@@ -49,7 +50,7 @@ class Fleet:
         for index, group in enumerate(groups):
             host = actor.options(name=f"nodehost-{index}", **options).remote(
                 str(self.kubeconfig),
-                str(self.state_dir / "nodes"),
+                str(self.nodes_dir),
                 [(n, self.spec.profile) for n in group],
                 self.spec.seed,
             )

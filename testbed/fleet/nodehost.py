@@ -21,12 +21,12 @@ from testbed.metrics_server import MetricsServer
 
 class NodeHost:
     def __init__(
-        self, kubeconfig: str, state_dir: str, nodes: list[tuple[str, str]], seed: int = 0
+        self, kubeconfig: str, nodes_dir: str, nodes: list[tuple[str, str]], seed: int = 0
     ):
         """``nodes``: (node name, hardware profile name or path)."""
         logging.basicConfig(level=logging.WARNING)
         self.kubeconfig = Path(kubeconfig)
-        self.state_dir = Path(state_dir)
+        self.nodes_dir = Path(nodes_dir)
         self.node_specs = nodes
         self.seed = seed
         self.nodes: dict[str, SyntheticNode] = {}
@@ -41,7 +41,7 @@ class NodeHost:
         profiles = {p: load_profile(p) for _, p in self.node_specs}
         for name, profile in self.node_specs:
             self.nodes[name] = SyntheticNode(
-                name, profiles[profile], self.state_dir / name, self.client, self.claims, self.seed
+                name, profiles[profile], self.nodes_dir / name, self.client, self.claims, self.seed
             )
         await asyncio.gather(*(node.start() for node in self.nodes.values()))
         await asyncio.gather(*(node.wait_ready(ready_timeout_s) for node in self.nodes.values()))
