@@ -13,7 +13,7 @@ INSTALLED := $(VENV)/.installed
 PYTEST_ARGS ?=
 RUNS ?= 5
 
-.PHONY: install binaries e2e test unit bench lint format clean clean-binaries
+.PHONY: install binaries e2e test unit bench lint format protos clean clean-binaries
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,9 @@ lint: $(INSTALLED)
 format: $(INSTALLED)
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
+
+protos: $(INSTALLED)
+	$(PY) scripts/gen_protos.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info build dist
