@@ -44,9 +44,7 @@ def cold_build_seconds(rerun: bool) -> tuple[float | None, str]:
             finally:
                 os.environ.clear()
                 os.environ.update(saved)
-                subprocess.run(
-                    ["chmod", "-R", "u+w", scratch], check=False
-                )  # Go makes modules read-only
+                subprocess.run(["chmod", "-R", "u+w", scratch], check=False)  # Go makes modules read-only
         return seconds, "measured now, with empty Go build and module caches"
     info = config.binaries_cache_dir() / binaries.BUILD_INFO_FILE
     if info.exists():
@@ -64,13 +62,9 @@ def summarize(values: list[float]) -> dict[str, float]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument(
-        "--cold", action="store_true", help="re-run a cold build in a temporary cache"
-    )
+    parser.add_argument("--cold", action="store_true", help="re-run a cold build in a temporary cache")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args()
 
@@ -87,9 +81,7 @@ def main() -> int:
             started = time.monotonic()
             cluster.down(cfg)
             downs.append(time.monotonic() - started)
-            print(
-                f"run {run + 1}/{args.runs}: up {ups[-1]:.2f}s, down {downs[-1]:.2f}s", flush=True
-            )
+            print(f"run {run + 1}/{args.runs}: up {ups[-1]:.2f}s, down {downs[-1]:.2f}s", flush=True)
 
     figures = {
         "cold_build_s": build_s,

@@ -60,9 +60,7 @@ def rpc_latency(
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaim",
             "metadata": {"name": "bench"},
-            "spec": {
-                "devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": GPU}}]}
-            },
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": GPU}}]}},
         },
     )
     resource.patch_namespaced_resource_claim_status(
@@ -71,11 +69,7 @@ def rpc_latency(
         {
             "status": {
                 "allocation": {
-                    "devices": {
-                        "results": [
-                            {"request": "gpu", "driver": GPU, "pool": node, "device": "gpu-0"}
-                        ]
-                    }
+                    "devices": {"results": [{"request": "gpu", "driver": GPU, "pool": node, "device": "gpu-0"}]}
                 }
             }
         },
@@ -104,15 +98,11 @@ def rpc_latency(
                 ref = [dra_v1_pb2.Claim(namespace="default", uid=uid, name="bench")]
                 for _ in range(rounds + 10):  # the first 10 warm up caches and the channel
                     started = time.perf_counter()
-                    answer = await stub.NodePrepareResources(
-                        dra_v1_pb2.NodePrepareResourcesRequest(claims=ref)
-                    )
+                    answer = await stub.NodePrepareResources(dra_v1_pb2.NodePrepareResourcesRequest(claims=ref))
                     prepares.append(time.perf_counter() - started)
                     assert not answer.claims[uid].error, answer.claims[uid].error
                     started = time.perf_counter()
-                    await stub.NodeUnprepareResources(
-                        dra_v1_pb2.NodeUnprepareResourcesRequest(claims=ref)
-                    )
+                    await stub.NodeUnprepareResources(dra_v1_pb2.NodeUnprepareResourcesRequest(claims=ref))
                     unprepares.append(time.perf_counter() - started)
             print(f"  claim cache: {cache.hits} hits, {cache.misses} misses")
         finally:
@@ -150,13 +140,7 @@ def pod_startup(state: cluster.ClusterState, pods: int) -> list[float]:
                 "apiVersion": "resource.k8s.io/v1",
                 "kind": "ResourceClaimTemplate",
                 "metadata": {"name": "gpu"},
-                "spec": {
-                    "spec": {
-                        "devices": {
-                            "requests": [{"name": "gpu", "exactly": {"deviceClassName": GPU}}]
-                        }
-                    }
-                },
+                "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": GPU}}]}}},
             },
         )
         latencies = []
@@ -173,9 +157,7 @@ def pod_startup(state: cluster.ClusterState, pods: int) -> list[float]:
                         "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "gpu"}],
                         "tolerations": [SYNTHETIC_TOLERATION],
                         "terminationGracePeriodSeconds": 0,
-                        "containers": [
-                            {"name": "c", "image": "x", "resources": {"claims": [{"name": "gpu"}]}}
-                        ],
+                        "containers": [{"name": "c", "image": "x", "resources": {"claims": [{"name": "gpu"}]}}],
                     },
                 },
             )
@@ -208,9 +190,7 @@ def report(label: str, values: list[float], target: str, met: bool) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rpc-rounds", type=int, default=300)
     parser.add_argument("--pods", type=int, default=30)
     args = parser.parse_args()
@@ -219,9 +199,7 @@ def main() -> int:
     state = cluster.up(config)
     try:
         prepares, unprepares = rpc_latency(state, args.rpc_rounds, scratch / "n", durable=False)
-        durable_prepares, durable_unprepares = rpc_latency(
-            state, args.rpc_rounds, scratch / "d", durable=True
-        )
+        durable_prepares, durable_unprepares = rpc_latency(state, args.rpc_rounds, scratch / "d", durable=True)
         startups = pod_startup(state, args.pods)
     finally:
         cluster.down(config)

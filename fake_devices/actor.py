@@ -32,9 +32,7 @@ class HardwareHost:
         try:
             return self._nodes[node]
         except KeyError:
-            raise KeyError(
-                f"this host has no node {node!r}; it has {sorted(self._nodes)}"
-            ) from None
+            raise KeyError(f"this host has no node {node!r}; it has {sorted(self._nodes)}") from None
 
     async def nodes(self) -> list[str]:
         return sorted(self._nodes)
@@ -70,9 +68,7 @@ class HardwareHost:
         self._node(node).inject(**faults)
 
     async def set_health(self, node: str, device: str, healthy: bool, message: str = "") -> None:
-        self._node(node).set_health(
-            device, Health.HEALTHY if healthy else Health.UNHEALTHY, message
-        )
+        self._node(node).set_health(device, Health.HEALTHY if healthy else Health.UNHEALTHY, message)
 
     async def lose_device(self, node: str, device: str) -> None:
         self._node(node).lose_device(device)

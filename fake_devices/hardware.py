@@ -85,9 +85,7 @@ def stable_mac(seed: int, node: str, index: int) -> str:
     return ":".join(f"{b:02x}" for b in raw)
 
 
-def build_inventory(
-    profile: HardwareProfile, node: str, seed: int
-) -> tuple[list[Device], list[SharedPool]]:
+def build_inventory(profile: HardwareProfile, node: str, seed: int) -> tuple[list[Device], list[SharedPool]]:
     """The devices of one node: GPUs (whole and partitions) and NICs on shared PCIe roots."""
     devices: list[Device] = []
     pools: list[SharedPool] = []
@@ -140,10 +138,7 @@ def build_inventory(
             )
             for partition in spec.partitions:
                 for start in partition.placements:
-                    slices = {
-                        f"memory-slice-{s}": 1
-                        for s in range(start, start + partition.memory_slices)
-                    }
+                    slices = {f"memory-slice-{s}": 1 for s in range(start, start + partition.memory_slices)}
                     devices.append(
                         Device(
                             name=f"{whole}-{partition.name.replace('.', '')}-{start}",
@@ -249,9 +244,7 @@ class NodeHardware:
             if sick is None:
                 snapshot.append(DeviceHealth(device.name, Health.HEALTHY, "", now))
             else:
-                snapshot.append(
-                    DeviceHealth(device.name, sick.health, sick.message, sick.updated_unix)
-                )
+                snapshot.append(DeviceHealth(device.name, sick.health, sick.message, sick.updated_unix))
         return snapshot
 
     def _bump(self) -> None:

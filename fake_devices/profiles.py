@@ -82,9 +82,9 @@ class ProfileError(ValueError):
 def _describe(exc: ValidationError, source: str) -> str:
     lines = [f"invalid hardware profile {source}:"]
     for error in exc.errors():
-        location = ".".join(
-            f"[{part}]" if isinstance(part, int) else str(part) for part in error["loc"]
-        ).replace(".[", "[")
+        location = ".".join(f"[{part}]" if isinstance(part, int) else str(part) for part in error["loc"]).replace(
+            ".[", "["
+        )
         lines.append(f"  {location or '(top level)'}: {error['msg']}")
     return "\n".join(lines)
 

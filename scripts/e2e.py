@@ -2,7 +2,8 @@
 
 Brings up a control plane with synthetic nodes (NODES, default 4, of PROFILE, default
 h100x8), proves it allocates and that a pod with a GPU claim runs through the driver and
-the fake kubelet, shows its status, and always tears it down (KEEP=1 keeps it running).
+the fake kubelet, runs the `smoke` scenario and a short `cl2-dra` (each prints its report
+directory), shows its status, and always tears it down (KEEP=1 keeps it running).
 """
 
 from __future__ import annotations
@@ -31,12 +32,10 @@ def main() -> int:
     keep = os.environ.get("KEEP") == "1"
     try:
         nodes, profile = os.environ.get("NODES", "4"), os.environ.get("PROFILE", "h100x8")
-        kubeconfig = (
-            testbed("up", "--nodes", nodes, "--profile", profile, capture=True)
-            .strip()
-            .splitlines()[-1]
-        )
+        kubeconfig = testbed("up", "--nodes", nodes, "--profile", profile, capture=True).strip().splitlines()[-1]
         testbed("check")
+        testbed("run", "smoke")
+        testbed("run", "cl2-dra", "--set", "phases.1.runSeconds=1")
         testbed("status")
     except subprocess.CalledProcessError as exc:
         print(f"e2e FAILED: `{' '.join(exc.cmd[2:])}` exited {exc.returncode}", file=sys.stderr)

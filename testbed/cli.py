@@ -64,9 +64,7 @@ def cluster_options(command: F) -> F:
         default=None,
         help="Cluster directory (default: <TESTBED_STATE_DIR>/clusters/<name>).",
     )(command)
-    return click.option(
-        "--name", default=cfg.DEFAULT_CLUSTER_NAME, show_default=True, help="Cluster name."
-    )(command)
+    return click.option("--name", default=cfg.DEFAULT_CLUSTER_NAME, show_default=True, help="Cluster name.")(command)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -84,18 +82,14 @@ def main() -> None:
 @click.option(
     "--alpha",
     is_flag=True,
-    help="Turn on every alpha DRA feature gate and alpha/beta APIs on all components "
-    "(also: TESTBED_ALPHA=1).",
+    help="Turn on every alpha DRA feature gate and alpha/beta APIs on all components (also: TESTBED_ALPHA=1).",
 )
 @click.option(
     "--feature-gates",
     default="",
-    help="Extra gates for all components, e.g. DRADeviceCompatibilityGroups=true "
-    "(also: TESTBED_FEATURE_GATES).",
+    help="Extra gates for all components, e.g. DRADeviceCompatibilityGroups=true (also: TESTBED_FEATURE_GATES).",
 )
-@click.option(
-    "--timeout", type=float, default=120.0, show_default=True, help="Start-up timeout, seconds."
-)
+@click.option("--timeout", type=float, default=120.0, show_default=True, help="Start-up timeout, seconds.")
 @click.option(
     "--nodes",
     type=click.IntRange(min=0),
@@ -229,13 +223,9 @@ def check(name: str, state_dir: Path | None, kubeconfig_file: Path | None) -> No
 
     if kubeconfig_file is None:
         config = cfg.ControlPlaneConfig(name=name, state_dir=state_dir)
-        state = (
-            cluster.ClusterState.load(config.cluster_dir) if config.cluster_dir.exists() else None
-        )
+        state = cluster.ClusterState.load(config.cluster_dir) if config.cluster_dir.exists() else None
         if state is None or not state.ready:
-            raise TestbedError(
-                f"cluster {name!r} is not running", hint="start it with `testbed up`"
-            )
+            raise TestbedError(f"cluster {name!r} is not running", hint="start it with `testbed up`")
         kubeconfig_file = state.kubeconfig
     api = api_client(kubeconfig_file)
     try:
@@ -255,6 +245,96 @@ def check(name: str, state_dir: Path | None, kubeconfig_file: Path | None) -> No
             f"{', '.join(sorted(pod.env))}) after {pod.seconds_to_running:.2f}s; unprepared and "
             f"removed {pod.seconds_to_removed:.2f}s after deletion ({len(nodes)} synthetic nodes)"
         )
+
+
+@main.command("run")
+@click.argument("scenario")
+@cluster_options
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override a scenario field, e.g. phases.0.qps=20 (repeatable).",
+)
+@click.option(
+    "--output",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Report directory (default: <cluster dir>/runs/<scenario>-<time>).",
+)
+@reports_errors
+def run_scenario(
+    scenario: str,
+    name: str,
+    state_dir: Path | None,
+    overrides: tuple[str, ...],
+    output: Path | None,
+) -> None:
+    """Run a scenario (smoke, cl2-dra, steady-churn, or a YAML file); print the report dir last."""
+    import asyncio
+    import datetime as dt
+
+    import yaml
+
+    from testbed.kubeapi import KubeClient
+    from testbed.report import report as reporting
+    from testbed.scenarios import runner, spec
+
+    values = {}
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise TestbedError(f"--set {item!r} is not KEY=VALUE", hint="e.g. --set phases.0.qps=20")
+        values[key] = yaml.safe_load(value)
+    try:
+        chosen = spec.load(scenario, values)
+    except spec.ScenarioError as exc:
+        raise TestbedError(str(exc), hint="fix the file, or see testbed/scenarios/shipped/ for examples") from None
+    config = cfg.ControlPlaneConfig(name=name, state_dir=state_dir)
+    state = cluster.ClusterState.load(config.cluster_dir) if config.cluster_dir.exists() else None
+    if state is None or not state.ready:
+        c = chosen.cluster
+        raise TestbedError(
+            f"cluster {name!r} is not running",
+            hint=f"start what {chosen.name} expects: testbed up --name {name} --nodes {c.nodes} --profile "
+            f"{c.profile} --kcm-qps {c.kcm_qps:g} --kcm-burst {c.kcm_burst} --scheduler-qps "
+            f"{c.scheduler_qps:g} --scheduler-burst {c.scheduler_burst}",
+        )
+    _interrupt_on_sigterm()
+    endpoints = runner.Endpoints(
+        kcm=f"https://127.0.0.1:{state.ports.controller_manager}/metrics",
+        scheduler=f"https://127.0.0.1:{state.ports.scheduler}/metrics",
+        nodehosts=[str(u) for u in state.extras.get("metrics_urls", [])],  # type: ignore[attr-defined]
+    )
+    client = KubeClient.from_kubeconfig(state.kubeconfig)
+    work = runner.Runner(client, chosen, endpoints, ConsoleProgress())
+
+    async def go() -> None:
+        try:
+            await work.run()
+        finally:
+            await client.close()
+
+    interrupted = False
+    try:
+        asyncio.run(go())
+    except KeyboardInterrupt:
+        interrupted = True
+        work.data.interrupted = True
+    nodes = state.extras.get("nodes_dir")
+    leaks = runner.nodes_dir_leaks(Path(str(nodes))) if nodes else {"checkpoint_entries": 0, "cdi_specs": 0}
+    fleet = state.extras.get("fleet") or {}
+    report = reporting.build(work.data, leaks, {"name": name, **fleet})  # type: ignore[dict-item]
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    directory = reporting.write(report, work.data, output or state.root / "runs" / f"{chosen.name}-{stamp}")
+    for line in reporting.summary_lines(report):
+        stderr.print(line, markup=False)
+    click.echo(str(directory))
+    if interrupted:
+        sys.exit(130)
+    if report["verdict"] != "PASS":
+        sys.exit(1)
 
 
 @main.command("binaries")

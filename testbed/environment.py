@@ -69,6 +69,8 @@ def start_fleet(state: cluster.ClusterState, spec: FleetSpec, progress: Progress
     state.save()
     fleet = Fleet(spec, state.kubeconfig, nodes, detached=True)
     fleet.start(progress)
+    state.extras["metrics_urls"] = fleet.metrics_urls()
+    state.save()
     return fleet
 
 

@@ -7,9 +7,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    return web.Response(
-        body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST}
-    )
+    return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 class MetricsServer:

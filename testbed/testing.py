@@ -31,9 +31,7 @@ from testbed.progress import PrintProgress
 T = TypeVar("T")
 
 
-def wait_for(
-    condition: Callable[[], T | None], timeout_s: float, what: str, interval_s: float = 0.1
-) -> T:
+def wait_for(condition: Callable[[], T | None], timeout_s: float, what: str, interval_s: float = 0.1) -> T:
     """Poll until ``condition`` returns something truthy; fail naming ``what`` otherwise."""
     deadline = time.monotonic() + timeout_s
     last: T | None = None

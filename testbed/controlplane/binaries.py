@@ -58,9 +58,7 @@ class NetworkUnavailable(Exception):
 
 def go_arch() -> str:
     machine = platform.machine().lower()
-    return {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}.get(
-        machine, machine
-    )
+    return {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}.get(machine, machine)
 
 
 def scripts_dir() -> Path:
@@ -185,9 +183,7 @@ def _download(cache: Path, progress: Progress) -> Binaries:
         etcd_base = f"{config.ETCD_RELEASE_BASE_URL}/{config.ETCD_VERSION}"
         with progress.task(f"downloading etcd {config.ETCD_VERSION}"):
             sums = _fetch(f"{etcd_base}/SHA256SUMS").decode()
-            expected = next(
-                (line.split()[0] for line in sums.splitlines() if line.endswith(tarball)), ""
-            )
+            expected = next((line.split()[0] for line in sums.splitlines() if line.endswith(tarball)), "")
             if not expected:
                 raise TestbedError(f"etcd SHA256SUMS has no entry for {tarball}")
             archive = _verified(_fetch(f"{etcd_base}/{tarball}"), expected, tarball)
@@ -221,9 +217,7 @@ def version_ldflags(build_date: str) -> str:
     return " ".join(flags)
 
 
-def _go_build(
-    go: str, module_dir: Path, packages: list[str], output: Path, ldflags: str, progress: Progress
-) -> None:
+def _go_build(go: str, module_dir: Path, packages: list[str], output: Path, ldflags: str, progress: Progress) -> None:
     env = dict(os.environ, CGO_ENABLED="0", GOFLAGS="-buildvcs=false")
     command = [go, "build", "-v", "-trimpath", "-ldflags", ldflags, "-o", f"{output}/", *packages]
     compiled = 0
@@ -258,14 +252,11 @@ def _build(cache: Path, go: str, progress: Progress) -> Binaries:
     if not (kube_module / "go.mod").exists() or not (etcd_module / "go.mod").exists():
         raise TestbedError(
             f"the Go wrapper modules are not in {scripts}",
-            hint="build from a checkout of dra-testbed (pip install -e .), or set "
-            "TESTBED_KUBE_BIN_DIR",
+            hint="build from a checkout of dra-testbed (pip install -e .), or set TESTBED_KUBE_BIN_DIR",
         )
     staging = Path(tempfile.mkdtemp(prefix=".build-", dir=cache.parent))
     build_date = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    go_version = subprocess.run(
-        [go, "env", "GOVERSION"], capture_output=True, text=True, check=False
-    ).stdout.strip()
+    go_version = subprocess.run([go, "env", "GOVERSION"], capture_output=True, text=True, check=False).stdout.strip()
     build_started = time.monotonic()
     try:
         progress.step(

@@ -120,9 +120,7 @@ class ComponentFailed(TestbedError):
 
 def admin_ssl_context(layout: Layout) -> ssl.SSLContext:
     context = ssl.create_default_context(cafile=str(layout.pki.ca_cert))
-    context.load_cert_chain(
-        str(layout.pki.client_cert(pki.ADMIN)), str(layout.pki.client_key(pki.ADMIN))
-    )
+    context.load_cert_chain(str(layout.pki.client_cert(pki.ADMIN)), str(layout.pki.client_key(pki.ADMIN)))
     return context
 
 
@@ -134,9 +132,7 @@ def _self_signed_context() -> ssl.SSLContext:
     return context
 
 
-def http_status(
-    url: str, context: ssl.SSLContext | None = None, timeout: float = 2.0
-) -> int | None:
+def http_status(url: str, context: ssl.SSLContext | None = None, timeout: float = 2.0) -> int | None:
     try:
         with urllib.request.urlopen(url, context=context, timeout=timeout) as response:
             return int(response.status)
@@ -165,9 +161,7 @@ def health_checks(state: ClusterState) -> dict[str, HealthCheck]:
             f"https://127.0.0.1:{ports.controller_manager}/healthz",
             insecure,
         ),
-        "kube-scheduler": HealthCheck(
-            "kube-scheduler", f"https://127.0.0.1:{ports.scheduler}/readyz", insecure
-        ),
+        "kube-scheduler": HealthCheck("kube-scheduler", f"https://127.0.0.1:{ports.scheduler}/readyz", insecure),
     }
 
 
@@ -182,9 +176,7 @@ def _prepare_directory(config: ControlPlaneConfig, progress: Progress) -> Path:
         live = state.live_processes()
         if live:
             if state.ready:
-                message = (
-                    f"cluster {config.name!r} is already running (kubeconfig {state.kubeconfig})"
-                )
+                message = f"cluster {config.name!r} is already running (kubeconfig {state.kubeconfig})"
             else:
                 running = ", ".join(f"{p.name} (pid {p.pid})" for p in live)
                 message = f"cluster {config.name!r} is partly running: {running}"
@@ -318,9 +310,7 @@ def up(
         )
         launch("kube-scheduler", components.scheduler_command(binaries, layout, ports, config))
         with progress.task("starting kube-controller-manager and kube-scheduler"):
-            _wait_healthy(
-                state, running, ["kube-controller-manager", "kube-scheduler"], deadline, progress
-            )
+            _wait_healthy(state, running, ["kube-controller-manager", "kube-scheduler"], deadline, progress)
             # Pods cannot be created before the service-account controller made `default`.
             context = admin_ssl_context(layout)
             sa_url = f"{state.apiserver_url}/api/v1/namespaces/default/serviceaccounts/default"

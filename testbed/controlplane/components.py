@@ -113,9 +113,7 @@ def _gates_flag(config: ControlPlaneConfig) -> str:
     return "--feature-gates=" + ",".join(f"{k}={str(v).lower()}" for k, v in sorted(gates.items()))
 
 
-def etcd_command(
-    binaries: Binaries, layout: Layout, ports: Ports, config: ControlPlaneConfig
-) -> list[str]:
+def etcd_command(binaries: Binaries, layout: Layout, ports: Ports, config: ControlPlaneConfig) -> list[str]:
     client = f"http://127.0.0.1:{ports.etcd_client}"
     peer = f"http://127.0.0.1:{ports.etcd_peer}"
     command = [
@@ -136,9 +134,7 @@ def etcd_command(
     return command
 
 
-def apiserver_command(
-    binaries: Binaries, layout: Layout, ports: Ports, config: ControlPlaneConfig
-) -> list[str]:
+def apiserver_command(binaries: Binaries, layout: Layout, ports: Ports, config: ControlPlaneConfig) -> list[str]:
     pki = layout.pki
     command = [
         str(binaries.path("kube-apiserver")),
@@ -232,9 +228,7 @@ def write_scheduler_config(layout: Layout, config: ControlPlaneConfig) -> Path:
     return path
 
 
-def scheduler_command(
-    binaries: Binaries, layout: Layout, ports: Ports, config: ControlPlaneConfig
-) -> list[str]:
+def scheduler_command(binaries: Binaries, layout: Layout, ports: Ports, config: ControlPlaneConfig) -> list[str]:
     return [
         str(binaries.path("kube-scheduler")),
         f"--config={write_scheduler_config(layout, config)}",

@@ -141,9 +141,7 @@ def generate(directory: Path) -> PKIPaths:
     def issue(cert_path: Path, key_path: Path, subject: x509.Name, server: bool) -> None:
         key = _new_key()
         builder = _builder(subject, ca_name, key.public_key()).add_extension(
-            x509.ExtendedKeyUsage(
-                [ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]
-            ),
+            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]),
             critical=False,
         )
         if server:
@@ -177,8 +175,6 @@ def generate(directory: Path) -> PKIPaths:
     sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     _write_key(paths.sa_private, sa_key)
     paths.sa_public.write_bytes(
-        sa_key.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-        )
+        sa_key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     )
     return paths

@@ -56,9 +56,7 @@ def process_start_ticks(pid: int) -> int | None:
     return int(fields[19])
 
 
-def start(
-    name: str, command: list[str], log_path: Path, cwd: Path
-) -> tuple[subprocess.Popen[bytes], ProcessRecord]:
+def start(name: str, command: list[str], log_path: Path, cwd: Path) -> tuple[subprocess.Popen[bytes], ProcessRecord]:
     """Start detached: its own session, so Ctrl-C in the terminal does not reach it and
     it outlives the `testbed up` that started it."""
     log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -90,9 +90,7 @@ def _slice(node: str, driver: str, devices: int) -> dict[str, Any]:
             "driver": driver,
             "nodeName": node,
             "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-            "devices": [
-                {"name": f"dev-{i}", "attributes": {"index": {"int": i}}} for i in range(devices)
-            ],
+            "devices": [{"name": f"dev-{i}", "attributes": {"index": {"int": i}}} for i in range(devices)],
         },
     }
 
@@ -162,9 +160,7 @@ def run_allocation_check(api: k8s.ApiClient, timeout_s: float = 60.0) -> Allocat
         ready_node(core, node)
         core.create_namespace(build(k8s.V1Namespace, {"metadata": {"name": namespace}}))
         resource.create_resource_slice(build(k8s.V1ResourceSlice, _slice(node, driver, devices=2)))
-        resource.create_device_class(
-            build(k8s.V1DeviceClass, device_class(driver, f"device.driver == '{driver}'"))
-        )
+        resource.create_device_class(build(k8s.V1DeviceClass, device_class(driver, f"device.driver == '{driver}'")))
         resource.create_namespaced_resource_claim_template(
             namespace, build(k8s.V1ResourceClaimTemplate, _claim_template("one-device", driver))
         )
@@ -199,9 +195,7 @@ def _pod_events(core: k8s.CoreV1Api, namespace: str) -> str:
     return "\n".join(f"{e.reason}: {e.message}" for e in events) or "(no events)"
 
 
-def _cleanup(
-    core: k8s.CoreV1Api, resource: k8s.ResourceV1Api, namespace: str, node: str, driver: str
-) -> None:
+def _cleanup(core: k8s.CoreV1Api, resource: k8s.ResourceV1Api, namespace: str, node: str, driver: str) -> None:
     deletions: tuple[Callable[[], object], ...] = (
         lambda: core.delete_namespace(namespace),
         lambda: resource.delete_device_class(driver),
@@ -244,9 +238,7 @@ def run_dra_pod_check(api: k8s.ApiClient, timeout_s: float = 60.0) -> PodCheck:
             build(k8s.V1ResourceClaimTemplate, _claim_template("gpu", "gpu.dra-testbed.io")),
         )
         manifest = _pod("gpu")
-        manifest["spec"]["tolerations"] = [
-            {"key": "dra-testbed.io/synthetic", "operator": "Exists"}
-        ]
+        manifest["spec"]["tolerations"] = [{"key": "dra-testbed.io/synthetic", "operator": "Exists"}]
         started = time.monotonic()
         core.create_namespaced_pod(namespace, build(k8s.V1Pod, manifest))
         deadline = started + timeout_s
@@ -261,9 +253,7 @@ def run_dra_pod_check(api: k8s.ApiClient, timeout_s: float = 60.0) -> PodCheck:
         running = time.monotonic() - started
         annotations = present(pod.metadata, "pod.metadata").annotations or {}
         env = json.loads(annotations.get("dra-testbed.io/container-env", "{}")).get("c", {})
-        statuses = present(
-            present(pod.status, "pod.status").resource_claim_statuses, "claim statuses"
-        )
+        statuses = present(present(pod.status, "pod.status").resource_claim_statuses, "claim statuses")
         claim = resource.read_namespaced_resource_claim(
             present(statuses[0].resource_claim_name, "claim name"), namespace
         )

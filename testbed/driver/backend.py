@@ -73,9 +73,7 @@ class RayBackend:
         self.node = node
 
     async def inventory(self) -> tuple[int, list[Device], list[SharedPool]]:
-        result: tuple[int, list[Device], list[SharedPool]] = await self.actor.inventory.remote(
-            self.node
-        )
+        result: tuple[int, list[Device], list[SharedPool]] = await self.actor.inventory.remote(self.node)
         return result
 
     async def health(self) -> tuple[int, list[DeviceHealth]]:
@@ -83,9 +81,7 @@ class RayBackend:
         return result
 
     async def wait_for_change(self, after_generation: int, timeout_s: float) -> int:
-        result: int = await self.actor.wait_for_change.remote(
-            self.node, after_generation, timeout_s
-        )
+        result: int = await self.actor.wait_for_change.remote(self.node, after_generation, timeout_s)
         return result
 
     async def prepare(

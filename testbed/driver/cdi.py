@@ -90,18 +90,14 @@ def resolve(cdi_dir: Path, device_ids: list[str]) -> dict[str, str]:
     for device_id_ in device_ids:
         kind, sep, name = device_id_.partition("=")
         if not sep:
-            raise CdiResolutionError(
-                f"malformed CDI device ID {device_id_!r} (want vendor/class=name)"
-            )
+            raise CdiResolutionError(f"malformed CDI device ID {device_id_!r} (want vendor/class=name)")
         found = None
         for spec in specs.get(kind, []):
             for device in spec.get("devices", []):  # type: ignore[attr-defined]
                 if device.get("name") == name:
                     found = (spec, device)
         if found is None:
-            raise CdiResolutionError(
-                f"unresolvable CDI device {device_id_}: no spec in {cdi_dir} defines it"
-            )
+            raise CdiResolutionError(f"unresolvable CDI device {device_id_}: no spec in {cdi_dir} defines it")
         spec, device = found
         for entry in [
             *spec.get("containerEdits", {}).get("env", []),  # type: ignore[attr-defined]

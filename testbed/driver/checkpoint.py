@@ -99,9 +99,7 @@ class Checkpoint:
     def save(self) -> None:
         claims = {uid: record.to_json() for uid, record in sorted(self.claims.items())}
         document = {"version": VERSION, "checksum": _checksum(claims), "claims": claims}  # type: ignore[arg-type]
-        write_atomically(
-            self.path, json.dumps(document, indent=1).encode(), mode=0o600, durable=self.durable
-        )
+        write_atomically(self.path, json.dumps(document, indent=1).encode(), mode=0o600, durable=self.durable)
 
     def put(self, record: ClaimRecord) -> None:
         self.claims[record.uid] = record

@@ -46,11 +46,7 @@ class ClaimCache:
         """The claim, if the cached copy is this UID and allocated; otherwise from the API.
         Raises ApiError (404) if it does not exist."""
         cached = self._claims.get((namespace, name))
-        if (
-            cached is not None
-            and cached["metadata"]["uid"] == uid
-            and cached.get("status", {}).get("allocation")
-        ):
+        if cached is not None and cached["metadata"]["uid"] == uid and cached.get("status", {}).get("allocation"):
             self.hits += 1
             return cached
         self.misses += 1

@@ -127,9 +127,7 @@ class RegistrationService(pluginregistration_pb2_grpc.RegistrationServicer):
             supported_versions=SUPPORTED_SERVICES,
         )
 
-    async def NotifyRegistrationStatus(
-        self, request: Any, context: grpc.aio.ServicerContext
-    ) -> Any:
+    async def NotifyRegistrationStatus(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         self.registered = request.plugin_registered
         self.registration_error = request.error
         if not request.plugin_registered:
@@ -163,9 +161,7 @@ class ResourceHealthService:
                 )
         return generation, response
 
-    async def NodeWatchResources(
-        self, request: Any, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[Any]:
+    async def NodeWatchResources(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         generation, snapshot = await self._snapshot()
         yield snapshot
         while True:
@@ -185,9 +181,7 @@ def add_services(
 ) -> None:
     pluginregistration_pb2_grpc.add_RegistrationServicer_to_server(registration, server)
     dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(DraService(dra_v1_pb2, preparer, True), server)
-    dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(
-        DraService(dra_v1beta1_pb2, preparer, False), server
-    )
+    dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(DraService(dra_v1beta1_pb2, preparer, False), server)
     health_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
         ResourceHealthService(health_v1_pb2, backend, kinds, pool), server
     )

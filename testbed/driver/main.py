@@ -64,12 +64,8 @@ class Settings:
     def from_env(cls, env: dict[str, str]) -> Settings:
         node = env.get("NODE_NAME", "")
         if not node:
-            raise TestbedError(
-                "NODE_NAME is not set", hint="set it from the downward API: fieldRef spec.nodeName"
-            )
-        drivers = [
-            d.strip() for d in env.get("DRIVERS", ",".join(DRIVER_KINDS)).split(",") if d.strip()
-        ]
+            raise TestbedError("NODE_NAME is not set", hint="set it from the downward API: fieldRef spec.nodeName")
+        drivers = [d.strip() for d in env.get("DRIVERS", ",".join(DRIVER_KINDS)).split(",") if d.strip()]
         unknown = [d for d in drivers if d not in DRIVER_KINDS]
         if unknown or not drivers:
             raise TestbedError(
@@ -102,9 +98,7 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
     try:
         profile = load_profile(settings.profile)
     except ProfileError as exc:
-        raise TestbedError(
-            str(exc), hint="set HARDWARE_PROFILE to gpu8, h100x8, tiny or a YAML path"
-        ) from None
+        raise TestbedError(str(exc), hint="set HARDWARE_PROFILE to gpu8, h100x8, tiny or a YAML path") from None
     client = KubeClient.from_kubeconfig(settings.kubeconfig)
     claims = ClaimCache(client)
     claims.start()
@@ -124,9 +118,7 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
     metrics = MetricsServer(settings.health_address, settings.metrics_port)
     try:
         if settings.metrics_port >= 0:
-            log.info(
-                "metrics on http://%s:%d/metrics", settings.health_address, await metrics.start()
-            )
+            log.info("metrics on http://%s:%d/metrics", settings.health_address, await metrics.start())
         for plugin in plugins:
             await plugin.start()
             log.info(
@@ -138,9 +130,7 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
         if settings.health_port >= 0:
             liveness = grpc.aio.server()
             health_pb2_grpc.add_HealthServicer_to_server(
-                LivenessService(
-                    [(str(p.paths.registration_socket), str(p.paths.dra_socket)) for p in plugins]
-                ),
+                LivenessService([(str(p.paths.registration_socket), str(p.paths.dra_socket)) for p in plugins]),
                 liveness,
             )
             port = liveness.add_insecure_port(f"{settings.health_address}:{settings.health_port}")

@@ -32,9 +32,7 @@ GRPC_OPERATIONS = Histogram(
     ["driver_name", "method_name", "grpc_status_code"],
     buckets=DURATION_BUCKETS,
 )
-PREPARED_CLAIMS = Gauge(
-    "dra_testbed_prepared_claims", "Claims currently prepared, per driver", ["driver_name"]
-)
+PREPARED_CLAIMS = Gauge("dra_testbed_prepared_claims", "Claims currently prepared, per driver", ["driver_name"])
 CLAIM_ERRORS = Counter(
     "dra_testbed_claim_errors_total",
     "Claims that failed to prepare or unprepare, by reason",

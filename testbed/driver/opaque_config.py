@@ -99,9 +99,7 @@ class NicConfig(_Strict):
             try:
                 ipaddress.ip_interface(value)
             except ValueError as exc:
-                raise ValueError(
-                    f"{value!r} is not an address in CIDR form like 10.0.0.5/24"
-                ) from exc
+                raise ValueError(f"{value!r} is not an address in CIDR form like 10.0.0.5/24") from exc
         return values
 
     def env(self) -> dict[str, str]:
@@ -125,9 +123,7 @@ def _explain(exc: ValidationError) -> str:
 def parse_config(driver: str, parameters: Any) -> GpuConfig | NicConfig:
     """Parse the ``opaque.parameters`` of one config entry for ``driver``."""
     if not isinstance(parameters, Mapping):
-        raise ConfigError(
-            f"opaque parameters for {driver} must be an object, got {type(parameters).__name__}"
-        )
+        raise ConfigError(f"opaque parameters for {driver} must be an object, got {type(parameters).__name__}")
     kinds = CONFIG_KINDS.get(driver, {})
     kind = parameters.get("kind")
     model = kinds.get(str(kind))
@@ -142,9 +138,7 @@ def parse_config(driver: str, parameters: Any) -> GpuConfig | NicConfig:
         raise ConfigError(f"invalid {kind} for {driver}: {_explain(exc)}") from None
 
 
-def configs_for_request(
-    driver: str, entries: Sequence[Mapping[str, Any]], request: str
-) -> list[GpuConfig | NicConfig]:
+def configs_for_request(driver: str, entries: Sequence[Mapping[str, Any]], request: str) -> list[GpuConfig | NicConfig]:
     """Configs from an allocation result that apply to ``request``, class entries first
     (they come first in the allocation), later entries overriding earlier ones."""
     applied: list[GpuConfig | NicConfig] = []

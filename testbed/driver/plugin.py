@@ -46,9 +46,7 @@ class DriverPlugin:
         """``durable``: fsync checkpoint and CDI writes (a real node). Synthetic nodes, whose
         state is throw-away, skip it, as the testbed's etcd does."""
         if driver not in DRIVER_KINDS:
-            raise TestbedError(
-                f"unknown driver {driver!r}", hint=f"use one of {', '.join(DRIVER_KINDS)}"
-            )
+            raise TestbedError(f"unknown driver {driver!r}", hint=f"use one of {', '.join(DRIVER_KINDS)}")
         self.driver = driver
         self.node = node
         self.paths = paths
@@ -96,18 +94,14 @@ class DriverPlugin:
         if self.liveness_port is not None:
             liveness = grpc.aio.server()
             health_pb2_grpc.add_HealthServicer_to_server(
-                LivenessService(
-                    [(str(self.paths.registration_socket), str(self.paths.dra_socket))]
-                ),
+                LivenessService([(str(self.paths.registration_socket), str(self.paths.dra_socket))]),
                 liveness,
             )
             self.liveness_port = liveness.add_insecure_port(f"127.0.0.1:{self.liveness_port}")
             await liveness.start()
             self._liveness = liveness
         if self.publish_slices:
-            self._tasks.append(
-                asyncio.create_task(self._publish_loop(), name=f"slices-{self.driver}-{self.node}")
-            )
+            self._tasks.append(asyncio.create_task(self._publish_loop(), name=f"slices-{self.driver}-{self.node}"))
 
     async def publish_once(self) -> bool:
         _, devices, pools = await self.backend.inventory()
@@ -141,9 +135,7 @@ class DriverPlugin:
                 await self.publish_once()
                 self.published.set()
             except (ApiError, OSError) as exc:
-                log.warning(
-                    "%s on %s: publishing slices failed (%s); retrying", self.driver, self.node, exc
-                )
+                log.warning("%s on %s: publishing slices failed (%s); retrying", self.driver, self.node, exc)
                 await asyncio.sleep(PUBLISH_RETRY_S)
                 continue
             except Exception:

@@ -73,9 +73,7 @@ class DriverPaths:
     pod_uid: str | None = None
 
     @classmethod
-    def for_node(
-        cls, kubelet_dir: Path, driver: str, cdi_dir: Path, pod_uid: str | None = None
-    ) -> DriverPaths:
+    def for_node(cls, kubelet_dir: Path, driver: str, cdi_dir: Path, pod_uid: str | None = None) -> DriverPaths:
         return cls(
             driver,
             kubelet_dir / "plugins_registry",
@@ -86,9 +84,7 @@ class DriverPaths:
 
     @property
     def registration_socket(self) -> Path:
-        name = (
-            f"{self.driver}-{self.pod_uid}-reg.sock" if self.pod_uid else f"{self.driver}-reg.sock"
-        )
+        name = f"{self.driver}-{self.pod_uid}-reg.sock" if self.pod_uid else f"{self.driver}-reg.sock"
         return self.registry_dir / name
 
     @property
@@ -155,9 +151,7 @@ class ClaimPreparer:
             metrics.CHECKPOINT_CORRUPTIONS.labels(self.driver).inc()
 
     def _record_gauge(self) -> None:
-        completed = sum(
-            1 for c in self.checkpoint.claims.values() if c.state is ClaimState.PREPARE_COMPLETED
-        )
+        completed = sum(1 for c in self.checkpoint.claims.values() if c.state is ClaimState.PREPARE_COMPLETED)
         metrics.PREPARED_CLAIMS.labels(self.driver).set(completed)
 
     async def repair(self) -> None:
@@ -203,9 +197,7 @@ class ClaimPreparer:
         if missing:
             raise ClaimFailed("BadRequest", f"claim reference without {', '.join(missing)}")
         if not DNS_LABEL.fullmatch(ref.namespace):
-            raise ClaimFailed(
-                "BadRequest", f"claim namespace {ref.namespace[:80]!r} is not a DNS label"
-            )
+            raise ClaimFailed("BadRequest", f"claim namespace {ref.namespace[:80]!r} is not a DNS label")
         if len(ref.name) > 253 or not DNS_SUBDOMAIN.fullmatch(ref.name):
             raise ClaimFailed("BadRequest", f"claim name {ref.name[:80]!r} is not a DNS subdomain")
         if len(ref.uid) > 128 or not UID.fullmatch(ref.uid):
@@ -224,9 +216,7 @@ class ClaimPreparer:
             try:
                 configs = configs_for_request(self.driver, config_entries, result["request"])
             except ConfigError as exc:
-                raise ClaimFailed(
-                    "InvalidConfig", f"claim {ref.namespace}/{ref.name}: {exc}"
-                ) from None
+                raise ClaimFailed("InvalidConfig", f"claim {ref.namespace}/{ref.name}: {exc}") from None
             env: dict[str, str] = {}
             for config in configs:
                 env.update(config.env())
@@ -238,23 +228,15 @@ class ClaimPreparer:
                 request_names=[result["request"]],
                 pool=result["pool"],
                 device=result["device"],
-                cdi_device_ids=[
-                    cdi.device_id(self.driver, cdi.claim_device_name(ref.uid, result["device"]))
-                ],
+                cdi_device_ids=[cdi.device_id(self.driver, cdi.claim_device_name(ref.uid, result["device"]))],
                 share_id=result.get("shareID"),
             )
             for result in results
         ]
         admin = any(bool(r.get("adminAccess")) for r in results)
-        self.checkpoint.put(
-            ClaimRecord(
-                ref.uid, ref.namespace, ref.name, ClaimState.PREPARE_STARTED, records, admin
-            )
-        )
+        self.checkpoint.put(ClaimRecord(ref.uid, ref.namespace, ref.name, ClaimState.PREPARE_STARTED, records, admin))
         try:
-            prepared = await self.backend.prepare(
-                ref.uid, [r.device for r in records], settings, admin
-            )
+            prepared = await self.backend.prepare(ref.uid, [r.device for r in records], settings, admin)
         except HardwareError as exc:
             await self.backend.unprepare(ref.uid)
             self.checkpoint.remove(ref.uid)
@@ -267,11 +249,7 @@ class ClaimPreparer:
             {"DRA_TESTBED_CLAIM": f"{ref.namespace}/{ref.name}"},
             durable=self.durable,
         )
-        self.checkpoint.put(
-            ClaimRecord(
-                ref.uid, ref.namespace, ref.name, ClaimState.PREPARE_COMPLETED, records, admin
-            )
-        )
+        self.checkpoint.put(ClaimRecord(ref.uid, ref.namespace, ref.name, ClaimState.PREPARE_COMPLETED, records, admin))
         if self.driver == NIC_DRIVER and self.client is not None:
             await self._publish_network_status(ref, records, nic_configs)
         return records
@@ -281,12 +259,8 @@ class ClaimPreparer:
             claim = await self.claims.get(ref.namespace, ref.name, ref.uid)
         except ApiError as exc:
             if exc.not_found:
-                raise ClaimFailed(
-                    "NotFound", f"claim {ref.namespace}/{ref.name} does not exist"
-                ) from None
-            raise ClaimFailed(
-                "ApiError", f"reading claim {ref.namespace}/{ref.name}: {exc}"
-            ) from None
+                raise ClaimFailed("NotFound", f"claim {ref.namespace}/{ref.name} does not exist") from None
+            raise ClaimFailed("ApiError", f"reading claim {ref.namespace}/{ref.name}: {exc}") from None
         if claim["metadata"]["uid"] != ref.uid:
             raise ClaimFailed(
                 "UIDMismatch",
@@ -295,9 +269,7 @@ class ClaimPreparer:
             )
         return claim
 
-    def _allocation(
-        self, ref: ClaimRef, claim: Mapping[str, Any]
-    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    def _allocation(self, ref: ClaimRef, claim: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         allocation = (claim.get("status") or {}).get("allocation")
         if not allocation:
             raise ClaimFailed("NotAllocated", f"claim {ref.namespace}/{ref.name} is not allocated")
@@ -312,8 +284,7 @@ class ClaimPreparer:
         if elsewhere:
             raise ClaimFailed(
                 "WrongNode",
-                f"claim {ref.namespace}/{ref.name} is allocated on node(s) {', '.join(elsewhere)}, "
-                f"not on {self.node}",
+                f"claim {ref.namespace}/{ref.name} is allocated on node(s) {', '.join(elsewhere)}, not on {self.node}",
             )
         return results, list(devices.get("config") or [])
 
@@ -331,11 +302,7 @@ class ClaimPreparer:
             if nic is None:
                 continue
             config = configs.get(record.device)
-            ips = (
-                list(config.ips)
-                if config and config.ips
-                else [self._derived_ip(ref.uid, nic.attributes["index"])]
-            )
+            ips = list(config.ips) if config and config.ips else [self._derived_ip(ref.uid, nic.attributes["index"])]
             entries.append(
                 {
                     "driver": self.driver,

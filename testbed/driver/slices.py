@@ -44,9 +44,7 @@ def device_entry(device: Device, health: DeviceHealth | None) -> Obj:
     }
     capacity = {k: {"value": str(v)} for k, v in device.capacity.items()}
     if len(attributes) + len(capacity) > MAX_ATTRIBUTES_AND_CAPACITIES:
-        raise ValueError(
-            f"{device.name}: more than {MAX_ATTRIBUTES_AND_CAPACITIES} attributes+capacities"
-        )
+        raise ValueError(f"{device.name}: more than {MAX_ATTRIBUTES_AND_CAPACITIES} attributes+capacities")
     entry: Obj = {"name": device.name, "attributes": attributes, "capacity": capacity}
     if device.pool:
         entry["consumesCounters"] = [
@@ -98,9 +96,7 @@ def desired_slices(
     ]
     plain = [e for e in entries if "consumesCounters" not in e and "taints" not in e]
     limited = [e for e in entries if "consumesCounters" in e or "taints" in e]
-    groups = list(_chunks(plain, MAX_DEVICES)) + list(
-        _chunks(limited, MAX_DEVICES_WITH_TAINTS_OR_COUNTERS)
-    )
+    groups = list(_chunks(plain, MAX_DEVICES)) + list(_chunks(limited, MAX_DEVICES_WITH_TAINTS_OR_COUNTERS))
     specs += [SliceSpec(f"{prefix}-{i}", devices=tuple(group)) for i, group in enumerate(groups)]
     if not specs:  # an empty pool is still published, so the scheduler knows it is empty
         specs.append(SliceSpec(f"{prefix}-0"))
@@ -168,14 +164,10 @@ class SlicePublisher:
         current = {s["metadata"]["name"]: s for s in await self.existing()}
         count = len(specs)
         generation = max((s["spec"]["pool"]["generation"] for s in current.values()), default=0)
-        desired = {
-            s.name: slice_object(self.driver, self.node, s, generation, count) for s in specs
-        }
+        desired = {s.name: slice_object(self.driver, self.node, s, generation, count) for s in specs}
         up_to_date = (
             set(current) == set(desired)
-            and all(
-                _comparable(current[n]["spec"]) == _comparable(desired[n]["spec"]) for n in desired
-            )
+            and all(_comparable(current[n]["spec"]) == _comparable(desired[n]["spec"]) for n in desired)
             and len({s["spec"]["pool"]["generation"] for s in current.values()}) <= 1
         )
         if up_to_date:
@@ -200,8 +192,6 @@ class SlicePublisher:
     async def remove_all(self) -> None:
         try:
             for item in await self.existing():
-                await self.client.delete_if_exists(
-                    path_for(API_VERSION, "resourceslices", item["metadata"]["name"])
-                )
+                await self.client.delete_if_exists(path_for(API_VERSION, "resourceslices", item["metadata"]["name"]))
         except ApiError:
             pass

@@ -58,9 +58,7 @@ class Fleet:
             self.host_of.update(dict.fromkeys(group, host))
         pending = {host.start.remote(timeout_s): host for host in self.hosts}
         ready = 0
-        with progress.task(
-            f"starting {len(names)} synthetic nodes on {len(self.hosts)} NodeHost actors"
-        ):
+        with progress.task(f"starting {len(names)} synthetic nodes on {len(self.hosts)} NodeHost actors"):
             while pending:
                 done, _ = ray.wait(list(pending), num_returns=1, timeout=timeout_s)
                 if not done:
@@ -68,12 +66,16 @@ class Fleet:
                 try:
                     ready += len(ray.get(done[0]))
                 except ray.exceptions.RayError as exc:
-                    raise TestbedError(
-                        "a NodeHost failed to start its nodes", detail=str(exc)
-                    ) from exc
+                    raise TestbedError("a NodeHost failed to start its nodes", detail=str(exc)) from exc
                 pending.pop(done[0])
                 progress.update(f"{ready}/{len(names)} nodes ready")
         progress.step(f"{ready} synthetic nodes ({self.spec.profile}) ready and publishing slices")
+
+    def metrics_urls(self) -> list[str]:
+        import ray
+
+        ports = ray.get([host.metrics_port.remote() for host in self.hosts])
+        return [f"http://127.0.0.1:{port}/metrics" for port in ports]
 
     def host(self, node: str) -> Any:
         return self.host_of[node]

@@ -15,14 +15,12 @@ from fake_devices.hardware import Health
 from fake_devices.profiles import load_profile
 from testbed.driver.claims import ClaimCache
 from testbed.fleet.synthetic_node import SyntheticNode
-from testbed.kubeapi import KubeClient
+from testbed.kubeapi import KubeClient, path_for
 from testbed.metrics_server import MetricsServer
 
 
 class NodeHost:
-    def __init__(
-        self, kubeconfig: str, nodes_dir: str, nodes: list[tuple[str, str]], seed: int = 0
-    ):
+    def __init__(self, kubeconfig: str, nodes_dir: str, nodes: list[tuple[str, str]], seed: int = 0):
         """``nodes``: (node name, hardware profile name or path)."""
         logging.basicConfig(level=logging.WARNING)
         self.kubeconfig = Path(kubeconfig)
@@ -33,6 +31,7 @@ class NodeHost:
         self.client: KubeClient | None = None
         self.claims: ClaimCache | None = None
         self.metrics = MetricsServer()
+        self._pod_watch: asyncio.Task[None] | None = None
 
     async def start(self, ready_timeout_s: float = 120.0) -> list[str]:
         self.client = KubeClient.from_kubeconfig(self.kubeconfig)
@@ -41,18 +40,37 @@ class NodeHost:
         profiles = {p: load_profile(p) for _, p in self.node_specs}
         for name, profile in self.node_specs:
             self.nodes[name] = SyntheticNode(
-                name, profiles[profile], self.nodes_dir / name, self.client, self.claims, self.seed
+                name,
+                profiles[profile],
+                self.nodes_dir / name,
+                self.client,
+                self.claims,
+                self.seed,
+                watch_pods=False,
             )
+        self._pod_watch = asyncio.create_task(self._watch_pods(), name="nodehost-pods")
         await asyncio.gather(*(node.start() for node in self.nodes.values()))
         await asyncio.gather(*(node.wait_ready(ready_timeout_s) for node in self.nodes.values()))
         await self.metrics.start()
         return sorted(self.nodes)
+
+    async def _watch_pods(self) -> None:
+        """One watch for every node this host runs, not one per node."""
+        assert self.client is not None
+        path = path_for("v1", "pods")
+        async for kind, pod in self.client.watch(path, {"fieldSelector": "spec.nodeName!="}):
+            node = self.nodes.get(pod["spec"].get("nodeName", ""))
+            if node is not None:
+                node.kubelet.pods.observe(kind, pod)
 
     async def metrics_port(self) -> int:
         """Where this host's drivers and kubelets export their metrics (one registry)."""
         return self.metrics.port
 
     async def stop(self) -> None:
+        if self._pod_watch is not None:
+            self._pod_watch.cancel()
+            await asyncio.gather(self._pod_watch, return_exceptions=True)
         await self.metrics.stop()
         await asyncio.gather(*(node.stop() for node in self.nodes.values()), return_exceptions=True)
         if self.claims is not None:
@@ -72,9 +90,7 @@ class NodeHost:
         self._node(node).hardware.inject(**faults)
 
     async def set_health(self, node: str, device: str, healthy: bool, message: str = "") -> None:
-        self._node(node).hardware.set_health(
-            device, Health.HEALTHY if healthy else Health.UNHEALTHY, message
-        )
+        self._node(node).hardware.set_health(device, Health.HEALTHY if healthy else Health.UNHEALTHY, message)
 
     async def hardware_claims(self, node: str) -> dict[str, list[str]]:
         return self._node(node).hardware.claims()
@@ -93,9 +109,7 @@ class NodeHost:
             if plugin.driver == driver:
                 await plugin.stop(grace_s=0)
                 assert self.client is not None and self.claims is not None
-                fresh = type(plugin)(
-                    driver, node, plugin.paths, plugin.backend, self.client, self.claims
-                )
+                fresh = type(plugin)(driver, node, plugin.paths, plugin.backend, self.client, self.claims)
                 target.drivers[i] = fresh
                 await fresh.start()
                 return

@@ -33,9 +33,7 @@ def namespace(cluster_name: str) -> str:
     return f"{NAMESPACE_PREFIX}-{cluster_name}"
 
 
-def start_head(
-    cluster_root: Path, log_path: Path, num_cpus: int | None = None
-) -> tuple[ProcessRecord, str]:
+def start_head(cluster_root: Path, log_path: Path, num_cpus: int | None = None) -> tuple[ProcessRecord, str]:
     ray = shutil.which("ray", path=str(Path(sys.executable).parent)) or shutil.which("ray")
     if ray is None:
         raise TestbedError("the `ray` command is not installed", hint="run `make install`")

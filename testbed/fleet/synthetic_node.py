@@ -24,11 +24,7 @@ from testbed.kubelet.node import NodeSpec
 
 
 def drivers_for(profile: HardwareProfile) -> list[str]:
-    return [
-        d
-        for d, present in ((GPU_DRIVER, profile.gpu_count), (NIC_DRIVER, profile.nic_count))
-        if present
-    ]
+    return [d for d, present in ((GPU_DRIVER, profile.gpu_count), (NIC_DRIVER, profile.nic_count)) if present]
 
 
 class SyntheticNode:
@@ -70,8 +66,17 @@ class SyntheticNode:
 
     async def start(self) -> None:
         await self.kubelet.start()  # the Node first: slices are owned by it
+        owner = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "name": self.name,
+            "uid": self.kubelet.node.uid,
+            "controller": True,
+        }
         for driver in self.drivers:
+            driver.publisher.owner = owner
             await driver.start()
+        await self.kubelet.plugins.scan()  # register now rather than at the next poll
 
     async def wait_ready(self, timeout_s: float) -> None:
         """Every driver registered with the kubelet and its slices published."""

@@ -24,9 +24,7 @@ class FakeKubelet:
         self.kubelet_dir = kubelet_dir
         self.cdi_dir = cdi_dir
         self.node = NodeAgent(client, spec)
-        self.plugins = PluginManager(
-            kubelet_dir / "plugins_registry", on_driver_gone=self.wipe_slices
-        )
+        self.plugins = PluginManager(kubelet_dir / "plugins_registry", on_driver_gone=self.wipe_slices)
         self.pods = PodManager(client, spec, self.plugins, cdi_dir, watch_pods=watch_pods)
 
     async def start(self) -> None:

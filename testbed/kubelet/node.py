@@ -99,9 +99,7 @@ def node_status(spec: NodeSpec) -> Obj:
                     "KubeletHasNoDiskPressure",
                     "kubelet has no disk pressure",
                 ),
-                condition(
-                    "PIDPressure", "False", "KubeletHasSufficientPID", "kubelet has sufficient PID"
-                ),
+                condition("PIDPressure", "False", "KubeletHasSufficientPID", "kubelet has sufficient PID"),
                 condition(
                     "Ready",
                     "True",
@@ -177,9 +175,7 @@ class NodeAgent:
             )
 
     def start(self, first_delay_s: float = LEASE_RENEW_S) -> None:
-        self._task = asyncio.create_task(
-            self._renew_forever(first_delay_s), name=f"lease-{self.spec.name}"
-        )
+        self._task = asyncio.create_task(self._renew_forever(first_delay_s), name=f"lease-{self.spec.name}")
 
     async def _renew_forever(self, delay_s: float) -> None:
         while True:

@@ -34,7 +34,9 @@ log = logging.getLogger(__name__)
 
 CALL_TIMEOUT_S = 45.0
 WIPE_SLICES_AFTER_S = 30.0
-SCAN_INTERVAL_S = 0.2
+SCAN_INTERVAL_S = 1.0
+"""A kubelet reacts to inotify; polling every second is close enough and cheap at fleet
+scale. Whoever starts a driver next to a kubelet can call ``scan()`` at once."""
 DRA_SERVICES: dict[str, tuple[Any, Any]] = {
     "v1.DRAPlugin": (dra_v1_pb2, dra_v1_pb2_grpc),
     "v1beta1.DRAPlugin": (dra_v1beta1_pb2, dra_v1beta1_pb2_grpc),
@@ -129,9 +131,7 @@ class PluginManager:
             await asyncio.sleep(SCAN_INTERVAL_S)
 
     async def scan(self) -> None:
-        present = {
-            p for p in self.registry_dir.iterdir() if not p.name.startswith(".") and p.is_socket()
-        }
+        present = {p for p in self.registry_dir.iterdir() if not p.name.startswith(".") and p.is_socket()}
         for sock in sorted(present - set(self._by_socket) - self._rejected):
             await self._register(sock)
         for sock in set(self._by_socket) - present:
@@ -156,9 +156,7 @@ class PluginManager:
                 log.warning("rejecting plugin at %s: %s", sock, problem)
                 with contextlib.suppress(grpc.aio.AioRpcError):
                     await stub.NotifyRegistrationStatus(
-                        pluginregistration_pb2.RegistrationStatus(
-                            plugin_registered=False, error=problem
-                        ),
+                        pluginregistration_pb2.RegistrationStatus(plugin_registered=False, error=problem),
                         timeout=5.0,
                     )
                 return
@@ -217,9 +215,7 @@ class PluginManager:
 
     # --- calls ---------------------------------------------------------------------------
 
-    async def prepare(
-        self, driver: str, claims: list[tuple[str, str, str]]
-    ) -> dict[str, ClaimAnswer]:
+    async def prepare(self, driver: str, claims: list[tuple[str, str, str]]) -> dict[str, ClaimAnswer]:
         """claims: (namespace, uid, name). Every claim must be answered, as the API says."""
         plugin = self.plugin_for(driver)
         if plugin is None:
@@ -231,9 +227,7 @@ class PluginManager:
         try:
             response = await plugin.stub().NodePrepareResources(request, timeout=CALL_TIMEOUT_S)
         except grpc.aio.AioRpcError as exc:
-            raise PluginCallError(
-                f"NodePrepareResources on {driver}: {exc.code().name}: {exc.details()}"
-            ) from exc
+            raise PluginCallError(f"NodePrepareResources on {driver}: {exc.code().name}: {exc.details()}") from exc
         answers: dict[str, ClaimAnswer] = {}
         for _, uid, name in claims:
             if uid not in response.claims:
@@ -242,9 +236,7 @@ class PluginManager:
             entry = response.claims[uid]
             answers[uid] = ClaimAnswer(
                 [
-                    PreparedDevice(
-                        list(d.request_names), d.pool_name, d.device_name, list(d.cdi_device_ids)
-                    )
+                    PreparedDevice(list(d.request_names), d.pool_name, d.device_name, list(d.cdi_device_ids))
                     for d in entry.devices
                 ],
                 entry.error,
@@ -262,14 +254,8 @@ class PluginManager:
         try:
             response = await plugin.stub().NodeUnprepareResources(request, timeout=CALL_TIMEOUT_S)
         except grpc.aio.AioRpcError as exc:
-            raise PluginCallError(
-                f"NodeUnprepareResources on {driver}: {exc.code().name}: {exc.details()}"
-            ) from exc
+            raise PluginCallError(f"NodeUnprepareResources on {driver}: {exc.code().name}: {exc.details()}") from exc
         return {
-            uid: (
-                response.claims[uid].error
-                if uid in response.claims
-                else f"{driver} returned no result"
-            )
+            uid: (response.claims[uid].error if uid in response.claims else f"{driver} returned no result")
             for _, uid, _ in claims
         }

@@ -52,9 +52,7 @@ def run_seconds(pod: Obj) -> float | None:
         return None
     durations = []
     for container in spec.get("containers", []):
-        match = SLEEP_COMMAND.search(
-            " ".join(container.get("command", []) + container.get("args", []))
-        )
+        match = SLEEP_COMMAND.search(" ".join(container.get("command", []) + container.get("args", [])))
         if match is None:
             return None
         durations.append(float(match.group(1)))
@@ -114,9 +112,7 @@ class PodManager:
 
     async def _watch(self) -> None:
         path = path_for("v1", "pods")
-        async for kind, pod in self.client.watch(
-            path, {"fieldSelector": f"spec.nodeName={self.node.name}"}
-        ):
+        async for kind, pod in self.client.watch(path, {"fieldSelector": f"spec.nodeName={self.node.name}"}):
             self.observe(kind, pod)
 
     def observe(self, kind: str, pod: Obj) -> None:
@@ -132,9 +128,7 @@ class PodManager:
         ):
             self._workers[uid] = asyncio.create_task(self._run(uid), name=f"pod-{uid}")
         elif uid not in self._workers and pod["metadata"].get("deletionTimestamp"):
-            self._workers[uid] = asyncio.create_task(
-                self._finish_deletion(uid), name=f"pod-del-{uid}"
-            )
+            self._workers[uid] = asyncio.create_task(self._finish_deletion(uid), name=f"pod-del-{uid}")
 
     # --- helpers ---------------------------------------------------------------------
 
@@ -230,20 +224,15 @@ class PodManager:
         """The pod's ResourceClaims, each allocated and reserved for it."""
         meta = pod["metadata"]
         statuses = {
-            s["name"]: s.get("resourceClaimName")
-            for s in pod.get("status", {}).get("resourceClaimStatuses", [])
+            s["name"]: s.get("resourceClaimName") for s in pod.get("status", {}).get("resourceClaimStatuses", [])
         }
         claims = []
         for entry in pod["spec"].get("resourceClaims", []):
             name = entry.get("resourceClaimName") or statuses.get(entry["name"])
             if not name:
-                raise StartFailed(
-                    "ClaimNotReady", f"claim for {entry['name']} has not been created yet"
-                )
+                raise StartFailed("ClaimNotReady", f"claim for {entry['name']} has not been created yet")
             try:
-                claim = await self.client.get(
-                    path_for("resource.k8s.io/v1", "resourceclaims", name, meta["namespace"])
-                )
+                claim = await self.client.get(path_for("resource.k8s.io/v1", "resourceclaims", name, meta["namespace"]))
             except ApiError as exc:
                 raise StartFailed("ClaimNotReady", f"resourceclaim {name}: {exc.message}") from None
             reserved = {r.get("uid") for r in claim.get("status", {}).get("reservedFor", [])}
@@ -269,9 +258,7 @@ class PodManager:
             failed = False
             return env
         finally:
-            metrics.OPERATIONS.labels("PrepareResources", str(failed).lower()).observe(
-                time.perf_counter() - started
-            )
+            metrics.OPERATIONS.labels("PrepareResources", str(failed).lower()).observe(time.perf_counter() - started)
 
     async def _prepare_claims(self, pod_uid: str, claims: list[Obj]) -> None:
         by_driver: dict[str, list[Obj]] = {}
@@ -279,19 +266,14 @@ class PodManager:
             claim_uid = claim["metadata"]["uid"]
             if claim_uid in self.claims:
                 continue
-            drivers = sorted(
-                {r["driver"] for r in claim["status"]["allocation"]["devices"]["results"]}
-            )
+            drivers = sorted({r["driver"] for r in claim["status"]["allocation"]["devices"]["results"]})
             for driver in drivers:
                 by_driver.setdefault(driver, []).append(claim)
         answered: dict[str, set[str]] = {}
         devices: dict[str, list[PreparedDevice]] = {}
         errors: list[str] = []
         for driver, driver_claims in by_driver.items():
-            refs = [
-                (c["metadata"]["namespace"], c["metadata"]["uid"], c["metadata"]["name"])
-                for c in driver_claims
-            ]
+            refs = [(c["metadata"]["namespace"], c["metadata"]["uid"], c["metadata"]["name"]) for c in driver_claims]
             try:
                 results = await self.plugins.prepare(driver, refs)
             except PluginCallError as exc:
@@ -307,9 +289,7 @@ class PodManager:
         # others are asked again on the next attempt (prepare is idempotent).
         for claim in claims:
             meta = claim["metadata"]
-            drivers = sorted(
-                {r["driver"] for r in claim["status"]["allocation"]["devices"]["results"]}
-            )
+            drivers = sorted({r["driver"] for r in claim["status"]["allocation"]["devices"]["results"]})
             if meta["uid"] not in self.claims and answered.get(meta["uid"]) == set(drivers):
                 self.claims[meta["uid"]] = PreparedClaim(
                     meta["namespace"], meta["name"], meta["uid"], drivers, devices[meta["uid"]]
@@ -362,8 +342,7 @@ class PodManager:
             "podIPs": [{"ip": ip}],
             "startTime": stamp,
             "conditions": [
-                condition(k)
-                for k in ("PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready")
+                condition(k) for k in ("PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready")
             ],
             "containerStatuses": [
                 {
@@ -455,9 +434,7 @@ class PodManager:
             for claim in done:
                 self.claims.pop(claim.uid, None)
         if done or failed:
-            metrics.OPERATIONS.labels("UnprepareResources", str(failed).lower()).observe(
-                time.perf_counter() - started
-            )
+            metrics.OPERATIONS.labels("UnprepareResources", str(failed).lower()).observe(time.perf_counter() - started)
 
     async def _finish_deletion(self, uid: str) -> None:
         await self._release(uid)

@@ -22,9 +22,7 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:6]}"
 
 
-def request(
-    name: str, device_class: str, selector: str | None = None, **extra: Any
-) -> dict[str, Any]:
+def request(name: str, device_class: str, selector: str | None = None, **extra: Any) -> dict[str, Any]:
     exactly: dict[str, Any] = {"deviceClassName": device_class, **extra}
     if selector:
         exactly["selectors"] = [{"cel": {"expression": selector}}]
@@ -101,9 +99,7 @@ def wait_running(api: k8s.ApiClient, namespace: str, name: str, timeout_s: float
     core = k8s.CoreV1Api(api)
     try:
         return wait_for(
-            lambda: (
-                (p := core.read_namespaced_pod(name, namespace)).status.phase == "Running" and p
-            ),
+            lambda: (p := core.read_namespaced_pod(name, namespace)).status.phase == "Running" and p,
             timeout_s,
             f"pod {namespace}/{name} to run",
         )
@@ -139,9 +135,7 @@ def allocated_devices(api: k8s.ApiClient, namespace: str, claim_name: str) -> li
 
 
 def pod_claim_name(p: Any, pod_claim: str) -> str:
-    return next(
-        s.resource_claim_name for s in p.status.resource_claim_statuses if s.name == pod_claim
-    )
+    return next(s.resource_claim_name for s in p.status.resource_claim_statuses if s.name == pod_claim)
 
 
 def allocated_claim(
@@ -160,20 +154,14 @@ def allocated_claim(
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaim",
             "metadata": {"name": name},
-            "spec": {
-                "devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": GPU}}]}
-            },
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": GPU}}]}},
         },
     )
     if pool is not None:
         allocation: dict[str, Any] = {
-            "devices": {
-                "results": [{"request": "gpu", "driver": GPU, "pool": pool, "device": device}]
-            }
+            "devices": {"results": [{"request": "gpu", "driver": GPU, "pool": pool, "device": device}]}
         }
         if config:
             allocation["devices"]["config"] = config
-        resource.patch_namespaced_resource_claim_status(
-            name, namespace, {"status": {"allocation": allocation}}
-        )
+        resource.patch_namespaced_resource_claim_status(name, namespace, {"status": {"allocation": allocation}})
     return str(claim.metadata.uid)

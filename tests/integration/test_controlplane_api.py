@@ -47,8 +47,7 @@ def test_valid_cel_selector_is_accepted(kube_api: k8s.ApiClient) -> None:
     created = api.create_device_class(
         selfcheck.device_class(
             name,
-            "device.driver == 'gpu.example.com' && "
-            "device.attributes['gpu.example.com'].model == 'x'",
+            "device.driver == 'gpu.example.com' && device.attributes['gpu.example.com'].model == 'x'",
         )
     )
     try:

@@ -30,9 +30,7 @@ def _assert_nothing_left(records: list[processes.ProcessRecord], ports: list[int
     assert [p for p in ports if processes.accepting_connections(p)] == []
 
 
-def test_killed_run_is_cleared_and_teardown_leaves_nothing(
-    kube_binaries: Binaries, tmp_path: Path
-) -> None:
+def test_killed_run_is_cleared_and_teardown_leaves_nothing(kube_binaries: Binaries, tmp_path: Path) -> None:
     config = ControlPlaneConfig(name="lifecycle", state_dir=tmp_path / "c")
     first = cluster.up(config, binaries=kube_binaries)
     assert sorted(r.name for r in first.live_processes()) == sorted(cluster.STOP_ORDER)
@@ -56,16 +54,12 @@ def test_second_up_on_a_running_cluster_is_refused(control_plane: cluster.Cluste
     assert "already running" in str(info.value) and "testbed down" in str(info.value)
     assert len(control_plane.live_processes()) == 4
     assert (
-        cluster.http_status(
-            f"{control_plane.apiserver_url}/readyz", cluster.admin_ssl_context(control_plane.layout)
-        )
+        cluster.http_status(f"{control_plane.apiserver_url}/readyz", cluster.admin_ssl_context(control_plane.layout))
         == 200
     )
 
 
-def test_apiserver_port_in_use_is_refused_before_anything_starts(
-    kube_binaries: Binaries, tmp_path: Path
-) -> None:
+def test_apiserver_port_in_use_is_refused_before_anything_starts(kube_binaries: Binaries, tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

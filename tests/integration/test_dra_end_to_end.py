@@ -44,10 +44,21 @@ pytestmark = pytest.mark.controlplane
 
 @pytest.fixture
 def namespace(kube_api: k8s.ApiClient, fleet: Fleet) -> Iterator[str]:
+    """A namespace per test, gone (pods unprepared, claims deleted) before the next test."""
+    core = k8s.CoreV1Api(kube_api)
     name = unique("e2e")
-    k8s.CoreV1Api(kube_api).create_namespace({"metadata": {"name": name}})
+    core.create_namespace({"metadata": {"name": name}})
     yield name
-    k8s.CoreV1Api(kube_api).delete_namespace(name)
+    core.delete_namespace(name)
+
+    def gone() -> bool:
+        try:
+            core.read_namespace(name)
+        except ApiException as exc:
+            return exc.status == 404
+        return False
+
+    wait_for(gone, 120, f"namespace {name} to be deleted")
 
 
 def hardware_claims(fleet: Fleet, node: str) -> dict[str, list[str]]:
@@ -55,14 +66,10 @@ def hardware_claims(fleet: Fleet, node: str) -> dict[str, list[str]]:
     return result
 
 
-def test_gpu_claim_from_template_runs_and_is_released(
-    kube_api: k8s.ApiClient, fleet: Fleet, namespace: str
-) -> None:
+def test_gpu_claim_from_template_runs_and_is_released(kube_api: k8s.ApiClient, fleet: Fleet, namespace: str) -> None:
     core = k8s.CoreV1Api(kube_api)
     create_template(kube_api, namespace, "one-gpu", claim_spec(request("gpu", GPU)))
-    core.create_namespaced_pod(
-        namespace, pod("worker", {"gpu": {"resourceClaimTemplateName": "one-gpu"}})
-    )
+    core.create_namespaced_pod(namespace, pod("worker", {"gpu": {"resourceClaimTemplateName": "one-gpu"}}))
     running = wait_running(kube_api, namespace, "worker")
     node = running.spec.node_name
     claim = pod_claim_name(running, "gpu")
@@ -70,9 +77,7 @@ def test_gpu_claim_from_template_runs_and_is_released(
     env = container_env(running)["main"]
     assert env["DRA_TESTBED_CLAIM"] == f"{namespace}/{claim}"
     assert env[f"{device.device.upper().replace('-', '_')}_UUID"].startswith("GPU-")
-    claim_uid = (
-        k8s.ResourceV1Api(kube_api).read_namespaced_resource_claim(claim, namespace).metadata.uid
-    )
+    claim_uid = k8s.ResourceV1Api(kube_api).read_namespaced_resource_claim(claim, namespace).metadata.uid
     assert hardware_claims(fleet, node)[claim_uid] == [device.device]
     node_dir = Path(ray.get(fleet.host(node).node_dir.remote(node)))
     assert (node_dir / "cdi" / f"{GPU}-{claim_uid}.json").exists()
@@ -92,9 +97,7 @@ def test_gpu_claim_from_template_runs_and_is_released(
     wait_for(claim_deleted, 30, "the generated claim to be deleted (deallocated)")
 
 
-def test_claim_shared_by_two_containers_and_two_pods(
-    kube_api: k8s.ApiClient, fleet: Fleet, namespace: str
-) -> None:
+def test_claim_shared_by_two_containers_and_two_pods(kube_api: k8s.ApiClient, fleet: Fleet, namespace: str) -> None:
     core = k8s.CoreV1Api(kube_api)
     create_claim(kube_api, namespace, "shared", claim_spec(request("gpu", GPU)))
     for name in ("a", "b"):
@@ -110,9 +113,7 @@ def test_claim_shared_by_two_containers_and_two_pods(
     assert a.spec.node_name == b.spec.node_name
     envs = [container_env(p)[c] for p in (a, b) for c in ("one", "two")]
     assert all(e == envs[0] for e in envs), envs
-    claim_uid = (
-        k8s.ResourceV1Api(kube_api).read_namespaced_resource_claim("shared", namespace).metadata.uid
-    )
+    claim_uid = k8s.ResourceV1Api(kube_api).read_namespaced_resource_claim("shared", namespace).metadata.uid
     node = a.spec.node_name
 
     core.delete_namespaced_pod("a", namespace)
@@ -120,26 +121,18 @@ def test_claim_shared_by_two_containers_and_two_pods(
     assert claim_uid in hardware_claims(fleet, node), "still used by pod b"
     core.delete_namespaced_pod("b", namespace)
     wait_gone(kube_api, namespace, "b")
-    wait_for(
-        lambda: claim_uid not in hardware_claims(fleet, node), 30, "release after the last user"
-    )
+    wait_for(lambda: claim_uid not in hardware_claims(fleet, node), 30, "release after the last user")
 
 
-def test_partition_blocks_its_whole_gpu_until_released(
-    kube_api: k8s.ApiClient, fleet: Fleet, namespace: str
-) -> None:
+def test_partition_blocks_its_whole_gpu_until_released(kube_api: k8s.ApiClient, fleet: Fleet, namespace: str) -> None:
     core = k8s.CoreV1Api(kube_api)
     node = "tb-001"
     on_gpu0 = f"device.attributes['{GPU}'].index == 0"
     create_template(kube_api, namespace, "slice", claim_spec(request("part", PARTITION, on_gpu0)))
     create_template(kube_api, namespace, "whole", claim_spec(request("gpu", GPU, on_gpu0)))
-    core.create_namespaced_pod(
-        namespace, pod("partition", {"p": {"resourceClaimTemplateName": "slice"}}, node=node)
-    )
+    core.create_namespaced_pod(namespace, pod("partition", {"p": {"resourceClaimTemplateName": "slice"}}, node=node))
     wait_running(kube_api, namespace, "partition")
-    core.create_namespaced_pod(
-        namespace, pod("whole", {"g": {"resourceClaimTemplateName": "whole"}}, node=node)
-    )
+    core.create_namespaced_pod(namespace, pod("whole", {"g": {"resourceClaimTemplateName": "whole"}}, node=node))
     wait_for(
         lambda: any(r == "FailedScheduling" for r, _ in events(kube_api, namespace, "whole")),
         30,
@@ -152,9 +145,7 @@ def test_partition_blocks_its_whole_gpu_until_released(
     assert running.spec.node_name == node
 
 
-def test_gpu_and_nic_on_the_same_pcie_root(
-    kube_api: k8s.ApiClient, fleet: Fleet, namespace: str
-) -> None:
+def test_gpu_and_nic_on_the_same_pcie_root(kube_api: k8s.ApiClient, fleet: Fleet, namespace: str) -> None:
     core = k8s.CoreV1Api(kube_api)
     create_template(
         kube_api,
@@ -163,14 +154,10 @@ def test_gpu_and_nic_on_the_same_pcie_root(
         claim_spec(
             request("gpu", GPU),
             request("nic", NIC),
-            constraints=[
-                {"requests": ["gpu", "nic"], "matchAttribute": "resource.kubernetes.io/pcieRoot"}
-            ],
+            constraints=[{"requests": ["gpu", "nic"], "matchAttribute": "resource.kubernetes.io/pcieRoot"}],
         ),
     )
-    core.create_namespaced_pod(
-        namespace, pod("trainer", {"net": {"resourceClaimTemplateName": "aligned"}})
-    )
+    core.create_namespaced_pod(namespace, pod("trainer", {"net": {"resourceClaimTemplateName": "aligned"}}))
     running = wait_running(kube_api, namespace, "trainer")
     claim_name = pod_claim_name(running, "net")
     devices = {r.request: r.device for r in allocated_devices(kube_api, namespace, claim_name)}
@@ -189,9 +176,7 @@ def test_gpu_and_nic_on_the_same_pcie_root(
     assert status.network_data.ips and status.conditions[0].type == "Ready"
 
 
-def test_first_available_falls_back_to_what_fits(
-    kube_api: k8s.ApiClient, fleet: Fleet, namespace: str
-) -> None:
+def test_first_available_falls_back_to_what_fits(kube_api: k8s.ApiClient, fleet: Fleet, namespace: str) -> None:
     core = k8s.CoreV1Api(kube_api)
     spec = {
         "devices": {
@@ -212,46 +197,32 @@ def test_first_available_falls_back_to_what_fits(
         }
     }
     create_template(kube_api, namespace, "flexible", spec)
-    core.create_namespaced_pod(
-        namespace, pod("flex", {"gpu": {"resourceClaimTemplateName": "flexible"}})
-    )
+    core.create_namespaced_pod(namespace, pod("flex", {"gpu": {"resourceClaimTemplateName": "flexible"}}))
     running = wait_running(kube_api, namespace, "flex")
     [result] = allocated_devices(kube_api, namespace, pod_claim_name(running, "gpu"))
     assert result.request == "gpu/partition"
     assert any(k.endswith("_UUID") for k in container_env(running)["main"])
 
 
-def test_admin_access_reaches_a_device_in_use(
-    kube_api: k8s.ApiClient, fleet: Fleet, namespace: str
-) -> None:
+def test_admin_access_reaches_a_device_in_use(kube_api: k8s.ApiClient, fleet: Fleet, namespace: str) -> None:
     # A NIC, not a GPU: the 1.37 allocator still checks shared counters for admin-access
     # requests, so a partitionable GPU in use cannot be reached with admin access.
     core = k8s.CoreV1Api(kube_api)
-    core.patch_namespace(
-        namespace, {"metadata": {"labels": {"resource.kubernetes.io/admin-access": "true"}}}
-    )
+    core.patch_namespace(namespace, {"metadata": {"labels": {"resource.kubernetes.io/admin-access": "true"}}})
     node = "tb-000"
     on_nic1 = f"device.attributes['{NIC}'].index == 1"
     create_template(kube_api, namespace, "user", claim_spec(request("nic", NIC, on_nic1)))
-    create_template(
-        kube_api, namespace, "admin", claim_spec(request("nic", NIC, on_nic1, adminAccess=True))
-    )
-    core.create_namespaced_pod(
-        namespace, pod("user", {"nic": {"resourceClaimTemplateName": "user"}}, node=node)
-    )
+    create_template(kube_api, namespace, "admin", claim_spec(request("nic", NIC, on_nic1, adminAccess=True)))
+    core.create_namespaced_pod(namespace, pod("user", {"nic": {"resourceClaimTemplateName": "user"}}, node=node))
     wait_running(kube_api, namespace, "user")
-    core.create_namespaced_pod(
-        namespace, pod("monitor", {"nic": {"resourceClaimTemplateName": "admin"}}, node=node)
-    )
+    core.create_namespaced_pod(namespace, pod("monitor", {"nic": {"resourceClaimTemplateName": "admin"}}, node=node))
     monitor = wait_running(kube_api, namespace, "monitor")
     [result] = allocated_devices(kube_api, namespace, pod_claim_name(monitor, "nic"))
     assert result.device == "nic-1" and result.admin_access is True
     assert "NIC_1_IFNAME" in container_env(monitor)["main"]
 
 
-def test_bad_opaque_config_fails_that_claim_only(
-    kube_api: k8s.ApiClient, fleet: Fleet, namespace: str
-) -> None:
+def test_bad_opaque_config_fails_that_claim_only(kube_api: k8s.ApiClient, fleet: Fleet, namespace: str) -> None:
     core = k8s.CoreV1Api(kube_api)
 
     def gpu_config(sharing: dict[str, object]) -> list[object]:
@@ -273,27 +244,17 @@ def test_bad_opaque_config_fails_that_claim_only(
             config=gpu_config({"strategy": "TimeSlicing", "timeSlicing": {"interval": "Long"}}),
         ),
     )
-    core.create_namespaced_pod(
-        namespace, pod("broken", {"gpu": {"resourceClaimTemplateName": "broken"}})
-    )
+    core.create_namespaced_pod(namespace, pod("broken", {"gpu": {"resourceClaimTemplateName": "broken"}}))
     wait_for(
-        lambda: [
-            m
-            for r, m in events(kube_api, namespace, "broken")
-            if r == "FailedPrepareDynamicResources"
-        ],
+        lambda: [m for r, m in events(kube_api, namespace, "broken") if r == "FailedPrepareDynamicResources"],
         60,
         "a FailedPrepareDynamicResources event",
     )
-    [message] = {
-        m for r, m in events(kube_api, namespace, "broken") if r == "FailedPrepareDynamicResources"
-    }
+    [message] = {m for r, m in events(kube_api, namespace, "broken") if r == "FailedPrepareDynamicResources"}
     assert "invalid GpuConfig" in message and "sharing.strategy" in message
     assert core.read_namespaced_pod("broken", namespace).status.phase == "Pending"
 
-    core.create_namespaced_pod(
-        namespace, pod("good", {"gpu": {"resourceClaimTemplateName": "good"}})
-    )
+    core.create_namespaced_pod(namespace, pod("good", {"gpu": {"resourceClaimTemplateName": "good"}}))
     env = container_env(wait_running(kube_api, namespace, "good"))["main"]
     assert env["GPU_SHARING_STRATEGY"] == "TimeSlicing" and env["GPU_TIMESLICE_INTERVAL"] == "Long"
 
@@ -316,21 +277,12 @@ def test_job_running_sleep_2_succeeds_and_frees_its_device(
     }
     k8s.BatchV1Api(kube_api).create_namespaced_job(namespace, job)
     done = wait_for(
-        lambda: (
-            (
-                j := k8s.BatchV1Api(kube_api).read_namespaced_job("sleeper", namespace)
-            ).status.succeeded
-            and j
-        ),
+        lambda: (j := k8s.BatchV1Api(kube_api).read_namespaced_job("sleeper", namespace)).status.succeeded and j,
         90,
         "the job to succeed",
     )
     assert done.status.succeeded == 1
-    pods = (
-        k8s.CoreV1Api(kube_api)
-        .list_namespaced_pod(namespace, label_selector="job-name=sleeper")
-        .items
-    )
+    pods = k8s.CoreV1Api(kube_api).list_namespaced_pod(namespace, label_selector="job-name=sleeper").items
     node = pods[0].spec.node_name
     wait_for(lambda: not hardware_claims(fleet, node), 30, "the job's device to be released")
 
@@ -340,9 +292,7 @@ def test_nodehost_metrics_carry_the_kubelet_and_plugin_histograms(
 ) -> None:
     core = k8s.CoreV1Api(kube_api)
     create_template(kube_api, namespace, "one-gpu", claim_spec(request("gpu", GPU)))
-    core.create_namespaced_pod(
-        namespace, pod("measured", {"gpu": {"resourceClaimTemplateName": "one-gpu"}})
-    )
+    core.create_namespaced_pod(namespace, pod("measured", {"gpu": {"resourceClaimTemplateName": "one-gpu"}}))
     node = wait_running(kube_api, namespace, "measured").spec.node_name
     core.delete_namespaced_pod("measured", namespace)
     wait_gone(kube_api, namespace, "measured")
@@ -354,10 +304,7 @@ def test_nodehost_metrics_carry_the_kubelet_and_plugin_histograms(
         for s in families["dra_operations_duration_seconds"].samples
         if s.name.endswith("_count")
     }
-    assert (
-        kubelet[("PrepareResources", "false")] >= 1
-        and kubelet[("UnprepareResources", "false")] >= 1
-    )
+    assert kubelet[("PrepareResources", "false")] >= 1 and kubelet[("UnprepareResources", "false")] >= 1
     plugin = {
         (s.labels["driver_name"], s.labels["method_name"], s.labels["grpc_status_code"])
         for s in families["dra_grpc_operations_duration_seconds"].samples
@@ -376,9 +323,7 @@ def test_hardware_in_its_own_ray_actor_backs_a_driver(fleet: Fleet) -> None:
     async def scenario() -> None:
         _, devices, pools = await backend.inventory()
         assert len(devices) == 16 and len(pools) == 2
-        prepared = await backend.prepare(
-            "c1", ["gpu-0-1g5gb-0"], {"gpu-0-1g5gb-0": {"MODE": "x"}}, False
-        )
+        prepared = await backend.prepare("c1", ["gpu-0-1g5gb-0"], {"gpu-0-1g5gb-0": {"MODE": "x"}}, False)
         assert prepared[0].env["MODE"] == "x"
         with pytest.raises(HardwareError, match="overlaps"):
             await backend.prepare("c2", ["gpu-0"], {}, False)
@@ -387,19 +332,14 @@ def test_hardware_in_its_own_ray_actor_backs_a_driver(fleet: Fleet) -> None:
 
     try:
         asyncio.run(scenario())
-        uuids = [
-            ray.get(a.inventory.remote("hw-a"))[1][0].attributes["uuid"]
-            for a in (first, twin, other_seed)
-        ]
+        uuids = [ray.get(a.inventory.remote("hw-a"))[1][0].attributes["uuid"] for a in (first, twin, other_seed)]
         assert uuids[0] == uuids[1] != uuids[2], "deterministic from the seed"
     finally:
         for actor in (first, twin, other_seed):
             ray.kill(actor)
 
 
-def test_an_unresolvable_cdi_device_fails_the_pod_start(
-    kube_api: k8s.ApiClient, fleet: Fleet, namespace: str
-) -> None:
+def test_an_unresolvable_cdi_device_fails_the_pod_start(kube_api: k8s.ApiClient, fleet: Fleet, namespace: str) -> None:
     node, driver = "tb-001", "wrong-cdi.example.com"
     kubelet_dir = Path(ray.get(fleet.host(node).node_dir.remote(node))) / "kubelet"
     plugin = subprocess.Popen(
@@ -440,20 +380,13 @@ def test_an_unresolvable_cdi_device_fails_the_pod_start(
         )
         try:
             wait_for(
-                lambda: [
-                    m
-                    for r, m in events(kube_api, namespace, "victim")
-                    if "unresolvable CDI device" in m
-                ],
+                lambda: [m for r, m in events(kube_api, namespace, "victim") if "unresolvable CDI device" in m],
                 60,
                 "the container start to fail on the CDI device",
             )
         except AssertionError as exc:
             raise AssertionError(f"{exc}: events {events(kube_api, namespace, 'victim')}") from None
-        assert (
-            k8s.CoreV1Api(kube_api).read_namespaced_pod("victim", namespace).status.phase
-            == "Pending"
-        )
+        assert k8s.CoreV1Api(kube_api).read_namespaced_pod("victim", namespace).status.phase == "Pending"
     finally:
         plugin.terminate()
         plugin.wait(10)

@@ -81,11 +81,7 @@ class Harness:
         )
 
     async def prepare(self, *claims: tuple[str, str, str], version: str = "v1") -> Any:
-        pb2, grpc_mod = (
-            (dra_v1_pb2, dra_v1_pb2_grpc)
-            if version == "v1"
-            else (dra_v1beta1_pb2, dra_v1beta1_pb2_grpc)
-        )
+        pb2, grpc_mod = (dra_v1_pb2, dra_v1_pb2_grpc) if version == "v1" else (dra_v1beta1_pb2, dra_v1beta1_pb2_grpc)
         async with grpc.aio.insecure_channel(f"unix://{self.paths.dra_socket}") as channel:
             request = pb2.NodePrepareResourcesRequest(
                 claims=[pb2.Claim(namespace=ns, uid=uid, name=name) for ns, uid, name in claims]
@@ -95,13 +91,9 @@ class Harness:
     async def unprepare(self, *claims: tuple[str, str, str]) -> Any:
         async with grpc.aio.insecure_channel(f"unix://{self.paths.dra_socket}") as channel:
             request = dra_v1_pb2.NodeUnprepareResourcesRequest(
-                claims=[
-                    dra_v1_pb2.Claim(namespace=ns, uid=uid, name=name) for ns, uid, name in claims
-                ]
+                claims=[dra_v1_pb2.Claim(namespace=ns, uid=uid, name=name) for ns, uid, name in claims]
             )
-            return await dra_v1_pb2_grpc.DRAPluginStub(channel).NodeUnprepareResources(
-                request, timeout=45
-            )
+            return await dra_v1_pb2_grpc.DRAPluginStub(channel).NodeUnprepareResources(request, timeout=45)
 
 
 @asynccontextmanager
@@ -162,10 +154,7 @@ def test_each_bad_claim_gets_its_own_error_and_the_good_one_prepares(
             assert "on node(s) other-node, not on drv-node-a" in errors[elsewhere]
             assert [e for e in errors.values() if "deleted and created again" in e]
             assert [e for e in errors.values() if "does not exist" in e]
-            assert (
-                "unknown config kind 'TpuConfig'" in errors[bad_config]
-                and "GpuConfig" in errors[bad_config]
-            )
+            assert "unknown config kind 'TpuConfig'" in errors[bad_config] and "GpuConfig" in errors[bad_config]
             assert "without uid" in errors[""]
             assert h.hardware.claims() == {good: ["gpu-0"]}
             # the same request again: the same answer, from the checkpoint
@@ -173,13 +162,9 @@ def test_each_bad_claim_gets_its_own_error_and_the_good_one_prepares(
             assert again.claims[good] == response.claims[good]
             # v1beta1 serves the same claims
             beta = await h.prepare((namespace, good, "good"), version="v1beta1")
-            assert beta.claims[good].devices[0].cdi_device_ids == list(
-                response.claims[good].devices[0].cdi_device_ids
-            )
+            assert beta.claims[good].devices[0].cdi_device_ids == list(response.claims[good].devices[0].cdi_device_ids)
             # unprepare of an unknown claim succeeds; of the good one releases the device
-            result = await h.unprepare(
-                (namespace, str(uuid.uuid4()), "never-prepared"), (namespace, good, "good")
-            )
+            result = await h.unprepare((namespace, str(uuid.uuid4()), "never-prepared"), (namespace, good, "good"))
             assert all(entry.error == "" for entry in result.claims.values())
             assert h.hardware.claims() == {}
 
@@ -211,9 +196,7 @@ def test_a_damaged_checkpoint_is_set_aside_and_the_driver_keeps_serving(
             checkpoint.write_text(text.replace('"gpu-0"', '"gpu-1"'))
         async with running(control_plane.kubeconfig, short_tmp_path, node) as h:
             assert h.plugin.preparer.corruptions, "the driver reports what it found"
-            assert list(checkpoint.parent.glob("checkpoint.json.corrupt-*")), (
-                "the damaged file is kept"
-            )
+            assert list(checkpoint.parent.glob("checkpoint.json.corrupt-*")), "the damaged file is kept"
             response = await h.prepare((namespace, second, "second"))
             assert response.claims[second].error == ""
             assert json.loads(checkpoint.read_text())["claims"].keys() == {second}
@@ -245,9 +228,7 @@ def test_a_crash_between_started_and_completed_is_repaired_on_restart(
         assert interrupted in hardware.claims(), "the device is held by a prepare nobody finished"
         hardware.inject(latency_s=0)
         async with running(control_plane.kubeconfig, short_tmp_path, node, hardware=hardware) as h:
-            assert hardware.claims() == {done: ["gpu-0"]}, (
-                "repair released the half-prepared device"
-            )
+            assert hardware.claims() == {done: ["gpu-0"]}, "repair released the half-prepared device"
             assert set(json.loads(h.paths.checkpoint.read_text())["claims"]) == {done}
             retry = await h.prepare((namespace, interrupted, "interrupted"))
             assert retry.claims[interrupted].error == ""
@@ -277,9 +258,7 @@ def test_an_unhealthy_device_is_tainted_in_its_slice_and_streamed(
                 (health_v1alpha1_pb2, health_v1alpha1_pb2_grpc),
             ):
                 channel = grpc.aio.insecure_channel(f"unix://{h.paths.dra_socket}")
-                stream = grpc_mod.DRAResourceHealthStub(channel).NodeWatchResources(
-                    pb2.NodeWatchResourcesRequest()
-                )
+                stream = grpc_mod.DRAResourceHealthStub(channel).NodeWatchResources(pb2.NodeWatchResourcesRequest())
                 first = await stream.read()
                 assert {d.health for d in first.devices} == {pb2.HEALTHY}
                 streams.append((pb2, channel, stream))
@@ -289,15 +268,9 @@ def test_an_unhealthy_device_is_tainted_in_its_slice_and_streamed(
                 sick = {d.device.device_name for d in update.devices if d.health == pb2.UNHEALTHY}
                 assert sick == {
                     "gpu-0",
-                    *(
-                        n
-                        for n in {d.device.device_name for d in update.devices}
-                        if n.startswith("gpu-0-")
-                    ),
+                    *(n for n in {d.device.device_name for d in update.devices} if n.startswith("gpu-0-")),
                 }
-                assert "XID 79" in next(
-                    d.message for d in update.devices if d.device.device_name == "gpu-0"
-                )
+                assert "XID 79" in next(d.message for d in update.devices if d.device.device_name == "gpu-0")
                 assert update.devices[0].device.pool_name == node
                 stream.cancel()
                 await channel.close()
@@ -327,15 +300,11 @@ def test_registration_liveness_and_rolling_update_instances(
                 hardware=hardware,
                 liveness=True,
             ) as old,
-            running(
-                control_plane.kubeconfig, short_tmp_path, node, pod_uid="new-pod", hardware=hardware
-            ) as new,
+            running(control_plane.kubeconfig, short_tmp_path, node, pod_uid="new-pod", hardware=hardware) as new,
         ):
             assert old.paths.registration_socket.name == f"{GPU}-old-pod-reg.sock"
             assert new.paths.dra_socket.name == "dra-new-pod.sock"
-            async with grpc.aio.insecure_channel(
-                f"unix://{old.paths.registration_socket}"
-            ) as channel:
+            async with grpc.aio.insecure_channel(f"unix://{old.paths.registration_socket}") as channel:
                 info = await pluginregistration_pb2_grpc.RegistrationStub(channel).GetInfo(
                     pluginregistration_pb2.InfoRequest()
                 )
@@ -349,9 +318,7 @@ def test_registration_liveness_and_rolling_update_instances(
             assert (await old.prepare((namespace, claim, "rolling"))).claims[claim].error == ""
             assert (await new.unprepare((namespace, claim, "rolling"))).claims[claim].error == ""
             assert hardware.claims() == {}
-            async with grpc.aio.insecure_channel(
-                f"127.0.0.1:{old.plugin.liveness_port}"
-            ) as channel:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{old.plugin.liveness_port}") as channel:
                 health = health_pb2_grpc.HealthStub(channel)
                 ok = await health.Check(health_pb2.HealthCheckRequest())
                 assert ok.status == health_pb2.HealthCheckResponse.SERVING

@@ -27,9 +27,7 @@ def test_publication_is_idempotent_bumps_generation_and_removes_stale_slices(
         publisher = SlicePublisher(client, GPU, node)
 
         def specs():  # type: ignore[no-untyped-def]
-            return desired_slices(
-                GPU, node, hardware.devices(), hardware.pools(), hardware.health()
-            )
+            return desired_slices(GPU, node, hardware.devices(), hardware.pools(), hardware.health())
 
         try:
             assert await publisher.publish(specs())
@@ -44,15 +42,10 @@ def test_publication_is_idempotent_bumps_generation_and_removes_stale_slices(
             hardware.set_health("gpu-1", Health.UNHEALTHY, "overheating")
             assert await publisher.publish(specs())
             tainted = {
-                d["name"]
-                for s in await publisher.existing()
-                for d in s["spec"].get("devices", [])
-                if d.get("taints")
+                d["name"] for s in await publisher.existing() for d in s["spec"].get("devices", []) if d.get("taints")
             }
             assert "gpu-1" in tainted and "gpu-1-3g40gb-4" in tainted
-            assert not await publisher.publish(specs()), (
-                "the API's timeAdded on taints is not a change"
-            )
+            assert not await publisher.publish(specs()), "the API's timeAdded on taints is not a change"
 
             for gpu in range(1, 8):  # seven GPUs fall off the bus
                 hardware.lose_device(f"gpu-{gpu}")

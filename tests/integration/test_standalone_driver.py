@@ -54,9 +54,7 @@ def test_driver_process_registers_serves_and_stops_cleanly(
         client = KubeClient.from_kubeconfig(control_plane.kubeconfig)
         kubelet = FakeKubelet(client, NodeSpec(node), kubelet_dir, cdi_dir, watch_pods=False)
         await kubelet.start()
-        driver = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "testbed.driver.main", env=env
-        )
+        driver = await asyncio.create_subprocess_exec(sys.executable, "-m", "testbed.driver.main", env=env)
         try:
             for name in DRIVERS:
                 plugin = await kubelet.plugins.wait_for_driver(name, 30)
@@ -67,15 +65,11 @@ def test_driver_process_registers_serves_and_stops_cleanly(
                 while await slices(client) != set(DRIVERS):
                     await asyncio.sleep(0.1)
             async with grpc.aio.insecure_channel(f"127.0.0.1:{health_port}") as channel:
-                check = await health_pb2_grpc.HealthStub(channel).Check(
-                    health_pb2.HealthCheckRequest()
-                )
+                check = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
                 assert check.status == health_pb2.HealthCheckResponse.SERVING
             driver.send_signal(signal.SIGTERM)
             assert await asyncio.wait_for(driver.wait(), 15) == 0
-            assert not list((kubelet_dir / "plugins_registry").glob("*.sock")), (
-                "its sockets are gone"
-            )
+            assert not list((kubelet_dir / "plugins_registry").glob("*.sock")), "its sockets are gone"
             async with asyncio.timeout(30):  # the kubelet wipes a vanished driver's slices
                 while await slices(client):
                     await asyncio.sleep(0.1)

@@ -47,9 +47,7 @@ def test_override_dir_is_used_as_is(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     assert "TESTBED_KUBE_BIN_DIR" in found.source
 
 
-def test_override_dir_missing_a_binary_names_it(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def test_override_dir_missing_a_binary_names_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     _write_executables(tmp_path, ("etcd", "kube-apiserver"))
     monkeypatch.setenv("TESTBED_KUBE_BIN_DIR", str(tmp_path))
     with pytest.raises(TestbedError) as info:
@@ -128,9 +126,7 @@ def mirror_factory(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[
         mirror.close()
 
 
-def test_download_verifies_checksums_and_fills_the_cache(
-    isolated_cache: Path, mirror_factory
-) -> None:  # type: ignore[no-untyped-def]
+def test_download_verifies_checksums_and_fills_the_cache(isolated_cache: Path, mirror_factory) -> None:  # type: ignore[no-untyped-def]
     mirror_factory()
     found = binaries.ensure_binaries()
     assert "sha256 verified" in found.source
@@ -141,9 +137,7 @@ def test_download_verifies_checksums_and_fills_the_cache(
     assert again.directory == found.directory and again.source.startswith("cache")
 
 
-def test_a_tampered_download_is_refused_and_nothing_is_cached(
-    isolated_cache: Path, mirror_factory
-) -> None:  # type: ignore[no-untyped-def]
+def test_a_tampered_download_is_refused_and_nothing_is_cached(isolated_cache: Path, mirror_factory) -> None:  # type: ignore[no-untyped-def]
     mirror_factory(tamper=True)
     with pytest.raises(TestbedError) as info:
         binaries.ensure_binaries()

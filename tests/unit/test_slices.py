@@ -35,9 +35,7 @@ def test_standard_pcie_attributes_pair_gpu_and_nic() -> None:
     root = "resource.kubernetes.io/pcieRoot"
     assert gpu["gpu-3"]["attributes"][root] == nic["nic-3"]["attributes"][root]
     assert gpu["gpu-3"]["attributes"][root] != nic["nic-4"]["attributes"][root]
-    assert gpu["gpu-3"]["attributes"]["resource.kubernetes.io/pciBusID"]["string"].startswith(
-        "0000:"
-    )
+    assert gpu["gpu-3"]["attributes"]["resource.kubernetes.io/pciBusID"]["string"].startswith("0000:")
     assert gpu["gpu-0"]["attributes"]["driverVersion"] == {"version": "550.54.15"}
 
 
@@ -52,7 +50,5 @@ def test_plain_gpus_fit_one_slice_and_a_driver_sees_only_its_devices() -> None:
 def test_an_unhealthy_device_carries_a_noschedule_taint() -> None:
     sick = [DeviceHealth("gpu-2", Health.UNHEALTHY, "ECC errors", 0)]
     devices = {d["name"]: d for s in _slices("gpu8", GPU, sick) for d in s.devices}
-    assert devices["gpu-2"]["taints"] == [
-        {"key": UNHEALTHY_TAINT_KEY, "value": "true", "effect": "NoSchedule"}
-    ]
+    assert devices["gpu-2"]["taints"] == [{"key": UNHEALTHY_TAINT_KEY, "value": "true", "effect": "NoSchedule"}]
     assert "taints" not in devices["gpu-1"]

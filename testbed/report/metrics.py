@@ -1,0 +1,80 @@
+"""Prometheus text scraping and the little histogram arithmetic a report needs."""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+Labels = frozenset[tuple[str, str]]
+
+
+@dataclass
+class Scrape:
+    """One scrape: sample name -> labels -> value."""
+
+    samples: dict[str, dict[Labels, float]] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, text: str) -> Scrape:
+        scrape = cls()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                scrape.samples.setdefault(sample.name, {})[frozenset(sample.labels.items())] = sample.value
+        return scrape
+
+    def merge(self, other: Scrape) -> None:
+        """Add another scrape's values (several NodeHosts make one fleet)."""
+        for name, series in other.samples.items():
+            target = self.samples.setdefault(name, {})
+            for labels, value in series.items():
+                target[labels] = target.get(labels, 0.0) + value
+
+    def value(self, name: str, match: Mapping[str, str]) -> float:
+        return sum(v for labels, v in self.samples.get(name, {}).items() if set(match.items()) <= labels)
+
+    def buckets(self, name: str, match: Mapping[str, str]) -> dict[float, float]:
+        """Cumulative bucket counts (le -> count) of a histogram, summed over other labels."""
+        result: dict[float, float] = {}
+        for labels, value in self.samples.get(f"{name}_bucket", {}).items():
+            if set(match.items()) <= labels:
+                le = float(dict(labels)["le"])
+                result[le] = result.get(le, 0.0) + value
+        return result
+
+
+def quantile(q: float, before: Mapping[float, float], after: Mapping[float, float]) -> float | None:
+    """histogram_quantile over the increase between two scrapes (linear within a bucket)."""
+    bounds = sorted(after)
+    counts = [after[b] - before.get(b, 0.0) for b in bounds]
+    if not counts or counts[-1] <= 0:
+        return None
+    rank = q * counts[-1]
+    previous_bound, previous_count = 0.0, 0.0
+    for bound, count in zip(bounds, counts, strict=True):
+        if count >= rank:
+            if bound == float("inf"):
+                return previous_bound
+            width = count - previous_count
+            fraction = (rank - previous_count) / width if width else 1.0
+            return previous_bound + (bound - previous_bound) * fraction
+        previous_bound, previous_count = bound, count
+    return previous_bound
+
+
+async def scrape(session: aiohttp.ClientSession, url: str) -> Scrape:
+    insecure = ssl.create_default_context()
+    insecure.check_hostname = False
+    insecure.verify_mode = ssl.CERT_NONE
+    try:
+        async with session.get(
+            url,
+            ssl=insecure if url.startswith("https") else True,
+            timeout=aiohttp.ClientTimeout(total=10),
+        ) as response:
+            return Scrape.parse(await response.text())
+    except (aiohttp.ClientError, TimeoutError):
+        return Scrape()

@@ -1,0 +1,273 @@
+"""The run report: report.json (every figure), report.md (the summary), PNG plots."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any
+
+from testbed.report.metrics import Scrape, quantile
+from testbed.scenarios.runner import RunData
+
+GRPC_PREFIX = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/"
+
+
+def _percentiles(values: list[float]) -> dict[str, float | int | None]:
+    if not values:
+        return {"count": 0, "p50": None, "p90": None, "p99": None, "max": None}
+    ordered = sorted(values)
+
+    def at(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))], 4)
+
+    return {
+        "count": len(values),
+        "p50": at(0.5),
+        "p90": at(0.9),
+        "p99": at(0.99),
+        "max": round(ordered[-1], 4),
+    }
+
+
+def _p99(data: RunData, source: str, name: str, match: dict[str, str]) -> float | None:
+    before, after = data.before.get(source, Scrape()), data.after.get(source, Scrape())
+    value = quantile(0.99, before.buckets(name, match), after.buckets(name, match))
+    return None if value is None else round(value, 5)
+
+
+def build(data: RunData, leaks: dict[str, int], cluster: dict[str, Any]) -> dict[str, Any]:
+    phases = []
+    slo = data.scenario.slo_p99_seconds
+    for result in data.phases:
+        pods = [p for p in data.pods.values() if p.phase == result.name]
+        startup = [p.running - p.added for p in pods if p.running is not None]
+        duration = max(result.ended - result.started, 1e-9)
+        latency = _percentiles(startup)
+        phases.append(
+            {
+                "name": result.name,
+                "jobs": result.jobs,
+                "pods_expected": result.pods_expected,
+                "pods_running": result.pods_running,
+                "pods_succeeded": result.pods_succeeded,
+                "unschedulable": result.unschedulable,
+                "stalled": result.stalled,
+                "duration_s": round(duration, 2),
+                "pods_per_s": round(result.pods_running / duration, 3),
+                "pod_startup_s": latency,
+                "slo_p99_s": slo,
+                "slo_met": latency["p99"] is not None and latency["p99"] <= slo and not result.unschedulable,
+            }
+        )
+    claims = [allocated - added for added, allocated in data.claims.values() if allocated is not None]
+    duration = max(data.ended, 1e-9)
+    kcm_adds = data.after.get("kcm", Scrape()).value(
+        "workqueue_adds_total", {"name": "resource_claim"}
+    ) - data.before.get("kcm", Scrape()).value("workqueue_adds_total", {"name": "resource_claim"})
+    fleet_after = data.after.get("fleet", Scrape())
+    metrics = {
+        "kcm_resource_claim": {
+            "adds_total": kcm_adds,
+            "adds_per_s": round(kcm_adds / duration, 3),
+            "max_depth": max((d for _, _, d in data.timeline), default=0),
+            "work_duration_p99_s": _p99(data, "kcm", "workqueue_work_duration_seconds", {"name": "resource_claim"}),
+        },
+        "scheduler": {
+            "pod_scheduling_sli_duration_p99_s": _p99(
+                data, "scheduler", "scheduler_pod_scheduling_sli_duration_seconds", {}
+            ),
+            "scheduling_algorithm_duration_p99_s": _p99(
+                data, "scheduler", "scheduler_scheduling_algorithm_duration_seconds", {}
+            ),
+        },
+        "kubelet": {
+            "prepare_p99_s": _p99(
+                data,
+                "fleet",
+                "dra_operations_duration_seconds",
+                {"operation_name": "PrepareResources"},
+            ),
+            "unprepare_p99_s": _p99(
+                data,
+                "fleet",
+                "dra_operations_duration_seconds",
+                {"operation_name": "UnprepareResources"},
+            ),
+        },
+        "plugin": {
+            "NodePrepareResources_p99_s": _p99(
+                data,
+                "fleet",
+                "dra_grpc_operations_duration_seconds",
+                {"method_name": GRPC_PREFIX + "NodePrepareResources"},
+            ),
+            "NodeUnprepareResources_p99_s": _p99(
+                data,
+                "fleet",
+                "dra_grpc_operations_duration_seconds",
+                {"method_name": GRPC_PREFIX + "NodeUnprepareResources"},
+            ),
+        },
+    }
+    prepared_now = fleet_after.value("dra_testbed_prepared_claims", {})
+    leak_report = {**leaks, "claims_prepared_at_end": prepared_now}
+    leak_report["ok"] = not any(leak_report[k] for k in ("checkpoint_entries", "cdi_specs"))
+    verdict = (
+        "INTERRUPTED"
+        if data.interrupted
+        else "PASS"
+        if all(p["slo_met"] for p in phases) and leak_report["ok"]
+        else "FAIL"
+    )
+    return {
+        "scenario": data.scenario.name,
+        "description": data.scenario.description.strip(),
+        "namespace": data.namespace,
+        "cluster": cluster,
+        "started": dt.datetime.fromtimestamp(data.started_wall, dt.UTC).isoformat(timespec="seconds"),
+        "duration_s": round(data.ended, 2),
+        "devices": data.devices,
+        "verdict": verdict,
+        "phases": phases,
+        "claim_allocation_s": _percentiles(claims),
+        "metrics": metrics,
+        "leaks": leak_report,
+        "timeline": [{"t": round(t, 2), "running": r, "kcm_queue_depth": d} for t, r, d in data.timeline],
+    }
+
+
+def _fmt(value: Any, unit: str = "s") -> str:
+    if value is None:
+        return "n/a"
+    if unit == "s" and isinstance(value, float) and value < 1:
+        return f"{value * 1000:.1f} ms"
+    return f"{value:g} {unit}".strip() if isinstance(value, (int, float)) else str(value)
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = [
+        f"# {report['scenario']}: {report['verdict']}",
+        "",
+        report["description"],
+        "",
+        f"Started {report['started']}, {report['duration_s']} s, namespace `{report['namespace']}`. "
+        f"Cluster: {report['cluster']}.",
+        "",
+        "| phase | jobs | pods expected | ran | succeeded | unschedulable | pods/s "
+        "| startup p50 | p90 | p99 | SLO p99 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for p in report["phases"]:
+        lat = p["pod_startup_s"]
+        lines.append(
+            f"| {p['name']} | {p['jobs']} | {p['pods_expected']} | {p['pods_running']} | {p['pods_succeeded']} | "
+            f"{p['unschedulable']} | "
+            f"{p['pods_per_s']} | {_fmt(lat['p50'])} | {_fmt(lat['p90'])} | {_fmt(lat['p99'])} | "
+            f"{'met' if p['slo_met'] else 'MISSED'} (<= {p['slo_p99_s']} s) |"
+        )
+    m = report["metrics"]
+    claim = report["claim_allocation_s"]
+    lines += [
+        "",
+        f"ResourceClaim allocation: p50 {_fmt(claim['p50'])}, p99 {_fmt(claim['p99'])} ({claim['count']} claims).",
+        "",
+        "## What the cluster-admin guide says to watch",
+        "",
+        "| metric | value |",
+        "|---|---|",
+        f"| KCM `resource_claim` workqueue adds/s | {m['kcm_resource_claim']['adds_per_s']} |",
+        f"| KCM `resource_claim` max queue depth | {m['kcm_resource_claim']['max_depth']:g} |",
+        f"| KCM `resource_claim` work duration p99 | {_fmt(m['kcm_resource_claim']['work_duration_p99_s'])} |",
+        f"| scheduler pod scheduling SLI p99 | {_fmt(m['scheduler']['pod_scheduling_sli_duration_p99_s'])} |",
+        f"| scheduler algorithm duration p99 | {_fmt(m['scheduler']['scheduling_algorithm_duration_p99_s'])} |",
+        f"| kubelet `dra_operations_duration_seconds` Prepare p99 | {_fmt(m['kubelet']['prepare_p99_s'])} |",
+        f"| kubelet `dra_operations_duration_seconds` Unprepare p99 | {_fmt(m['kubelet']['unprepare_p99_s'])} |",
+        f"| plugin NodePrepareResources p99 | {_fmt(m['plugin']['NodePrepareResources_p99_s'])} |",
+        f"| plugin NodeUnprepareResources p99 | {_fmt(m['plugin']['NodeUnprepareResources_p99_s'])} |",
+        "",
+        "## Leak check",
+        "",
+    ]
+    leaks = report["leaks"]
+    lines.append(
+        f"{'clean' if leaks['ok'] else 'LEAKS'}: {leaks['checkpoint_entries']} checkpoint entries, "
+        f"{leaks['cdi_specs']} CDI specs, {leaks['claims_prepared_at_end']:g} claims prepared at the end."
+    )
+    lines += ["", "Plots: `latency_cdf.png`, `timeline.png`.", ""]
+    return "\n".join(lines)
+
+
+def plots(report: dict[str, Any], data: RunData, directory: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    figure, axis = plt.subplots(figsize=(7, 4))
+    for phase in report["phases"]:
+        values = sorted(
+            p.running - p.added for p in data.pods.values() if p.phase == phase["name"] and p.running is not None
+        )
+        if values:
+            axis.plot(values, [(i + 1) / len(values) for i in range(len(values))], label=phase["name"])
+    axis.axvline(data.scenario.slo_p99_seconds, color="red", linestyle="--", label="SLO")
+    axis.set_xlabel("pod startup (created -> Running), s")
+    axis.set_ylabel("fraction of pods")
+    axis.set_title(f"{report['scenario']}: pod startup latency")
+    axis.legend()
+    figure.tight_layout()
+    written.append(directory / "latency_cdf.png")
+    figure.savefig(written[-1], dpi=100)
+    plt.close(figure)
+
+    figure, axis = plt.subplots(figsize=(7, 4))
+    times = [t for t, _, _ in data.timeline]
+    axis.plot(times, [r for _, r, _ in data.timeline], label="pods running")
+    axis.set_xlabel("time, s")
+    axis.set_ylabel("pods running")
+    second = axis.twinx()
+    second.plot(
+        times,
+        [d for _, _, d in data.timeline],
+        color="orange",
+        label="KCM resource_claim queue depth",
+    )
+    second.set_ylabel("queue depth")
+    for phase in report["phases"]:
+        axis.axvline(
+            next(p.started for p in data.phases if p.name == phase["name"]),
+            color="grey",
+            linestyle=":",
+        )
+    axis.set_title(f"{report['scenario']}: timeline (dotted: phase starts)")
+    second.set_ylim(bottom=0)
+    axis.set_ylim(bottom=0)
+    figure.legend(loc="lower center", ncol=2)
+    figure.tight_layout(rect=(0, 0.08, 1, 1))
+    written.append(directory / "timeline.png")
+    figure.savefig(written[-1], dpi=100)
+    plt.close(figure)
+    return written
+
+
+def write(report: dict[str, Any], data: RunData, directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "report.json").write_text(json.dumps(report, indent=2))
+    (directory / "report.md").write_text(markdown(report))
+    plots(report, data, directory)
+    return directory
+
+
+def summary_lines(report: dict[str, Any]) -> list[str]:
+    lines = [f"{report['scenario']}: {report['verdict']} in {report['duration_s']} s"]
+    for p in report["phases"]:
+        lat = p["pod_startup_s"]
+        lines.append(
+            f"  {p['name']}: {p['pods_running']}/{p['pods_expected']} pods ran, {p['unschedulable']} unschedulable, "
+            f"startup p50 {_fmt(lat['p50'])} p99 {_fmt(lat['p99'])}, {p['pods_per_s']} pods/s, "
+            f"SLO {'met' if p['slo_met'] else 'MISSED'}"
+        )
+    lines.append(f"  leaks: {'none' if report['leaks']['ok'] else report['leaks']}")
+    return lines

@@ -1,0 +1,1 @@
+"""Workloads run against a testbed cluster: shipped YAML scenarios and their runner."""

@@ -1,0 +1,329 @@
+"""Run a scenario against a running testbed cluster and collect what the report needs.
+
+Everything happens in one namespace per run. Pod startup is timed as a watch sees it:
+from the pod's ADDED event to the first event that shows it Running. Claim allocation
+is timed from the claim's ADDED event to the first event with an allocation. A phase
+that stops making progress while pods stay unschedulable ends with those pods counted,
+so asking for more devices than exist reports instead of hanging.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
+from testbed.kubelet.node import SYNTHETIC_TOLERATION
+from testbed.report.metrics import Scrape, scrape
+from testbed.scenarios.spec import Phase, Scenario
+
+CLASS_KINDS = {
+    "gpu.dra-testbed.io": ("gpu.dra-testbed.io", "gpu"),
+    "gpu-partition.dra-testbed.io": ("gpu.dra-testbed.io", "partition"),
+    "nic.dra-testbed.io": ("nic.dra-testbed.io", "nic"),
+}
+
+
+@dataclass
+class PodRecord:
+    phase: str
+    added: float
+    running: float | None = None
+    finished: float | None = None
+    node: str = ""
+
+
+@dataclass
+class PhaseResult:
+    name: str
+    jobs: int
+    pods_expected: int
+    started: float
+    ended: float = 0.0
+    pods_running: int = 0
+    pods_succeeded: int = 0
+    unschedulable: int = 0
+    stalled: bool = False
+
+
+@dataclass
+class Endpoints:
+    kcm: str
+    scheduler: str
+    nodehosts: list[str]
+
+
+@dataclass
+class RunData:
+    scenario: Scenario
+    namespace: str
+    started_wall: float
+    started: float
+    devices: dict[str, int] = field(default_factory=dict)
+    phases: list[PhaseResult] = field(default_factory=list)
+    pods: dict[str, PodRecord] = field(default_factory=dict)
+    claims: dict[str, tuple[float, float | None]] = field(default_factory=dict)
+    timeline: list[tuple[float, int, float]] = field(default_factory=list)
+    """(seconds since start, pods running, KCM resource_claim queue depth)."""
+    before: dict[str, Scrape] = field(default_factory=dict)
+    after: dict[str, Scrape] = field(default_factory=dict)
+    interrupted: bool = False
+    ended: float = 0.0
+
+
+def count_devices(slices: list[Obj], device_class: str) -> int:
+    """Free-standing devices a class can get (untainted), from the published slices."""
+    if device_class not in CLASS_KINDS:
+        return 0
+    driver, kind = CLASS_KINDS[device_class]
+    total = 0
+    for item in slices:
+        if item["spec"]["driver"] != driver:
+            continue
+        for device in item["spec"].get("devices", []):
+            attributes = device.get("attributes", {})
+            if attributes.get("type", {}).get("string") == kind and not device.get("taints"):
+                total += 1
+    return total
+
+
+def job_manifest(name: str, phase: Phase, run_id: str) -> Obj:
+    command = ["sleep", f"{phase.run_seconds:g}"] if phase.run_seconds is not None else ["run-until-deleted"]
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": name,
+            "labels": {"dra-testbed.io/run": run_id, "dra-testbed.io/phase": phase.name},
+        },
+        "spec": {
+            "completions": phase.completions,
+            "parallelism": phase.parallelism,
+            "backoffLimit": 0,
+            "template": {
+                "metadata": {"labels": {"dra-testbed.io/run": run_id, "dra-testbed.io/phase": phase.name}},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "terminationGracePeriodSeconds": 0,
+                    "tolerations": [SYNTHETIC_TOLERATION],
+                    "resourceClaims": [{"name": "devices", "resourceClaimTemplateName": phase.name}],
+                    "containers": [
+                        {
+                            "name": "work",
+                            "image": "registry.invalid/dra-testbed-workload",
+                            "command": command,
+                            "resources": {"claims": [{"name": "devices"}]},
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+def claim_template(phase: Phase) -> Obj:
+    requests = []
+    for request in phase.requests:
+        exactly: dict[str, Any] = {"deviceClassName": request.device_class}
+        if request.selector:
+            exactly["selectors"] = [{"cel": {"expression": request.selector}}]
+        requests.append({"name": request.name, "exactly": exactly})
+    devices: dict[str, Any] = {"requests": requests}
+    if phase.constraints:
+        devices["constraints"] = phase.constraints
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": phase.name},
+        "spec": {"spec": {"devices": devices}},
+    }
+
+
+class Runner:
+    def __init__(self, client: KubeClient, scenario: Scenario, endpoints: Endpoints, progress: Any = None):
+        self.client = client
+        self.scenario = scenario
+        self.endpoints = endpoints
+        self.progress = progress
+        run_id = uuid.uuid4().hex[:6]
+        self.run_id = run_id
+        self.data = RunData(scenario, f"run-{scenario.name}-{run_id}", time.time(), time.monotonic())
+        self._changed = asyncio.Event()
+
+    def _say(self, message: str) -> None:
+        if self.progress is not None:
+            self.progress.step(message)
+
+    # --- observation ---------------------------------------------------------------
+
+    async def _watch_pods(self) -> None:
+        path = path_for("v1", "pods", namespace=self.data.namespace)
+        async for _, pod in self.client.watch(path):
+            now = time.monotonic()
+            uid = pod["metadata"]["uid"]
+            record = self.data.pods.get(uid)
+            if record is None:
+                phase = pod["metadata"].get("labels", {}).get("dra-testbed.io/phase", "")
+                record = self.data.pods[uid] = PodRecord(phase, now)
+            status = pod.get("status", {}).get("phase")
+            if status == "Running" and record.running is None:
+                record.running = now
+                record.node = pod["spec"].get("nodeName", "")
+            if status in ("Succeeded", "Failed") and record.finished is None:
+                record.finished = now
+                if record.running is None:
+                    record.running = now
+            self._changed.set()
+
+    async def _watch_claims(self) -> None:
+        path = path_for("resource.k8s.io/v1", "resourceclaims", namespace=self.data.namespace)
+        async for _, claim in self.client.watch(path):
+            uid = claim["metadata"]["uid"]
+            added, allocated = self.data.claims.get(uid, (time.monotonic(), None))
+            if allocated is None and claim.get("status", {}).get("allocation"):
+                allocated = time.monotonic()
+            self.data.claims[uid] = (added, allocated)
+
+    async def _sample(self, session: aiohttp.ClientSession) -> None:
+        while True:
+            kcm = await scrape(session, self.endpoints.kcm)
+            depth = kcm.value("workqueue_depth", {"name": "resource_claim"})
+            running = sum(1 for p in self.data.pods.values() if p.running is not None and p.finished is None)
+            self.data.timeline.append((time.monotonic() - self.data.started, running, depth))
+            await asyncio.sleep(1.0)
+
+    async def _scrape_all(self, session: aiohttp.ClientSession) -> dict[str, Scrape]:
+        result = {
+            "kcm": await scrape(session, self.endpoints.kcm),
+            "scheduler": await scrape(session, self.endpoints.scheduler),
+        }
+        fleet = Scrape()
+        for url in self.endpoints.nodehosts:
+            fleet.merge(await scrape(session, url))
+        result["fleet"] = fleet
+        return result
+
+    # --- phases --------------------------------------------------------------------
+
+    async def _devices(self) -> dict[str, int]:
+        listing = await self.client.get(path_for("resource.k8s.io/v1", "resourceslices"))
+        return {name: count_devices(listing["items"], name) for name in CLASS_KINDS}
+
+    def _jobs_for(self, phase: Phase, held: int) -> int:
+        if phase.jobs is not None:
+            return phase.jobs
+        available = self.data.devices.get(phase.requests[0].device_class, 0)
+        if phase.fraction is not None:
+            return math.floor(available * phase.fraction / phase.parallelism)
+        return max(0, (available - held) // phase.parallelism)
+
+    async def _run_phase(self, phase: Phase, held: int) -> PhaseResult:
+        jobs = self._jobs_for(phase, held)
+        expected = jobs * (phase.completions if phase.wait == "complete" else phase.parallelism)
+        result = PhaseResult(phase.name, jobs, expected, time.monotonic() - self.data.started)
+        self._say(f"phase {phase.name}: {jobs} Jobs at {phase.qps:g}/s")
+        await self.client.create(
+            path_for("resource.k8s.io/v1", "resourceclaimtemplates", namespace=self.data.namespace),
+            claim_template(phase),
+        )
+        jobs_path = path_for("batch/v1", "jobs", namespace=self.data.namespace)
+        begin = time.monotonic()
+        for i in range(jobs):
+            delay = begin + i / phase.qps - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await self.client.create(jobs_path, job_manifest(f"{phase.name}-{i}", phase, self.run_id))
+        await self._wait(phase, jobs, result)
+        result.ended = time.monotonic() - self.data.started
+        mine = [p for p in self.data.pods.values() if p.phase == phase.name]
+        result.pods_running = sum(1 for p in mine if p.running is not None)
+        result.pods_succeeded = sum(1 for p in mine if p.finished is not None)
+        result.unschedulable = sum(1 for p in mine if p.running is None)
+        return result
+
+    async def _wait(self, phase: Phase, jobs: int, result: PhaseResult) -> None:
+        if phase.wait == "none":
+            return
+        want = jobs * (phase.parallelism if phase.wait == "running" else phase.completions)
+        deadline = time.monotonic() + phase.timeout_seconds
+        last_progress, last_count = time.monotonic(), -1
+        while True:
+            mine = [p for p in self.data.pods.values() if p.phase == phase.name]
+            done = (
+                sum(1 for p in mine if p.running is not None)
+                if phase.wait == "running"
+                else sum(1 for p in mine if p.finished is not None)
+            )
+            if done >= want:
+                return
+            if done != last_count:
+                last_progress, last_count = time.monotonic(), done
+                if self.progress is not None:
+                    self.progress.update(f"phase {phase.name}: {done}/{want} pods {phase.wait}")
+            now = time.monotonic()
+            if now - last_progress > phase.stall_seconds or now > deadline:
+                result.stalled = True
+                self._say(f"phase {phase.name}: no progress for {phase.stall_seconds:.0f}s at {done}/{want}; moving on")
+                return
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), 1.0)
+
+    async def _clean_up(self) -> None:
+        """Delete the run's namespace and wait until its pods and claims are gone."""
+        ns = self.data.namespace
+        await self.client.delete_if_exists(path_for("v1", "namespaces", ns))
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                await self.client.get(path_for("v1", "namespaces", ns))
+            except ApiError as exc:
+                if exc.not_found:
+                    return
+            await asyncio.sleep(0.5)
+
+    async def run(self) -> RunData:
+        await self.client.create(path_for("v1", "namespaces"), {"metadata": {"name": self.data.namespace}})
+        self.data.devices = await self._devices()
+        async with aiohttp.ClientSession() as session:
+            self.data.before = await self._scrape_all(session)
+            tasks = [asyncio.create_task(t) for t in (self._watch_pods(), self._watch_claims(), self._sample(session))]
+            held = 0
+            try:
+                for phase in self.scenario.phases:
+                    result = await self._run_phase(phase, held)
+                    self.data.phases.append(result)
+                    if phase.run_seconds is None:  # long-running pods keep their devices
+                        held += result.pods_running
+            except (asyncio.CancelledError, KeyboardInterrupt):
+                self.data.interrupted = True
+                raise
+            finally:
+                self.data.ended = time.monotonic() - self.data.started
+                self.data.after = await self._scrape_all(session)
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                self._say(f"cleaning up namespace {self.data.namespace}")
+                await self._clean_up()
+        return self.data
+
+
+def nodes_dir_leaks(nodes_dir: Path) -> dict[str, int]:
+    """What a finished run must not leave on the synthetic nodes' disks."""
+    import json
+
+    entries = specs = 0
+    for checkpoint in nodes_dir.glob("*/kubelet/plugins/*/checkpoint.json"):
+        with contextlib.suppress(OSError, ValueError):
+            entries += len(json.loads(checkpoint.read_text()).get("claims", {}))
+    specs = sum(1 for _ in nodes_dir.glob("*/cdi/*.json"))
+    return {"checkpoint_entries": entries, "cdi_specs": specs}

@@ -1,0 +1,127 @@
+"""Scenario files: phases of Jobs that use DRA claims, as validated YAML.
+
+A phase creates Jobs at a rate (QPS), each Job's pods using one ResourceClaimTemplate.
+``devices`` says how many Jobs: a count, or a fraction of the cluster's matching devices
+(``fraction: 0.9``), or ``remaining`` (what earlier phases left free). Pods run for
+``runSeconds`` and succeed, or run until the scenario ends (``runSeconds: null``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+SHIPPED_DIR = Path(__file__).parent / "shipped"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class ClaimRequest(_Strict):
+    name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    device_class: str = Field(alias="deviceClass")
+    selector: str | None = None
+
+
+class Phase(_Strict):
+    name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=30)
+    jobs: int | None = Field(default=None, ge=0)
+    fraction: float | None = Field(default=None, gt=0, le=1)
+    remaining: bool = False
+    qps: float = Field(default=10.0, gt=0, le=1000)
+    completions: int = Field(default=1, ge=1)
+    parallelism: int = Field(default=1, ge=1)
+    run_seconds: float | None = Field(default=None, alias="runSeconds", ge=0)
+    requests: list[ClaimRequest] = Field(
+        default_factory=lambda: [ClaimRequest(name="gpu", deviceClass="gpu.dra-testbed.io")],
+        min_length=1,
+    )
+    constraints: list[dict[str, Any]] = Field(default_factory=list)
+    wait: Literal["running", "complete", "none"] = "running"
+    """What the phase waits for before the next one: its pods Running, its Jobs done, or nothing."""
+    timeout_seconds: float = Field(default=600, alias="timeoutSeconds", gt=0)
+    stall_seconds: float = Field(default=30, alias="stallSeconds", gt=0)
+    """End the phase (counting what never ran) after this long without progress."""
+
+    @model_validator(mode="after")
+    def _one_size(self) -> Phase:
+        given = [x for x in (self.jobs is not None, self.fraction is not None, self.remaining) if x]
+        if len(given) != 1:
+            raise ValueError("give exactly one of jobs, fraction or remaining")
+        return self
+
+
+class Cluster(_Strict):
+    """What `testbed run` starts when no cluster of that name is running."""
+
+    nodes: int = Field(default=4, ge=0)
+    profile: str = "gpu8"
+    nodes_per_host: int = Field(default=50, alias="nodesPerHost", ge=1)
+    kcm_qps: float = Field(default=75, alias="kcmQPS", gt=0)
+    kcm_burst: int = Field(default=150, alias="kcmBurst", ge=1)
+    scheduler_qps: float = Field(default=100, alias="schedulerQPS", gt=0)
+    scheduler_burst: int = Field(default=200, alias="schedulerBurst", ge=1)
+
+
+class Scenario(_Strict):
+    name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    description: str = ""
+    cluster: Cluster = Field(default_factory=Cluster)
+    slo_p99_seconds: float = Field(default=5.0, alias="sloP99Seconds", gt=0)
+    phases: list[Phase] = Field(min_length=1)
+
+
+class ScenarioError(ValueError):
+    pass
+
+
+def _explain(exc: ValidationError, source: str) -> str:
+    lines = [f"invalid scenario {source}:"]
+    for error in exc.errors():
+        location = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in error["loc"]).replace(".[", "[")
+        lines.append(f"  {location or '(top level)'}: {error['msg']}")
+    return "\n".join(lines)
+
+
+def shipped() -> list[str]:
+    return sorted(p.stem for p in SHIPPED_DIR.glob("*.yaml"))
+
+
+def load(name_or_path: str, overrides: dict[str, Any] | None = None) -> Scenario:
+    """A shipped scenario by name or a YAML file by path; ``overrides`` are dotted keys
+    (``cluster.nodes``, ``phases.0.qps``) applied before validation."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = SHIPPED_DIR / f"{name_or_path}.yaml"
+        if not path.exists():
+            raise ScenarioError(f"no scenario named {name_or_path!r}; shipped: {', '.join(shipped())}")
+    elif not path.exists():
+        raise ScenarioError(f"scenario file {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ScenarioError(f"{path} is not valid YAML: {exc}") from exc
+    for key, value in (overrides or {}).items():
+        _set(data, key, value, str(path))
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as exc:
+        raise ScenarioError(_explain(exc, str(path))) from None
+
+
+def _set(data: Any, dotted: str, value: Any, source: str) -> None:
+    parts = dotted.split(".")
+    target = data
+    for part in parts[:-1]:
+        target = target[int(part)] if isinstance(target, list) else target.setdefault(part, {})
+    last = parts[-1]
+    if isinstance(target, list):
+        target[int(last)] = value
+    elif isinstance(target, dict):
+        target[last] = value
+    else:
+        raise ScenarioError(f"{source}: cannot set {dotted}")

@@ -1,0 +1,71 @@
+"""Scenarios run on the session's fleet, and the reports they write."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from testbed.config import nodes_dir
+from testbed.controlplane.cluster import ClusterState
+from testbed.fleet.fleet import Fleet
+from testbed.kubeapi import KubeClient
+from testbed.report import report as reporting
+from testbed.scenarios import runner, spec
+
+pytestmark = pytest.mark.controlplane
+
+
+def _run(control_plane: ClusterState, fleet: Fleet, scenario: spec.Scenario) -> runner.RunData:
+    endpoints = runner.Endpoints(
+        kcm=f"https://127.0.0.1:{control_plane.ports.controller_manager}/metrics",
+        scheduler=f"https://127.0.0.1:{control_plane.ports.scheduler}/metrics",
+        nodehosts=fleet.metrics_urls(),
+    )
+
+    async def go() -> runner.RunData:
+        client = KubeClient.from_kubeconfig(control_plane.kubeconfig)
+        try:
+            return await runner.Runner(client, scenario, endpoints).run()
+        finally:
+            await client.close()
+
+    return asyncio.run(go())
+
+
+def test_smoke_passes_and_writes_a_complete_report(control_plane: ClusterState, fleet: Fleet, tmp_path: Path) -> None:
+    data = _run(control_plane, fleet, spec.load("smoke"))
+    leaks = runner.nodes_dir_leaks(nodes_dir(control_plane.root))
+    report = reporting.build(data, leaks, {"nodes": 2})
+    directory = reporting.write(report, data, tmp_path / "report")
+    assert report["verdict"] == "PASS", report["phases"]
+    assert [p["pods_running"] for p in report["phases"]] == [2, 2, 1]
+    assert all(p["pod_startup_s"]["p99"] < 5 for p in report["phases"])
+    assert report["claim_allocation_s"]["count"] == 5
+    assert report["leaks"] == {"checkpoint_entries": 0, "cdi_specs": 0, "claims_prepared_at_end": 0, "ok": True}
+    metrics = report["metrics"]
+    assert metrics["kcm_resource_claim"]["adds_total"] >= 5
+    assert metrics["scheduler"]["pod_scheduling_sli_duration_p99_s"] is not None
+    assert (
+        metrics["kubelet"]["prepare_p99_s"] is not None and metrics["plugin"]["NodePrepareResources_p99_s"] is not None
+    )
+    assert json.loads((directory / "report.json").read_text())["scenario"] == "smoke"
+    assert "| gpus | 2 |" in (directory / "report.md").read_text()
+    for plot in ("latency_cdf.png", "timeline.png"):
+        assert (directory / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_asking_for_more_devices_than_exist_reports_unschedulable_pods(
+    control_plane: ClusterState, fleet: Fleet
+) -> None:
+    greedy = spec.Scenario.model_validate(
+        {"name": "greedy", "phases": [{"name": "too-many", "jobs": 7, "qps": 50, "stallSeconds": 5}]}
+    )
+    data = _run(control_plane, fleet, greedy)  # the fleet has 2 nodes x 2 GPUs
+    [phase] = reporting.build(data, {"checkpoint_entries": 0, "cdi_specs": 0}, {})["phases"]
+    assert phase["pods_running"] <= 4 and phase["unschedulable"] >= 3 and phase["stalled"]
+    assert phase["pods_running"] + phase["unschedulable"] == 7
+    assert not phase["slo_met"]
+    assert data.ended < 60, "it reports; it does not hang"
