@@ -135,7 +135,8 @@ class DriverPlugin:
                 await self.publish_once()
                 self.published.set()
             except (ApiError, OSError) as exc:
-                log.warning("%s on %s: publishing slices failed (%s); retrying", self.driver, self.node, exc)
+                reason = str(exc) or type(exc).__name__  # a timeout has no message
+                log.warning("%s on %s: publishing slices failed (%s); retrying", self.driver, self.node, reason)
                 await asyncio.sleep(PUBLISH_RETRY_S)
                 continue
             except Exception:

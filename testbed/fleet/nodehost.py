@@ -18,6 +18,8 @@ from testbed.fleet.synthetic_node import SyntheticNode
 from testbed.kubeapi import KubeClient, path_for
 from testbed.metrics_server import MetricsServer
 
+START_CONCURRENCY = 8
+
 
 class NodeHost:
     def __init__(self, kubeconfig: str, nodes_dir: str, nodes: list[tuple[str, str]], seed: int = 0):
@@ -49,8 +51,15 @@ class NodeHost:
                 watch_pods=False,
             )
         self._pod_watch = asyncio.create_task(self._watch_pods(), name="nodehost-pods")
-        await asyncio.gather(*(node.start() for node in self.nodes.values()))
-        await asyncio.gather(*(node.wait_ready(ready_timeout_s) for node in self.nodes.values()))
+        # Bounded: a burst of every node at once makes etcd time out, and retries waste more.
+        gate = asyncio.Semaphore(START_CONCURRENCY)
+
+        async def bring_up(node: SyntheticNode) -> None:
+            async with gate:
+                await node.start()
+                await node.wait_ready(ready_timeout_s)
+
+        await asyncio.gather(*(bring_up(node) for node in self.nodes.values()))
         await self.metrics.start()
         return sorted(self.nodes)
 
