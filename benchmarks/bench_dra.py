@@ -34,7 +34,8 @@ from testbed.driver.plugin import DriverPlugin
 from testbed.driver.prepare import DriverPaths
 from testbed.environment import install_device_classes
 from testbed.fleet import raycluster
-from testbed.fleet.fleet import Fleet, FleetSpec
+from testbed.fleet.fleet import Fleet
+from testbed.fleet.spec import single_pool
 from testbed.grpcapi import dra_v1_pb2, dra_v1_pb2_grpc
 from testbed.kube import api_client
 from testbed.kubeapi import KubeClient
@@ -127,7 +128,7 @@ def pod_startup(state: cluster.ClusterState, pods: int) -> list[float]:
     try:
         raycluster.connect(address, state.name)
         fleet = Fleet(
-            FleetSpec(4, "gpu8", name_prefix="bench", nodes_per_host=4),
+            single_pool(4, "gpu8", nodes_per_host=4, prefix="bench"),
             state.kubeconfig,
             state.root,
         )

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from fake_devices.profiles import ProfileError, load_profile
@@ -24,7 +25,7 @@ from testbed import environment
 from testbed.controlplane import binaries as binaries_module
 from testbed.controlplane import cluster
 from testbed.errors import TestbedError
-from testbed.fleet.fleet import FleetSpec
+from testbed.fleet import spec as fleet_spec
 from testbed.progress import ConsoleProgress
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -44,11 +45,11 @@ def reports_errors(command: F) -> F:
         try:
             return command(*args, **kwargs)
         except TestbedError as exc:
-            stderr.print(f"[bold red]error:[/] {exc.message}")
+            stderr.print(f"[bold red]error:[/] {escape(exc.message)}")
             if exc.detail:
                 stderr.print(exc.detail.rstrip(), markup=False)
             if exc.hint:
-                stderr.print(f"[yellow]hint:[/] {exc.hint}")
+                stderr.print(f"[yellow]hint:[/] {escape(exc.hint)}")
             sys.exit(1)
         except KeyboardInterrupt:
             stderr.print("interrupted: everything this command started has been stopped")
@@ -110,6 +111,13 @@ def main() -> None:
     show_default=True,
     help="Synthetic nodes per NodeHost Ray actor.",
 )
+@click.option(
+    "--fleet",
+    "fleet_file",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="A fleet file: node pools (count, profile, labels, taints), nodes per host, Ray address.",
+)
 @reports_errors
 def up(
     name: str,
@@ -125,6 +133,7 @@ def up(
     nodes: int,
     profile: str,
     nodes_per_host: int,
+    fleet_file: Path | None,
 ) -> None:
     """Start a local control plane (and synthetic nodes); print the kubeconfig path last."""
     _interrupt_on_sigterm()
@@ -141,12 +150,16 @@ def up(
         extra_feature_gates=cfg.parse_feature_gates(feature_gates, "--feature-gates"),
     )
     fleet = None
-    if nodes:
-        try:
-            load_profile(profile)  # a bad profile fails before anything starts
-        except ProfileError as exc:
-            raise TestbedError(str(exc), hint="fix the profile or pick a shipped one") from None
-        fleet = FleetSpec(nodes, profile, nodes_per_host=nodes_per_host)
+    if fleet_file is not None and nodes:
+        raise TestbedError("give --fleet or --nodes, not both", hint="put every pool in the fleet file")
+    try:  # a bad fleet or profile fails before anything starts
+        if fleet_file is not None:
+            fleet = fleet_spec.load(fleet_file)
+        elif nodes:
+            load_profile(profile)
+            fleet = fleet_spec.single_pool(nodes, profile, nodes_per_host)
+    except (ProfileError, fleet_spec.FleetFileError) as exc:
+        raise TestbedError(str(exc), hint="fix the file, or pick a shipped profile (gpu8, h100x8, tiny)") from None
     state = environment.up(config, fleet, ConsoleProgress())
     click.echo(str(state.kubeconfig))
 

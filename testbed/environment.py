@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
-from dataclasses import asdict
 from pathlib import Path
 
 from testbed import config
@@ -19,7 +18,8 @@ from testbed.controlplane import cluster
 from testbed.controlplane.binaries import Binaries
 from testbed.driver import deviceclasses
 from testbed.fleet import raycluster
-from testbed.fleet.fleet import Fleet, FleetSpec
+from testbed.fleet.fleet import Fleet
+from testbed.fleet.spec import FleetFile
 from testbed.kubeapi import KubeClient
 from testbed.progress import Progress, SilentProgress
 
@@ -39,7 +39,7 @@ def install_device_classes(kubeconfig: Path) -> list[str]:
 
 def up(
     config: ControlPlaneConfig,
-    fleet: FleetSpec | None = None,
+    fleet: FleetFile | None = None,
     progress: Progress | None = None,
     binaries: Binaries | None = None,
 ) -> cluster.ClusterState:
@@ -56,12 +56,17 @@ def up(
         raise
 
 
-def start_fleet(state: cluster.ClusterState, spec: FleetSpec, progress: Progress) -> Fleet:
-    with progress.task("starting Ray on 127.0.0.1"):
-        record, address = raycluster.start_head(state.root, state.layout.log("ray"))
-    state.processes.insert(0, record)
+def start_fleet(state: cluster.ClusterState, spec: FleetFile, progress: Progress) -> Fleet:
+    if spec.ray.address:
+        address = spec.ray.address
+        raycluster.check_reachable(address)
+        progress.step(f"joining the Ray cluster at {address}")
+    else:
+        with progress.task("starting Ray on 127.0.0.1"):
+            record, address = raycluster.start_head(state.root, state.layout.log("ray"))
+        state.processes.insert(0, record)
     state.extras["ray_address"] = address
-    state.extras["fleet"] = asdict(spec)
+    state.extras["fleet"] = spec.model_dump(mode="json", by_alias=True)
     state.save()
     raycluster.connect(address, state.name)
     nodes = config.nodes_dir(state.root)

@@ -24,7 +24,8 @@ from testbed.controlplane import cluster
 from testbed.controlplane.binaries import Binaries, ensure_binaries
 from testbed.environment import install_device_classes
 from testbed.fleet import raycluster
-from testbed.fleet.fleet import Fleet, FleetSpec
+from testbed.fleet.fleet import Fleet
+from testbed.fleet.spec import single_pool
 from testbed.kube import api_client
 from testbed.progress import PrintProgress
 
@@ -83,7 +84,7 @@ def fleet(control_plane: cluster.ClusterState) -> Iterator[Fleet]:
     try:
         raycluster.connect(address, control_plane.name)
         running = Fleet(
-            FleetSpec(2, "tiny", name_prefix="tb", nodes_per_host=2),
+            single_pool(2, "tiny", nodes_per_host=2, prefix="tb"),
             control_plane.kubeconfig,
             control_plane.root,
         )

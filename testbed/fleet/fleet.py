@@ -2,32 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from testbed.errors import TestbedError
-from testbed.fleet.nodehost import NodeHost
+from testbed.fleet.nodehost import NodeHost, NodeRecipe
+from testbed.fleet.spec import FleetFile
 from testbed.progress import Progress, SilentProgress
-
-DEFAULT_NODES_PER_HOST = 50
-
-
-@dataclass(frozen=True)
-class FleetSpec:
-    count: int
-    profile: str
-    name_prefix: str = "node"
-    nodes_per_host: int = DEFAULT_NODES_PER_HOST
-    seed: int = 0
-
-    def node_names(self) -> list[str]:
-        width = max(3, len(str(self.count - 1)))
-        return [f"{self.name_prefix}-{i:0{width}d}" for i in range(self.count)]
 
 
 class Fleet:
-    def __init__(self, spec: FleetSpec, kubeconfig: Path, nodes_dir: Path, detached: bool = False):
+    def __init__(self, spec: FleetFile, kubeconfig: Path, nodes_dir: Path, detached: bool = False):
         """``nodes_dir``: where each node's directory tree (and sockets) goes."""
         self.spec = spec
         self.kubeconfig = kubeconfig
@@ -44,18 +29,20 @@ class Fleet:
         options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 10000}
         if self.detached:
             options["lifetime"] = "detached"
-        names = self.spec.node_names()
+        nodes = [
+            NodeRecipe(name, pool.profile, dict(pool.labels), [t.model_dump() for t in pool.taints])
+            for pool in self.spec.pools
+            for name in pool.node_names()
+        ]
+        names = [n.name for n in nodes]
         size = self.spec.nodes_per_host
-        groups = [names[i : i + size] for i in range(0, len(names), size)]
-        for index, group in enumerate(groups):
+        for index, start in enumerate(range(0, len(nodes), size)):
+            group = nodes[start : start + size]
             host = actor.options(name=f"nodehost-{index}", **options).remote(
-                str(self.kubeconfig),
-                str(self.nodes_dir),
-                [(n, self.spec.profile) for n in group],
-                self.spec.seed,
+                str(self.kubeconfig), str(self.nodes_dir), group, self.spec.seed
             )
             self.hosts.append(host)
-            self.host_of.update(dict.fromkeys(group, host))
+            self.host_of.update(dict.fromkeys((n.name for n in group), host))
         pending = {host.start.remote(timeout_s): host for host in self.hosts}
         ready = 0
         with progress.task(f"starting {len(names)} synthetic nodes on {len(self.hosts)} NodeHost actors"):
@@ -69,7 +56,8 @@ class Fleet:
                     raise TestbedError("a NodeHost failed to start its nodes", detail=str(exc)) from exc
                 pending.pop(done[0])
                 progress.update(f"{ready}/{len(names)} nodes ready")
-        progress.step(f"{ready} synthetic nodes ({self.spec.profile}) ready and publishing slices")
+        pools = ", ".join(f"{p.name}: {p.count} x {p.profile}" for p in self.spec.pools)
+        progress.step(f"{ready} synthetic nodes ({pools}) ready and publishing slices")
 
     def metrics_urls(self) -> list[str]:
         import ray

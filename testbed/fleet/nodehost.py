@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +22,18 @@ from testbed.metrics_server import MetricsServer
 START_CONCURRENCY = 8
 
 
+@dataclass(frozen=True)
+class NodeRecipe:
+    name: str
+    profile: str
+    labels: dict[str, str] = field(default_factory=dict)
+    taints: list[dict[str, str]] | None = None
+    """None: the default synthetic-node taint."""
+
+
 class NodeHost:
-    def __init__(self, kubeconfig: str, nodes_dir: str, nodes: list[tuple[str, str]], seed: int = 0):
-        """``nodes``: (node name, hardware profile name or path)."""
+    def __init__(self, kubeconfig: str, nodes_dir: str, nodes: list[NodeRecipe], seed: int = 0):
+        """``nodes``: what to run; profiles are shipped names or YAML paths."""
         logging.basicConfig(level=logging.WARNING)
         self.kubeconfig = Path(kubeconfig)
         self.nodes_dir = Path(nodes_dir)
@@ -39,15 +49,17 @@ class NodeHost:
         self.client = KubeClient.from_kubeconfig(self.kubeconfig)
         self.claims = ClaimCache(self.client)
         self.claims.start()
-        profiles = {p: load_profile(p) for _, p in self.node_specs}
-        for name, profile in self.node_specs:
-            self.nodes[name] = SyntheticNode(
-                name,
-                profiles[profile],
-                self.nodes_dir / name,
+        profiles = {recipe.profile: load_profile(recipe.profile) for recipe in self.node_specs}
+        for recipe in self.node_specs:
+            self.nodes[recipe.name] = SyntheticNode(
+                recipe.name,
+                profiles[recipe.profile],
+                self.nodes_dir / recipe.name,
                 self.client,
                 self.claims,
                 self.seed,
+                labels=recipe.labels,
+                taints=recipe.taints,
                 watch_pods=False,
             )
         self._pod_watch = asyncio.create_task(self._watch_pods(), name="nodehost-pods")

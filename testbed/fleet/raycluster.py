@@ -87,6 +87,19 @@ def start_head(cluster_root: Path, log_path: Path, num_cpus: int | None = None) 
     raise TestbedError("ray did not start within 60 s", detail=processes.log_tail(log_path))
 
 
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return
+    except (OSError, ValueError) as exc:
+        raise TestbedError(
+            f"the Ray cluster at {address} is not reachable ({exc})",
+            hint="check ray.address in the fleet file (host:port of the Ray head's GCS), or remove it "
+            "to start a local Ray on 127.0.0.1",
+        ) from None
+
+
 def connect(address: str, cluster_name: str) -> None:
     import ray
 

@@ -38,6 +38,7 @@ class SyntheticNode:
         seed: int = 0,
         labels: Mapping[str, str] | None = None,
         watch_pods: bool = True,
+        taints: list[dict[str, str]] | None = None,
     ):
         self.name = name
         self.root = root
@@ -46,7 +47,7 @@ class SyntheticNode:
         kubelet_dir, cdi_dir = root / "kubelet", root / "cdi"
         self.kubelet = FakeKubelet(
             client,
-            NodeSpec(name, labels={"dra-testbed.io/profile": profile.name, **(labels or {})}),
+            self._node_spec(name, profile.name, labels, taints),
             kubelet_dir,
             cdi_dir,
             watch_pods=watch_pods,
@@ -63,6 +64,15 @@ class SyntheticNode:
             )
             for driver in drivers_for(profile)
         ]
+
+    @staticmethod
+    def _node_spec(
+        name: str, profile: str, labels: Mapping[str, str] | None, taints: list[dict[str, str]] | None
+    ) -> NodeSpec:
+        spec = NodeSpec(name, labels={"dra-testbed.io/profile": profile, **(labels or {})})
+        if taints is not None:
+            spec.taints = [dict(t) for t in taints]
+        return spec
 
     async def start(self) -> None:
         await self.kubelet.start()  # the Node first: slices are owned by it

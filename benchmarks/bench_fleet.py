@@ -1,0 +1,118 @@
+"""Fleet scale: N synthetic nodes up (all Ready, all slices published), and their memory.
+
+    python benchmarks/bench_fleet.py [--nodes 1000] [--profile h100x8] [--nodes-per-host 50]
+
+Memory per node is the NodeHost actors' total RSS, less what the same number of empty
+NodeHosts take, divided by N (targets: <= 60 s for 1,000 h100x8 nodes; <= 2 MB per node
+beyond the Ray base). CPU seconds per component show what the start-up was waiting on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import ray
+
+from testbed.config import ControlPlaneConfig
+from testbed.controlplane import cluster
+from testbed.environment import install_device_classes, start_fleet
+from testbed.fleet.nodehost import NodeHost
+from testbed.fleet.spec import single_pool
+from testbed.progress import ConsoleProgress
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def processes_matching(fragment: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if fragment in (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def rss_mb(pids: list[int]) -> float:
+    total = 0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except OSError:
+            continue
+    return total / 1024
+
+
+def cpu_seconds(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, default=200)
+    parser.add_argument("--profile", default="h100x8")
+    parser.add_argument("--nodes-per-host", type=int, default=50)
+    args = parser.parse_args()
+    scratch = Path(tempfile.mkdtemp(prefix="tbf-"))
+    config = ControlPlaneConfig(name="bench-fleet", state_dir=scratch / "c")
+    state = cluster.up(config)
+    try:
+        install_device_classes(state.kubeconfig)
+        components = {r.name: r.pid for r in state.processes}
+        cpu_before = {name: cpu_seconds(pid) for name, pid in components.items()}
+        started = time.monotonic()
+        fleet = start_fleet(state, single_pool(args.nodes, args.profile, args.nodes_per_host), ConsoleProgress())
+        elapsed = time.monotonic() - started
+        cpu = {name: cpu_seconds(pid) - cpu_before.get(name, 0.0) for name, pid in components.items()}
+        hosts = processes_matching("ray::NodeHost")
+        hosts_rss = rss_mb(hosts)
+        empty = [
+            ray.remote(NodeHost).options(num_cpus=0).remote(str(state.kubeconfig), str(scratch), [])
+            for _ in fleet.hosts
+        ]
+        ray.get([e.metrics_port.remote() for e in empty])  # wait until they exist
+        empty_rss = rss_mb(processes_matching("ray::NodeHost")) - hosts_rss
+        ray_base = rss_mb(processes_matching("ray")) - hosts_rss - empty_rss
+        per_node = (hosts_rss - empty_rss) / args.nodes
+        print(
+            f"\nfleet benchmark: {args.nodes} x {args.profile}, {len(fleet.hosts)} NodeHosts "
+            f"({args.nodes_per_host} nodes each), {os.cpu_count()} cores"
+        )
+        print(
+            f"  all nodes Ready and slices published in {elapsed:.1f} s "
+            f"({args.nodes / elapsed:.1f} nodes/s); target for 1,000 h100x8: <= 60 s"
+        )
+        print(
+            f"  NodeHost RSS {hosts_rss:.0f} MB; the same number of empty NodeHosts {empty_rss:.0f} MB; "
+            f"other Ray processes {ray_base:.0f} MB"
+        )
+        print(f"  memory per synthetic node beyond the Ray base: {per_node:.2f} MB (target <= 2 MB)")
+        busiest = sorted(cpu.items(), key=lambda kv: -kv[1])
+        print("  CPU seconds during start-up: " + ", ".join(f"{n} {s:.1f}" for n, s in busiest))
+        for actor in empty:
+            ray.kill(actor)
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        from testbed import environment
+
+        environment.down(config)
+        shutil.rmtree(scratch, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,112 @@
+"""Fleet files: pools of synthetic nodes, as validated YAML.
+
+nodesPerHost: 50          # synthetic nodes per NodeHost Ray actor
+seed: 0                   # UUIDs, MACs and random faults derive from it
+ray: {address: null}      # null: a local Ray on 127.0.0.1; or host:port of a Ray cluster to join
+pools:
+  - name: gpu             # nodes gpu-000, gpu-001, ...
+    count: 100
+    profile: gpu8         # a shipped hardware profile or a YAML path
+    labels: {pool: gpu}
+    taints:               # default: dra-testbed.io/synthetic=true:NoSchedule
+      - {key: dra-testbed.io/synthetic, value: "true", effect: NoSchedule}
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from fake_devices.profiles import ProfileError, load_profile
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class Taint(_Strict):
+    key: str = Field(min_length=1, max_length=253)
+    value: str = Field(default="", max_length=63)
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
+
+
+def _default_taints() -> list[Taint]:
+    return [Taint(key="dra-testbed.io/synthetic", value="true", effect="NoSchedule")]
+
+
+class Pool(_Strict):
+    name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=40)
+    count: int = Field(ge=0, le=100_000)
+    profile: str = "gpu8"
+    labels: dict[str, str] = Field(default_factory=dict)
+    taints: list[Taint] = Field(default_factory=_default_taints)
+
+    @model_validator(mode="after")
+    def _profile_exists(self) -> Pool:
+        try:
+            load_profile(self.profile)
+        except ProfileError as exc:
+            raise ValueError(str(exc).replace("\n", " ")) from None
+        return self
+
+    def node_names(self) -> list[str]:
+        width = max(3, len(str(max(self.count - 1, 0))))
+        return [f"{self.name}-{i:0{width}d}" for i in range(self.count)]
+
+
+class RaySettings(_Strict):
+    address: str | None = Field(default=None, pattern=r"^[^:\s]+:[0-9]+$")
+
+
+class FleetFile(_Strict):
+    nodes_per_host: int = Field(default=50, alias="nodesPerHost", ge=1, le=10_000)
+    seed: int = 0
+    ray: RaySettings = Field(default_factory=RaySettings)
+    pools: list[Pool] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique_pools(self) -> FleetFile:
+        names = [p.name for p in self.pools]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"pool names must be unique; repeated: {', '.join(duplicates)}")
+        return self
+
+    @property
+    def count(self) -> int:
+        return sum(p.count for p in self.pools)
+
+
+class FleetFileError(ValueError):
+    pass
+
+
+def parse(text: str, source: str) -> FleetFile:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise FleetFileError(f"{source} is not valid YAML: {exc}") from exc
+    try:
+        return FleetFile.model_validate(data)
+    except ValidationError as exc:
+        lines = [f"invalid fleet file {source}:"]
+        for error in exc.errors():
+            location = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in error["loc"]).replace(".[", "[")
+            lines.append(f"  {location or '(top level)'}: {error['msg']}")
+        raise FleetFileError("\n".join(lines)) from None
+
+
+def load(path: Path) -> FleetFile:
+    if not path.exists():
+        raise FleetFileError(f"fleet file {path} does not exist")
+    return parse(path.read_text(), str(path))
+
+
+def single_pool(count: int, profile: str, nodes_per_host: int, prefix: str = "node") -> FleetFile:
+    """What `--nodes N --profile P` means."""
+    return FleetFile.model_validate(
+        {"nodesPerHost": nodes_per_host, "pools": [{"name": prefix, "count": count, "profile": profile}]}
+    )

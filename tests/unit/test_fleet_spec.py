@@ -1,0 +1,47 @@
+"""Fleet files: pools, defaults, and errors that name the field."""
+
+from pathlib import Path
+
+import pytest
+
+from testbed.fleet import spec
+
+EXAMPLE = Path(__file__).parents[2] / "examples" / "fleet.yaml"
+
+
+def test_the_example_fleet_file_is_valid() -> None:
+    fleet = spec.load(EXAMPLE)
+    assert fleet.count == 8 and [p.profile for p in fleet.pools] == ["gpu8", "h100x8"]
+    assert fleet.pools[1].node_names() == ["train-000", "train-001"]
+    assert fleet.ray.address is None
+
+
+def test_defaults_keep_ordinary_workloads_off_synthetic_nodes() -> None:
+    fleet = spec.parse("pools: [{name: a, count: 1}]", "f.yaml")
+    [taint] = fleet.pools[0].taints
+    assert (taint.key, taint.effect) == ("dra-testbed.io/synthetic", "NoSchedule")
+    assert fleet.nodes_per_host == 50 and fleet.pools[0].profile == "gpu8"
+    assert spec.single_pool(3, "tiny", 2).pools[0].node_names() == ["node-000", "node-001", "node-002"]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("pools: []", r"pools: List should have at least 1 item"),
+        ("pools: [{name: a, count: -2}]", r"pools\[0\]\.count: Input should be greater than or equal to 0"),
+        ("pools: [{name: a, count: 1, profile: h200x9}]", r"pools\[0\]: .*no hardware profile named 'h200x9'"),
+        ("pools: [{name: a, count: 1}, {name: a, count: 2}]", r"pool names must be unique; repeated: a"),
+        ("pools: [{name: a, count: 1, taints: [{key: k, effect: Sometimes}]}]", r"pools\[0\]\.taints\[0\]\.effect"),
+        ("ray: {address: somewhere}\npools: [{name: a, count: 1}]", r"ray\.address: String should match"),
+        ("nodesPerHost: 0\npools: [{name: a, count: 1}]", r"nodesPerHost: Input should be greater than or equal to 1"),
+        ("pools: [{name: a, count: 1, colour: red}]", r"pools\[0\]\.colour: Extra inputs are not permitted"),
+    ],
+)
+def test_errors_name_the_field(text: str, message: str) -> None:
+    with pytest.raises(spec.FleetFileError, match=message):
+        spec.parse(text, "fleet.yaml")
+
+
+def test_a_missing_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(spec.FleetFileError, match="does not exist"):
+        spec.load(tmp_path / "nope.yaml")
