@@ -12,6 +12,7 @@ PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 PYTEST_ARGS ?=
 RUNS ?= 5
+FLEET_NODES ?= 1000
 
 .PHONY: install binaries e2e test unit bench lint format protos clean clean-binaries
 
@@ -40,6 +41,7 @@ unit: $(INSTALLED)
 bench: install
 	$(PY) benchmarks/bench_controlplane.py --runs $(RUNS) $(if $(COLD),--cold,)
 	$(PY) benchmarks/bench_dra.py
+	$(PY) benchmarks/bench_fleet.py --nodes $(FLEET_NODES) --profile h100x8 --nodes-per-host 100
 
 lint: $(INSTALLED)
 	$(VENV)/bin/ruff check .

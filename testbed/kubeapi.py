@@ -11,6 +11,7 @@ import asyncio
 import base64
 import json
 import os
+import random
 import ssl
 import tempfile
 from collections.abc import AsyncIterator, Mapping
@@ -24,6 +25,11 @@ import yaml
 Obj = dict[str, Any]
 
 IN_CLUSTER_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+RETRIABLE_STATUS = {429, 500, 502, 503, 504}
+RETRY_ATTEMPTS = 8
+RETRY_FIRST_DELAY_S = 0.2
+RETRY_MAX_DELAY_S = 5.0
 
 PATCH_TYPES = {
     "merge": "application/merge-patch+json",
@@ -165,6 +171,32 @@ class KubeClient:
         params: Mapping[str, str] | None = None,
         content_type: str = "application/json",
         timeout_s: float = 30.0,
+        attempts: int = RETRY_ATTEMPTS,
+    ) -> Obj:
+        """One call, retried with backoff while the server is overloaded (429, 5xx, timeouts),
+        as client-go does. A retried create may answer 409: callers treat that as done."""
+        delay = RETRY_FIRST_DELAY_S
+        for attempt in range(1, attempts + 1):
+            try:
+                return await self._request_once(method, path, body, params, content_type, timeout_s)
+            except ApiError as exc:
+                if exc.status not in RETRIABLE_STATUS or attempt == attempts:
+                    raise
+            except (TimeoutError, aiohttp.ClientConnectionError):
+                if attempt == attempts:
+                    raise
+            await asyncio.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, RETRY_MAX_DELAY_S)
+        raise AssertionError("unreachable")
+
+    async def _request_once(
+        self,
+        method: str,
+        path: str,
+        body: Obj | list[Obj] | None,
+        params: Mapping[str, str] | None,
+        content_type: str,
+        timeout_s: float,
     ) -> Obj:
         data = None if body is None else json.dumps(body)
         headers = {"Content-Type": content_type} if body is not None else None

@@ -10,6 +10,9 @@ from testbed.fleet.nodehost import NodeHost, NodeRecipe
 from testbed.fleet.spec import FleetFile
 from testbed.progress import Progress, SilentProgress
 
+FLEET_START_CONCURRENCY = 24
+"""Synthetic nodes started at once across all hosts: on 2 cores more makes etcd time out."""
+
 
 class Fleet:
     def __init__(self, spec: FleetFile, kubeconfig: Path, nodes_dir: Path, detached: bool = False):
@@ -21,7 +24,7 @@ class Fleet:
         self.hosts: list[Any] = []
         self.host_of: dict[str, Any] = {}
 
-    def start(self, progress: Progress | None = None, timeout_s: float = 300.0) -> None:
+    def start(self, progress: Progress | None = None, timeout_s: float = 900.0) -> None:
         import ray
 
         progress = progress or SilentProgress()
@@ -43,7 +46,9 @@ class Fleet:
             )
             self.hosts.append(host)
             self.host_of.update(dict.fromkeys((n.name for n in group), host))
-        pending = {host.start.remote(timeout_s): host for host in self.hosts}
+        # Total start concurrency is what the control plane can absorb, not per host.
+        concurrency = max(1, FLEET_START_CONCURRENCY // max(1, len(self.hosts)))
+        pending = {host.start.remote(timeout_s, concurrency): host for host in self.hosts}
         ready = 0
         with progress.task(f"starting {len(names)} synthetic nodes on {len(self.hosts)} NodeHost actors"):
             while pending:

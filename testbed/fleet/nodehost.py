@@ -20,6 +20,7 @@ from testbed.kubeapi import KubeClient, path_for
 from testbed.metrics_server import MetricsServer
 
 START_CONCURRENCY = 8
+"""Nodes a host brings up at once; the fleet lowers it when there are many hosts."""
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ class NodeHost:
         self.metrics = MetricsServer()
         self._pod_watch: asyncio.Task[None] | None = None
 
-    async def start(self, ready_timeout_s: float = 120.0) -> list[str]:
+    async def start(self, ready_timeout_s: float = 300.0, concurrency: int = START_CONCURRENCY) -> list[str]:
         self.client = KubeClient.from_kubeconfig(self.kubeconfig)
         self.claims = ClaimCache(self.client)
         self.claims.start()
@@ -64,7 +65,7 @@ class NodeHost:
             )
         self._pod_watch = asyncio.create_task(self._watch_pods(), name="nodehost-pods")
         # Bounded: a burst of every node at once makes etcd time out, and retries waste more.
-        gate = asyncio.Semaphore(START_CONCURRENCY)
+        gate = asyncio.Semaphore(concurrency)
 
         async def bring_up(node: SyntheticNode) -> None:
             async with gate:

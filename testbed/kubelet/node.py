@@ -11,6 +11,7 @@ import asyncio
 import datetime as dt
 import hashlib
 import logging
+import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -164,17 +165,25 @@ class NodeAgent:
             if not exc.not_found:
                 raise
             owner = {"apiVersion": "v1", "kind": "Node", "name": self.spec.name, "uid": self.uid}
-            await self.client.create(
-                path_for("coordination.k8s.io/v1", "leases", namespace="kube-node-lease"),
-                {
-                    "apiVersion": "coordination.k8s.io/v1",
-                    "kind": "Lease",
-                    "metadata": {"name": self.spec.name, "ownerReferences": [owner]},
-                    "spec": spec,
-                },
-            )
+            lease = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": self.spec.name, "ownerReferences": [owner]},
+                "spec": spec,
+            }
+            try:
+                await self.client.create(
+                    path_for("coordination.k8s.io/v1", "leases", namespace="kube-node-lease"), lease
+                )
+            except ApiError as conflict:
+                if not conflict.conflict:  # a retried create that had landed: done
+                    raise
 
-    def start(self, first_delay_s: float = LEASE_RENEW_S) -> None:
+    def start(self, first_delay_s: float | None = None) -> None:
+        """Renew every 10 s. The first renewal is spread over that interval, so a fleet's
+        nodes do not all renew in the same instant."""
+        if first_delay_s is None:
+            first_delay_s = random.uniform(0.5, LEASE_RENEW_S)
         self._task = asyncio.create_task(self._renew_forever(first_delay_s), name=f"lease-{self.spec.name}")
 
     async def _renew_forever(self, delay_s: float) -> None:
