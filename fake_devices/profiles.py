@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from fake_devices.specfiles import SpecFileError, parse_yaml, validate
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
 
@@ -75,29 +76,16 @@ class HardwareProfile(Strict):
         return self.nics.count if self.nics else 0
 
 
-class ProfileError(ValueError):
+class ProfileError(SpecFileError):
     pass
-
-
-def _describe(exc: ValidationError, source: str) -> str:
-    lines = [f"invalid hardware profile {source}:"]
-    for error in exc.errors():
-        location = ".".join(f"[{part}]" if isinstance(part, int) else str(part) for part in error["loc"]).replace(
-            ".[", "["
-        )
-        lines.append(f"  {location or '(top level)'}: {error['msg']}")
-    return "\n".join(lines)
 
 
 def parse_profile(text: str, source: str) -> HardwareProfile:
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ProfileError(f"{source} is not valid YAML: {exc}") from exc
-    try:
-        return HardwareProfile.model_validate(data)
-    except ValidationError as exc:
-        raise ProfileError(_describe(exc, source)) from exc
+        data = parse_yaml(text, source)
+    except SpecFileError as exc:
+        raise ProfileError(str(exc)) from None
+    return validate(HardwareProfile, data, "hardware profile", source, ProfileError)
 
 
 def shipped_profiles() -> list[str]:

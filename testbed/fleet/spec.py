@@ -17,10 +17,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fake_devices.profiles import ProfileError, load_profile
+from fake_devices.specfiles import SpecFileError, parse_yaml, validate
 
 
 class _Strict(BaseModel):
@@ -80,23 +80,16 @@ class FleetFile(_Strict):
         return sum(p.count for p in self.pools)
 
 
-class FleetFileError(ValueError):
+class FleetFileError(SpecFileError):
     pass
 
 
 def parse(text: str, source: str) -> FleetFile:
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise FleetFileError(f"{source} is not valid YAML: {exc}") from exc
-    try:
-        return FleetFile.model_validate(data)
-    except ValidationError as exc:
-        lines = [f"invalid fleet file {source}:"]
-        for error in exc.errors():
-            location = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in error["loc"]).replace(".[", "[")
-            lines.append(f"  {location or '(top level)'}: {error['msg']}")
-        raise FleetFileError("\n".join(lines)) from None
+        data = parse_yaml(text, source)
+    except SpecFileError as exc:
+        raise FleetFileError(str(exc)) from None
+    return validate(FleetFile, data, "fleet file", source, FleetFileError)
 
 
 def load(path: Path) -> FleetFile:

@@ -229,6 +229,7 @@ class Runner:
         jobs = self._jobs_for(phase, held)
         expected = jobs * (phase.completions if phase.wait == "complete" else phase.parallelism)
         result = PhaseResult(phase.name, jobs, expected, time.monotonic() - self.data.started)
+        self.data.phases.append(result)  # recorded now, so an interrupted run still reports it
         self._say(f"phase {phase.name}: {jobs} Jobs at {phase.qps:g}/s")
         await self.client.create(
             path_for("resource.k8s.io/v1", "resourceclaimtemplates", namespace=self.data.namespace),
@@ -242,12 +243,15 @@ class Runner:
                 await asyncio.sleep(delay)
             await self.client.create(jobs_path, job_manifest(f"{phase.name}-{i}", phase, self.run_id))
         await self._wait(phase, jobs, result)
+        self._settle(result)
+        return result
+
+    def _settle(self, result: PhaseResult) -> None:
         result.ended = time.monotonic() - self.data.started
-        mine = [p for p in self.data.pods.values() if p.phase == phase.name]
+        mine = [p for p in self.data.pods.values() if p.phase == result.name]
         result.pods_running = sum(1 for p in mine if p.running is not None)
         result.pods_succeeded = sum(1 for p in mine if p.finished is not None)
         result.unschedulable = sum(1 for p in mine if p.running is None)
-        return result
 
     async def _wait(self, phase: Phase, jobs: int, result: PhaseResult) -> None:
         if phase.wait == "none":
@@ -300,11 +304,12 @@ class Runner:
             try:
                 for phase in self.scenario.phases:
                     result = await self._run_phase(phase, held)
-                    self.data.phases.append(result)
                     if phase.run_seconds is None:  # long-running pods keep their devices
                         held += result.pods_running
             except (asyncio.CancelledError, KeyboardInterrupt):
                 self.data.interrupted = True
+                if self.data.phases and not self.data.phases[-1].ended:
+                    self._settle(self.data.phases[-1])
                 raise
             finally:
                 self.data.ended = time.monotonic() - self.data.started

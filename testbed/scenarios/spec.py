@@ -11,8 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from fake_devices.specfiles import SpecFileError, parse_yaml, validate
 
 SHIPPED_DIR = Path(__file__).parent / "shipped"
 
@@ -75,16 +76,8 @@ class Scenario(_Strict):
     phases: list[Phase] = Field(min_length=1)
 
 
-class ScenarioError(ValueError):
+class ScenarioError(SpecFileError):
     pass
-
-
-def _explain(exc: ValidationError, source: str) -> str:
-    lines = [f"invalid scenario {source}:"]
-    for error in exc.errors():
-        location = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in error["loc"]).replace(".[", "[")
-        lines.append(f"  {location or '(top level)'}: {error['msg']}")
-    return "\n".join(lines)
 
 
 def shipped() -> list[str]:
@@ -102,15 +95,12 @@ def load(name_or_path: str, overrides: dict[str, Any] | None = None) -> Scenario
     elif not path.exists():
         raise ScenarioError(f"scenario file {path} does not exist")
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ScenarioError(f"{path} is not valid YAML: {exc}") from exc
+        data = parse_yaml(path.read_text(), str(path))
+    except SpecFileError as exc:
+        raise ScenarioError(str(exc)) from None
     for key, value in (overrides or {}).items():
         _set(data, key, value, str(path))
-    try:
-        return Scenario.model_validate(data)
-    except ValidationError as exc:
-        raise ScenarioError(_explain(exc, str(path))) from None
+    return validate(Scenario, data, "scenario", str(path), ScenarioError)
 
 
 def _set(data: Any, dotted: str, value: Any, source: str) -> None:

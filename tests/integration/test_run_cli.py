@@ -1,0 +1,81 @@
+"""`testbed run` as a user runs it: the report directory last on stdout, Ctrl-C handled."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from kubernetes import client as k8s
+
+from testbed.controlplane.cluster import ClusterState
+from testbed.fleet.fleet import Fleet
+from testbed.testing import wait_for
+
+pytestmark = pytest.mark.controlplane
+
+
+def _run(control_plane: ClusterState, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "testbed.cli",
+            "run",
+            "--name",
+            control_plane.name,
+            "--state-dir",
+            str(control_plane.root),
+            *args,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ),
+    )
+
+
+def test_ctrl_c_mid_run_writes_a_partial_report_and_cleans_up(
+    control_plane: ClusterState, fleet: Fleet, kube_api: k8s.ApiClient, tmp_path: Path
+) -> None:
+    proc = _run(
+        control_plane,
+        "steady-churn",
+        "--set",
+        "phases.0.jobs=500",
+        "--set",
+        "phases.0.qps=2",
+        "--output",
+        str(tmp_path / "report"),
+    )
+    core = k8s.CoreV1Api(kube_api)
+
+    def running_pods() -> int:
+        namespaces = [n.metadata.name for n in core.list_namespace().items if n.metadata.name.startswith("run-")]
+        return sum(1 for ns in namespaces for p in core.list_namespaced_pod(ns).items if p.status.phase == "Running")
+
+    try:
+        wait_for(running_pods, 60, "the run's first pods to be running")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    directory = Path(out.strip().splitlines()[-1])
+    report = json.loads((directory / "report.json").read_text())
+    assert report["verdict"] == "INTERRUPTED"
+    [phase] = report["phases"]
+    assert phase["name"] == "churn" and phase["pods_running"] >= 1 and phase["jobs"] == 500
+    assert not [n for n in core.list_namespace().items if n.metadata.name.startswith("run-steady-churn")]
+
+
+def test_a_scenario_error_names_the_field(control_plane: ClusterState) -> None:
+    proc = _run(control_plane, "smoke", "--set", "phases.0.qps=-3")
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    assert "phases[0].qps" in err and "greater than 0" in err

@@ -1,0 +1,100 @@
+"""The emulated hardware on its own: profiles, conflicts, idempotency, faults, determinism."""
+
+import asyncio
+
+import pytest
+
+from fake_devices.hardware import HardwareError, Health, NodeHardware
+from fake_devices.profiles import ProfileError, load_profile, parse_profile, shipped_profiles
+
+
+def run(coroutine):  # type: ignore[no-untyped-def]
+    return asyncio.run(coroutine)
+
+
+def test_shipped_profiles_and_their_shapes() -> None:
+    assert {"gpu8", "h100x8", "tiny"} <= set(shipped_profiles())
+    h100 = NodeHardware("n", load_profile("h100x8"))
+    kinds = [d.kind for d in h100.devices()]
+    assert kinds.count("gpu") == 8 and kinds.count("nic") == 8 and kinds.count("partition") == 8 * 12
+    assert {d.attributes["numaNode"] for d in h100.devices() if d.kind == "gpu"} == {0, 1}
+
+
+def test_profile_errors_name_the_field() -> None:
+    bad = (
+        "name: x\ngpus: {count: 1, productName: p, architecture: a, driverVersion: 1.0.0, memoryGiB: 8,\n"
+        "  multiprocessors: 4, memorySlices: 2, partitions: [{name: 1g.4gb, memorySlices: 1, multiprocessors: 2,\n"
+        "  memoryGiB: 4, placements: [0, 2]}]}\n"
+    )
+    with pytest.raises(ProfileError, match=r"gpus: .*placement 2 needs slices 2\.\.2, but the GPU has 2"):
+        parse_profile(bad, "bad.yaml")
+    with pytest.raises(ProfileError, match=r"nics\.linkSpeedGbps: Field required"):
+        parse_profile("name: x\nnics: {count: 1, model: m}\n", "nic.yaml")
+    with pytest.raises(ProfileError, match="shipped profiles: gpu8, h100x8, tiny"):
+        load_profile("h200x9")
+
+
+def test_partitions_conflict_with_their_gpu_and_each_other_only_when_overlapping() -> None:
+    hw = NodeHardware("n", load_profile("tiny"))
+    run(hw.prepare("a", ["gpu-0-1g5gb-0"]))
+    run(hw.prepare("b", ["gpu-0-1g5gb-1"]))
+    with pytest.raises(HardwareError, match="overlaps devices of gpu-0 already in use by claim\\(s\\) a, b"):
+        run(hw.prepare("c", ["gpu-0"]))
+    with pytest.raises(HardwareError, match="overlaps"):
+        run(hw.prepare("c", ["gpu-0-2g10gb-0"]))
+    run(hw.prepare("c", ["gpu-0-2g10gb-2"]))  # slices 2-3 are free
+    run(hw.prepare("d", ["gpu-1"]))  # another GPU
+    run(hw.prepare("e", ["nic-0"]))
+    with pytest.raises(HardwareError, match="nic-0 is in use by claim e"):
+        run(hw.prepare("f", ["nic-0"]))
+    run(hw.prepare("g", ["gpu-1"], admin_access=True))  # admin access may share
+    assert set(hw.claims()) == {"a", "b", "c", "d", "e", "g"}
+
+
+def test_prepare_is_idempotent_and_unprepare_of_unknown_is_fine() -> None:
+    hw = NodeHardware("n", load_profile("gpu8"))
+    first = run(hw.prepare("a", ["gpu-3"], {"gpu-3": {"MODE": "x"}}))
+    assert run(hw.prepare("a", ["gpu-3"], {"gpu-3": {"MODE": "x"}})) == first
+    assert first[0].env["MODE"] == "x" and first[0].env["GPU_3_UUID"].startswith("GPU-")
+    assert run(hw.unprepare("a")) and not run(hw.unprepare("a")) and not run(hw.unprepare("never"))
+
+
+def test_faults() -> None:
+    hw = NodeHardware("n", load_profile("tiny"))
+    hw.inject(fail_next_prepares=2, message="ECC storm")
+    for _ in range(2):
+        with pytest.raises(HardwareError, match="ECC storm"):
+            run(hw.prepare("a", ["gpu-0"]))
+    run(hw.prepare("a", ["gpu-0"]))
+    generation = hw.generation
+    hw.set_health("gpu-1", Health.UNHEALTHY, "too hot")
+    assert hw.generation > generation
+    assert {h.device for h in hw.health() if h.health is Health.UNHEALTHY} == {
+        "gpu-1",
+        *(d.name for d in hw.devices() if d.parent == "gpu-1"),
+    }
+    with pytest.raises(HardwareError, match="unhealthy: too hot"):
+        run(hw.prepare("b", ["gpu-1"]))
+    hw.lose_device("gpu-1")
+    assert not [d for d in hw.devices() if d.name.startswith("gpu-1")]
+    with pytest.raises(HardwareError, match="no device 'gpu-1'"):
+        run(hw.prepare("b", ["gpu-1"]))
+
+
+def test_everything_derives_from_the_seed() -> None:
+    def snapshot(seed: int) -> tuple[list[str], list[bool]]:
+        hw = NodeHardware("n", load_profile("tiny"), seed=seed)
+        hw.inject(failure_rate=0.5)
+        outcomes = []
+        for i in range(20):
+            try:
+                run(hw.prepare(f"c{i}", ["nic-0"]))
+                run(hw.unprepare(f"c{i}"))
+                outcomes.append(True)
+            except HardwareError:
+                outcomes.append(False)
+        ids = [str(d.attributes.get("uuid", d.attributes.get("macAddress"))) for d in hw.devices()]
+        return ids, outcomes
+
+    assert snapshot(1) == snapshot(1)
+    assert snapshot(1)[0] != snapshot(2)[0] and snapshot(1)[1] != snapshot(2)[1]
