@@ -274,7 +274,7 @@ def check(name: str, state_dir: Path | None, kubeconfig_file: Path | None) -> No
     "--output",
     type=click.Path(path_type=Path),
     default=None,
-    help="Report directory (default: <cluster dir>/runs/<scenario>-<time>).",
+    help="Report directory (default: <state dir>/runs/<cluster>-<scenario>-<time>, kept after down).",
 )
 @reports_errors
 def run_scenario(
@@ -340,7 +340,9 @@ def run_scenario(
     fleet = state.extras.get("fleet") or {}
     report = reporting.build(work.data, leaks, {"name": name, **fleet})  # type: ignore[dict-item]
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    directory = reporting.write(report, work.data, output or state.root / "runs" / f"{chosen.name}-{stamp}")
+    directory = reporting.write(
+        report, work.data, output or cfg.state_root() / "runs" / f"{name}-{chosen.name}-{stamp}"
+    )
     for line in reporting.summary_lines(report):
         stderr.print(line, markup=False)
     click.echo(str(directory))

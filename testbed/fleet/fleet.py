@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +24,16 @@ class Fleet:
         self.detached = detached
         self.hosts: list[Any] = []
         self.host_of: dict[str, Any] = {}
+        self.id = uuid.uuid4().hex[:6]
+        """Several fleets can share one Ray; actor names carry this."""
 
     def start(self, progress: Progress | None = None, timeout_s: float = 900.0) -> None:
         import ray
 
         progress = progress or SilentProgress()
         actor = ray.remote(NodeHost)
-        options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 10000}
+        # max_restarts: a NodeHost that dies is started again by Ray with the same nodes.
+        options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 10000, "max_restarts": -1}
         if self.detached:
             options["lifetime"] = "detached"
         nodes = [
@@ -41,7 +45,7 @@ class Fleet:
         size = self.spec.nodes_per_host
         for index, start in enumerate(range(0, len(nodes), size)):
             group = nodes[start : start + size]
-            host = actor.options(name=f"nodehost-{index}", **options).remote(
+            host = actor.options(name=f"nodehost-{self.id}-{index}", **options).remote(
                 str(self.kubeconfig), str(self.nodes_dir), group, self.spec.seed
             )
             self.hosts.append(host)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,15 @@ class NodeRecipe:
     """None: the default synthetic-node taint."""
 
 
+def _restarted_by_ray() -> bool:
+    try:
+        import ray
+
+        return bool(ray.get_runtime_context().was_current_actor_reconstructed)
+    except Exception:  # not in a Ray actor (a plain object in a test or a script)
+        return False
+
+
 class NodeHost:
     def __init__(self, kubeconfig: str, nodes_dir: str, nodes: list[NodeRecipe], seed: int = 0):
         """``nodes``: what to run; profiles are shipped names or YAML paths."""
@@ -45,6 +55,12 @@ class NodeHost:
         self.claims: ClaimCache | None = None
         self.metrics = MetricsServer()
         self._pod_watch: asyncio.Task[None] | None = None
+        self._restart: asyncio.Task[list[str]] | None = None
+        if _restarted_by_ray():
+            # Ray re-ran the constructor after this host died: bring the same nodes back.
+            # Their drivers repair from the checkpoints on disk; their kubelets find their
+            # pods through the pod watch. The event loop already runs here.
+            self._restart = asyncio.get_event_loop().create_task(self.start())
 
     async def start(self, ready_timeout_s: float = 300.0, concurrency: int = START_CONCURRENCY) -> list[str]:
         self.client = KubeClient.from_kubeconfig(self.kubeconfig)
@@ -85,6 +101,12 @@ class NodeHost:
             if node is not None:
                 node.kubelet.pods.observe(kind, pod)
 
+    async def ready(self) -> list[str]:
+        """The nodes, once started (waits for a restart to finish)."""
+        if self._restart is not None:
+            await self._restart
+        return sorted(self.nodes)
+
     async def metrics_port(self) -> int:
         """Where this host's drivers and kubelets export their metrics (one registry)."""
         return self.metrics.port
@@ -119,6 +141,9 @@ class NodeHost:
 
     async def kubelet_claims(self, node: str) -> list[str]:
         return sorted(self._node(node).kubelet.pods.claims)
+
+    async def pid(self) -> int:
+        return os.getpid()
 
     async def node_dir(self, node: str) -> str:
         return str(self._node(node).root)

@@ -55,7 +55,11 @@ def test_ctrl_c_mid_run_writes_a_partial_report_and_cleans_up(
     core = k8s.CoreV1Api(kube_api)
 
     def running_pods() -> int:
-        namespaces = [n.metadata.name for n in core.list_namespace().items if n.metadata.name.startswith("run-")]
+        namespaces = [
+            n.metadata.name
+            for n in core.list_namespace().items
+            if n.metadata.name.startswith("run-steady-churn-") and not n.metadata.deletion_timestamp
+        ]
         return sum(1 for ns in namespaces for p in core.list_namespaced_pod(ns).items if p.status.phase == "Running")
 
     try:

@@ -1,0 +1,75 @@
+"""A NodeHost that dies is restarted by Ray; its nodes come back from their checkpoints."""
+
+from __future__ import annotations
+
+import pytest
+import ray
+from kubernetes import client as k8s
+
+from testbed.config import nodes_dir
+from testbed.controlplane.cluster import ClusterState
+from testbed.fleet.fleet import Fleet
+from testbed.fleet.spec import single_pool
+from testbed.testing import wait_for
+from tests.integration.dra_helpers import (
+    GPU,
+    claim_spec,
+    create_template,
+    pod,
+    request,
+    unique,
+    wait_gone,
+    wait_running,
+)
+
+pytestmark = pytest.mark.controlplane
+
+
+def test_a_killed_nodehost_comes_back_with_no_leaked_or_double_used_device(
+    control_plane: ClusterState, fleet: Fleet, kube_api: k8s.ApiClient
+) -> None:
+    del fleet  # only for its Ray and DeviceClasses
+    own = Fleet(
+        single_pool(1, "tiny", nodes_per_host=1, prefix="rs"), control_plane.kubeconfig, nodes_dir(control_plane.root)
+    )
+    own.start()
+    node = "rs-000"
+    host = own.host(node)
+    core = k8s.CoreV1Api(kube_api)
+    namespace = unique("restart")
+    core.create_namespace({"metadata": {"name": namespace}})
+    try:
+        on_gpu0 = f"device.attributes['{GPU}'].index == 0"
+        create_template(kube_api, namespace, "gpu0", claim_spec(request("gpu", GPU, on_gpu0)))
+        core.create_namespaced_pod(namespace, pod("before", {"g": {"resourceClaimTemplateName": "gpu0"}}, node=node))
+        wait_running(kube_api, namespace, "before")
+        held = ray.get(host.hardware_claims.remote(node))
+        assert list(held.values()) == [["gpu-0"]]
+        old_pid = ray.get(host.pid.remote())
+
+        ray.kill(host, no_restart=False)  # the process dies; Ray starts it again
+
+        def new_pid() -> int | None:
+            try:
+                pid: int = ray.get(host.pid.remote(), timeout=60)
+            except (ray.exceptions.ActorUnavailableError, ray.exceptions.RayActorError):
+                return None  # Ray is still bringing it back
+            return pid if pid != old_pid else None  # the kill is asynchronous
+
+        wait_for(new_pid, 120, "Ray to restart the NodeHost in a new process")
+        assert ray.get(host.ready.remote(), timeout=120) == [node]
+        assert ray.get(host.hardware_claims.remote(node)) == held, "re-asserted from the checkpoint"
+
+        # the freed-up device and the held one: a new pod may only get gpu-0 once the first is gone
+        core.create_namespaced_pod(namespace, pod("after", {"g": {"resourceClaimTemplateName": "gpu0"}}, node=node))
+        core.delete_namespaced_pod("before", namespace)
+        wait_gone(kube_api, namespace, "before")
+        wait_running(kube_api, namespace, "after", timeout_s=90)
+        claims = ray.get(host.hardware_claims.remote(node))
+        assert list(claims.values()) == [["gpu-0"]] and set(claims) != set(held), "no double use"
+        core.delete_namespaced_pod("after", namespace)
+        wait_gone(kube_api, namespace, "after")
+        wait_for(lambda: ray.get(host.hardware_claims.remote(node)) == {}, 30, "nothing held at the end")
+    finally:
+        core.delete_namespace(namespace)
+        own.stop()
