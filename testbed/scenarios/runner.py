@@ -97,36 +97,32 @@ def count_devices(slices: list[Obj], device_class: str) -> int:
 
 def job_manifest(name: str, phase: Phase, run_id: str) -> Obj:
     command = ["sleep", f"{phase.run_seconds:g}"] if phase.run_seconds is not None else ["run-until-deleted"]
+    labels = {"dra-testbed.io/run": run_id, "dra-testbed.io/phase": phase.name}
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {
-            "name": name,
-            "labels": {"dra-testbed.io/run": run_id, "dra-testbed.io/phase": phase.name},
-        },
+        "metadata": {"name": name, "labels": labels},
         "spec": {
             "completions": phase.completions,
             "parallelism": phase.parallelism,
             "backoffLimit": 0,
-            "template": {
-                "metadata": {"labels": {"dra-testbed.io/run": run_id, "dra-testbed.io/phase": phase.name}},
-                "spec": {
-                    "restartPolicy": "Never",
-                    "terminationGracePeriodSeconds": 0,
-                    "tolerations": [SYNTHETIC_TOLERATION],
-                    "resourceClaims": [{"name": "devices", "resourceClaimTemplateName": phase.name}],
-                    "containers": [
-                        {
-                            "name": "work",
-                            "image": "registry.invalid/dra-testbed-workload",
-                            "command": command,
-                            "resources": {"claims": [{"name": "devices"}]},
-                        }
-                    ],
-                },
-            },
+            "template": {"metadata": {"labels": labels}, "spec": pod_spec(phase, command)},
         },
     }
+
+
+def pod_spec(phase: Phase, command: list[str]) -> Obj:
+    container: Obj = {"name": "work", "image": "registry.invalid/dra-testbed-workload", "command": command}
+    spec: Obj = {
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": 0,
+        "tolerations": [SYNTHETIC_TOLERATION],
+        "containers": [container],
+    }
+    if phase.requests:
+        spec["resourceClaims"] = [{"name": "devices", "resourceClaimTemplateName": phase.name}]
+        container["resources"] = {"claims": [{"name": "devices"}]}
+    return spec
 
 
 def claim_template(phase: Phase) -> Obj:
@@ -231,10 +227,11 @@ class Runner:
         result = PhaseResult(phase.name, jobs, expected, time.monotonic() - self.data.started)
         self.data.phases.append(result)  # recorded now, so an interrupted run still reports it
         self._say(f"phase {phase.name}: {jobs} Jobs at {phase.qps:g}/s")
-        await self.client.create(
-            path_for("resource.k8s.io/v1", "resourceclaimtemplates", namespace=self.data.namespace),
-            claim_template(phase),
-        )
+        if phase.requests:
+            await self.client.create(
+                path_for("resource.k8s.io/v1", "resourceclaimtemplates", namespace=self.data.namespace),
+                claim_template(phase),
+            )
         jobs_path = path_for("batch/v1", "jobs", namespace=self.data.namespace)
         begin = time.monotonic()
         for i in range(jobs):

@@ -39,8 +39,8 @@ class Phase(_Strict):
     run_seconds: float | None = Field(default=None, alias="runSeconds", ge=0)
     requests: list[ClaimRequest] = Field(
         default_factory=lambda: [ClaimRequest(name="gpu", deviceClass="gpu.dra-testbed.io")],
-        min_length=1,
     )
+    """Empty: pods with no claims, the baseline that shows what DRA adds."""
     constraints: list[dict[str, Any]] = Field(default_factory=list)
     wait: Literal["running", "complete", "none"] = "running"
     """What the phase waits for before the next one: its pods Running, its Jobs done, or nothing."""
@@ -53,6 +53,8 @@ class Phase(_Strict):
         given = [x for x in (self.jobs is not None, self.fraction is not None, self.remaining) if x]
         if len(given) != 1:
             raise ValueError("give exactly one of jobs, fraction or remaining")
+        if not self.requests and self.jobs is None:
+            raise ValueError("a phase without requests has no devices to take a fraction of; give jobs")
         return self
 
 
