@@ -66,11 +66,11 @@ def build(data: RunData, leaks: dict[str, int], cluster: dict[str, Any]) -> dict
         "workqueue_adds_total", {"name": "resource_claim"}
     ) - data.before.get("kcm", Scrape()).value("workqueue_adds_total", {"name": "resource_claim"})
     fleet_after = data.after.get("fleet", Scrape())
-    metrics = {
+    metrics: dict[str, Any] = {
         "kcm_resource_claim": {
             "adds_total": kcm_adds,
             "adds_per_s": round(kcm_adds / duration, 3),
-            "max_depth": max((d for _, _, d in data.timeline), default=0),
+            "max_depth": max((d for _, _, d, _ in data.timeline), default=0),
             "work_duration_p99_s": _p99(data, "kcm", "workqueue_work_duration_seconds", {"name": "resource_claim"}),
         },
         "scheduler": {
@@ -110,6 +110,11 @@ def build(data: RunData, leaks: dict[str, int], cluster: dict[str, Any]) -> dict
             ),
         },
     }
+    queues = {
+        "kube-controller-manager (resource_claim workqueue)": max((d for _, _, d, _ in data.timeline), default=0),
+        "kube-scheduler (pending pods)": max((q for _, _, _, q in data.timeline), default=0),
+    }
+    metrics["deepest_queue"] = {"component": max(queues, key=lambda k: queues[k]), "max_depths": queues}
     prepared_now = fleet_after.value("dra_testbed_prepared_claims", {})
     leak_report = {**leaks, "claims_prepared_at_end": prepared_now}
     leak_report["ok"] = not any(leak_report[k] for k in ("checkpoint_entries", "cdi_specs"))
@@ -133,7 +138,10 @@ def build(data: RunData, leaks: dict[str, int], cluster: dict[str, Any]) -> dict
         "claim_allocation_s": _percentiles(claims),
         "metrics": metrics,
         "leaks": leak_report,
-        "timeline": [{"t": round(t, 2), "running": r, "kcm_queue_depth": d} for t, r, d in data.timeline],
+        "timeline": [
+            {"t": round(t, 2), "running": r, "kcm_queue_depth": d, "scheduler_pending": q}
+            for t, r, d, q in data.timeline
+        ],
     }
 
 
@@ -186,6 +194,10 @@ def markdown(report: dict[str, Any]) -> str:
         f"| plugin NodePrepareResources p99 | {_fmt(m['plugin']['NodePrepareResources_p99_s'])} |",
         f"| plugin NodeUnprepareResources p99 | {_fmt(m['plugin']['NodeUnprepareResources_p99_s'])} |",
         "",
+        "",
+        f"Deepest queue: {m['deepest_queue']['component']} "
+        f"(max depths: {', '.join(f'{k} {v:g}' for k, v in m['deepest_queue']['max_depths'].items())}).",
+        "",
         "## Leak check",
         "",
     ]
@@ -223,17 +235,13 @@ def plots(report: dict[str, Any], data: RunData, directory: Path) -> list[Path]:
     plt.close(figure)
 
     figure, axis = plt.subplots(figsize=(7, 4))
-    times = [t for t, _, _ in data.timeline]
-    axis.plot(times, [r for _, r, _ in data.timeline], label="pods running")
+    times = [t for t, _, _, _ in data.timeline]
+    axis.plot(times, [r for _, r, _, _ in data.timeline], label="pods running")
     axis.set_xlabel("time, s")
     axis.set_ylabel("pods running")
     second = axis.twinx()
-    second.plot(
-        times,
-        [d for _, _, d in data.timeline],
-        color="orange",
-        label="KCM resource_claim queue depth",
-    )
+    second.plot(times, [d for _, _, d, _ in data.timeline], color="orange", label="KCM resource_claim queue depth")
+    second.plot(times, [q for _, _, _, q in data.timeline], color="green", label="scheduler pending pods")
     second.set_ylabel("queue depth")
     for phase in report["phases"]:
         axis.axvline(

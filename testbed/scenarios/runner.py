@@ -71,8 +71,8 @@ class RunData:
     phases: list[PhaseResult] = field(default_factory=list)
     pods: dict[str, PodRecord] = field(default_factory=dict)
     claims: dict[str, tuple[float, float | None]] = field(default_factory=dict)
-    timeline: list[tuple[float, int, float]] = field(default_factory=list)
-    """(seconds since start, pods running, KCM resource_claim queue depth)."""
+    timeline: list[tuple[float, int, float, float]] = field(default_factory=list)
+    """(seconds since start, pods running, KCM resource_claim queue depth, scheduler pending pods)."""
     before: dict[str, Scrape] = field(default_factory=dict)
     after: dict[str, Scrape] = field(default_factory=dict)
     interrupted: bool = False
@@ -191,9 +191,11 @@ class Runner:
     async def _sample(self, session: aiohttp.ClientSession) -> None:
         while True:
             kcm = await scrape(session, self.endpoints.kcm)
+            scheduler = await scrape(session, self.endpoints.scheduler)
             depth = kcm.value("workqueue_depth", {"name": "resource_claim"})
+            pending = scheduler.value("scheduler_pending_pods", {})
             running = sum(1 for p in self.data.pods.values() if p.running is not None and p.finished is None)
-            self.data.timeline.append((time.monotonic() - self.data.started, running, depth))
+            self.data.timeline.append((time.monotonic() - self.data.started, running, depth, pending))
             await asyncio.sleep(1.0)
 
     async def _scrape_all(self, session: aiohttp.ClientSession) -> dict[str, Scrape]:

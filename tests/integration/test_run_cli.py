@@ -63,7 +63,9 @@ def test_ctrl_c_mid_run_writes_a_partial_report_and_cleans_up(
         return sum(1 for ns in namespaces for p in core.list_namespaced_pod(ns).items if p.status.phase == "Running")
 
     try:
-        wait_for(running_pods, 60, "the run's first pods to be running")
+        # three at once (pods start every 0.5 s and run 2 s): the runner's own watch has
+        # then long seen the first one Running
+        wait_for(lambda: running_pods() >= 3, 60, "the run's pods to be running")
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=180)
     finally:
