@@ -1,7 +1,7 @@
 # dra-testbed: the verbs people expect. Every target installs what it needs first.
 #   make e2e     bring a local control plane up, prove it allocates, tear it down (KEEP=1 keeps it)
 #   make test    unit + integration tests against the real local control plane
-#   make bench   benchmark figures (COLD=1 also re-runs a cold build of the binaries)
+#   make bench   benchmark figures (COLD=1 re-runs a cold build; FLEET_NODES/FLEET_PROFILE size the fleet run)
 #   make lint    ruff + mypy
 #   make clean   remove the virtualenv and caches of this checkout (not the built binaries)
 
@@ -13,6 +13,7 @@ INSTALLED := $(VENV)/.installed
 PYTEST_ARGS ?=
 RUNS ?= 5
 FLEET_NODES ?= 1000
+FLEET_PROFILE ?= gpu8
 
 .PHONY: install binaries e2e test unit bench lint format protos clean clean-binaries
 
@@ -41,7 +42,7 @@ unit: $(INSTALLED)
 bench: install
 	$(PY) benchmarks/bench_controlplane.py --runs $(RUNS) $(if $(COLD),--cold,)
 	$(PY) benchmarks/bench_dra.py
-	$(PY) benchmarks/bench_fleet.py --nodes $(FLEET_NODES) --profile h100x8 --nodes-per-host 100
+	$(PY) benchmarks/bench_fleet.py --nodes $(FLEET_NODES) --profile $(FLEET_PROFILE) --nodes-per-host 100
 
 lint: $(INSTALLED)
 	$(VENV)/bin/ruff check .

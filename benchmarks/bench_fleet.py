@@ -21,6 +21,7 @@ import ray
 from testbed.config import ControlPlaneConfig
 from testbed.controlplane import cluster
 from testbed.environment import install_device_classes, start_fleet
+from testbed.errors import TestbedError
 from testbed.fleet.nodehost import NodeHost
 from testbed.fleet.spec import single_pool
 from testbed.progress import ConsoleProgress
@@ -60,6 +61,21 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
+def ready_nodes(state: cluster.ClusterState) -> int:
+    from kubernetes import client as k8s
+
+    from testbed.kube import api_client
+
+    api = api_client(state.kubeconfig)
+    try:
+        nodes = k8s.CoreV1Api(api).list_node(label_selector="dra-testbed.io/synthetic=true", _request_timeout=60).items
+    except Exception:
+        return -1
+    finally:
+        api.close()
+    return sum(1 for n in nodes for c in (n.status.conditions or []) if c.type == "Ready" and c.status == "True")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=200)
@@ -74,7 +90,17 @@ def main() -> int:
         components = {r.name: r.pid for r in state.processes}
         cpu_before = {name: cpu_seconds(pid) for name, pid in components.items()}
         started = time.monotonic()
-        fleet = start_fleet(state, single_pool(args.nodes, args.profile, args.nodes_per_host), ConsoleProgress())
+        try:
+            fleet = start_fleet(state, single_pool(args.nodes, args.profile, args.nodes_per_host), ConsoleProgress())
+        except TestbedError as exc:
+            # Where it breaks is a figure too: how far it got, and what gave.
+            elapsed = time.monotonic() - started
+            ready = ready_nodes(state)
+            print(
+                f"\nfleet benchmark: {args.nodes} x {args.profile} did NOT come up: {ready} nodes Ready after "
+                f"{elapsed:.0f} s ({exc.message}; {str(exc.detail or '').strip().splitlines()[-1:]})"
+            )
+            return 1
         elapsed = time.monotonic() - started
         cpu = {name: cpu_seconds(pid) - cpu_before.get(name, 0.0) for name, pid in components.items()}
         hosts = processes_matching("ray::NodeHost")
