@@ -296,9 +296,6 @@ class NodeHardware:
 
     # --- use -----------------------------------------------------------------------
 
-    def holders(self, device: str) -> list[str]:
-        return [uid for uid, names in self._claims.items() if device in names]
-
     def _check_conflicts(self, claim_uid: str, names: list[str]) -> None:
         drawn: dict[str, dict[str, int]] = {}
         for uid, held in self._claims.items():

@@ -285,9 +285,3 @@ def _build(cache: Path, go: str, progress: Progress) -> Binaries:
         return _publish(staging, cache, source)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-
-
-def reported_version(binary: Path) -> str:
-    """What ``<binary> --version`` prints, e.g. ``Kubernetes v1.37.1``."""
-    result = subprocess.run([str(binary), "--version"], capture_output=True, text=True, check=False)
-    return (result.stdout or result.stderr).strip()

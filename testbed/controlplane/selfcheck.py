@@ -7,6 +7,7 @@ the scheduler must allocate, reserve and bind. Everything it creates is removed 
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Callable
@@ -227,8 +228,6 @@ def synthetic_nodes(api: k8s.ApiClient) -> list[str]:
 def run_dra_pod_check(api: k8s.ApiClient, timeout_s: float = 60.0) -> PodCheck:
     """A pod with a GPU claim on a synthetic node: scheduled, prepared by the driver,
     Running with its CDI environment; then deleted, unprepared and removed."""
-    import json
-
     core, resource = k8s.CoreV1Api(api), k8s.ResourceV1Api(api)
     namespace = f"check-{uuid.uuid4().hex[:6]}"
     core.create_namespace(build(k8s.V1Namespace, {"metadata": {"name": namespace}}))

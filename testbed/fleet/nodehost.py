@@ -139,31 +139,8 @@ class NodeHost:
     async def hardware_claims(self, node: str) -> dict[str, list[str]]:
         return self._node(node).hardware.claims()
 
-    async def kubelet_claims(self, node: str) -> list[str]:
-        return sorted(self._node(node).kubelet.pods.claims)
-
     async def pid(self) -> int:
         return os.getpid()
 
     async def node_dir(self, node: str) -> str:
         return str(self._node(node).root)
-
-    async def restart_driver(self, node: str, driver: str) -> None:
-        """Stop a driver instance and start a fresh one on the same directories, as after
-        a crash: the new instance repairs from the checkpoint."""
-        target = self._node(node)
-        for i, plugin in enumerate(target.drivers):
-            if plugin.driver == driver:
-                await plugin.stop(grace_s=0)
-                assert self.client is not None and self.claims is not None
-                fresh = type(plugin)(driver, node, plugin.paths, plugin.backend, self.client, self.claims)
-                target.drivers[i] = fresh
-                await fresh.start()
-                return
-        raise KeyError(f"node {node} has no driver {driver}")
-
-    async def checkpoint_corruptions(self, node: str, driver: str) -> list[str]:
-        for plugin in self._node(node).drivers:
-            if plugin.driver == driver:
-                return list(plugin.preparer.corruptions)
-        return []
