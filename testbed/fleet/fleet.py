@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -54,17 +55,22 @@ class Fleet:
         concurrency = max(1, FLEET_START_CONCURRENCY // max(1, len(self.hosts)))
         pending = {host.start.remote(timeout_s, concurrency): host for host in self.hosts}
         ready = 0
+        deadline = time.monotonic() + timeout_s
         with progress.task(f"starting {len(names)} synthetic nodes on {len(self.hosts)} NodeHost actors"):
             while pending:
-                done, _ = ray.wait(list(pending), num_returns=1, timeout=timeout_s)
-                if not done:
+                done, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
+                for ref in done:
+                    try:
+                        ray.get(ref)
+                    except ray.exceptions.RayError as exc:
+                        raise TestbedError("a NodeHost failed to start its nodes", detail=str(exc)) from exc
+                    pending.pop(ref)
+                if time.monotonic() > deadline:
                     raise TestbedError(f"synthetic nodes not ready within {timeout_s:.0f}s")
-                try:
-                    ready += len(ray.get(done[0]))
-                except ray.exceptions.RayError as exc:
-                    raise TestbedError("a NodeHost failed to start its nodes", detail=str(exc)) from exc
-                pending.pop(done[0])
+                counts = ray.get([host.progress.remote() for host in self.hosts])
+                ready = sum(counts)
                 progress.update(f"{ready}/{len(names)} nodes ready")
+            ready = sum(ray.get([host.progress.remote() for host in self.hosts]))
         pools = ", ".join(f"{p.name}: {p.count} x {p.profile}" for p in self.spec.pools)
         progress.step(f"{ready} synthetic nodes ({pools}) ready and publishing slices")
 

@@ -56,6 +56,7 @@ class NodeHost:
         self.metrics = MetricsServer()
         self._pod_watch: asyncio.Task[None] | None = None
         self._restart: asyncio.Task[list[str]] | None = None
+        self.ready_count = 0
         if _restarted_by_ray():
             # Ray re-ran the constructor after this host died: bring the same nodes back.
             # Their drivers repair from the checkpoints on disk; their kubelets find their
@@ -87,6 +88,7 @@ class NodeHost:
             async with gate:
                 await node.start()
                 await node.wait_ready(ready_timeout_s)
+                self.ready_count += 1
 
         await asyncio.gather(*(bring_up(node) for node in self.nodes.values()))
         await self.metrics.start()
@@ -106,6 +108,10 @@ class NodeHost:
         if self._restart is not None:
             await self._restart
         return sorted(self.nodes)
+
+    async def progress(self) -> int:
+        """Nodes ready so far (for the fleet's progress while it starts)."""
+        return self.ready_count
 
     async def metrics_port(self) -> int:
         """Where this host's drivers and kubelets export their metrics (one registry)."""
