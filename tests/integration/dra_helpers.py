@@ -1,4 +1,8 @@
-"""Manifests and waits shared by the end-to-end DRA tests."""
+"""Manifests and waits shared by the end-to-end DRA tests.
+
+Waits are generous (minutes): they bound a failure, they do not pace a success, and CI
+machines are busier than a laptop.
+"""
 
 from __future__ import annotations
 
@@ -95,7 +99,7 @@ def pod(
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
 
 
-def wait_running(api: k8s.ApiClient, namespace: str, name: str, timeout_s: float = 60) -> Any:
+def wait_running(api: k8s.ApiClient, namespace: str, name: str, timeout_s: float = 180) -> Any:
     core = k8s.CoreV1Api(api)
     try:
         return wait_for(
@@ -116,7 +120,7 @@ def events(api: k8s.ApiClient, namespace: str, pod_name: str) -> list[tuple[str,
     return [(e.reason, e.message) for e in items if e.involved_object.name == pod_name]
 
 
-def wait_gone(api: k8s.ApiClient, namespace: str, name: str, timeout_s: float = 60) -> None:
+def wait_gone(api: k8s.ApiClient, namespace: str, name: str, timeout_s: float = 180) -> None:
     core = k8s.CoreV1Api(api)
 
     def gone() -> bool:

@@ -64,12 +64,12 @@ def test_a_killed_nodehost_comes_back_with_no_leaked_or_double_used_device(
         core.create_namespaced_pod(namespace, pod("after", {"g": {"resourceClaimTemplateName": "gpu0"}}, node=node))
         core.delete_namespaced_pod("before", namespace)
         wait_gone(kube_api, namespace, "before")
-        wait_running(kube_api, namespace, "after", timeout_s=90)
+        wait_running(kube_api, namespace, "after", timeout_s=180)
         claims = ray.get(host.hardware_claims.remote(node))
         assert list(claims.values()) == [["gpu-0"]] and set(claims) != set(held), "no double use"
         core.delete_namespaced_pod("after", namespace)
         wait_gone(kube_api, namespace, "after")
-        wait_for(lambda: ray.get(host.hardware_claims.remote(node)) == {}, 30, "nothing held at the end")
+        wait_for(lambda: ray.get(host.hardware_claims.remote(node)) == {}, 120, "nothing held at the end")
     finally:
         core.delete_namespace(namespace)
         own.stop()

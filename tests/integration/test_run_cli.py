@@ -65,7 +65,7 @@ def test_ctrl_c_mid_run_writes_a_partial_report_and_cleans_up(
     try:
         # three at once (pods start every 0.5 s and run 2 s): the runner's own watch has
         # then long seen the first one Running
-        wait_for(lambda: running_pods() >= 3, 60, "the run's pods to be running")
+        wait_for(lambda: running_pods() >= 3, 180, "the run's pods to be running")
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=180)
     finally:
