@@ -215,46 +215,38 @@ class PluginManager:
 
     # --- calls ---------------------------------------------------------------------------
 
-    async def prepare(self, driver: str, claims: list[tuple[str, str, str]]) -> dict[str, ClaimAnswer]:
-        """claims: (namespace, uid, name). Every claim must be answered, as the API says."""
+    async def _call(self, driver: str, method: str, claims: list[tuple[str, str, str]]) -> Any:
+        """One batched call of ``method`` (NodePrepareResources or NodeUnprepareResources)
+        on the driver's current instance, in the DRA version chosen at registration."""
         plugin = self.plugin_for(driver)
         if plugin is None:
             raise PluginCallError(f"DRA driver {driver} is not registered on this node")
         pb2 = plugin.pb2
-        request = pb2.NodePrepareResourcesRequest(
-            claims=[pb2.Claim(namespace=ns, uid=uid, name=name) for ns, uid, name in claims]
-        )
+        request_type = getattr(pb2, f"{method}Request")
+        request = request_type(claims=[pb2.Claim(namespace=ns, uid=uid, name=name) for ns, uid, name in claims])
         try:
-            response = await plugin.stub().NodePrepareResources(request, timeout=CALL_TIMEOUT_S)
+            return await getattr(plugin.stub(), method)(request, timeout=CALL_TIMEOUT_S)
         except grpc.aio.AioRpcError as exc:
-            raise PluginCallError(f"NodePrepareResources on {driver}: {exc.code().name}: {exc.details()}") from exc
+            raise PluginCallError(f"{method} on {driver}: {exc.code().name}: {exc.details()}") from exc
+
+    async def prepare(self, driver: str, claims: list[tuple[str, str, str]]) -> dict[str, ClaimAnswer]:
+        """claims: (namespace, uid, name). Every claim must be answered, as the API says."""
+        response = await self._call(driver, "NodePrepareResources", claims)
         answers: dict[str, ClaimAnswer] = {}
         for _, uid, name in claims:
             if uid not in response.claims:
                 answers[uid] = ClaimAnswer(error=f"{driver} returned no result for claim {name}")
                 continue
             entry = response.claims[uid]
-            answers[uid] = ClaimAnswer(
-                [
-                    PreparedDevice(list(d.request_names), d.pool_name, d.device_name, list(d.cdi_device_ids))
-                    for d in entry.devices
-                ],
-                entry.error,
-            )
+            devices = [
+                PreparedDevice(list(d.request_names), d.pool_name, d.device_name, list(d.cdi_device_ids))
+                for d in entry.devices
+            ]
+            answers[uid] = ClaimAnswer(devices, entry.error)
         return answers
 
     async def unprepare(self, driver: str, claims: list[tuple[str, str, str]]) -> dict[str, str]:
-        plugin = self.plugin_for(driver)
-        if plugin is None:
-            raise PluginCallError(f"DRA driver {driver} is not registered on this node")
-        pb2 = plugin.pb2
-        request = pb2.NodeUnprepareResourcesRequest(
-            claims=[pb2.Claim(namespace=ns, uid=uid, name=name) for ns, uid, name in claims]
-        )
-        try:
-            response = await plugin.stub().NodeUnprepareResources(request, timeout=CALL_TIMEOUT_S)
-        except grpc.aio.AioRpcError as exc:
-            raise PluginCallError(f"NodeUnprepareResources on {driver}: {exc.code().name}: {exc.details()}") from exc
+        response = await self._call(driver, "NodeUnprepareResources", claims)
         return {
             uid: (response.claims[uid].error if uid in response.claims else f"{driver} returned no result")
             for _, uid, _ in claims
