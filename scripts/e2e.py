@@ -35,6 +35,8 @@ def main() -> int:
         kubeconfig = testbed("up", "--nodes", nodes, "--profile", profile, capture=True).strip().splitlines()[-1]
         testbed("check")
         testbed("run", "smoke")
+        testbed("scale", "node", str(max(0, int(nodes) - 1)))  # drain one node, then bring it back
+        testbed("scale", "node", nodes)
         testbed("run", "cl2-dra", "--set", "phases.1.runSeconds=1")
         testbed("status")
     except subprocess.CalledProcessError as exc:

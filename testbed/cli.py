@@ -318,7 +318,7 @@ def run_scenario(
     endpoints = runner.Endpoints(
         kcm=f"https://127.0.0.1:{state.ports.controller_manager}/metrics",
         scheduler=f"https://127.0.0.1:{state.ports.scheduler}/metrics",
-        nodehosts=[str(u) for u in state.extras.get("metrics_urls", [])],  # type: ignore[attr-defined]
+        nodehosts=environment.fleet_metrics_urls(state),
     )
     client = KubeClient.from_kubeconfig(state.kubeconfig)
     work = runner.Runner(client, chosen, endpoints, ConsoleProgress())
@@ -350,6 +350,27 @@ def run_scenario(
         sys.exit(130)
     if report["verdict"] != "PASS":
         sys.exit(1)
+
+
+@main.command()
+@click.argument("pool")
+@click.argument("count", type=click.IntRange(min=0))
+@cluster_options
+@reports_errors
+def scale(pool: str, count: int, name: str, state_dir: Path | None) -> None:
+    """Grow or shrink a node pool of a running fleet, while pods run.
+
+    Shrinking drains the pool's highest-numbered nodes in the order the DRA good
+    practices ask for: cordon, evict pods, unprepare their claims, stop the drivers,
+    remove the slices, delete the Node.
+    """
+    config = cfg.ControlPlaneConfig(name=name, state_dir=state_dir)
+    state = cluster.ClusterState.load(config.cluster_dir) if config.cluster_dir.exists() else None
+    if state is None or not state.ready:
+        raise TestbedError(f"cluster {name!r} is not running", hint="start it with `testbed up --nodes N`")
+    fleet = environment.scale_pool(state, pool, count, ConsoleProgress())
+    pools = ", ".join(f"{p.name}: {p.count}" for p in fleet.spec.pools)
+    stderr.print(f"fleet now: {pools} ({len(fleet.host_of)} nodes on {len(fleet.hosts)} NodeHosts)")
 
 
 @main.command("binaries")

@@ -17,6 +17,7 @@ from testbed.config import ControlPlaneConfig, nodes_dir
 from testbed.controlplane import cluster
 from testbed.controlplane.binaries import Binaries
 from testbed.driver import deviceclasses
+from testbed.errors import TestbedError
 from testbed.fleet import raycluster
 from testbed.fleet.fleet import Fleet
 from testbed.fleet.spec import FleetFile
@@ -73,10 +74,50 @@ def start_fleet(state: cluster.ClusterState, spec: FleetFile, progress: Progress
     state.extras["nodes_dir"] = str(nodes)
     state.save()
     fleet = Fleet(spec, state.kubeconfig, nodes, detached=True)
+    state.extras["fleet_id"] = fleet.id
+    state.save()
     fleet.start(progress)
     state.extras["metrics_urls"] = fleet.metrics_urls()
     state.save()
     return fleet
+
+
+def attach_fleet(state: cluster.ClusterState) -> Fleet:
+    """The fleet `testbed up` left running in the cluster's Ray."""
+    fleet_id = state.extras.get("fleet_id")
+    address = state.extras.get("ray_address")
+    if not fleet_id or not address:
+        raise TestbedError(
+            f"cluster {state.name!r} has no fleet",
+            hint="start one with `testbed up --nodes N --profile P` or `--fleet FILE`",
+        )
+    raycluster.check_reachable(str(address))
+    raycluster.connect(str(address), state.name)
+    spec = FleetFile.model_validate(state.extras["fleet"])
+    return Fleet.attach(spec, state.kubeconfig, Path(str(state.extras["nodes_dir"])), str(fleet_id))
+
+
+def scale_pool(state: cluster.ClusterState, pool: str, count: int, progress: Progress) -> Fleet:
+    fleet = attach_fleet(state)
+    fleet.scale(pool, count, progress)
+    state.extras["fleet"] = fleet.spec.model_dump(mode="json", by_alias=True)
+    state.extras["metrics_urls"] = fleet.metrics_urls()
+    state.save()
+    return fleet
+
+
+def fleet_metrics_urls(state: cluster.ClusterState) -> list[str]:
+    """Asked of the live NodeHosts: a host Ray restarted serves on a new port."""
+    if not state.extras.get("fleet_id"):
+        return []
+    try:
+        urls = attach_fleet(state).metrics_urls()
+    except TestbedError as exc:
+        log.warning("NodeHost metrics: using the ports recorded at start-up (%s)", exc.message)
+        return [str(u) for u in state.extras.get("metrics_urls", [])]  # type: ignore[attr-defined]
+    state.extras["metrics_urls"] = urls
+    state.save()
+    return urls
 
 
 def down(config: ControlPlaneConfig, keep_state: bool = False) -> list[str]:

@@ -86,7 +86,7 @@ def fleet(control_plane: cluster.ClusterState) -> Iterator[Fleet]:
         running = Fleet(
             single_pool(2, "tiny", nodes_per_host=2, prefix="tb"),
             control_plane.kubeconfig,
-            control_plane.root,
+            nodes_dir(control_plane.root),
         )
         running.start(PrintProgress())
         yield running

@@ -4,91 +4,204 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from testbed.errors import TestbedError
 from testbed.fleet.nodehost import NodeHost, NodeRecipe
-from testbed.fleet.spec import FleetFile
+from testbed.fleet.spec import FleetFile, Pool
 from testbed.progress import Progress, SilentProgress
 
 FLEET_START_CONCURRENCY = 24
 """Synthetic nodes started at once across all hosts: on 2 cores more makes etcd time out."""
 
 
+def _recipe(pool: Pool, index: int) -> NodeRecipe:
+    return NodeRecipe(pool.node_name(index), pool.profile, dict(pool.labels), [t.model_dump() for t in pool.taints])
+
+
 class Fleet:
-    def __init__(self, spec: FleetFile, kubeconfig: Path, nodes_dir: Path, detached: bool = False):
+    def __init__(self, spec: FleetFile, kubeconfig: Path, nodes_dir: Path, detached: bool = False, fleet_id: str = ""):
         """``nodes_dir``: where each node's directory tree (and sockets) goes."""
         self.spec = spec
         self.kubeconfig = kubeconfig
         self.nodes_dir = nodes_dir
         self.detached = detached
-        self.hosts: list[Any] = []
-        self.host_of: dict[str, Any] = {}
-        self.id = uuid.uuid4().hex[:6]
+        self.hosts: dict[str, Any] = {}
+        """Actor name -> handle."""
+        self.host_of: dict[str, str] = {}
+        """Node name -> the name of the actor that runs it."""
+        self.id = fleet_id or uuid.uuid4().hex[:6]
         """Several fleets can share one Ray; actor names carry this."""
+        self._next_host = 0
+        self._unstarted: set[str] = set()
+
+    @classmethod
+    def attach(cls, spec: FleetFile, kubeconfig: Path, nodes_dir: Path, fleet_id: str) -> Fleet:
+        """The fleet a `testbed up` left running in its Ray cluster (connect to Ray first)."""
+        import ray
+        from ray.util import list_named_actors
+
+        fleet = cls(spec, kubeconfig, nodes_dir, detached=True, fleet_id=fleet_id)
+        prefix = f"nodehost-{fleet_id}-"
+        names = sorted((n for n in list_named_actors() if n.startswith(prefix)), key=lambda n: int(n[len(prefix) :]))
+        if not names:
+            raise TestbedError(
+                f"no NodeHost actors of fleet {fleet_id} in this Ray cluster",
+                hint="the fleet is gone (was Ray restarted?); `testbed down` and `testbed up` again",
+            )
+        for name in names:
+            fleet.hosts[name] = ray.get_actor(name)
+        members = ray.get([host.ready.remote() for host in fleet.hosts.values()], timeout=300)
+        for name, nodes in zip(names, members, strict=True):
+            fleet.host_of.update(dict.fromkeys(nodes, name))
+        fleet._next_host = int(names[-1][len(prefix) :]) + 1
+        return fleet
+
+    def _new_host(self, recipes: list[NodeRecipe]) -> str:
+        import ray
+
+        options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 10000, "max_restarts": -1}
+        # max_restarts: a NodeHost that dies is started again by Ray with the same nodes.
+        if self.detached:
+            options["lifetime"] = "detached"
+        name = f"nodehost-{self.id}-{self._next_host}"
+        self._next_host += 1
+        self._unstarted.add(name)
+        self.hosts[name] = (
+            ray.remote(NodeHost)
+            .options(name=name, **options)
+            .remote(str(self.kubeconfig), str(self.nodes_dir), recipes, self.spec.seed, name)
+        )
+        return name
 
     def start(self, progress: Progress | None = None, timeout_s: float = 900.0) -> None:
+        recipes = [_recipe(pool, i) for pool in self.spec.pools for i in range(pool.count)]
+        size = self.spec.nodes_per_host
+        placement = {self._new_host(recipes[i : i + size]): recipes[i : i + size] for i in range(0, len(recipes), size)}
+        progress = progress or SilentProgress()
+        with progress.task(f"starting {len(recipes)} synthetic nodes on {len(placement)} NodeHost actors"):
+            self._bring_up(placement, progress, timeout_s)
+        pools = ", ".join(f"{p.name}: {p.count} x {p.profile}" for p in self.spec.pools)
+        progress.step(f"{len(self.host_of)} synthetic nodes ({pools}) ready and publishing slices")
+
+    def _bring_up(self, placement: dict[str, list[NodeRecipe]], progress: Progress, timeout_s: float) -> None:
+        """Start the placed nodes on their hosts (new hosts were created with theirs), with
+        progress, until all are ready."""
+        import ray
+
+        # Total start concurrency is what the control plane can absorb, not per host.
+        concurrency = max(1, FLEET_START_CONCURRENCY // max(1, len(placement)))
+        calls = {
+            (
+                self.hosts[name].start.remote(timeout_s, concurrency)
+                if name in self._unstarted
+                else self.hosts[name].add_nodes.remote(recipes, timeout_s, concurrency)
+            ): name
+            for name, recipes in placement.items()
+        }
+        self._unstarted.difference_update(placement)
+        total = sum(len(r) for r in placement.values())
+        before = sum(ray.get([self.hosts[name].progress.remote() for name in placement]))
+        deadline = time.monotonic() + timeout_s
+        pending = dict(calls)
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
+            for ref in done:
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayError as exc:
+                    raise TestbedError("a NodeHost failed to start its nodes", detail=str(exc)) from exc
+                host: str = pending.pop(ref)
+                self.host_of.update(dict.fromkeys((r.name for r in placement[host]), host))
+            if time.monotonic() > deadline:
+                raise TestbedError(f"synthetic nodes not ready within {timeout_s:.0f}s")
+            ready = sum(ray.get([self.hosts[name].progress.remote() for name in placement])) - before
+            progress.update(f"{ready}/{total} nodes ready")
+
+    def scale(self, pool_name: str, count: int, progress: Progress | None = None, timeout_s: float = 900.0) -> None:
+        """Grow or shrink a pool while pods run. Shrinking drains the pool's highest-numbered
+        nodes (their pods are evicted and go elsewhere); growing fills hosts that have room,
+        then adds hosts."""
         import ray
 
         progress = progress or SilentProgress()
-        actor = ray.remote(NodeHost)
-        # max_restarts: a NodeHost that dies is started again by Ray with the same nodes.
-        options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 10000, "max_restarts": -1}
-        if self.detached:
-            options["lifetime"] = "detached"
-        nodes = [
-            NodeRecipe(name, pool.profile, dict(pool.labels), [t.model_dump() for t in pool.taints])
-            for pool in self.spec.pools
-            for name in pool.node_names()
-        ]
-        names = [n.name for n in nodes]
+        pool = self.pool(pool_name)
+        if count < 0:
+            raise TestbedError(f"a pool cannot have {count} nodes", hint="give a count of 0 or more")
+        current = [i for i in range(max(pool.count, count) + 1) if pool.node_name(i) in self.host_of]
+        if count < len(current):
+            going = [pool.node_name(i) for i in sorted(current)[count:]]
+            with progress.task(f"draining {len(going)} nodes of pool {pool.name}"):
+                by_host: dict[str, list[str]] = {}
+                for node in going:
+                    by_host.setdefault(self.host_of[node], []).append(node)
+                ray.get([self.hosts[h].remove_nodes.remote(nodes) for h, nodes in by_host.items()], timeout=timeout_s)
+                for node in going:
+                    del self.host_of[node]
+                self._retire_empty_hosts()
+            progress.step(f"pool {pool.name}: {len(going)} nodes drained and deleted")
+        elif count > len(current):
+            wanted = [_recipe(pool, i) for i in range(count) if i not in current]
+            placement = self._place(wanted)
+            with progress.task(f"adding {len(wanted)} nodes to pool {pool.name}"):
+                self._bring_up(placement, progress, timeout_s)
+            progress.step(f"pool {pool.name}: {len(wanted)} nodes added")
+        pool.count = count
+
+    def _place(self, recipes: list[NodeRecipe]) -> dict[str, list[NodeRecipe]]:
+        """Fill the hosts that have room, then start new ones."""
+        load = Counter(self.host_of.values())
+        placement: dict[str, list[NodeRecipe]] = {}
+        queue = list(recipes)
+        for name in self.hosts:
+            room = self.spec.nodes_per_host - load[name]
+            if room > 0 and queue:
+                placement[name], queue = queue[:room], queue[room:]
         size = self.spec.nodes_per_host
-        for index, start in enumerate(range(0, len(nodes), size)):
-            group = nodes[start : start + size]
-            host = actor.options(name=f"nodehost-{self.id}-{index}", **options).remote(
-                str(self.kubeconfig), str(self.nodes_dir), group, self.spec.seed
-            )
-            self.hosts.append(host)
-            self.host_of.update(dict.fromkeys((n.name for n in group), host))
-        # Total start concurrency is what the control plane can absorb, not per host.
-        concurrency = max(1, FLEET_START_CONCURRENCY // max(1, len(self.hosts)))
-        pending = {host.start.remote(timeout_s, concurrency): host for host in self.hosts}
-        ready = 0
-        deadline = time.monotonic() + timeout_s
-        with progress.task(f"starting {len(names)} synthetic nodes on {len(self.hosts)} NodeHost actors"):
-            while pending:
-                done, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
-                for ref in done:
-                    try:
-                        ray.get(ref)
-                    except ray.exceptions.RayError as exc:
-                        raise TestbedError("a NodeHost failed to start its nodes", detail=str(exc)) from exc
-                    pending.pop(ref)
-                if time.monotonic() > deadline:
-                    raise TestbedError(f"synthetic nodes not ready within {timeout_s:.0f}s")
-                counts = ray.get([host.progress.remote() for host in self.hosts])
-                ready = sum(counts)
-                progress.update(f"{ready}/{len(names)} nodes ready")
-            ready = sum(ray.get([host.progress.remote() for host in self.hosts]))
-        pools = ", ".join(f"{p.name}: {p.count} x {p.profile}" for p in self.spec.pools)
-        progress.step(f"{ready} synthetic nodes ({pools}) ready and publishing slices")
+        for i in range(0, len(queue), size):
+            group = queue[i : i + size]
+            placement[self._new_host(group)] = group
+        return placement
+
+    def _retire_empty_hosts(self) -> None:
+        import ray
+
+        busy = set(self.host_of.values())
+        for name in [n for n in self.hosts if n not in busy]:
+            host = self.hosts.pop(name)
+            ray.get(host.forget.remote(), timeout=60)
+            ray.get(host.stop.remote(), timeout=60)
+            ray.kill(host)
+
+    def pool(self, name: str) -> Pool:
+        for pool in self.spec.pools:
+            if pool.name == name:
+                return pool
+        known = ", ".join(p.name for p in self.spec.pools)
+        raise TestbedError(f"the fleet has no pool {name!r}", hint=f"its pools: {known}")
 
     def metrics_urls(self) -> list[str]:
         import ray
 
-        ports = ray.get([host.metrics_port.remote() for host in self.hosts])
+        ports = ray.get([host.metrics_port.remote() for host in self.hosts.values()])
         return [f"http://127.0.0.1:{port}/metrics" for port in ports]
 
     def host(self, node: str) -> Any:
-        return self.host_of[node]
+        return self.hosts[self.host_of[node]]
 
-    def stop(self) -> None:
+    def stop(self, remove_nodes: bool = False) -> None:
+        """``remove_nodes``: drain and delete the Nodes too (a fleet leaving a cluster that
+        stays); without it the Nodes stay behind and go NotReady."""
         import ray
 
+        if remove_nodes:
+            for pool in self.spec.pools:
+                self.scale(pool.name, 0)
         if self.hosts:
-            ray.get([host.stop.remote() for host in self.hosts], timeout=60)
-            for host in self.hosts:
+            ray.get([host.stop.remote() for host in self.hosts.values()], timeout=60)
+            for host in self.hosts.values():
                 ray.kill(host)
         self.hosts.clear()
         self.host_of.clear()

@@ -7,21 +7,27 @@ hardware's fault switches, so scenarios and tests can break devices on purpose.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fake_devices.hardware import Health
 from fake_devices.profiles import load_profile
 from testbed.driver.claims import ClaimCache
+from testbed.driver.files import write_atomically
+from testbed.fleet.drain import DrainResult, drain
 from testbed.fleet.synthetic_node import SyntheticNode
 from testbed.kubeapi import KubeClient, path_for
 from testbed.metrics_server import MetricsServer
 
 START_CONCURRENCY = 8
 """Nodes a host brings up at once; the fleet lowers it when there are many hosts."""
+
+MEMBERSHIP_DIR = ".hosts"
+"""Under the nodes dir: which nodes each NodeHost runs now, for a host Ray restarts."""
 
 
 @dataclass(frozen=True)
@@ -43,13 +49,17 @@ def _restarted_by_ray() -> bool:
 
 
 class NodeHost:
-    def __init__(self, kubeconfig: str, nodes_dir: str, nodes: list[NodeRecipe], seed: int = 0):
-        """``nodes``: what to run; profiles are shipped names or YAML paths."""
+    def __init__(self, kubeconfig: str, nodes_dir: str, nodes: list[NodeRecipe], seed: int = 0, name: str = ""):
+        """``nodes``: what to run; profiles are shipped names or YAML paths. ``name``: the
+        actor's name; with it the host remembers its nodes on disk, so a host that Ray
+        restarts after the fleet was scaled comes back with the nodes it had, not the
+        ones it was created with."""
         logging.basicConfig(level=logging.WARNING)
         self.kubeconfig = Path(kubeconfig)
         self.nodes_dir = Path(nodes_dir)
-        self.node_specs = nodes
+        self.recipes = {recipe.name: recipe for recipe in nodes}
         self.seed = seed
+        self.membership = self.nodes_dir / MEMBERSHIP_DIR / f"{name}.json" if name else None
         self.nodes: dict[str, SyntheticNode] = {}
         self.client: KubeClient | None = None
         self.claims: ClaimCache | None = None
@@ -61,15 +71,43 @@ class NodeHost:
             # Ray re-ran the constructor after this host died: bring the same nodes back.
             # Their drivers repair from the checkpoints on disk; their kubelets find their
             # pods through the pod watch. The event loop already runs here.
+            self.recipes = self._remembered() or self.recipes
             self._restart = asyncio.get_event_loop().create_task(self.start())
+        else:
+            self._remember()
+
+    def _remember(self) -> None:
+        if self.membership is not None:
+            data = json.dumps([asdict(r) for r in self.recipes.values()], indent=1).encode()
+            write_atomically(self.membership, data, durable=False)
+
+    def _remembered(self) -> dict[str, NodeRecipe] | None:
+        if self.membership is None or not self.membership.exists():
+            return None
+        recipes = [NodeRecipe(**entry) for entry in json.loads(self.membership.read_text())]
+        return {recipe.name: recipe for recipe in recipes}
 
     async def start(self, ready_timeout_s: float = 300.0, concurrency: int = START_CONCURRENCY) -> list[str]:
         self.client = KubeClient.from_kubeconfig(self.kubeconfig)
         self.claims = ClaimCache(self.client)
         self.claims.start()
-        profiles = {recipe.profile: load_profile(recipe.profile) for recipe in self.node_specs}
-        for recipe in self.node_specs:
-            self.nodes[recipe.name] = SyntheticNode(
+        self._pod_watch = asyncio.create_task(self._watch_pods(), name="nodehost-pods")
+        await self.add_nodes(list(self.recipes.values()), ready_timeout_s, concurrency)
+        await self.metrics.start()
+        return sorted(self.nodes)
+
+    async def add_nodes(
+        self, recipes: list[NodeRecipe], ready_timeout_s: float = 300.0, concurrency: int = START_CONCURRENCY
+    ) -> list[str]:
+        """Start these nodes (those not already running) and wait until they are ready."""
+        assert self.client is not None and self.claims is not None, "start() first"
+        profiles = {recipe.profile: load_profile(recipe.profile) for recipe in recipes}
+        fresh = []
+        for recipe in recipes:
+            if recipe.name in self.nodes:
+                continue
+            self.recipes[recipe.name] = recipe
+            node = SyntheticNode(
                 recipe.name,
                 profiles[recipe.profile],
                 self.nodes_dir / recipe.name,
@@ -80,7 +118,9 @@ class NodeHost:
                 taints=recipe.taints,
                 watch_pods=False,
             )
-        self._pod_watch = asyncio.create_task(self._watch_pods(), name="nodehost-pods")
+            self.nodes[recipe.name] = node
+            fresh.append(node)
+        self._remember()
         # Bounded: a burst of every node at once makes etcd time out, and retries waste more.
         gate = asyncio.Semaphore(concurrency)
 
@@ -90,9 +130,31 @@ class NodeHost:
                 await node.wait_ready(ready_timeout_s)
                 self.ready_count += 1
 
-        await asyncio.gather(*(bring_up(node) for node in self.nodes.values()))
-        await self.metrics.start()
-        return sorted(self.nodes)
+        await asyncio.gather(*(bring_up(node) for node in fresh))
+        return [node.name for node in fresh]
+
+    async def remove_nodes(self, names: list[str], timeout_s: float = 300.0) -> list[dict[str, Any]]:
+        """Drain these nodes and delete them from the cluster (see drain.py for the order)."""
+        assert self.client is not None, "start() first"
+        client = self.client
+        gate = asyncio.Semaphore(START_CONCURRENCY)
+
+        async def retire(name: str) -> DrainResult:
+            async with gate:
+                result = await drain(client, self._node(name), timeout_s)
+            del self.nodes[name]
+            self.recipes.pop(name, None)
+            self.ready_count -= 1
+            self._remember()
+            return result
+
+        results = await asyncio.gather(*(retire(name) for name in names))
+        return [asdict(r) for r in results]
+
+    async def forget(self) -> None:
+        """This host is being retired with no nodes left: drop its memory on disk."""
+        if self.membership is not None:
+            self.membership.unlink(missing_ok=True)
 
     async def _watch_pods(self) -> None:
         """One watch for every node this host runs, not one per node."""

@@ -52,9 +52,12 @@ class Pool(_Strict):
             raise ValueError(str(exc).replace("\n", " ")) from None
         return self
 
+    def node_name(self, index: int) -> str:
+        """Stable whatever the count: scaling a pool up never renames its nodes."""
+        return f"{self.name}-{index:03d}"
+
     def node_names(self) -> list[str]:
-        width = max(3, len(str(max(self.count - 1, 0))))
-        return [f"{self.name}-{i:0{width}d}" for i in range(self.count)]
+        return [self.node_name(i) for i in range(self.count)]
 
 
 class RaySettings(_Strict):

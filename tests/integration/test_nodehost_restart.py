@@ -72,4 +72,4 @@ def test_a_killed_nodehost_comes_back_with_no_leaked_or_double_used_device(
         wait_for(lambda: ray.get(host.hardware_claims.remote(node)) == {}, 120, "nothing held at the end")
     finally:
         core.delete_namespace(namespace)
-        own.stop()
+        own.stop(remove_nodes=True)  # or the scheduler may pick its Node for later tests' pods

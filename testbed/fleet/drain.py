@@ -1,0 +1,92 @@
+"""Taking a synthetic node out of the fleet in the order the DRA good practices ask for.
+
+cordon -> evict its pods -> the kubelet unprepares their claims -> stop the drivers ->
+remove their ResourceSlices -> stop the kubelet -> delete the Node. A driver that went
+away while pods still used its devices could never unprepare them; the node is only
+deleted once nothing on it is prepared any more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+from dataclasses import dataclass
+
+from testbed.errors import TestbedError
+from testbed.fleet.synthetic_node import SyntheticNode
+from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
+
+POLL_S = 0.5
+
+
+@dataclass
+class DrainResult:
+    node: str
+    pods_evicted: int
+    claims_unprepared: int
+
+
+async def _pods_on(client: KubeClient, node: str) -> list[Obj]:
+    listing = await client.get(path_for("v1", "pods"), {"fieldSelector": f"spec.nodeName={node}"})
+    items: list[Obj] = listing.get("items", [])
+    return items
+
+
+async def _evict(client: KubeClient, pod: Obj, deadline: float) -> None:
+    """The Eviction API, as `kubectl drain` uses it: a PodDisruptionBudget may say "not yet"."""
+    meta = pod["metadata"]
+    body = {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+    }
+    path = path_for("v1", "pods", meta["name"], meta["namespace"], "eviction")
+    while True:
+        try:
+            await client.create(path, body)
+            return
+        except ApiError as exc:
+            if exc.not_found:
+                return  # already gone
+            if exc.status == 403 and "being terminated" in exc.message:
+                # No eviction in a namespace being deleted, and no budget left to honour.
+                await client.delete_if_exists(path_for("v1", "pods", meta["name"], meta["namespace"]))
+                return
+            where = f"pod {meta['namespace']}/{meta['name']} from {pod['spec'].get('nodeName')}"
+            if exc.status != 429:
+                raise TestbedError(f"cannot evict {where}", detail=exc.message) from None
+            if time.monotonic() > deadline:
+                raise TestbedError(
+                    f"cannot evict {where}",
+                    hint="a PodDisruptionBudget forbids it; scale the workload or relax the budget, then retry",
+                    detail=exc.message,
+                ) from None
+        await asyncio.sleep(POLL_S)
+
+
+async def drain(client: KubeClient, node: SyntheticNode, timeout_s: float = 300.0) -> DrainResult:
+    """Empty the node and remove it from the cluster; raise if a claim stays prepared."""
+    deadline = time.monotonic() + timeout_s
+    name = node.name
+    await client.patch(path_for("v1", "nodes", name), {"spec": {"unschedulable": True}})
+    pods = await _pods_on(client, name)
+    prepared_before = len(node.kubelet.pods.claims)
+    await asyncio.gather(*(_evict(client, pod, deadline) for pod in pods))
+    while (left := await _pods_on(client, name)) or node.kubelet.pods.claims:
+        if time.monotonic() > deadline:
+            still = ", ".join(f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in left) or "none"
+            raise TestbedError(
+                f"node {name} did not drain within {timeout_s:.0f}s",
+                detail=f"pods left: {still}; claims still prepared: {len(node.kubelet.pods.claims)}",
+                hint="the node is cordoned and stays in the cluster; its kubelet log says why",
+            )
+        await asyncio.sleep(POLL_S)
+    for driver in node.drivers:
+        await driver.stop()
+        await node.kubelet.wipe_slices(driver.driver)
+    await node.kubelet.stop()
+    await client.delete_if_exists(path_for("v1", "nodes", name))
+    await client.delete_if_exists(path_for("coordination.k8s.io/v1", "leases", name, "kube-node-lease"))
+    shutil.rmtree(node.root, ignore_errors=True)  # its checkpoints are empty and its CDI specs gone
+    return DrainResult(name, len(pods), prepared_before)

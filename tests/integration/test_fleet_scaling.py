@@ -1,0 +1,107 @@
+"""Scaling a pool down and up while pods run: drained in order, nothing leaked, nodes come back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import ray
+from kubernetes import client as k8s
+
+from testbed.config import nodes_dir
+from testbed.controlplane.cluster import ClusterState
+from testbed.fleet.fleet import Fleet
+from testbed.fleet.spec import FleetFile
+from testbed.kubelet.node import SYNTHETIC_TOLERATION
+from testbed.testing import wait_for
+from tests.integration.dra_helpers import GPU, claim_spec, create_template, request, unique
+
+pytestmark = pytest.mark.controlplane
+
+
+def _deployment(name: str, pool_label: str, replicas: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": "registry.invalid/workload",
+                            "command": ["run-forever"],
+                            "resources": {"claims": [{"name": "gpu"}]},
+                        }
+                    ],
+                    "nodeSelector": {"pool": pool_label},
+                    "tolerations": [SYNTHETIC_TOLERATION],
+                    "terminationGracePeriodSeconds": 1,
+                },
+            },
+        },
+    }
+
+
+def test_a_pool_scales_down_and_up_while_pods_run(
+    control_plane: ClusterState, fleet: Fleet, kube_api: k8s.ApiClient
+) -> None:
+    del fleet  # only for its Ray and DeviceClasses
+    label = unique("sc")
+    spec = FleetFile.model_validate(
+        {"nodesPerHost": 2, "pools": [{"name": "sc", "count": 3, "profile": "tiny", "labels": {"pool": label}}]}
+    )
+    own = Fleet(spec, control_plane.kubeconfig, nodes_dir(control_plane.root))
+    own.start()
+    core, resource = k8s.CoreV1Api(kube_api), k8s.ResourceV1Api(kube_api)
+    namespace = unique("scale")
+    core.create_namespace({"metadata": {"name": namespace}})
+
+    def running() -> dict[str, str]:
+        pods = core.list_namespaced_pod(namespace).items
+        return {p.metadata.uid: p.spec.node_name for p in pods if p.status.phase == "Running"}
+
+    def slices_of(node: str) -> list[Any]:
+        return list(resource.list_resource_slice(field_selector=f"spec.nodeName={node}").items)
+
+    try:
+        create_template(kube_api, namespace, "one-gpu", claim_spec(request("gpu", GPU)))
+        k8s.AppsV1Api(kube_api).create_namespaced_deployment(namespace, _deployment("work", label, 5))
+        wait_for(lambda: len(running()) == 5, 180, "5 GPU pods running on 3 nodes of 2 GPUs")
+        before = running()
+
+        own.scale("sc", 1)
+
+        for gone in ("sc-001", "sc-002"):
+            assert not core.list_node(field_selector=f"metadata.name={gone}").items, f"{gone} deleted"
+            assert not slices_of(gone), f"{gone}'s slices removed"
+            assert not (nodes_dir(control_plane.root) / gone).exists()
+        assert len(own.hosts) == 1, "the host left with no nodes is gone"
+        assert spec.pools[0].count == 1
+        # The pods on sc-000 kept running through it; the evicted ones were replaced,
+        # and with 2 GPUs left only 2 of 5 can run.
+        kept = {uid for uid, node in before.items() if node == "sc-000"}
+        wait_for(lambda: len(running()) == 2, 180, "a replacement pod to take sc-000's free GPU")
+        now = running()
+        assert kept <= set(now) and set(now.values()) == {"sc-000"}
+        held = ray.get(own.host("sc-000").hardware_claims.remote("sc-000"))
+        assert len(held) == 2, "the surviving node holds exactly the devices of its 2 pods"
+
+        own.scale("sc", 3)
+
+        assert len(own.hosts) == 2
+        assert {n.metadata.name for n in core.list_node(label_selector=f"pool={label}").items} == {
+            "sc-000",
+            "sc-001",
+            "sc-002",
+        }
+        wait_for(lambda: len(running()) == 5, 180, "the waiting pods to run on the new nodes")
+    finally:
+        core.delete_namespace(namespace)
+        own.stop(remove_nodes=True)
+    assert not core.list_node(label_selector=f"pool={label}").items, "a fleet that leaves takes its Nodes"
