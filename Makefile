@@ -1,5 +1,6 @@
 # dra-testbed: the verbs people expect. Every target installs what it needs first.
 #   make e2e     bring a local control plane up, prove it allocates, tear it down (KEEP=1 keeps it)
+#                CLUSTER=kind: the same on a kind cluster, the driver as a DaemonSet (needs Docker + kind)
 #   make test    unit + integration tests against the real local control plane
 #   make bench   benchmark figures (COLD=1 re-runs a cold build; FLEET_NODES/FLEET_PROFILE size the fleet run)
 #   make lint    ruff + mypy
@@ -31,7 +32,7 @@ binaries: $(INSTALLED)
 	$(VENV)/bin/testbed binaries
 
 e2e: install
-	$(PY) scripts/e2e.py
+	$(PY) scripts/$(if $(filter kind,$(CLUSTER)),e2e_kind.py,e2e.py)
 
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)

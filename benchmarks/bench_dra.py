@@ -126,7 +126,7 @@ def pod_startup(state: cluster.ClusterState, pods: int) -> list[float]:
     api = api_client(state.kubeconfig)
     core = k8s.CoreV1Api(api)
     try:
-        raycluster.connect(address, state.name)
+        raycluster.connect(address, state.name, state.root)
         fleet = Fleet(
             single_pool(4, "gpu8", nodes_per_host=4, prefix="bench"),
             state.kubeconfig,

@@ -118,6 +118,13 @@ def main() -> None:
     default=None,
     help="A fleet file: node pools (count, profile, labels, taints), nodes per host, Ray address.",
 )
+@click.option(
+    "--kubeconfig",
+    "external_kubeconfig",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    default=None,
+    help="Bring the fleet to this existing cluster (kind, ...) instead of starting a control plane.",
+)
 @reports_errors
 def up(
     name: str,
@@ -134,8 +141,12 @@ def up(
     profile: str,
     nodes_per_host: int,
     fleet_file: Path | None,
+    external_kubeconfig: Path | None,
 ) -> None:
-    """Start a local control plane (and synthetic nodes); print the kubeconfig path last."""
+    """Start a local control plane (and synthetic nodes); print the kubeconfig path last.
+
+    With --kubeconfig, start no control plane: the synthetic nodes join that cluster, and
+    `testbed down` takes them out of it again."""
     _interrupt_on_sigterm()
     config = cfg.ControlPlaneConfig.from_env(
         name=name,
@@ -160,7 +171,7 @@ def up(
             fleet = fleet_spec.single_pool(nodes, profile, nodes_per_host)
     except (ProfileError, fleet_spec.FleetFileError) as exc:
         raise TestbedError(str(exc), hint="fix the file, or pick a shipped profile (gpu8, h100x8, tiny)") from None
-    state = environment.up(config, fleet, ConsoleProgress())
+    state = environment.up(config, fleet, ConsoleProgress(), external_kubeconfig=external_kubeconfig)
     click.echo(str(state.kubeconfig))
 
 
@@ -212,7 +223,11 @@ def status(name: str, state_dir: Path | None) -> None:
             "[green]healthy[/]" if c.healthy else "[red]unhealthy[/]",
         )
     out.print(table)
-    out.print(f"apiserver: {state.apiserver_url}\nkubeconfig: {state.kubeconfig}")
+    if state.extras.get(cluster.EXTERNAL):
+        out.print(f"attached to the cluster of {state.extras[cluster.EXTERNAL]} (no control plane of its own)")
+    else:
+        out.print(f"apiserver: {state.apiserver_url}")
+    out.print(f"kubeconfig: {state.kubeconfig}")
     out.print(f"logs: {state.layout.logs}")
     out.print(f"binaries: {state.binaries}")
     if not all(c.healthy for c in components):

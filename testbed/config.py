@@ -10,7 +10,7 @@ Environment variables read here (and nowhere else):
   (default ``$XDG_STATE_HOME/dra-testbed`` or ``~/.local/state/dra-testbed``).
 - ``TESTBED_RUNTIME_DIR``: where synthetic nodes keep their directories and sockets
   (default ``$XDG_RUNTIME_DIR/dra-testbed`` or ``/tmp/dra-testbed-<uid>``): short,
-  since a unix socket path must fit in 107 bytes.
+  since a unix socket path must fit in 105 bytes (gRPC's limit).
 - ``TESTBED_FEATURE_GATES``: extra gates for every component, ``A=true,B=false``.
 - ``TESTBED_ALPHA``: ``1`` turns on every alpha DRA gate and alpha/beta APIs.
 """

@@ -43,9 +43,15 @@ def up(
     fleet: FleetFile | None = None,
     progress: Progress | None = None,
     binaries: Binaries | None = None,
+    external_kubeconfig: Path | None = None,
 ) -> cluster.ClusterState:
+    """``external_kubeconfig``: bring the fleet to that cluster instead of starting one."""
     progress = progress or SilentProgress()
-    state = cluster.up(config, progress, binaries)
+    if external_kubeconfig is not None:
+        state = cluster.attach(config, external_kubeconfig, progress)
+        progress.step(f"using the cluster of {external_kubeconfig}; no control plane started")
+    else:
+        state = cluster.up(config, progress, binaries)
     try:
         names = install_device_classes(state.kubeconfig)
         progress.step(f"DeviceClasses: {', '.join(names)}")
@@ -69,7 +75,7 @@ def start_fleet(state: cluster.ClusterState, spec: FleetFile, progress: Progress
     state.extras["ray_address"] = address
     state.extras["fleet"] = spec.model_dump(mode="json", by_alias=True)
     state.save()
-    raycluster.connect(address, state.name)
+    raycluster.connect(address, state.name, None if spec.ray.address else state.root)
     nodes = config.nodes_dir(state.root)
     state.extras["nodes_dir"] = str(nodes)
     state.save()
@@ -92,7 +98,7 @@ def attach_fleet(state: cluster.ClusterState) -> Fleet:
             hint="start one with `testbed up --nodes N --profile P` or `--fleet FILE`",
         )
     raycluster.check_reachable(str(address))
-    raycluster.connect(str(address), state.name)
+    raycluster.connect(str(address), state.name, state.root)
     spec = FleetFile.model_validate(state.extras["fleet"])
     return Fleet.attach(spec, state.kubeconfig, Path(str(state.extras["nodes_dir"])), str(fleet_id))
 
@@ -125,6 +131,15 @@ def down(config: ControlPlaneConfig, keep_state: bool = False) -> list[str]:
     are not asked to stop one by one: their directories go with the cluster's."""
     root = config.cluster_dir
     state = cluster.ClusterState.load(root) if root.exists() else None
+    if state is not None and state.extras.get(cluster.EXTERNAL) and state.extras.get("fleet_id"):
+        # The cluster stays: take the synthetic nodes out of it, in drain order.
+        try:
+            attach_fleet(state).stop(remove_nodes=True)
+            import ray
+
+            ray.shutdown()  # before its head stops, or Ray's client ends this process
+        except Exception as exc:  # Ray or the cluster already gone: nothing left to drain
+            log.warning("could not remove the synthetic nodes from %s: %s", state.extras[cluster.EXTERNAL], exc)
     stopped = cluster.down(config, keep_state=keep_state)
     if state is not None:
         raycluster.remove_temp_dir(state.root)

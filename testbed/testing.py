@@ -46,7 +46,7 @@ def wait_for(condition: Callable[[], T | None], timeout_s: float, what: str, int
 
 @pytest.fixture
 def short_tmp_path() -> Iterator[Path]:
-    """A short temporary directory: unix socket paths must stay within 107 bytes."""
+    """A short temporary directory: unix socket paths must stay within 105 bytes (gRPC's limit)."""
     path = Path(tempfile.mkdtemp(prefix="tb-"))
     try:
         yield path
@@ -63,7 +63,7 @@ def kube_binaries() -> Binaries:
 @pytest.fixture(scope="session")
 def control_plane(kube_binaries: Binaries) -> Iterator[cluster.ClusterState]:
     """A running control plane shared by the whole session, stopped at its end."""
-    # Short on purpose: synthetic nodes put unix sockets under it (107-byte limit).
+    # Short on purpose: synthetic nodes put unix sockets under it (105-byte limit).
     config = ControlPlaneConfig(name="pytest", state_dir=Path(tempfile.mkdtemp(prefix="tbc-")))
     state = cluster.up(config, PrintProgress(), binaries=kube_binaries)
     try:
@@ -82,7 +82,7 @@ def fleet(control_plane: cluster.ClusterState) -> Iterator[Fleet]:
     record, address = raycluster.start_head(control_plane.root, control_plane.layout.log("ray"))
     running = None
     try:
-        raycluster.connect(address, control_plane.name)
+        raycluster.connect(address, control_plane.name, control_plane.root)
         running = Fleet(
             single_pool(2, "tiny", nodes_per_host=2, prefix="tb"),
             control_plane.kubeconfig,

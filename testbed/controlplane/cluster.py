@@ -30,6 +30,8 @@ STOP_STAGES = (("kube-scheduler", "kube-controller-manager"), ("kube-apiserver",
 """Clients first, etcd last: an apiserver whose etcd is gone takes seconds to give up."""
 STOP_ORDER = tuple(name for stage in STOP_STAGES for name in stage)
 OWNED_MARKERS = ("state.json", "pki", "logs")
+EXTERNAL = "external_kubeconfig"
+"""In ``extras`` of a cluster the testbed attached to rather than started."""
 POLL_INTERVAL_S = 0.1
 
 
@@ -266,6 +268,28 @@ def _wait_for(
         time.sleep(POLL_INTERVAL_S)
 
 
+def attach(config: ControlPlaneConfig, kubeconfig: Path, progress: Progress | None = None) -> ClusterState:
+    """Use a cluster someone else runs (kind, or any other): no control-plane processes,
+    only a record of the cluster, its kubeconfig, and what the layers above start."""
+    progress = progress or SilentProgress()
+    if not kubeconfig.is_file():
+        raise TestbedError(f"kubeconfig {kubeconfig} does not exist", hint="e.g. `kind get kubeconfig > FILE`")
+    root = _prepare_directory(config, progress)
+    layout = Layout(root)
+    shutil.copyfile(kubeconfig, layout.admin_kubeconfig)
+    layout.admin_kubeconfig.chmod(0o600)
+    state = ClusterState(
+        name=config.name,
+        root=root,
+        ports=Ports(0, 0, 0, 0, 0),
+        binaries=f"none: an existing cluster ({kubeconfig})",
+        ready=True,
+        extras={EXTERNAL: str(kubeconfig)},
+    )
+    state.save()
+    return state
+
+
 def up(
     config: ControlPlaneConfig,
     progress: Progress | None = None,
@@ -371,7 +395,7 @@ def status(config: ControlPlaneConfig) -> tuple[ClusterState | None, list[Compon
     state = ClusterState.load(config.cluster_dir) if config.cluster_dir.exists() else None
     if state is None:
         return None, []
-    checks = health_checks(state)
+    checks = {} if state.extras.get(EXTERNAL) else health_checks(state)  # an attached cluster is not ours to check
     report = []
     for record in state.processes:
         alive = record.alive()

@@ -56,9 +56,11 @@ def process_start_ticks(pid: int) -> int | None:
     return int(fields[19])
 
 
-def start(name: str, command: list[str], log_path: Path, cwd: Path) -> tuple[subprocess.Popen[bytes], ProcessRecord]:
+def start(
+    name: str, command: list[str], log_path: Path, cwd: Path, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[bytes], ProcessRecord]:
     """Start detached: its own session, so Ctrl-C in the terminal does not reach it and
-    it outlives the `testbed up` that started it."""
+    it outlives the `testbed up` that started it. ``env``: added to this process's."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
@@ -67,6 +69,7 @@ def start(name: str, command: list[str], log_path: Path, cwd: Path) -> tuple[sub
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=cwd,
+            env={**os.environ, **env} if env else None,
             start_new_session=True,
         )
     ticks = process_start_ticks(proc.pid)

@@ -26,7 +26,8 @@ from testbed.errors import TestbedError
 from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
 
 log = logging.getLogger(__name__)
-MAX_SOCKET_PATH = 107  # sun_path is 108 bytes including the terminating NUL
+MAX_SOCKET_PATH = 105
+"""gRPC refuses longer unix socket paths (the kernel allows 107: sun_path is 108 bytes with its NUL)."""
 PUBLISH_RETRY_S = 1.0
 
 
@@ -67,7 +68,7 @@ class DriverPlugin:
             length = len(str(sock).encode())
             if length > MAX_SOCKET_PATH:
                 raise TestbedError(
-                    f"socket path {sock} is {length} bytes; unix sockets allow {MAX_SOCKET_PATH}",
+                    f"socket path {sock} is {length} bytes; gRPC binds unix sockets of at most {MAX_SOCKET_PATH}",
                     hint="use a shorter state or kubelet directory",
                 )
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
+import secrets
 import shutil
 import socket
 import sys
@@ -31,6 +33,25 @@ def ray_temp_dir(cluster_root: Path) -> Path:
 
 def namespace(cluster_name: str) -> str:
     return f"{NAMESPACE_PREFIX}-{cluster_name}"
+
+
+def auth_token_path(cluster_root: Path) -> Path:
+    return cluster_root / "ray-auth-token"
+
+
+def auth_env(cluster_root: Path) -> dict[str, str]:
+    """Token authentication with this cluster's own token. Never Ray's per-user default
+    (~/.ray/auth_token): whoever else runs Ray on the machine may create or replace it,
+    and a head and its clients that disagree about it cannot talk."""
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(auth_token_path(cluster_root))}
+
+
+def _write_token(cluster_root: Path) -> None:
+    path = auth_token_path(cluster_root)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(secrets.token_hex(32))
 
 
 def start_head(cluster_root: Path, log_path: Path, num_cpus: int | None = None) -> tuple[ProcessRecord, str]:
@@ -70,7 +91,8 @@ def start_head(cluster_root: Path, log_path: Path, num_cpus: int | None = None) 
     ]
     if num_cpus is not None:
         command.append(f"--num-cpus={num_cpus}")
-    _, record = processes.start("ray", command, log_path, cwd=cluster_root)
+    _write_token(cluster_root)
+    _, record = processes.start("ray", command, log_path, cwd=cluster_root, env=auth_env(cluster_root))
     address = f"127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -100,11 +122,18 @@ def check_reachable(address: str, timeout_s: float = 5.0) -> None:
         ) from None
 
 
-def connect(address: str, cluster_name: str) -> None:
+def connect(address: str, cluster_name: str, cluster_root: Path | None = None) -> None:
+    """``cluster_root``: of a cluster whose Ray head the testbed started (its token is
+    there); None for a Ray cluster the user runs, whose own settings then apply."""
     import ray
 
     if ray.is_initialized():
         return
+    if cluster_root is not None and auth_token_path(cluster_root).exists():
+        os.environ.update(auth_env(cluster_root))
+        from ray._raylet import Config  # type: ignore[attr-defined]
+
+        Config.initialize("")  # Ray read RAY_AUTH_MODE when it was imported; read it again
     ray.init(
         address=address,
         namespace=namespace(cluster_name),

@@ -20,7 +20,7 @@ from testbed.driver.plugin import DriverPlugin
 from testbed.driver.prepare import DriverPaths
 from testbed.kubeapi import KubeClient
 from testbed.kubelet.kubelet import FakeKubelet
-from testbed.kubelet.node import NodeSpec
+from testbed.kubelet.node import PROFILE_LABEL, NodeSpec
 
 
 def drivers_for(profile: HardwareProfile) -> list[str]:
@@ -69,7 +69,7 @@ class SyntheticNode:
     def _node_spec(
         name: str, profile: str, labels: Mapping[str, str] | None, taints: list[dict[str, str]] | None
     ) -> NodeSpec:
-        spec = NodeSpec(name, labels={"dra-testbed.io/profile": profile, **(labels or {})})
+        spec = NodeSpec(name, labels={PROFILE_LABEL: profile, **(labels or {})})
         if taints is not None:
             spec.taints = [dict(t) for t in taints]
         return spec

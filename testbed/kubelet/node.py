@@ -23,6 +23,8 @@ log = logging.getLogger(__name__)
 LEASE_DURATION_S = 40
 LEASE_RENEW_S = 10.0
 SYNTHETIC_TAINT = {"key": "dra-testbed.io/synthetic", "value": "true", "effect": "NoSchedule"}
+PROFILE_LABEL = "dra-testbed.io/profile"
+"""Every synthetic node carries its hardware profile here; real nodes do not."""
 SYNTHETIC_TOLERATION = {
     "key": "dra-testbed.io/synthetic",
     "operator": "Exists",

@@ -21,7 +21,7 @@ from typing import Any
 import aiohttp
 
 from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
-from testbed.kubelet.node import SYNTHETIC_TOLERATION
+from testbed.kubelet.node import PROFILE_LABEL, SYNTHETIC_TOLERATION
 from testbed.report.metrics import Scrape, scrape
 from testbed.scenarios.spec import Phase, Scenario
 
@@ -117,6 +117,14 @@ def pod_spec(phase: Phase, command: list[str]) -> Obj:
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": 0,
         "tolerations": [SYNTHETIC_TOLERATION],
+        # Synthetic nodes only: on a kind cluster the real nodes would try to pull the image.
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchExpressions": [{"key": PROFILE_LABEL, "operator": "Exists"}]}]
+                }
+            }
+        },
         "containers": [container],
     }
     if phase.requests:
@@ -212,8 +220,12 @@ class Runner:
     # --- phases --------------------------------------------------------------------
 
     async def _devices(self) -> dict[str, int]:
+        """Devices on the synthetic nodes, where the scenario's pods go."""
+        nodes = await self.client.get(path_for("v1", "nodes"), {"labelSelector": PROFILE_LABEL})
+        synthetic = {n["metadata"]["name"] for n in nodes["items"]}
         listing = await self.client.get(path_for("resource.k8s.io/v1", "resourceslices"))
-        return {name: count_devices(listing["items"], name) for name in CLASS_KINDS}
+        slices = [s for s in listing["items"] if s["spec"].get("nodeName") in synthetic]
+        return {name: count_devices(slices, name) for name in CLASS_KINDS}
 
     def _jobs_for(self, phase: Phase, held: int) -> int:
         if phase.jobs is not None:

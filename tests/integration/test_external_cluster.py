@@ -1,0 +1,51 @@
+"""`testbed up --kubeconfig`: the fleet joins a cluster someone else runs (how kind mode
+works), and `testbed down` takes it out again, leaving that cluster running."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from kubernetes import client as k8s
+
+from testbed.controlplane.cluster import ClusterState
+
+pytestmark = pytest.mark.controlplane
+
+
+def _testbed(state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "testbed.cli", *args, "--name", "ext", "--state-dir", str(state_dir)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=600)
+
+
+def test_a_fleet_joins_an_existing_cluster_and_leaves_it(
+    control_plane: ClusterState, kube_api: k8s.ApiClient, short_tmp_path: Path
+) -> None:
+    core, resource = k8s.CoreV1Api(kube_api), k8s.ResourceV1Api(kube_api)
+    state_dir, fleet = short_tmp_path / "state", short_tmp_path / "fleet.yaml"
+    fleet.write_text("nodesPerHost: 2\npools: [{name: ext, count: 2, profile: tiny, labels: {joined: 'yes'}}]\n")
+
+    up = _testbed(state_dir, "up", "--kubeconfig", str(control_plane.kubeconfig), "--fleet", str(fleet))
+    try:
+        assert up.returncode == 0, up.stderr
+        assert "no control plane started" in up.stderr
+        assert Path(up.stdout.strip().splitlines()[-1]).read_text() == control_plane.kubeconfig.read_text()
+        nodes = core.list_node(label_selector="joined=yes").items
+        assert sorted(n.metadata.name for n in nodes) == ["ext-000", "ext-001"]
+        for node in ("ext-000", "ext-001"):
+            assert resource.list_resource_slice(field_selector=f"spec.nodeName={node}").items
+
+        status = _testbed(state_dir, "status")
+        assert status.returncode == 0 and "ray" in status.stdout, status.stdout + status.stderr
+
+        scaled = _testbed(state_dir, "scale", "ext", "1")
+        assert scaled.returncode == 0, scaled.stderr
+        assert [n.metadata.name for n in core.list_node(label_selector="joined=yes").items] == ["ext-000"]
+    finally:
+        down = _testbed(state_dir, "down")
+    assert down.returncode == 0, down.stderr
+    assert not core.list_node(label_selector="joined=yes").items, "the synthetic nodes left the cluster"
+    assert not resource.list_resource_slice(field_selector="spec.nodeName=ext-000").items
+    assert core.list_namespace().items, "the cluster itself still runs"
