@@ -198,8 +198,8 @@ class Runner:
 
     async def _sample(self, session: aiohttp.ClientSession) -> None:
         while True:
-            kcm = await scrape(session, self.endpoints.kcm)
-            scheduler = await scrape(session, self.endpoints.scheduler)
+            kcm = await scrape(session, self.endpoints.kcm, only=("workqueue_depth",))
+            scheduler = await scrape(session, self.endpoints.scheduler, only=("scheduler_pending_pods",))
             depth = kcm.value("workqueue_depth", {"name": "resource_claim"})
             pending = scheduler.value("scheduler_pending_pods", {})
             running = sum(1 for p in self.data.pods.values() if p.running is not None and p.finished is None)
