@@ -9,6 +9,8 @@ there, bumping the pool generation when it does.
 
 from __future__ import annotations
 
+import random
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +25,8 @@ MAX_COUNTER_SETS = 8
 MAX_ATTRIBUTES_AND_CAPACITIES = 32
 STANDARD_ATTRIBUTES = {"pciBusID", "pcieRoot"}
 UNHEALTHY_TAINT_KEY = "dra-testbed.io/unhealthy"
+RELIST_S = 600.0
+"""At most this long (at least half) between a publisher's checks of what the API holds."""
 
 DRIVER_KINDS = {"gpu.dra-testbed.io": ("gpu", "partition"), "nic.dra-testbed.io": ("nic",)}
 
@@ -150,18 +154,45 @@ class SlicePublisher:
         self.owner = owner
         """An ownerReference (the Node), so slices go when the node goes."""
         self.writes = 0
+        self._known: dict[str, Obj] | None = None
+        """The slices as this publisher last wrote them; None: ask the API server."""
+        self._listed_at = 0.0
 
-    async def existing(self) -> list[Obj]:
-        listing = await self.client.get(
-            path_for(API_VERSION, "resourceslices"),
-            {"fieldSelector": f"spec.driver={self.driver},spec.nodeName={self.node}"},
-        )
+    def assume_none_exist(self) -> None:
+        """The node was just created, so it owns no slices yet: skip the first LIST.
+        Thousands of nodes starting at once would otherwise each list ResourceSlices."""
+        self._known = {}
+        self._listed_at = time.monotonic()
+
+    async def existing(self, consistent: bool = False) -> list[Obj]:
+        """This node's slices of this driver. By default from the API server's watch cache
+        (resourceVersion 0): a fleet's worth of consistent lists falls through to etcd
+        when the cache lags, and that stalled a 5,000-node start-up. A stale answer only
+        costs a conflict and a retry."""
+        params = {"fieldSelector": f"spec.driver={self.driver},spec.nodeName={self.node}"}
+        if not consistent:
+            params["resourceVersion"] = "0"
+        listing = await self.client.get(path_for(API_VERSION, "resourceslices"), params)
         items: list[Obj] = listing.get("items", [])
         return items
 
     async def publish(self, specs: list[SliceSpec]) -> bool:
-        """Make the API match; return True if anything was written."""
-        current = {s["metadata"]["name"]: s for s in await self.existing()}
+        """Make the API match; return True if anything was written. A write the API
+        server refuses (a conflict: someone else changed a slice) makes the next call
+        list again."""
+        try:
+            return await self._publish(specs)
+        except ApiError:
+            self._known = None
+            raise
+
+    async def _publish(self, specs: list[SliceSpec]) -> bool:
+        # Now and then look again, in case someone else deleted or changed a slice; the
+        # interval is spread so a fleet's nodes do not all list at once.
+        if self._known is None or time.monotonic() - self._listed_at > RELIST_S * random.uniform(0.5, 1.0):
+            self._known = {s["metadata"]["name"]: s for s in await self.existing()}
+            self._listed_at = time.monotonic()
+        current = self._known
         count = len(specs)
         generation = max((s["spec"]["pool"]["generation"] for s in current.values()), default=0)
         desired = {s.name: slice_object(self.driver, self.node, s, generation, count) for s in specs}
@@ -180,16 +211,18 @@ class SlicePublisher:
             path = path_for(API_VERSION, "resourceslices", name)
             if name in current:
                 obj["metadata"]["resourceVersion"] = current[name]["metadata"]["resourceVersion"]
-                await self.client.replace(path, obj)
+                current[name] = await self.client.replace(path, obj)
             else:
-                await self.client.create(path_for(API_VERSION, "resourceslices"), obj)
+                current[name] = await self.client.create(path_for(API_VERSION, "resourceslices"), obj)
             self.writes += 1
         for name in set(current) - set(desired):
             await self.client.delete_if_exists(path_for(API_VERSION, "resourceslices", name))
+            del current[name]
             self.writes += 1
         return True
 
     async def remove_all(self) -> None:
+        self._known = None
         try:
             for item in await self.existing():
                 await self.client.delete_if_exists(path_for(API_VERSION, "resourceslices", item["metadata"]["name"]))

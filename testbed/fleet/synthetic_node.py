@@ -85,6 +85,8 @@ class SyntheticNode:
         }
         for driver in self.drivers:
             driver.publisher.owner = owner
+            if self.kubelet.node.created:  # a new Node owns no slices yet
+                driver.publisher.assume_none_exist()
             await driver.start()
         await self.kubelet.plugins.scan()  # register now rather than at the next poll
 

@@ -135,6 +135,8 @@ class NodeAgent:
         self.client = client
         self.spec = spec
         self.uid = ""
+        self.created = False
+        """True if register() made a new Node (rather than adopting one)."""
         self._task: asyncio.Task[None] | None = None
 
     async def register(self) -> None:
@@ -142,6 +144,7 @@ class NodeAgent:
         path = path_for("v1", "nodes", self.spec.name)
         try:
             node = await self.client.create(path_for("v1", "nodes"), node_object(self.spec))
+            self.created = True
         except ApiError as exc:
             if not exc.conflict:
                 raise

@@ -9,8 +9,9 @@ import pytest
 from fake_devices.hardware import Health, NodeHardware
 from fake_devices.profiles import load_profile
 from testbed.controlplane.cluster import ClusterState
+from testbed.driver import slices
 from testbed.driver.slices import SlicePublisher, desired_slices
-from testbed.kubeapi import KubeClient
+from testbed.kubeapi import ApiError, KubeClient
 
 pytestmark = pytest.mark.controlplane
 GPU = "gpu.dra-testbed.io"
@@ -31,7 +32,7 @@ def test_publication_is_idempotent_bumps_generation_and_removes_stale_slices(
 
         try:
             assert await publisher.publish(specs())
-            first = await publisher.existing()
+            first = await publisher.existing(consistent=True)
             assert len(first) == 3  # counters + two device slices of <= 64
             assert {s["spec"]["pool"]["generation"] for s in first} == {1}
             assert {s["spec"]["pool"]["resourceSliceCount"] for s in first} == {3}
@@ -41,20 +42,77 @@ def test_publication_is_idempotent_bumps_generation_and_removes_stale_slices(
 
             hardware.set_health("gpu-1", Health.UNHEALTHY, "overheating")
             assert await publisher.publish(specs())
-            tainted = {
-                d["name"] for s in await publisher.existing() for d in s["spec"].get("devices", []) if d.get("taints")
-            }
+            now = await publisher.existing(consistent=True)
+            tainted = {d["name"] for s in now for d in s["spec"].get("devices", []) if d.get("taints")}
             assert "gpu-1" in tainted and "gpu-1-3g40gb-4" in tainted
             assert not await publisher.publish(specs()), "the API's timeAdded on taints is not a change"
 
             for gpu in range(1, 8):  # seven GPUs fall off the bus
                 hardware.lose_device(f"gpu-{gpu}")
             assert await publisher.publish(specs())
-            last = await publisher.existing()
+            last = await publisher.existing(consistent=True)
             assert len(last) == 2, "the emptied device slice is deleted"
             assert {s["spec"]["pool"]["generation"] for s in last} == {3}
             assert {s["spec"]["pool"]["resourceSliceCount"] for s in last} == {2}
             assert len([d for s in last for d in s["spec"].get("devices", [])]) == 13
+        finally:
+            await publisher.remove_all()
+            await client.close()
+
+    asyncio.run(scenario())
+
+
+def test_the_publisher_lists_only_when_it_must_and_heals_what_others_changed(
+    control_plane: ClusterState, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unchanged content costs no API call; a conflict or a slice deleted behind its back
+    is repaired by listing again."""
+    node = "publish-node-2"
+    hardware = NodeHardware(node, load_profile("tiny"))
+
+    async def scenario() -> None:
+        client = KubeClient.from_kubeconfig(control_plane.kubeconfig)
+        publisher = SlicePublisher(client, GPU, node)
+
+        def specs():  # type: ignore[no-untyped-def]
+            return desired_slices(GPU, node, hardware.devices(), hardware.pools(), hardware.health())
+
+        try:
+            publisher.assume_none_exist()  # a new node: no LIST before the first write
+            real_existing = publisher.existing
+
+            async def must_not_list(consistent: bool = False) -> list[dict[str, object]]:
+                raise AssertionError("listed although it knew what it had written")
+
+            monkeypatch.setattr(publisher, "existing", must_not_list)
+            assert await publisher.publish(specs())
+            assert not await publisher.publish(specs())
+            monkeypatch.setattr(publisher, "existing", real_existing)
+
+            # someone else rewrites a slice: our next write conflicts, the one after lists and wins
+            [victim, *_] = await publisher.existing(consistent=True)
+            victim["metadata"]["labels"] = {"edited-by": "someone-else"}
+            await client.replace(f"/apis/resource.k8s.io/v1/resourceslices/{victim['metadata']['name']}", victim)
+            hardware.set_health("gpu-0", Health.UNHEALTHY, "xid")
+            with pytest.raises(ApiError) as conflict:
+                await publisher.publish(specs())
+            assert conflict.value.status == 409
+            async with asyncio.timeout(30):  # the watch cache catches up; retries as the driver's loop does
+                while True:
+                    try:
+                        if await publisher.publish(specs()):
+                            break
+                    except ApiError:
+                        await asyncio.sleep(0.2)
+
+            # a slice deleted behind its back comes back at the next periodic look
+            names = {s["metadata"]["name"] for s in await publisher.existing(consistent=True)}
+            await client.delete_if_exists(f"/apis/resource.k8s.io/v1/resourceslices/{sorted(names)[0]}")
+            monkeypatch.setattr(slices, "RELIST_S", 0.0)
+            async with asyncio.timeout(30):
+                while {s["metadata"]["name"] for s in await publisher.existing(consistent=True)} != names:
+                    await publisher.publish(specs())
+                    await asyncio.sleep(0.2)
         finally:
             await publisher.remove_all()
             await client.close()
