@@ -6,7 +6,7 @@ from pathlib import Path
 
 from testbed.kubeapi import KubeClient, path_for
 from testbed.kubelet.node import NodeAgent, NodeSpec
-from testbed.kubelet.plugins import PluginManager
+from testbed.kubelet.plugins import SCAN_INTERVAL_S, PluginManager
 from testbed.kubelet.pods import PodManager
 
 
@@ -18,13 +18,16 @@ class FakeKubelet:
         kubelet_dir: Path,
         cdi_dir: Path,
         watch_pods: bool = True,
+        scan_interval_s: float = SCAN_INTERVAL_S,
     ):
         self.client = client
         self.spec = spec
         self.kubelet_dir = kubelet_dir
         self.cdi_dir = cdi_dir
         self.node = NodeAgent(client, spec)
-        self.plugins = PluginManager(kubelet_dir / "plugins_registry", on_driver_gone=self.wipe_slices)
+        self.plugins = PluginManager(
+            kubelet_dir / "plugins_registry", on_driver_gone=self.wipe_slices, scan_interval_s=scan_interval_s
+        )
         self.pods = PodManager(client, spec, self.plugins, cdi_dir, watch_pods=watch_pods)
 
     async def start(self) -> None:

@@ -35,8 +35,8 @@ log = logging.getLogger(__name__)
 CALL_TIMEOUT_S = 45.0
 WIPE_SLICES_AFTER_S = 30.0
 SCAN_INTERVAL_S = 1.0
-"""A kubelet reacts to inotify; polling every second is close enough and cheap at fleet
-scale. Whoever starts a driver next to a kubelet can call ``scan()`` at once."""
+"""A kubelet reacts to inotify; polling every second is close enough for one node. Whoever
+starts a driver next to a kubelet can call ``scan()`` at once, and then poll less often."""
 DRA_SERVICES: dict[str, tuple[Any, Any]] = {
     "v1.DRAPlugin": (dra_v1_pb2, dra_v1_pb2_grpc),
     "v1beta1.DRAPlugin": (dra_v1beta1_pb2, dra_v1beta1_pb2_grpc),
@@ -85,8 +85,14 @@ def choose_service(supported: list[str]) -> str | None:
 
 
 class PluginManager:
-    def __init__(self, registry_dir: Path, on_driver_gone: Callable[[str], Any] | None = None):
+    def __init__(
+        self,
+        registry_dir: Path,
+        on_driver_gone: Callable[[str], Any] | None = None,
+        scan_interval_s: float = SCAN_INTERVAL_S,
+    ):
         self.registry_dir = registry_dir
+        self.scan_interval_s = scan_interval_s
         self.on_driver_gone = on_driver_gone
         self._by_socket: dict[Path, Plugin] = {}
         self._rejected: set[Path] = set()
@@ -128,7 +134,7 @@ class PluginManager:
                 await self.scan()
             except Exception:
                 log.exception("plugin watcher scan of %s failed", self.registry_dir)
-            await asyncio.sleep(SCAN_INTERVAL_S)
+            await asyncio.sleep(self.scan_interval_s)
 
     async def scan(self) -> None:
         present = {p for p in self.registry_dir.iterdir() if not p.name.startswith(".") and p.is_socket()}
