@@ -6,15 +6,22 @@ from __future__ import annotations
 import grpc
 from prometheus_client import Counter, Gauge, Histogram
 
-# Finer than the kubelet's 0.1..40 s range so millisecond targets can be read, same names.
+# Finer than the kubelet's 0.1..40 s range so millisecond targets (10 ms, 20 ms) can be
+# read off them; same names.
 DURATION_BUCKETS = (
     0.0005,
     0.001,
     0.0025,
     0.005,
+    0.0075,
     0.01,
+    0.015,
+    0.02,
     0.025,
+    0.03,
+    0.04,
     0.05,
+    0.075,
     0.1,
     0.25,
     0.5,
