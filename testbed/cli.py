@@ -12,7 +12,7 @@ from collections.abc import Callable
 from functools import wraps
 from pathlib import Path
 from types import FrameType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 from rich.console import Console
@@ -27,6 +27,9 @@ from testbed.controlplane import cluster
 from testbed.errors import TestbedError
 from testbed.fleet import spec as fleet_spec
 from testbed.progress import ConsoleProgress
+
+if TYPE_CHECKING:
+    from testbed.scenarios.spec import Scenario
 
 F = TypeVar("F", bound=Callable[..., Any])
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -291,6 +294,13 @@ def check(name: str, state_dir: Path | None, kubeconfig_file: Path | None) -> No
     default=None,
     help="Report directory (default: <state dir>/runs/<cluster>-<scenario>-<time>, kept after down).",
 )
+@click.option(
+    "--up",
+    "start",
+    is_flag=True,
+    help="If the cluster is not running, start the one the scenario's `cluster:` section describes "
+    "(nodes, profile, KCM and scheduler QPS/burst), and stop it after the run.",
+)
 @reports_errors
 def run_scenario(
     scenario: str,
@@ -298,16 +308,12 @@ def run_scenario(
     state_dir: Path | None,
     overrides: tuple[str, ...],
     output: Path | None,
+    start: bool,
 ) -> None:
     """Run a scenario (smoke, cl2-dra, steady-churn, or a YAML file); print the report dir last."""
-    import asyncio
-    import datetime as dt
-
     import yaml
 
-    from testbed.kubeapi import KubeClient
-    from testbed.report import report as reporting
-    from testbed.scenarios import runner, spec
+    from testbed.scenarios import spec
 
     values = {}
     for item in overrides:
@@ -321,15 +327,52 @@ def run_scenario(
         raise TestbedError(str(exc), hint="fix the file, or see testbed/scenarios/shipped/ for examples") from None
     config = cfg.ControlPlaneConfig(name=name, state_dir=state_dir)
     state = cluster.ClusterState.load(config.cluster_dir) if config.cluster_dir.exists() else None
-    if state is None or not state.ready:
-        c = chosen.cluster
-        raise TestbedError(
-            f"cluster {name!r} is not running",
-            hint=f"start what {chosen.name} expects: testbed up --name {name} --nodes {c.nodes} --profile "
-            f"{c.profile} --kcm-qps {c.kcm_qps:g} --kcm-burst {c.kcm_burst} --scheduler-qps "
-            f"{c.scheduler_qps:g} --scheduler-burst {c.scheduler_burst}",
-        )
+    c = chosen.cluster
+    started_here = False
     _interrupt_on_sigterm()
+    if state is None or not state.ready:
+        if not start:
+            raise TestbedError(
+                f"cluster {name!r} is not running",
+                hint=f"add --up, or start what {chosen.name} expects: testbed up --name {name} --nodes {c.nodes} "
+                f"--profile {c.profile} --kcm-qps {c.kcm_qps:g} --kcm-burst {c.kcm_burst} --scheduler-qps "
+                f"{c.scheduler_qps:g} --scheduler-burst {c.scheduler_burst}",
+            )
+        started_here = True
+        wanted = cfg.ControlPlaneConfig.from_env(
+            name=name,
+            state_dir=state_dir,
+            kcm_qps=c.kcm_qps,
+            kcm_burst=c.kcm_burst,
+            scheduler_qps=c.scheduler_qps,
+            scheduler_burst=c.scheduler_burst,
+        )
+        try:
+            state = environment.up(
+                wanted, fleet_spec.single_pool(c.nodes, c.profile, c.nodes_per_host), ConsoleProgress()
+            )
+        except BaseException:
+            environment.down(config)
+            raise
+    try:
+        code = _run_and_report(state, chosen, name, output)
+    finally:
+        if started_here:
+            stderr.print(f"stopping cluster {name!r} (started by --up)")
+            environment.down(config)
+    if code:
+        sys.exit(code)
+
+
+def _run_and_report(state: cluster.ClusterState, chosen: Scenario, name: str, output: Path | None) -> int:
+    """Run the scenario on the cluster, write the report; the exit code it deserves."""
+    import asyncio
+    import datetime as dt
+
+    from testbed.kubeapi import KubeClient
+    from testbed.report import report as reporting
+    from testbed.scenarios import runner
+
     endpoints = runner.Endpoints(
         kcm=f"https://127.0.0.1:{state.ports.controller_manager}/metrics",
         scheduler=f"https://127.0.0.1:{state.ports.scheduler}/metrics",
@@ -362,9 +405,8 @@ def run_scenario(
         stderr.print(line, markup=False)
     click.echo(str(directory))
     if interrupted:
-        sys.exit(130)
-    if report["verdict"] != "PASS":
-        sys.exit(1)
+        return 130
+    return 0 if report["verdict"] == "PASS" else 1
 
 
 @main.command()

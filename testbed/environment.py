@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+import sys
 from pathlib import Path
 
 from testbed import config
@@ -135,11 +136,12 @@ def down(config: ControlPlaneConfig, keep_state: bool = False) -> list[str]:
         # The cluster stays: take the synthetic nodes out of it, in drain order.
         try:
             attach_fleet(state).stop(remove_nodes=True)
-            import ray
-
-            ray.shutdown()  # before its head stops, or Ray's client ends this process
         except Exception as exc:  # Ray or the cluster already gone: nothing left to drain
             log.warning("could not remove the synthetic nodes from %s: %s", state.extras[cluster.EXTERNAL], exc)
+    if "ray" in sys.modules:
+        import ray
+
+        ray.shutdown()  # before the head stops, or Ray's client ends this process
     stopped = cluster.down(config, keep_state=keep_state)
     if state is not None:
         raycluster.remove_temp_dir(state.root)

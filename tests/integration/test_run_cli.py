@@ -85,3 +85,19 @@ def test_a_scenario_error_names_the_field(control_plane: ClusterState) -> None:
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 1
     assert "phases[0].qps" in err and "greater than 0" in err
+
+
+def test_run_with_up_starts_the_scenarios_cluster_and_stops_it(short_tmp_path: Path) -> None:
+    """`--up`: no cluster yet; the scenario's `cluster:` section (smoke: 2 tiny nodes) is
+    started, the run reports, and nothing is left running."""
+    state_dir = short_tmp_path / "state"
+    base = [sys.executable, "-m", "testbed.cli"]
+    where = ["--name", "runup", "--state-dir", str(state_dir)]
+    proc = subprocess.run([*base, "run", "smoke", "--up", *where], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((Path(proc.stdout.strip().splitlines()[-1]) / "report.json").read_text())
+    assert report["verdict"] == "PASS"
+    assert [p["pods_running"] for p in report["phases"]] == [2, 2, 1]
+    assert "stopping cluster 'runup' (started by --up)" in proc.stderr
+    status = subprocess.run([*base, "status", *where], capture_output=True, text=True, timeout=60)
+    assert status.returncode == 1 and "not running" in status.stdout
