@@ -130,9 +130,10 @@ class Fleet:
         pool = self.pool(pool_name)
         if count < 0:
             raise TestbedError(f"a pool cannot have {count} nodes", hint="give a count of 0 or more")
-        current = [i for i in range(max(pool.count, count) + 1) if pool.node_name(i) in self.host_of]
+        # A pool's nodes are numbered 0..count-1 (scaling removes the highest first).
+        current = [i for i in range(pool.count) if pool.node_name(i) in self.host_of]
         if count < len(current):
-            going = [pool.node_name(i) for i in sorted(current)[count:]]
+            going = [pool.node_name(i) for i in current[count:]]
             with progress.task(f"draining {len(going)} nodes of pool {pool.name}"):
                 by_host: dict[str, list[str]] = {}
                 for node in going:
@@ -143,7 +144,8 @@ class Fleet:
                 self._retire_empty_hosts()
             progress.step(f"pool {pool.name}: {len(going)} nodes drained and deleted")
         elif count > len(current):
-            wanted = [_recipe(pool, i) for i in range(count) if i not in current]
+            present = set(current)
+            wanted = [_recipe(pool, i) for i in range(count) if i not in present]
             placement = self._place(wanted)
             with progress.task(f"adding {len(wanted)} nodes to pool {pool.name}"):
                 self._bring_up(placement, progress, timeout_s)
