@@ -83,7 +83,7 @@ def main() -> int:
     parser.add_argument("--nodes-per-host", type=int, default=50)
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="tbf-"))
-    config = ControlPlaneConfig(name="bench-fleet", state_dir=scratch / "c")
+    config = ControlPlaneConfig.from_env(name="bench-fleet", state_dir=scratch / "c")
     state = cluster.up(config)
     try:
         install_device_classes(state.kubeconfig)
@@ -104,6 +104,7 @@ def main() -> int:
         elapsed = time.monotonic() - started
         cpu = {name: cpu_seconds(pid) - cpu_before.get(name, 0.0) for name, pid in components.items()}
         hosts = processes_matching("ray::NodeHost")
+        cpu["NodeHosts"] = sum(cpu_seconds(pid) for pid in hosts)  # they began with the fleet
         hosts_rss = rss_mb(hosts)
         empty = [
             ray.remote(NodeHost).options(num_cpus=0).remote(str(state.kubeconfig), str(scratch), [])
@@ -127,7 +128,11 @@ def main() -> int:
         )
         print(f"  memory per synthetic node beyond the Ray base: {per_node:.2f} MB (target <= 2 MB)")
         busiest = sorted(cpu.items(), key=lambda kv: -kv[1])
-        print("  CPU seconds during start-up: " + ", ".join(f"{n} {s:.1f}" for n, s in busiest))
+        print(
+            "  CPU seconds during start-up: "
+            + ", ".join(f"{n} {s:.1f}" for n, s in busiest)
+            + f"; {sum(cpu.values()) / elapsed:.2f} of {os.cpu_count()} cores busy on average"
+        )
         for actor in empty:
             ray.kill(actor)
     finally:

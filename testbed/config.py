@@ -13,6 +13,8 @@ Environment variables read here (and nowhere else):
   since a unix socket path must fit in 105 bytes (gRPC's limit).
 - ``TESTBED_FEATURE_GATES``: extra gates for every component, ``A=true,B=false``.
 - ``TESTBED_ALPHA``: ``1`` turns on every alpha DRA gate and alpha/beta APIs.
+- ``TESTBED_PROFILING``: ``1`` serves Go's pprof on every control-plane component
+  (``kubectl get --raw /debug/pprof/profile`` on the API server), to see where its CPU goes.
 """
 
 from __future__ import annotations
@@ -152,12 +154,16 @@ class ControlPlaneConfig:
     """A testbed's etcd holds nothing worth an fsync; skipping it keeps slow disks from
     dominating latency figures."""
     startup_timeout_s: float = 120.0
+    profiling: bool = False
+    """Go's /debug/pprof on the components; off by default, as the hardening guides advise."""
 
     @classmethod
     def from_env(cls, **overrides: object) -> ControlPlaneConfig:
         config = cls(**overrides)  # type: ignore[arg-type]
         if env_flag("TESTBED_ALPHA"):
             config.alpha = True
+        if env_flag("TESTBED_PROFILING"):
+            config.profiling = True
         env_gates = os.environ.get("TESTBED_FEATURE_GATES", "")
         if env_gates:
             merged = parse_feature_gates(env_gates, "TESTBED_FEATURE_GATES")

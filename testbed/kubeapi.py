@@ -32,6 +32,8 @@ RETRY_FIRST_DELAY_S = 0.2
 RETRY_MAX_DELAY_S = 5.0
 KEEPALIVE_S = 60.0
 
+METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+
 PATCH_TYPES = {
     "merge": "application/merge-patch+json",
     "strategic": "application/strategic-merge-patch+json",
@@ -149,8 +151,8 @@ class KubeClient:
         self._session: aiohttp.ClientSession | None = None
 
     @classmethod
-    def from_kubeconfig(cls, path: Path | None = None) -> KubeClient:
-        return cls(default_credentials(path))
+    def from_kubeconfig(cls, path: Path | None = None, connection_limit: int = 64) -> KubeClient:
+        return cls(default_credentials(path), connection_limit)
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -177,13 +179,14 @@ class KubeClient:
         content_type: str = "application/json",
         timeout_s: float = 30.0,
         attempts: int = RETRY_ATTEMPTS,
+        metadata_only: bool = False,
     ) -> Obj:
         """One call, retried with backoff while the server is overloaded (429, 5xx, timeouts),
         as client-go does. A retried create may answer 409: callers treat that as done."""
         delay = RETRY_FIRST_DELAY_S
         for attempt in range(1, attempts + 1):
             try:
-                return await self._request_once(method, path, body, params, content_type, timeout_s)
+                return await self._request_once(method, path, body, params, content_type, timeout_s, metadata_only)
             except ApiError as exc:
                 if exc.status not in RETRIABLE_STATUS or attempt == attempts:
                     raise
@@ -202,9 +205,12 @@ class KubeClient:
         params: Mapping[str, str] | None,
         content_type: str,
         timeout_s: float,
+        metadata_only: bool = False,
     ) -> Obj:
         data = None if body is None else json.dumps(body)
-        headers = {"Content-Type": content_type} if body is not None else None
+        headers = {"Content-Type": content_type} if body is not None else {}
+        if metadata_only:
+            headers["Accept"] = METADATA_ONLY
         async with self._http().request(
             method,
             path,
@@ -221,11 +227,13 @@ class KubeClient:
     async def get(self, path: str, params: Mapping[str, str] | None = None) -> Obj:
         return await self.request("GET", path, params=params)
 
-    async def create(self, path: str, body: Obj) -> Obj:
-        return await self.request("POST", path, body)
+    async def create(self, path: str, body: Obj, metadata_only: bool = False) -> Obj:
+        """``metadata_only``: the answer is the object's metadata alone (a
+        PartialObjectMetadata), which spares both sides the encoding of a large object."""
+        return await self.request("POST", path, body, metadata_only=metadata_only)
 
-    async def replace(self, path: str, body: Obj) -> Obj:
-        return await self.request("PUT", path, body)
+    async def replace(self, path: str, body: Obj, metadata_only: bool = False) -> Obj:
+        return await self.request("PUT", path, body, metadata_only=metadata_only)
 
     async def patch(self, path: str, body: Obj | list[Obj], patch_type: str = "merge") -> Obj:
         return await self.request("PATCH", path, body, content_type=PATCH_TYPES[patch_type])

@@ -162,7 +162,7 @@ def apiserver_command(binaries: Binaries, layout: Layout, ports: Ports, config: 
         "--authorization-mode=Node,RBAC",
         "--allow-privileged=true",
         "--enable-priority-and-fairness=true",
-        "--profiling=false",
+        f"--profiling={str(config.profiling).lower()}",
         "--v=1",
         _gates_flag(config),
     ]
@@ -205,7 +205,7 @@ def controller_manager_command(
         f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
         f"--kube-api-qps={config.kcm_qps}",
         f"--kube-api-burst={config.kcm_burst}",
-        "--profiling=false",
+        f"--profiling={str(config.profiling).lower()}",
         "--v=1",
         _gates_flag(config),
     ]
@@ -237,7 +237,7 @@ def scheduler_command(binaries: Binaries, layout: Layout, ports: Ports, config: 
             f"--secure-port={ports.scheduler}",
             layout.root / "scheduler-certs",
         ),
-        "--profiling=false",
+        f"--profiling={str(config.profiling).lower()}",
         "--v=1",
         _gates_flag(config),
     ]

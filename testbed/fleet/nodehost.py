@@ -19,12 +19,18 @@ from fake_devices.profiles import load_profile
 from testbed.driver.claims import ClaimCache
 from testbed.driver.files import write_atomically
 from testbed.fleet.drain import DrainResult, drain
+from testbed.fleet.loopwatch import LoopWatch
 from testbed.fleet.synthetic_node import SyntheticNode
 from testbed.kubeapi import KubeClient, path_for
 from testbed.metrics_server import MetricsServer
 
 START_CONCURRENCY = 8
 """Nodes a host brings up at once; the fleet lowers it when there are many hosts."""
+
+HOST_CONNECTIONS = 16
+"""HTTP/1.1 connections a NodeHost keeps to the API server. Each new one costs a TLS
+handshake; 64 per host made handshakes a tenth of a starting NodeHost's CPU, and the
+API server, not the connection count, is what limits a fleet's start."""
 
 MEMBERSHIP_DIR = ".hosts"
 """Under the nodes dir: which nodes each NodeHost runs now, for a host Ray restarts."""
@@ -66,6 +72,7 @@ class NodeHost:
         self.client: KubeClient | None = None
         self.claims: ClaimCache | None = None
         self.metrics = MetricsServer()
+        self.loop_watch = LoopWatch()
         self._pod_watch: asyncio.Task[None] | None = None
         self._restart: asyncio.Task[list[str]] | None = None
         self.ready_count = 0
@@ -90,10 +97,11 @@ class NodeHost:
         return {recipe.name: recipe for recipe in recipes}
 
     async def start(self, ready_timeout_s: float = 300.0, concurrency: int = START_CONCURRENCY) -> list[str]:
-        self.client = KubeClient.from_kubeconfig(self.kubeconfig)
+        self.client = KubeClient.from_kubeconfig(self.kubeconfig, HOST_CONNECTIONS)
         self.claims = ClaimCache(self.client)
         self.claims.start()
         self._pod_watch = asyncio.create_task(self._watch_pods(), name="nodehost-pods")
+        self.loop_watch.start()
         await self.add_nodes(list(self.recipes.values()), ready_timeout_s, concurrency)
         await self.metrics.start()
         return sorted(self.nodes)
@@ -103,7 +111,7 @@ class NodeHost:
     ) -> list[str]:
         """Start these nodes (those not already running) and wait until they are ready."""
         assert self.client is not None and self.claims is not None, "start() first"
-        profiles = {recipe.profile: load_profile(recipe.profile) for recipe in recipes}
+        profiles = {name: load_profile(name) for name in {recipe.profile for recipe in recipes}}
         fresh = []
         for recipe in recipes:
             if recipe.name in self.nodes:
@@ -186,6 +194,7 @@ class NodeHost:
             self._pod_watch.cancel()
             await asyncio.gather(self._pod_watch, return_exceptions=True)
         await self.metrics.stop()
+        await self.loop_watch.stop()
         await asyncio.gather(*(node.stop() for node in self.nodes.values()), return_exceptions=True)
         if self.claims is not None:
             await self.claims.stop()

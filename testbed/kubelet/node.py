@@ -137,6 +137,9 @@ class NodeAgent:
         self.uid = ""
         self.created = False
         """True if register() made a new Node (rather than adopting one)."""
+        self._lease: Obj | None = None
+        """The Lease as last written or read; renewals update it."""
+        self._renewals = 0
         self._task: asyncio.Task[None] | None = None
 
     async def register(self) -> None:
@@ -158,31 +161,51 @@ class NodeAgent:
         await self.renew_lease()
 
     async def renew_lease(self) -> None:
-        path = path_for("coordination.k8s.io/v1", "leases", self.spec.name, "kube-node-lease")
-        spec = {
+        """As a kubelet does: PUT the Lease it last saw with a new renewTime; on a conflict
+        or a missing Lease, read it again (or create it) next time round. No PATCH: an
+        update of a known object is the cheapest write the API server has."""
+        leases = path_for("coordination.k8s.io/v1", "leases", namespace="kube-node-lease")
+        if self._lease is None:
+            # A Node this agent just created has no Lease yet: create it without asking.
+            if not (self.created and self._renewals == 0):
+                try:
+                    self._lease = await self.client.get(f"{leases}/{self.spec.name}")
+                except ApiError as exc:
+                    if not exc.not_found:
+                        raise
+            if self._lease is None:
+                try:
+                    self._lease = await self.client.create(leases, self._new_lease())
+                    self._renewals += 1
+                    return
+                except ApiError as exc:
+                    if not exc.conflict:  # 409: a retried create that landed, or a stale Lease
+                        raise
+                    self._lease = await self.client.get(f"{leases}/{self.spec.name}")
+        self._renewals += 1
+        lease = dict(self._lease, spec=self._lease_spec())
+        try:
+            self._lease = await self.client.replace(f"{leases}/{self.spec.name}", lease)
+        except ApiError as exc:
+            self._lease = None  # read it afresh next time
+            if not (exc.conflict or exc.not_found):
+                raise
+
+    def _lease_spec(self) -> Obj:
+        return {
             "holderIdentity": self.spec.name,
             "leaseDurationSeconds": LEASE_DURATION_S,
             "renewTime": now_rfc3339(micro=True),
         }
-        try:
-            await self.client.patch(path, {"spec": spec})
-        except ApiError as exc:
-            if not exc.not_found:
-                raise
-            owner = {"apiVersion": "v1", "kind": "Node", "name": self.spec.name, "uid": self.uid}
-            lease = {
-                "apiVersion": "coordination.k8s.io/v1",
-                "kind": "Lease",
-                "metadata": {"name": self.spec.name, "ownerReferences": [owner]},
-                "spec": spec,
-            }
-            try:
-                await self.client.create(
-                    path_for("coordination.k8s.io/v1", "leases", namespace="kube-node-lease"), lease
-                )
-            except ApiError as conflict:
-                if not conflict.conflict:  # a retried create that had landed: done
-                    raise
+
+    def _new_lease(self) -> Obj:
+        owner = {"apiVersion": "v1", "kind": "Node", "name": self.spec.name, "uid": self.uid}
+        return {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": self.spec.name, "ownerReferences": [owner]},
+            "spec": self._lease_spec(),
+        }
 
     def start(self, first_delay_s: float | None = None) -> None:
         """Renew every 10 s. The first renewal is spread over that interval, so a fleet's

@@ -109,6 +109,10 @@ def build(data: RunData, leaks: dict[str, int], cluster: dict[str, Any]) -> dict
                 {"method_name": GRPC_PREFIX + "NodeUnprepareResources"},
             ),
         },
+        "testbed": {
+            "event_loop_lag_p99_s": _p99(data, "fleet", "dra_testbed_event_loop_lag_seconds", {}),
+            "gc_pause_p99_s": _p99(data, "fleet", "dra_testbed_gc_pause_seconds", {}),
+        },
     }
     queues = {
         "kube-controller-manager (resource_claim workqueue)": max((d for _, _, d, _ in data.timeline), default=0),
@@ -193,6 +197,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"| kubelet `dra_operations_duration_seconds` Unprepare p99 | {_fmt(m['kubelet']['unprepare_p99_s'])} |",
         f"| plugin NodePrepareResources p99 | {_fmt(m['plugin']['NodePrepareResources_p99_s'])} |",
         f"| plugin NodeUnprepareResources p99 | {_fmt(m['plugin']['NodeUnprepareResources_p99_s'])} |",
+        f"| NodeHost event-loop lag p99 (the testbed's own delay) | {_fmt(m['testbed']['event_loop_lag_p99_s'])} |",
+        f"| NodeHost GC pause p99 | {_fmt(m['testbed']['gc_pause_p99_s'])} |",
         "",
         "",
         f"Deepest queue: {m['deepest_queue']['component']} "
