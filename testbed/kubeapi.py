@@ -32,6 +32,10 @@ RETRY_FIRST_DELAY_S = 0.2
 RETRY_MAX_DELAY_S = 5.0
 KEEPALIVE_S = 60.0
 
+WATCH_LINE_LIMIT = 4 * 1024 * 1024
+"""A watch event is one line; aiohttp refuses lines over twice its read buffer (128 KiB by
+default), and a ResourceSlice with 128 devices, or a pod with a large annotation, is more."""
+
 METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
 
 PATCH_TYPES = {
@@ -162,7 +166,10 @@ class KubeClient:
                 ssl=self.credentials.ssl_context, limit=self._limit, keepalive_timeout=KEEPALIVE_S
             )
             self._session = aiohttp.ClientSession(
-                base_url=self.credentials.server, headers=self._headers, connector=connector
+                base_url=self.credentials.server,
+                headers=self._headers,
+                connector=connector,
+                read_bufsize=WATCH_LINE_LIMIT // 2,
             )
         return self._session
 
@@ -291,7 +298,7 @@ class KubeClient:
                     resource_version = ""
                     continue
                 await asyncio.sleep(1.0)
-            except (TimeoutError, aiohttp.ClientError, json.JSONDecodeError):
+            except (TimeoutError, aiohttp.ClientError, ValueError):  # ValueError: a bad or oversized line
                 await asyncio.sleep(1.0)
 
 

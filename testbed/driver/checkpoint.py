@@ -76,11 +76,26 @@ class Checkpoint:
         self.path = path
         self.durable = durable
         self.claims: dict[str, ClaimRecord] = {}
+        self._as_seen: tuple[int, int, int] | None = None
+        """(inode, mtime, size) of the file as this object last read or wrote it."""
+
+    def _identity(self) -> tuple[int, int, int] | None:
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
 
     def load(self) -> None:
-        """Read the file; raise CheckpointCorrupt (after setting it aside) if it is bad."""
+        """Read the file; raise CheckpointCorrupt (after setting it aside) if it is bad.
+        A file that is still the one this object last read or wrote is not read again:
+        every write replaces it (a new inode), so another instance's write shows."""
+        identity = self._identity()
+        if identity is not None and identity == self._as_seen:
+            return
         self.claims = {}
-        if not self.path.exists():
+        self._as_seen = None
+        if identity is None:
             return
         raw = self.path.read_bytes()
         try:
@@ -91,6 +106,7 @@ class Checkpoint:
             if document.get("checksum") != _checksum(claims):
                 raise ValueError("checksum mismatch")
             self.claims = {uid: ClaimRecord.from_json(c) for uid, c in claims.items()}
+            self._as_seen = identity
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             moved = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time() * 1000)}")
             self.path.replace(moved)
@@ -100,6 +116,7 @@ class Checkpoint:
         claims = {uid: record.to_json() for uid, record in sorted(self.claims.items())}
         document = {"version": VERSION, "checksum": _checksum(claims), "claims": claims}  # type: ignore[arg-type]
         write_atomically(self.path, json.dumps(document, indent=1).encode(), mode=0o600, durable=self.durable)
+        self._as_seen = self._identity()
 
     def put(self, record: ClaimRecord) -> None:
         self.claims[record.uid] = record

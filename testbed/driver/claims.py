@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+from testbed.driver.metrics import CLAIM_LOOKUPS
 from testbed.kubeapi import KubeClient, Obj, path_for
 
 API_VERSION = "resource.k8s.io/v1"
@@ -48,8 +49,10 @@ class ClaimCache:
         cached = self._claims.get((namespace, name))
         if cached is not None and cached["metadata"]["uid"] == uid and cached.get("status", {}).get("allocation"):
             self.hits += 1
+            CLAIM_LOOKUPS.labels("cache").inc()
             return cached
         self.misses += 1
+        CLAIM_LOOKUPS.labels("api").inc()
         claim = await self.client.get(path_for(API_VERSION, "resourceclaims", name, namespace))
         self._claims[(namespace, name)] = claim
         return claim

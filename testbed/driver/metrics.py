@@ -55,6 +55,11 @@ SLICE_WRITES = Counter(
     "ResourceSlice create/update/delete calls",
     ["driver_name"],
 )
+CLAIM_LOOKUPS = Counter(
+    "dra_testbed_claim_lookups_total",
+    "Where NodePrepareResources found its ResourceClaims: the watch-fed cache or the API server",
+    ["source"],
+)
 
 
 def go_status_name(code: grpc.StatusCode) -> str:

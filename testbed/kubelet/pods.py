@@ -245,20 +245,21 @@ class PodManager:
         return claims
 
     async def _prepare(self, pod: Obj) -> dict[str, dict[str, str]]:
+        """The timed part is what a kubelet times as PrepareResources: reading the pod's
+        claims from the API server and the NodePrepareResources calls, for every pod
+        start (claim-less pods too); resolving CDI IDs is the runtime's work, not timed."""
         uid = pod["metadata"]["uid"]
-        claims = await self._pod_claims(pod)
-        if not claims:
-            return {}
         started = time.perf_counter()
         failed = True
         try:
-            async with self._claims_lock:
-                await self._prepare_claims(uid, claims)
-            env = self._container_env(pod, claims)
+            claims = await self._pod_claims(pod)
+            if claims:
+                async with self._claims_lock:
+                    await self._prepare_claims(uid, claims)
             failed = False
-            return env
         finally:
             metrics.OPERATIONS.labels("PrepareResources", str(failed).lower()).observe(time.perf_counter() - started)
+        return self._container_env(pod, claims) if claims else {}
 
     async def _prepare_claims(self, pod_uid: str, claims: list[Obj]) -> None:
         by_driver: dict[str, list[Obj]] = {}
