@@ -7,10 +7,10 @@ claim watch per process, not one per node.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 from testbed.driver.metrics import CLAIM_LOOKUPS
 from testbed.kubeapi import KubeClient, Obj, path_for
+from testbed.tasks import cancel_and_wait
 
 API_VERSION = "resource.k8s.io/v1"
 
@@ -29,11 +29,8 @@ class ClaimCache:
             self._task = asyncio.create_task(self._run(), name="claim-cache")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
     async def _run(self) -> None:
         async for kind, claim in self.client.watch(path_for(API_VERSION, "resourceclaims")):

@@ -10,7 +10,6 @@ comes back.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 import grpc
@@ -24,6 +23,7 @@ from testbed.driver.prepare import ClaimPreparer, DriverPaths
 from testbed.driver.slices import DRIVER_KINDS, SlicePublisher, desired_slices
 from testbed.errors import TestbedError
 from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
+from testbed.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 MAX_SOCKET_PATH = 105
@@ -150,11 +150,7 @@ class DriverPlugin:
             await self.backend.wait_for_change(generation, RESYNC_S)
 
     async def stop(self, grace_s: float = 1.0) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*self._tasks)
         self._tasks.clear()
         for server in (self._liveness, self._server):
             if server is not None:

@@ -8,12 +8,13 @@ in every node's NodePrepareResources at once. These two histograms let a report 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import time
 from typing import Any
 
 from prometheus_client import Histogram
+
+from testbed.tasks import cancel_and_wait
 
 LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.25, 0.5, 1.0)
 PROBE_INTERVAL_S = 0.1
@@ -43,9 +44,7 @@ class LoopWatch:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
             gc.callbacks.remove(self._on_gc)
 

@@ -24,6 +24,7 @@ from testbed.fleet.loopwatch import LoopWatch
 from testbed.fleet.synthetic_node import SyntheticNode
 from testbed.kubeapi import KubeClient, path_for
 from testbed.metrics_server import MetricsServer
+from testbed.tasks import cancel_and_wait
 
 START_CONCURRENCY = 8
 """Nodes a host brings up at once; the fleet lowers it when there are many hosts."""
@@ -201,9 +202,7 @@ class NodeHost:
         return self.metrics.port
 
     async def stop(self) -> None:
-        if self._pod_watch is not None:
-            self._pod_watch.cancel()
-            await asyncio.gather(self._pod_watch, return_exceptions=True)
+        await cancel_and_wait(self._pod_watch)
         await self.metrics.stop()
         await self.loop_watch.stop()
         await asyncio.gather(*(node.stop() for node in self.nodes.values()), return_exceptions=True)

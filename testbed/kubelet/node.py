@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from testbed import config
 from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
+from testbed.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -224,11 +225,8 @@ class NodeAgent:
                 log.warning("lease renewal for %s failed: %s", self.spec.name, exc)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with_suppress = asyncio.gather(self._task, return_exceptions=True)
-            await with_suppress
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
     async def delete(self) -> None:
         await self.client.delete_if_exists(path_for("v1", "nodes", self.spec.name))

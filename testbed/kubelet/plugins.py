@@ -29,6 +29,7 @@ from testbed.grpcapi import (
     pluginregistration_pb2,
     pluginregistration_pb2_grpc,
 )
+from testbed.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -105,12 +106,7 @@ class PluginManager:
         self._task = asyncio.create_task(self._watch(), name=f"plugin-watcher-{self.registry_dir}")
 
     async def stop(self) -> None:
-        tasks = [t for t in (self._task, *self._wipe_tasks.values()) if t is not None]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._task, *self._wipe_tasks.values())
         for plugin in self._by_socket.values():
             await plugin.channel.close()
         self._by_socket.clear()

@@ -29,6 +29,7 @@ from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
 from testbed.kubelet import metrics
 from testbed.kubelet.node import NodeSpec, now_rfc3339
 from testbed.kubelet.plugins import PluginCallError, PluginManager, PreparedDevice
+from testbed.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -102,12 +103,7 @@ class PodManager:
             self._task = asyncio.create_task(self._watch(), name=f"pods-{self.node.name}")
 
     async def stop(self) -> None:
-        tasks = [t for t in (self._task, *self._workers.values()) if t is not None]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._task, *self._workers.values())
         self._workers.clear()
 
     async def _watch(self) -> None:
