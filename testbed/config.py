@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +38,11 @@ CONTROL_PLANE_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "
 
 OPTIONAL_BINARIES = ("kubectl",)
 """Built or downloaded alongside when possible; used for dry-runs and `auth can-i`."""
+
+NODE_BINARIES = ("kubelet", "testbed-cri")
+"""What a real-kubelet node runs: the kubelet and the fake CRI runtime (built from
+``scripts/kube-build/cmd/testbed-cri``). Built with the control plane on a fresh
+machine; added to an older cache on first use."""
 
 RELEASE_BASE_URL = "https://dl.k8s.io/release"
 ETCD_RELEASE_BASE_URL = "https://github.com/etcd-io/etcd/releases/download"
@@ -74,6 +80,18 @@ GATE_APIS: dict[str, str] = {
 informers (PodGroup here) and never becomes ready unless the API is served."""
 
 DEFAULT_CLUSTER_NAME = "testbed"
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+
+def check_cluster_name(name: str) -> None:
+    """A cluster name becomes a directory, a Ray namespace and label values: it must be
+    a DNS-1123 label, so it can never climb out of the state directory."""
+    if len(name) > 63 or not _DNS_LABEL.fullmatch(name):
+        raise TestbedError(
+            f"cluster name {name!r} is not a DNS-1123 label",
+            hint="use at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit",
+        )
 
 
 def _xdg(var: str, fallback: str) -> Path:
@@ -156,6 +174,9 @@ class ControlPlaneConfig:
     startup_timeout_s: float = 120.0
     profiling: bool = False
     """Go's /debug/pprof on the components; off by default, as the hardening guides advise."""
+
+    def __post_init__(self) -> None:
+        check_cluster_name(self.name)
 
     @classmethod
     def from_env(cls, **overrides: object) -> ControlPlaneConfig:

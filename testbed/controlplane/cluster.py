@@ -29,7 +29,10 @@ from testbed.progress import Progress, SilentProgress
 STOP_STAGES = (("kube-scheduler", "kube-controller-manager"), ("kube-apiserver",), ("etcd",))
 """Clients first, etcd last: an apiserver whose etcd is gone takes seconds to give up."""
 STOP_ORDER = tuple(name for stage in STOP_STAGES for name in stage)
-OWNED_MARKERS = ("state.json", "pki", "logs")
+OWNERSHIP_MARKER = ".dra-testbed-cluster"
+"""Written first into every cluster directory the testbed uses. Only a directory holding
+it is ever cleared or deleted: a user's own directory that happens to contain ``logs/``
+or ``state.json`` is never touched."""
 EXTERNAL = "external_kubeconfig"
 """In ``extras`` of a cluster the testbed attached to rather than started."""
 POLL_INTERVAL_S = 0.1
@@ -79,7 +82,7 @@ class ClusterState:
     @classmethod
     def load(cls, root: Path) -> ClusterState | None:
         path = Layout(root).state_file
-        if not path.exists():
+        if not path.exists() or not owned(root):
             return None
         try:
             data = json.loads(path.read_text())
@@ -170,9 +173,43 @@ def health_checks(state: ClusterState) -> dict[str, HealthCheck]:
 # --- up ------------------------------------------------------------------------------
 
 
+def owned(root: Path) -> bool:
+    return (root / OWNERSHIP_MARKER).is_file()
+
+
+def _refuse_foreign(root: Path) -> None:
+    if root.exists() and not owned(root) and (not root.is_dir() or any(root.iterdir())):
+        raise TestbedError(
+            f"{root} is not a testbed cluster directory (it has no {OWNERSHIP_MARKER} marker); "
+            "nothing there was stopped or deleted",
+            hint="give --state-dir a new or empty directory, or the one `testbed up` used",
+        )
+
+
+def _created_by_testbed(root: Path) -> bool:
+    """False when the user handed us an empty directory of theirs: it stays on `down`."""
+    try:
+        return bool(json.loads((root / OWNERSHIP_MARKER).read_text()).get("created_dir", True))
+    except (OSError, ValueError, AttributeError):
+        return True
+
+
+def _clear(root: Path) -> None:
+    """Delete a cluster directory, or only its contents if the user made it (empty)."""
+    if _created_by_testbed(root):
+        shutil.rmtree(root)
+        return
+    for entry in root.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
 def _prepare_directory(config: ControlPlaneConfig, progress: Progress) -> Path:
     """Refuse a running cluster; clear what a killed run left; never delete foreign files."""
     root = config.cluster_dir
+    _refuse_foreign(root)
     state = ClusterState.load(root) if root.exists() else None
     if state is not None:
         live = state.live_processes()
@@ -187,15 +224,12 @@ def _prepare_directory(config: ControlPlaneConfig, progress: Progress) -> Path:
                 hint=f"use it as it is, or run `testbed down --name {config.name}` first",
             )
         progress.step(f"clearing stale state of an earlier run that was killed: {root}")
-    if root.exists():
-        entries = list(root.iterdir())
-        if entries and not any((root / marker).exists() for marker in OWNED_MARKERS):
-            raise TestbedError(
-                f"{root} exists and does not look like a testbed cluster directory",
-                hint="choose another --state-dir, or empty that directory",
-            )
-        shutil.rmtree(root)
-    root.mkdir(parents=True)
+    created_dir = _created_by_testbed(root) if owned(root) else not root.exists()
+    if owned(root):
+        _clear(root)
+    root.mkdir(parents=True, exist_ok=True)
+    marker = {"cluster": config.name, "created_dir": created_dir}
+    (root / OWNERSHIP_MARKER).write_text(json.dumps(marker) + "\n")
     return root
 
 
@@ -371,14 +405,15 @@ def up(
 def down(config: ControlPlaneConfig, keep_state: bool = False) -> list[str]:
     """Stop every process the cluster started; remove its directory unless asked not to."""
     root = config.cluster_dir
-    if not root.exists():
+    _refuse_foreign(root)
+    if not owned(root):
         return []
     state = ClusterState.load(root)
     stopped = state.stop_processes() if state is not None else []
     if keep_state:
         Layout(root).state_file.unlink(missing_ok=True)
-    elif state is not None or any((root / m).exists() for m in OWNED_MARKERS):
-        shutil.rmtree(root)
+    else:
+        _clear(root)
     return stopped
 
 

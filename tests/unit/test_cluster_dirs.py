@@ -1,0 +1,65 @@
+"""The testbed deletes only directories it marked as its own, and names stay inside the state dir."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from testbed import cli
+from testbed.config import ControlPlaneConfig
+from testbed.controlplane import cluster
+from testbed.errors import TestbedError
+from testbed.progress import SilentProgress
+
+
+def _users_directory(tmp_path: Path) -> tuple[Path, set[Path]]:
+    """A directory of the user's own that happens to hold the names a cluster dir holds."""
+    root = tmp_path / "mine"
+    for sub in ("logs", "pki"):
+        (root / sub).mkdir(parents=True)
+        (root / sub / "notes.txt").write_text("precious\n")
+    (root / "state.json").write_text('{"name": "x"}')
+    return root, set(root.rglob("*"))
+
+
+@pytest.mark.parametrize("command", ["down", "up"])
+def test_a_foreign_state_dir_is_refused_and_left_intact(tmp_path: Path, command: str) -> None:
+    root, before = _users_directory(tmp_path)
+    result = CliRunner().invoke(cli.main, [command, "--state-dir", str(root)])
+    assert result.exit_code != 0
+    assert "is not a testbed cluster directory" in result.output
+    assert set(root.rglob("*")) == before
+    assert (root / "logs" / "notes.txt").read_text() == "precious\n"
+
+
+def test_an_empty_user_directory_is_used_and_kept_on_down(tmp_path: Path) -> None:
+    root = tmp_path / "empty"
+    root.mkdir()
+    config = ControlPlaneConfig(name="c1", state_dir=root)
+    prepared = cluster._prepare_directory(config, SilentProgress())
+    (prepared / "logs").mkdir()
+    assert cluster.owned(root)
+    assert cluster.down(config) == []
+    assert root.is_dir() and list(root.iterdir()) == []
+
+
+def test_a_directory_the_testbed_made_is_removed_on_down(tmp_path: Path) -> None:
+    config = ControlPlaneConfig(name="c2", state_dir=tmp_path / "made")
+    cluster._prepare_directory(config, SilentProgress())
+    cluster.down(config)
+    assert not (tmp_path / "made").exists()
+
+
+@pytest.mark.parametrize("name", ["x/../other", "a b/../c", "Upper", "-lead", "trail-", "", "a" * 64, "a.b"])
+def test_cluster_names_must_be_dns_labels(name: str) -> None:
+    with pytest.raises(TestbedError) as info:
+        ControlPlaneConfig(name=name)
+    assert "DNS-1123 label" in str(info.value)
+
+
+def test_a_bad_name_on_the_command_line_is_one_line(tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli.main, ["down", "--name", "x/../other"])
+    assert result.exit_code != 0
+    assert "is not a DNS-1123 label" in result.output and "Traceback" not in result.output
