@@ -37,6 +37,7 @@ WATCH_LINE_LIMIT = 4 * 1024 * 1024
 default), and a ResourceSlice with 128 devices, or a pod with a large annotation, is more."""
 
 METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+METADATA_ONLY_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
 
 PATCH_TYPES = {
     "merge": "application/merge-patch+json",
@@ -213,11 +214,12 @@ class KubeClient:
         content_type: str,
         timeout_s: float,
         metadata_only: bool = False,
+        accept: str = "",
     ) -> Obj:
         data = None if body is None else json.dumps(body)
         headers = {"Content-Type": content_type} if body is not None else {}
-        if metadata_only:
-            headers["Accept"] = METADATA_ONLY
+        if metadata_only or accept:
+            headers["Accept"] = accept or METADATA_ONLY
         async with self._http().request(
             method,
             path,
@@ -258,17 +260,28 @@ class KubeClient:
             raise
 
     async def watch(
-        self, path: str, params: Mapping[str, str] | None = None, timeout_s: int = 300
+        self,
+        path: str,
+        params: Mapping[str, str] | None = None,
+        timeout_s: int = 300,
+        metadata_only: bool = False,
     ) -> AsyncIterator[tuple[str, Obj]]:
         """List then watch, yielding ("ADDED"|"MODIFIED"|"DELETED", obj) forever,
-        re-listing when the watch expires (410) and reconnecting after errors."""
+        re-listing when the watch expires (410) and reconnecting after errors.
+        ``metadata_only``: objects arrive as their metadata alone (PartialObjectMetadata)."""
         base = dict(params or {})
         resource_version = ""
+        watch_headers = {"Accept": METADATA_ONLY} if metadata_only else {}
         while True:
             try:
                 if not resource_version:
-                    listing = await self.get(path, base)
-                    for item in listing.get("items", []):
+                    if metadata_only:
+                        listing = await self._request_once(
+                            "GET", path, None, base, "application/json", 30.0, accept=METADATA_ONLY_LIST
+                        )
+                    else:
+                        listing = await self.get(path, base)
+                    for item in listing.get("items") or []:  # a metadata-only list may say null
                         yield "ADDED", item
                     resource_version = listing["metadata"]["resourceVersion"]
                 query = dict(
@@ -279,7 +292,7 @@ class KubeClient:
                     timeoutSeconds=str(timeout_s),
                 )
                 async with self._http().get(
-                    path, params=query, timeout=aiohttp.ClientTimeout(total=timeout_s + 30)
+                    path, params=query, headers=watch_headers, timeout=aiohttp.ClientTimeout(total=timeout_s + 30)
                 ) as response:
                     if response.status >= 400:
                         raise _api_error(response.status, await response.text())

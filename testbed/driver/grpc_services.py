@@ -10,9 +10,11 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
@@ -46,7 +48,15 @@ SUPPORTED_SERVICES = [
 """Advertised in GetInfo, most preferred first; a kubelet takes the first DRA entry it knows."""
 
 HEALTH_CHECK_TIMEOUT_S = 30
+"""Advertised per device: a kubelet shows a device as Unknown once it has not heard of
+it for this long, so every stream re-sends its full snapshot at least every third of it."""
 R = TypeVar("R")
+
+
+def wire_request_names(names: list[str]) -> list[str]:
+    """What the kubelet matches ``resources.claims[].request`` against: a prioritized-list
+    subrequest ``req/sub`` is sent as ``req``, each name once, in order."""
+    return list(dict.fromkeys(name.split("/", 1)[0] for name in names))
 
 
 def _timed(driver: str, method: str, call: Callable[[], Awaitable[R]]) -> Awaitable[R]:
@@ -66,17 +76,42 @@ def _timed(driver: str, method: str, call: Callable[[], Awaitable[R]]) -> Awaita
     return run()
 
 
+class CallLog:
+    """Every call a kubelet makes on the driver, one JSON line each (time, method, claims):
+    the kubelet's side of the conversation, for a driver developer to read and for tests
+    that compare a real kubelet with the fake one. Off unless given a file."""
+
+    def __init__(self, path: Path | None = None, driver: str = ""):
+        self.path = path
+        self.driver = driver
+
+    def record(self, method: str, claims: Any = (), **details: object) -> None:
+        if self.path is None:
+            return
+        entry = {
+            "time": time.time(),
+            "driver": self.driver,
+            "method": method,
+            "claims": [{"namespace": c.namespace, "name": c.name, "uid": c.uid} for c in claims],
+            **details,
+        }
+        with open(self.path, "a") as handle:
+            handle.write(json.dumps(entry) + "\n")
+
+
 class DraService:
     """NodePrepareResources/NodeUnprepareResources for one proto version (v1 or v1beta1)."""
 
-    def __init__(self, pb2: Any, preparer: ClaimPreparer, with_share_id: bool):
+    def __init__(self, pb2: Any, preparer: ClaimPreparer, with_share_id: bool, call_log: CallLog | None = None):
         self.pb2 = pb2
         self.preparer = preparer
         self.with_share_id = with_share_id
         self.package = pb2.DESCRIPTOR.package
+        self.call_log = call_log or CallLog()
 
     async def NodePrepareResources(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         method = f"/{self.package}.DRAPlugin/NodePrepareResources"
+        self.call_log.record(method, request.claims)
         return await _timed(self.preparer.driver, method, lambda: self._prepare(request))
 
     async def _prepare(self, request: Any) -> Any:
@@ -90,7 +125,7 @@ class DraService:
                 continue
             for record in result.devices:
                 device = entry.devices.add(
-                    request_names=record.request_names,
+                    request_names=wire_request_names(record.request_names),
                     pool_name=record.pool,
                     device_name=record.device,
                     cdi_device_ids=record.cdi_device_ids,
@@ -101,6 +136,7 @@ class DraService:
 
     async def NodeUnprepareResources(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         method = f"/{self.package}.DRAPlugin/NodeUnprepareResources"
+        self.call_log.record(method, request.claims)
         return await _timed(self.preparer.driver, method, lambda: self._unprepare(request))
 
     async def _unprepare(self, request: Any) -> Any:
@@ -113,9 +149,19 @@ class DraService:
 
 
 class RegistrationService(pluginregistration_pb2_grpc.RegistrationServicer):
-    def __init__(self, driver: str, endpoint: str):
+    def __init__(
+        self,
+        driver: str,
+        endpoint: str,
+        on_registered: Callable[[], None] | None = None,
+        call_log: CallLog | None = None,
+    ):
+        """``on_registered``: called each time a kubelet accepts this plugin (it may just
+        have started, and a starting kubelet deletes its node's slices)."""
         self.driver = driver
         self.endpoint = endpoint
+        self.on_registered = on_registered
+        self.call_log = call_log or CallLog()
         self.registered: bool | None = None
         self.registration_error = ""
 
@@ -128,26 +174,46 @@ class RegistrationService(pluginregistration_pb2_grpc.RegistrationServicer):
         )
 
     async def NotifyRegistrationStatus(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        self.call_log.record(
+            "/pluginregistration.Registration/NotifyRegistrationStatus",
+            registered=request.plugin_registered,
+            error=request.error,
+        )
         self.registered = request.plugin_registered
         self.registration_error = request.error
         if not request.plugin_registered:
             log.error("%s: the kubelet refused the registration: %s", self.driver, request.error)
+        elif self.on_registered is not None:
+            self.on_registered()
         return pluginregistration_pb2.RegistrationStatusResponse()
 
 
 class ResourceHealthService:
-    """NodeWatchResources for one proto version: a snapshot now and after every change."""
+    """NodeWatchResources for one proto version: a full snapshot now, after every change,
+    and at least every ``timeout_s / 3`` (a heartbeat), as a kubelet needs to keep a
+    device from turning Unknown."""
 
-    def __init__(self, pb2: Any, backend: DeviceBackend, kinds: tuple[str, ...], pool: str):
+    def __init__(
+        self,
+        pb2: Any,
+        backend: DeviceBackend,
+        kinds: tuple[str, ...],
+        pool: str,
+        timeout_s: int = HEALTH_CHECK_TIMEOUT_S,
+    ):
         self.pb2 = pb2
         self.backend = backend
         self.kinds = kinds
         self.pool = pool
+        self.timeout_s = timeout_s
+        self._mine: tuple[int, frozenset[str]] | None = None
 
     async def _snapshot(self) -> tuple[int, Any]:
         generation, health = await self.backend.health()
-        _, devices, _ = await self.backend.inventory()
-        mine = {d.name for d in devices if d.kind in self.kinds}
+        if self._mine is None or self._mine[0] != generation:  # heartbeats reuse the device list
+            _, devices, _ = await self.backend.inventory()
+            self._mine = (generation, frozenset(d.name for d in devices if d.kind in self.kinds))
+        mine = self._mine[1]
         status = {Health.HEALTHY: self.pb2.HEALTHY, Health.UNHEALTHY: self.pb2.UNHEALTHY}
         response = self.pb2.NodeWatchResourcesResponse()
         for entry in health:
@@ -156,7 +222,7 @@ class ResourceHealthService:
                     device=self.pb2.DeviceIdentifier(pool_name=self.pool, device_name=entry.device),
                     health=status[entry.health],
                     last_updated_time=entry.updated_unix,
-                    health_check_timeout_seconds=HEALTH_CHECK_TIMEOUT_S,
+                    health_check_timeout_seconds=self.timeout_s,
                     message=entry.message,
                 )
         return generation, response
@@ -165,10 +231,9 @@ class ResourceHealthService:
         generation, snapshot = await self._snapshot()
         yield snapshot
         while True:
-            changed = await self.backend.wait_for_change(generation, HEALTH_CHECK_TIMEOUT_S / 2)
-            if changed != generation:
-                generation, snapshot = await self._snapshot()
-                yield snapshot
+            await self.backend.wait_for_change(generation, self.timeout_s / 3)
+            generation, snapshot = await self._snapshot()
+            yield snapshot
 
 
 def add_services(
@@ -178,10 +243,11 @@ def add_services(
     backend: DeviceBackend,
     kinds: tuple[str, ...],
     pool: str,
+    call_log: CallLog | None = None,
 ) -> None:
     pluginregistration_pb2_grpc.add_RegistrationServicer_to_server(registration, server)
-    dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(DraService(dra_v1_pb2, preparer, True), server)
-    dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(DraService(dra_v1beta1_pb2, preparer, False), server)
+    dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(DraService(dra_v1_pb2, preparer, True, call_log), server)
+    dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(DraService(dra_v1beta1_pb2, preparer, False, call_log), server)
     health_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
         ResourceHealthService(health_v1_pb2, backend, kinds, pool), server
     )

@@ -13,6 +13,9 @@ Configured from the environment, as a DaemonSet passes it:
     HEALTH_ADDRESS     address the liveness and metrics servers bind          127.0.0.1
     METRICS_PORT       Prometheus /metrics port (0: any, -1: off)                  8080
     KUBECONFIG         a kubeconfig; without it, the pod's service account
+    CALL_LOG           append every DRA call a kubelet makes to this file (JSON lines)
+    FAULTS_FILE        a JSON file the driver follows: {"unhealthy": {"gpu-0": "XID 79"}}
+                       marks those devices unhealthy (with that message), the rest healthy
 
 SIGTERM or SIGINT stops it cleanly: it removes its own sockets and leaves the slices
 (the kubelet wipes them if no instance comes back within 30 s).
@@ -21,6 +24,7 @@ SIGTERM or SIGINT stops it cleanly: it removes its own sockets and leaves the sl
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -31,7 +35,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2_grpc
 
-from fake_devices.hardware import NodeHardware
+from fake_devices.hardware import Health, NodeHardware
 from fake_devices.profiles import ProfileError, load_profile
 from testbed.driver.backend import LocalBackend
 from testbed.driver.claims import ClaimCache
@@ -42,6 +46,7 @@ from testbed.driver.slices import DRIVER_KINDS
 from testbed.errors import TestbedError
 from testbed.kubeapi import KubeClient
 from testbed.metrics_server import MetricsServer
+from testbed.tasks import cancel_and_wait
 
 log = logging.getLogger("testbed-driver")
 
@@ -59,6 +64,8 @@ class Settings:
     health_address: str
     metrics_port: int
     kubeconfig: Path | None
+    call_log: Path | None = None
+    faults_file: Path | None = None
 
     @classmethod
     def from_env(cls, env: dict[str, str]) -> Settings:
@@ -91,7 +98,33 @@ class Settings:
             health_address=env.get("HEALTH_ADDRESS", "127.0.0.1"),
             metrics_port=integer("METRICS_PORT", "8080"),
             kubeconfig=Path(env["KUBECONFIG"]) if env.get("KUBECONFIG") else None,
+            call_log=Path(env["CALL_LOG"]) if env.get("CALL_LOG") else None,
+            faults_file=Path(env["FAULTS_FILE"]) if env.get("FAULTS_FILE") else None,
         )
+
+
+FAULTS_POLL_S = 0.5
+
+
+async def follow_faults(path: Path, hardware: NodeHardware) -> None:
+    """Apply the faults file whenever it changes; a malformed one is logged and skipped."""
+    seen: float | None = None
+    unhealthy: dict[str, str] = {}
+    while True:
+        try:
+            stamp = path.stat().st_mtime if path.exists() else None
+            if stamp != seen:
+                seen = stamp
+                wanted = json.loads(path.read_text()).get("unhealthy", {}) if stamp is not None else {}
+                for device in set(unhealthy) - set(wanted):
+                    hardware.set_health(device, Health.HEALTHY)
+                for device, message in wanted.items():
+                    if unhealthy.get(device) != message:
+                        hardware.set_health(device, Health.UNHEALTHY, str(message))
+                unhealthy = {d: str(m) for d, m in wanted.items()}
+        except (OSError, ValueError, AttributeError, KeyError) as exc:
+            log.warning('faults file %s: %s; fix it (want {"unhealthy": {DEVICE: MESSAGE}})', path, exc)
+        await asyncio.sleep(FAULTS_POLL_S)
 
 
 async def serve(settings: Settings, stop: asyncio.Event) -> None:
@@ -102,7 +135,13 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
     client = KubeClient.from_kubeconfig(settings.kubeconfig)
     claims = ClaimCache(client)
     claims.start()
-    backend = LocalBackend(NodeHardware(settings.node, profile, settings.seed))
+    hardware = NodeHardware(settings.node, profile, settings.seed)
+    backend = LocalBackend(hardware)
+    faults = (
+        asyncio.create_task(follow_faults(settings.faults_file, hardware), name="faults")
+        if settings.faults_file is not None
+        else None
+    )
     plugins = [
         DriverPlugin(
             driver,
@@ -111,6 +150,7 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
             backend,
             client,
             claims,
+            call_log=settings.call_log,
         )
         for driver in settings.drivers
     ]
@@ -139,6 +179,7 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
         await stop.wait()
         log.info("stopping")
     finally:
+        await cancel_and_wait(faults)
         await metrics.stop()
         if liveness is not None:
             await liveness.stop(1)

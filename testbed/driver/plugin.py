@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2_grpc
@@ -18,9 +19,9 @@ from grpc_health.v1 import health_pb2_grpc
 from testbed.driver import metrics
 from testbed.driver.backend import DeviceBackend
 from testbed.driver.claims import ClaimCache
-from testbed.driver.grpc_services import LivenessService, RegistrationService, add_services
+from testbed.driver.grpc_services import CallLog, LivenessService, RegistrationService, add_services
 from testbed.driver.prepare import ClaimPreparer, DriverPaths
-from testbed.driver.slices import DRIVER_KINDS, SlicePublisher, desired_slices
+from testbed.driver.slices import DRIVER_KINDS, SlicePublisher, SliceWatcher, desired_slices
 from testbed.errors import TestbedError
 from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
 from testbed.tasks import cancel_and_wait
@@ -46,9 +47,13 @@ class DriverPlugin:
         liveness_port: int | None = None,
         publish_slices: bool = True,
         durable: bool = True,
+        slice_watcher: SliceWatcher | None = None,
+        call_log: Path | None = None,
     ):
         """``durable``: fsync checkpoint and CDI writes (a real node). Synthetic nodes, whose
-        state is throw-away, skip it, as the testbed's etcd does."""
+        state is throw-away, skip it, as the testbed's etcd does. ``slice_watcher``: a
+        watch shared with other nodes' drivers; by default the driver watches its own.
+        ``call_log``: append every DRA call a kubelet makes to this file (JSON lines)."""
         if driver not in DRIVER_KINDS:
             raise TestbedError(f"unknown driver {driver!r}", hint=f"use one of {', '.join(DRIVER_KINDS)}")
         self.driver = driver
@@ -57,9 +62,12 @@ class DriverPlugin:
         self.backend = backend
         self.client = client
         self.preparer = ClaimPreparer(driver, node, paths, backend, claims, client, durable)
-        self.registration = RegistrationService(driver, str(paths.dra_socket))
         self.publisher = SlicePublisher(client, driver, node)
+        self.call_log = CallLog(call_log, driver)
+        self.registration = RegistrationService(driver, str(paths.dra_socket), self.publisher.recheck, self.call_log)
         self.publish_slices = publish_slices
+        self._own_watcher = slice_watcher is None
+        self.slice_watcher = slice_watcher or SliceWatcher.for_node(client, node, driver)
         self.liveness_port = liveness_port
         self._server: grpc.aio.Server | None = None
         self._liveness: grpc.aio.Server | None = None
@@ -90,6 +98,7 @@ class DriverPlugin:
             self.backend,
             DRIVER_KINDS[self.driver],
             self.node,
+            self.call_log,
         )
         server.add_insecure_port(f"unix://{self.paths.dra_socket}")
         server.add_insecure_port(f"unix://{self.paths.registration_socket}")
@@ -105,6 +114,9 @@ class DriverPlugin:
             await liveness.start()
             self._liveness = liveness
         if self.publish_slices:
+            self.slice_watcher.add(self.publisher)
+            if self._own_watcher:
+                self.slice_watcher.start()
             self._tasks.append(asyncio.create_task(self._publish_loop(), name=f"slices-{self.driver}-{self.node}"))
 
     async def publish_once(self) -> bool:
@@ -147,11 +159,28 @@ class DriverPlugin:
                 log.exception("%s on %s: publishing slices failed", self.driver, self.node)
                 await asyncio.sleep(PUBLISH_RETRY_S)
                 continue
-            await self.backend.wait_for_change(generation, RESYNC_S)
+            await self._wait_for_work(generation)
+
+    async def _wait_for_work(self, generation: int) -> None:
+        """Until the hardware changes, the slices were disturbed, or RESYNC_S passed."""
+        disturbed = self.publisher.disturbed
+        if not disturbed.is_set():
+            waits = [
+                asyncio.ensure_future(self.backend.wait_for_change(generation, RESYNC_S)),
+                asyncio.ensure_future(disturbed.wait()),
+            ]
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                await cancel_and_wait(*waits)
+        disturbed.clear()
 
     async def stop(self, grace_s: float = 1.0) -> None:
         await cancel_and_wait(*self._tasks)
         self._tasks.clear()
+        self.slice_watcher.remove(self.publisher)
+        if self._own_watcher:
+            await self.slice_watcher.stop()
         for server in (self._liveness, self._server):
             if server is not None:
                 await server.stop(grace_s)

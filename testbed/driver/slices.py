@@ -9,6 +9,7 @@ there, bumping the pool generation when it does.
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
 from collections.abc import Iterable
@@ -17,6 +18,7 @@ from typing import Any
 
 from fake_devices.hardware import Device, DeviceHealth, Health, SharedPool
 from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
+from testbed.tasks import cancel_and_wait
 
 API_VERSION = "resource.k8s.io/v1"
 MAX_DEVICES = 128
@@ -107,6 +109,10 @@ def desired_slices(
     return specs
 
 
+NODE_LABEL = "dra-testbed.io/node"
+"""On every slice the testbed's drivers publish: one watch can serve a host's nodes."""
+
+
 def slice_object(driver: str, node: str, spec: SliceSpec, generation: int, count: int) -> Obj:
     body: Obj = {
         "driver": driver,
@@ -120,7 +126,7 @@ def slice_object(driver: str, node: str, spec: SliceSpec, generation: int, count
     return {
         "apiVersion": API_VERSION,
         "kind": "ResourceSlice",
-        "metadata": {"name": spec.name, "labels": {"dra-testbed.io/node": node}},
+        "metadata": {"name": spec.name, "labels": {NODE_LABEL: node}},
         "spec": body,
     }
 
@@ -157,6 +163,28 @@ class SlicePublisher:
         self._known: dict[str, Obj] | None = None
         """The slices as this publisher last wrote them; None: ask the API server."""
         self._listed_at = 0.0
+        self._writing: set[str] = set()
+        self.disturbed = asyncio.Event()
+        """Set when the API's slices may no longer be what this publisher wrote: a kubelet
+        wiped them (at its start, or after losing the driver), or someone edited one."""
+
+    def observe(self, kind: str, metadata: Obj) -> None:
+        """A slice event from a watch (metadata only). A slice of ours deleted, or at a
+        resourceVersion this publisher did not write, means: look again and republish."""
+        if self._known is None:
+            return
+        name = metadata.get("name", "")
+        ours = self._known.get(name)
+        if ours is None or name in self._writing:
+            return
+        if kind == "DELETED" or metadata.get("resourceVersion") != ours["metadata"].get("resourceVersion"):
+            self.recheck()
+
+    def recheck(self) -> None:
+        """Forget what was written and wake the publish loop (after a registration, too:
+        the kubelet that just started may have wiped this node's slices)."""
+        self._known = None
+        self.disturbed.set()
 
     def assume_none_exist(self) -> None:
         """The node was just created, so it owns no slices yet: skip the first LIST.
@@ -212,11 +240,15 @@ class SlicePublisher:
             # Only the metadata comes back: a slice can be 100 KB, and parsing the echo of
             # it was a sixth of a NodeHost's CPU while a fleet started. What was sent is
             # what is remembered.
-            if name in current:
-                obj["metadata"]["resourceVersion"] = current[name]["metadata"]["resourceVersion"]
-                written = await self.client.replace(path, obj, metadata_only=True)
-            else:
-                written = await self.client.create(path_for(API_VERSION, "resourceslices"), obj, metadata_only=True)
+            self._writing.add(name)  # its watch event may come before the answer
+            try:
+                if name in current:
+                    obj["metadata"]["resourceVersion"] = current[name]["metadata"]["resourceVersion"]
+                    written = await self.client.replace(path, obj, metadata_only=True)
+                else:
+                    written = await self.client.create(path_for(API_VERSION, "resourceslices"), obj, metadata_only=True)
+            finally:
+                self._writing.discard(name)
             current[name] = dict(obj, metadata=written["metadata"])
             self.writes += 1
         for name in set(current) - set(desired):
@@ -232,3 +264,48 @@ class SlicePublisher:
                 await self.client.delete_if_exists(path_for(API_VERSION, "resourceslices", item["metadata"]["name"]))
         except ApiError:
             pass
+
+
+class SliceWatcher:
+    """One metadata-only watch of ResourceSlices feeding the publishers of one node (a
+    driver on a real node) or of every node of a NodeHost (one watch, not one per node)."""
+
+    def __init__(self, client: KubeClient, params: dict[str, str]):
+        self.client = client
+        self.params = params
+        self._publishers: dict[str, list[SlicePublisher]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    @classmethod
+    def for_node(cls, client: KubeClient, node: str, driver: str) -> SliceWatcher:
+        return cls(client, {"fieldSelector": f"spec.nodeName={node},spec.driver={driver}"})
+
+    @classmethod
+    def for_host(cls, client: KubeClient) -> SliceWatcher:
+        return cls(client, {"labelSelector": NODE_LABEL})
+
+    def add(self, publisher: SlicePublisher) -> None:
+        self._publishers.setdefault(publisher.node, []).append(publisher)
+
+    def remove(self, publisher: SlicePublisher) -> None:
+        mine = self._publishers.get(publisher.node, [])
+        if publisher in mine:
+            mine.remove(publisher)
+        if not mine:
+            self._publishers.pop(publisher.node, None)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="slice-watch")
+
+    async def stop(self) -> None:
+        await cancel_and_wait(self._task)
+        self._task = None
+
+    async def _run(self) -> None:
+        path = path_for(API_VERSION, "resourceslices")
+        async for kind, obj in self.client.watch(path, self.params, metadata_only=True):
+            metadata = obj.get("metadata", {})
+            node = metadata.get("labels", {}).get(NODE_LABEL)
+            targets = self._publishers.get(node, []) if node else [p for ps in self._publishers.values() for p in ps]
+            for publisher in targets:
+                publisher.observe(kind, metadata)

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from pathlib import Path
 
-from testbed.kubeapi import KubeClient, path_for
+from testbed.kubeapi import ApiError, KubeClient, path_for
 from testbed.kubelet.node import NodeAgent, NodeSpec
 from testbed.kubelet.plugins import SCAN_INTERVAL_S, PluginManager
 from testbed.kubelet.pods import PodManager
+from testbed.tasks import cancel_and_wait
+
+log = logging.getLogger(__name__)
+CHECKPOINT_FILE = "dra_manager_state.json"
 
 
 class FakeKubelet:
@@ -26,28 +32,42 @@ class FakeKubelet:
         self.cdi_dir = cdi_dir
         self.node = NodeAgent(client, spec)
         self.plugins = PluginManager(
-            kubelet_dir / "plugins_registry", on_driver_gone=self.wipe_slices, scan_interval_s=scan_interval_s
+            kubelet_dir / "plugins_registry",
+            on_driver_gone=self.wipe_slices,
+            scan_interval_s=scan_interval_s,
+            on_health_change=lambda driver, devices: self.pods.health_changed(driver, devices),
         )
-        self.pods = PodManager(client, spec, self.plugins, cdi_dir, watch_pods=watch_pods)
+        self.pods = PodManager(
+            client, spec, self.plugins, cdi_dir, watch_pods=watch_pods, checkpoint=kubelet_dir / CHECKPOINT_FILE
+        )
+        self._startup_wipe: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         await self.node.register()
+        if not self.node.created:
+            # As a starting kubelet does, in the background: no driver is registered yet,
+            # so none of the node's slices can be trusted. A Node just created owns no
+            # slices (those of an earlier Node of that name belong to its old UID and the
+            # garbage collector removes them), so a fleet's first start skips the call.
+            self._startup_wipe = asyncio.create_task(self.wipe_slices(None), name=f"wipe-{self.spec.name}")
         self.node.start()
         self.plugins.start()
         self.pods.start()
 
     async def stop(self) -> None:
+        await cancel_and_wait(self._startup_wipe)
         await self.pods.stop()
         await self.plugins.stop()
         await self.node.stop()
 
-    async def wipe_slices(self, driver: str) -> None:
-        """What a kubelet does once no instance of a driver has been connected for 30 s."""
-        listing = await self.client.get(
-            path_for("resource.k8s.io/v1", "resourceslices"),
-            {"fieldSelector": f"spec.nodeName={self.spec.name},spec.driver={driver}"},
-        )
-        for item in listing.get("items", []):
-            await self.client.delete_if_exists(
-                path_for("resource.k8s.io/v1", "resourceslices", item["metadata"]["name"])
+    async def wipe_slices(self, driver: str | None) -> None:
+        """Delete this node's ResourceSlices (of one driver, or all): at start-up, and once
+        no instance of a driver has been connected for 30 s. One DeleteCollection, as the
+        kubelet sends it."""
+        selector = f"spec.nodeName={self.spec.name}" + (f",spec.driver={driver}" if driver else "")
+        try:
+            await self.client.request(
+                "DELETE", path_for("resource.k8s.io/v1", "resourceslices"), params={"fieldSelector": selector}
             )
+        except ApiError as exc:
+            log.warning("%s: deleting ResourceSlices (%s) failed: %s", self.spec.name, selector, exc)

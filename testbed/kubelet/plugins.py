@@ -1,12 +1,19 @@
 """The kubelet's side of DRA plugins: watch the registration dir, register, call.
 
-Exactly what a kubelet does: a socket appearing in ``plugins_registry`` (names starting
-with ``.`` ignored) gets GetInfo; a ``DRAPlugin`` with a DRA service the kubelet knows
-(the first of the plugin's ``supported_versions`` among v1, v1beta1) is registered and
-told so by NotifyRegistrationStatus, anything else is told why not. Calls go to the most
-recently registered instance of a driver (during a rolling update, the new one) with a
-45 s timeout. When a driver's last instance is gone for 30 s, its ResourceSlices for
-this node are deleted.
+What kubelet v1.37 does (pkg/kubelet/pluginmanager, pkg/kubelet/cm/dra/plugin):
+- a socket appearing in ``plugins_registry`` (names starting with ``.`` ignored) gets
+  GetInfo; a ``DRAPlugin`` with a DRA service the kubelet knows (the first of the
+  plugin's ``supported_versions`` among v1, v1beta1) is registered and told so by
+  NotifyRegistrationStatus, anything else is told why not. A socket re-created at the
+  same path (a restarted driver) is a new registration;
+- it keeps a connection to each instance's DRA endpoint and watches it. When no
+  instance of a driver is connected, its ResourceSlices of this node are deleted 30 s
+  later unless one connects again: a SIGKILLed driver leaves its socket behind, and
+  it is the connection, not the socket, that counts;
+- calls go to the most recent connected instance (else the most recent one) with a
+  45 s timeout;
+- right after registration it opens NodeWatchResources (v1, else v1alpha1) and keeps
+  it open, re-opening it 5 s after it ends, unless the driver answers UNIMPLEMENTED.
 """
 
 from __future__ import annotations
@@ -14,7 +21,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,9 +34,14 @@ from testbed.grpcapi import (
     dra_v1_pb2_grpc,
     dra_v1beta1_pb2,
     dra_v1beta1_pb2_grpc,
+    health_v1_pb2,
+    health_v1_pb2_grpc,
+    health_v1alpha1_pb2,
+    health_v1alpha1_pb2_grpc,
     pluginregistration_pb2,
     pluginregistration_pb2_grpc,
 )
+from testbed.kubelet.health import DeviceHealthStatus, DeviceReport, HealthCache, timeout_from_wire, truncate_message
 from testbed.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -42,7 +55,15 @@ DRA_SERVICES: dict[str, tuple[Any, Any]] = {
     "v1.DRAPlugin": (dra_v1_pb2, dra_v1_pb2_grpc),
     "v1beta1.DRAPlugin": (dra_v1beta1_pb2, dra_v1beta1_pb2_grpc),
 }
-HEALTH_SERVICES = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
+HEALTH_SERVICES: dict[str, tuple[Any, Any]] = {
+    "v1.DRAResourceHealth": (health_v1_pb2, health_v1_pb2_grpc),
+    "v1alpha1.DRAResourceHealth": (health_v1alpha1_pb2, health_v1alpha1_pb2_grpc),
+}
+HEALTH_RETRY_S = 5.0
+"""The kubelet re-opens an ended health stream after this long."""
+RECONNECT_BACKOFF_MAX_MS = 5000
+"""gRPC's default of 120 s would let a driver that came back at the same endpoint go
+unnoticed for minutes."""
 
 
 class PluginCallError(Exception):
@@ -55,6 +76,7 @@ class PreparedDevice:
     pool: str
     device: str
     cdi_device_ids: list[str]
+    driver: str = ""
 
 
 @dataclass
@@ -71,6 +93,10 @@ class Plugin:
     service: str
     health_service: str
     channel: grpc.aio.Channel
+    identity: tuple[int, int] = (0, 0)
+    """(inode, ctime) of the registration socket: a new file is a new instance."""
+    connected: bool = False
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     def stub(self) -> Any:
         return DRA_SERVICES[self.service][1].DRAPluginStub(self.channel)
@@ -85,16 +111,31 @@ def choose_service(supported: list[str]) -> str | None:
     return next((s for s in supported if s in DRA_SERVICES), None)
 
 
+def _identity(sock: Path) -> tuple[int, int]:
+    try:
+        stat = sock.stat()
+    except OSError:
+        return (0, 0)
+    return (stat.st_ino, stat.st_ctime_ns)
+
+
 class PluginManager:
     def __init__(
         self,
         registry_dir: Path,
-        on_driver_gone: Callable[[str], Any] | None = None,
+        on_driver_gone: Callable[[str], Awaitable[None]] | None = None,
         scan_interval_s: float = SCAN_INTERVAL_S,
+        on_health_change: Callable[[str, list[tuple[str, str]]], None] | None = None,
+        watch_health: bool = True,
     ):
+        """``on_driver_gone(driver)``: no instance connected for 30 s (wipe its slices).
+        ``on_health_change(driver, [(pool, device)])``: health of these devices changed."""
         self.registry_dir = registry_dir
         self.scan_interval_s = scan_interval_s
         self.on_driver_gone = on_driver_gone
+        self.on_health_change = on_health_change
+        self.watch_health = watch_health
+        self.health = HealthCache()
         self._by_socket: dict[Path, Plugin] = {}
         self._rejected: set[Path] = set()
         self._wipe_tasks: dict[str, asyncio.Task[None]] = {}
@@ -108,6 +149,7 @@ class PluginManager:
     async def stop(self) -> None:
         await cancel_and_wait(self._task, *self._wipe_tasks.values())
         for plugin in self._by_socket.values():
+            await cancel_and_wait(*plugin.tasks)
             await plugin.channel.close()
         self._by_socket.clear()
 
@@ -115,8 +157,14 @@ class PluginManager:
         return sorted({p.driver for p in self._by_socket.values()})
 
     def plugin_for(self, driver: str) -> Plugin | None:
+        """The newest connected instance, else the newest one."""
         instances = [p for p in self._by_socket.values() if p.driver == driver]
-        return instances[-1] if instances else None
+        connected = [p for p in instances if p.connected]
+        preferred = connected or instances
+        return preferred[-1] if preferred else None
+
+    def connected(self, driver: str) -> bool:
+        return any(p.connected for p in self._by_socket.values() if p.driver == driver)
 
     async def wait_for_driver(self, driver: str, timeout_s: float) -> Plugin:
         async with asyncio.timeout(timeout_s):
@@ -134,10 +182,11 @@ class PluginManager:
 
     async def scan(self) -> None:
         present = {p for p in self.registry_dir.iterdir() if not p.name.startswith(".") and p.is_socket()}
+        replaced = {s for s, p in self._by_socket.items() if s in present and _identity(s) != p.identity}
+        for sock in set(self._by_socket) - present | replaced:
+            await self._deregister(sock)
         for sock in sorted(present - set(self._by_socket) - self._rejected):
             await self._register(sock)
-        for sock in set(self._by_socket) - present:
-            await self._deregister(sock)
         self._rejected &= present
 
     def _notify(self) -> None:
@@ -171,17 +220,21 @@ class PluginManager:
                 info.endpoint,
                 service,
                 health,
-                grpc.aio.insecure_channel(f"unix://{info.endpoint}"),
+                grpc.aio.insecure_channel(
+                    f"unix://{info.endpoint}", options=[("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MAX_MS)]
+                ),
+                identity=_identity(sock),
             )
             self._by_socket[sock] = plugin
-            wipe = self._wipe_tasks.pop(info.name, None)
-            if wipe is not None:
-                wipe.cancel()
+            plugin.tasks.append(asyncio.create_task(self._watch_connection(plugin), name=f"conn-{sock}"))
+            if self.watch_health and health:
+                plugin.tasks.append(asyncio.create_task(self._watch_health(plugin), name=f"health-{sock}"))
             with contextlib.suppress(grpc.aio.AioRpcError):
                 await stub.NotifyRegistrationStatus(
                     pluginregistration_pb2.RegistrationStatus(plugin_registered=True), timeout=5.0
                 )
             log.info("registered DRA plugin %s at %s using %s", info.name, info.endpoint, service)
+            self._sync(info.name)
             self._notify()
 
     @staticmethod
@@ -203,17 +256,73 @@ class PluginManager:
 
     async def _deregister(self, sock: Path) -> None:
         plugin = self._by_socket.pop(sock)
+        await cancel_and_wait(*plugin.tasks)
         await plugin.channel.close()
         log.info("DRA plugin %s at %s is gone", plugin.driver, sock)
-        if self.plugin_for(plugin.driver) is None and self.on_driver_gone is not None:
-            self._wipe_tasks[plugin.driver] = asyncio.create_task(self._wipe_later(plugin.driver))
+        self._sync(plugin.driver)
         self._notify()
+
+    def _sync(self, driver: str) -> None:
+        """After any change of a driver's instances or connections: a connected driver
+        cancels a pending wipe; a driver with none connected gets one (once)."""
+        if self.connected(driver):
+            wipe = self._wipe_tasks.pop(driver, None)
+            if wipe is not None:
+                wipe.cancel()
+        elif driver not in self._wipe_tasks and self.on_driver_gone is not None:
+            self._wipe_tasks[driver] = asyncio.create_task(self._wipe_later(driver), name=f"wipe-{driver}")
 
     async def _wipe_later(self, driver: str) -> None:
         await asyncio.sleep(WIPE_SLICES_AFTER_S)
-        if self.plugin_for(driver) is None and self.on_driver_gone is not None:
-            await self.on_driver_gone(driver)
         self._wipe_tasks.pop(driver, None)
+        if not self.connected(driver) and self.on_driver_gone is not None:
+            log.info(
+                "no instance of DRA driver %s connected for %.0f s: wiping its slices",
+                driver,
+                WIPE_SLICES_AFTER_S,
+            )
+            await self.on_driver_gone(driver)
+
+    async def _watch_connection(self, plugin: Plugin) -> None:
+        """Follow the DRA endpoint's connection as the kubelet's gRPC stats handler does."""
+        channel = plugin.channel
+        state = channel.get_state(try_to_connect=True)
+        while True:
+            connected = state is grpc.ChannelConnectivity.READY
+            if connected != plugin.connected:
+                plugin.connected = connected
+                log.debug("DRA plugin %s at %s connected: %s", plugin.driver, plugin.endpoint, connected)
+                self._sync(plugin.driver)
+            await channel.wait_for_state_change(state)
+            state = channel.get_state(try_to_connect=True)
+
+    async def _watch_health(self, plugin: Plugin) -> None:
+        pb2, pb2_grpc = HEALTH_SERVICES[plugin.health_service]
+        stub = pb2_grpc.DRAResourceHealthStub(plugin.channel)
+        names = {pb2.HEALTHY: DeviceHealthStatus.HEALTHY, pb2.UNHEALTHY: DeviceHealthStatus.UNHEALTHY}
+        while True:
+            try:
+                async for snapshot in stub.NodeWatchResources(pb2.NodeWatchResourcesRequest()):
+                    reports = [
+                        DeviceReport(
+                            d.device.pool_name,
+                            d.device.device_name,
+                            names.get(d.health, DeviceHealthStatus.UNKNOWN),
+                            truncate_message(d.message),
+                            timeout_from_wire(d.health_check_timeout_seconds),
+                        )
+                        for d in snapshot.devices
+                    ]
+                    changed = self.health.update(plugin.driver, reports, time.monotonic())
+                    if changed and self.on_health_change is not None:
+                        self.on_health_change(plugin.driver, changed)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() is grpc.StatusCode.UNIMPLEMENTED:
+                    self.health.clear_driver(plugin.driver)
+                    return
+                log.debug("health stream of %s ended: %s", plugin.driver, exc.code().name)
+            self.health.clear_driver(plugin.driver)
+            await asyncio.sleep(HEALTH_RETRY_S)
 
     # --- calls ---------------------------------------------------------------------------
 
@@ -241,7 +350,7 @@ class PluginManager:
                 continue
             entry = response.claims[uid]
             devices = [
-                PreparedDevice(list(d.request_names), d.pool_name, d.device_name, list(d.cdi_device_ids))
+                PreparedDevice(list(d.request_names), d.pool_name, d.device_name, list(d.cdi_device_ids), driver)
                 for d in entry.devices
             ]
             answers[uid] = ClaimAnswer(devices, entry.error)

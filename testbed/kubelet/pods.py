@@ -7,8 +7,17 @@ gone); resolve each container's CDI device IDs against the spec files as a runti
 would (an unknown ID fails the start); record the environment a container would see in
 the ``dra-testbed.io/container-env`` annotation; set the pod Running. A pod whose
 containers run ``sleep N`` (and do not restart) or that carries
-``dra-testbed.io/run-seconds`` succeeds after that long. On termination or deletion the
-claims are unprepared, then a deleted pod is removed for good, as a kubelet does.
+``dra-testbed.io/run-seconds`` succeeds after that long. As kubelet v1.37 does:
+- a container gets the CDI devices of the claim requests it names, matched EXACTLY
+  against the ``request_names`` the driver returned (a device with none goes to all);
+- when a pod's containers end, its claims are unprepared BEFORE the new status is
+  written, and a failed unprepare is retried (with backoff) until it succeeds; a
+  deleted pod is removed for good only after that;
+- prepared claims are checkpointed (``<kubelet dir>/dra_manager_state.json``), so a
+  restarted kubelet does not prepare again what its running pods already have;
+- ``status.containerStatuses[].allocatedResourcesStatus`` shows each claimed device's
+  health from the drivers' health streams, updated when health changes and on every
+  periodic pod sync (a device not heard of within its timeout reads Unknown).
 """
 
 from __future__ import annotations
@@ -21,10 +30,11 @@ import re
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from testbed.driver import cdi
+from testbed.driver.files import write_atomically
 from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
 from testbed.kubelet import metrics
 from testbed.kubelet.node import NodeSpec, now_rfc3339
@@ -37,6 +47,9 @@ ENV_ANNOTATION = "dra-testbed.io/container-env"
 RUN_SECONDS_ANNOTATION = "dra-testbed.io/run-seconds"
 BACKOFF_START_S = 0.2
 BACKOFF_MAX_S = 5.0
+STATUS_SYNC_S = 60.0
+"""The kubelet's syncFrequency: each running pod's status is recomputed this often, which
+is when a device whose health went stale turns Unknown."""
 SLEEP_COMMAND = re.compile(r"(?:^|\s|;|&&)sleep\s+(\d+(?:\.\d+)?)(?:\s|;|$)")
 
 
@@ -68,6 +81,8 @@ class PreparedClaim:
     drivers: list[str]
     devices: list[PreparedDevice] = field(default_factory=list)
     users: set[str] = field(default_factory=set)
+    prepared: bool = False
+    """False while (or after) a prepare failed: it is unprepared all the same."""
 
 
 class StartFailed(Exception):
@@ -84,8 +99,10 @@ class PodManager:
         plugins: PluginManager,
         cdi_dir: Path,
         watch_pods: bool = True,
+        checkpoint: Path | None = None,
     ):
         self.client = client
+        self.checkpoint = checkpoint
         self.node = node
         self.plugins = plugins
         self.cdi_dir = cdi_dir
@@ -96,14 +113,43 @@ class PodManager:
         self._updated: dict[str, asyncio.Event] = {}
         self._claims_lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
+        self._resync_task: asyncio.Task[None] | None = None
+        self._status_tasks: set[asyncio.Task[None]] = set()
         self._last_event: dict[tuple[str, str], str] = {}
+        self._running: dict[str, str] = {}
+        """Pods whose containers run, by UID: when they started (RFC 3339)."""
+        self._claim_uids: dict[str, dict[str, str]] = {}
+        """By pod UID: the pod's claim name -> ResourceClaim UID."""
+        self._resources_status: dict[str, object] = {}
+        """By pod UID: the allocatedResourcesStatus last written, to write only changes."""
+
+    def _load_checkpoint(self) -> None:
+        if self.checkpoint is None or not self.checkpoint.exists():
+            return
+        try:
+            entries = json.loads(self.checkpoint.read_text())
+            for entry in entries:
+                devices = [PreparedDevice(**d) for d in entry.pop("devices")]
+                claim = PreparedClaim(**entry, devices=devices)
+                claim.users = set(claim.users)
+                self.claims[claim.uid] = claim
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            log.warning("%s: checkpoint %s unreadable (%s); starting without it", self.node.name, self.checkpoint, exc)
+
+    def _save_checkpoint(self) -> None:
+        if self.checkpoint is None:
+            return
+        entries = [dict(asdict(c), users=sorted(c.users)) for c in self.claims.values()]
+        write_atomically(self.checkpoint, json.dumps(entries).encode(), durable=False)
 
     def start(self) -> None:
+        self._load_checkpoint()
         if self.watch_pods:
             self._task = asyncio.create_task(self._watch(), name=f"pods-{self.node.name}")
+        self._resync_task = asyncio.create_task(self._resync(), name=f"pod-sync-{self.node.name}")
 
     async def stop(self) -> None:
-        await cancel_and_wait(self._task, *self._workers.values())
+        await cancel_and_wait(self._task, self._resync_task, *self._status_tasks, *self._workers.values())
         self._workers.clear()
 
     async def _watch(self) -> None:
@@ -190,8 +236,11 @@ class PodManager:
                     while not self._deleting(uid) and (left := deadline - time.monotonic()) > 0:
                         await self._pause(uid, left)
                     if not self._deleting(uid):
-                        await self._set_succeeded(uid)
+                        # The kubelet unprepares after the containers stopped and before
+                        # the pod's new status reaches the API server.
+                        self._running.pop(uid, None)
                         await self._release(uid)
+                        await self._set_succeeded(uid)
                 while not self._deleting(uid):
                     await self._pause(uid, 3600)
             await self._finish_deletion(uid)
@@ -258,14 +307,22 @@ class PodManager:
         return self._container_env(pod, claims) if claims else {}
 
     async def _prepare_claims(self, pod_uid: str, claims: list[Obj]) -> None:
+        """As the kubelet does, a claim is recorded (and checkpointed) with its pod BEFORE
+        the driver is asked: a claim whose prepare failed is still unprepared when the
+        pod goes. A claim counts as prepared once every driver it uses prepared it; the
+        others are asked again on the next attempt (prepare is idempotent)."""
         by_driver: dict[str, list[Obj]] = {}
         for claim in claims:
-            claim_uid = claim["metadata"]["uid"]
-            if claim_uid in self.claims:
-                continue
+            meta = claim["metadata"]
             drivers = sorted({r["driver"] for r in claim["status"]["allocation"]["devices"]["results"]})
-            for driver in drivers:
-                by_driver.setdefault(driver, []).append(claim)
+            known = self.claims.setdefault(
+                meta["uid"], PreparedClaim(meta["namespace"], meta["name"], meta["uid"], drivers)
+            )
+            known.users.add(pod_uid)
+            if not known.prepared:
+                for driver in drivers:
+                    by_driver.setdefault(driver, []).append(claim)
+        self._save_checkpoint()
         answered: dict[str, set[str]] = {}
         devices: dict[str, list[PreparedDevice]] = {}
         errors: list[str] = []
@@ -282,23 +339,16 @@ class PodManager:
                 else:
                     answered.setdefault(claim_uid, set()).add(driver)
                     devices.setdefault(claim_uid, []).extend(answer.devices)
-        # A claim counts as prepared only when every driver it uses prepared it; the
-        # others are asked again on the next attempt (prepare is idempotent).
         for claim in claims:
-            meta = claim["metadata"]
-            drivers = sorted({r["driver"] for r in claim["status"]["allocation"]["devices"]["results"]})
-            if meta["uid"] not in self.claims and answered.get(meta["uid"]) == set(drivers):
-                self.claims[meta["uid"]] = PreparedClaim(
-                    meta["namespace"], meta["name"], meta["uid"], drivers, devices[meta["uid"]]
-                )
-        for claim in claims:
-            prepared = self.claims.get(claim["metadata"]["uid"])
-            if prepared is not None:
-                prepared.users.add(pod_uid)
+            known = self.claims[claim["metadata"]["uid"]]
+            if not known.prepared and answered.get(known.uid) == set(known.drivers):
+                known.devices, known.prepared = devices[known.uid], True
+        self._save_checkpoint()
         if errors:
             raise StartFailed("FailedPrepareDynamicResources", "; ".join(errors))
 
     def _container_env(self, pod: Obj, claims: list[Obj]) -> dict[str, dict[str, str]]:
+        self._claim_uids[pod["metadata"]["uid"]] = {c["_pod_claim_name"]: c["metadata"]["uid"] for c in claims}
         by_pod_name = {c["_pod_claim_name"]: self.claims[c["metadata"]["uid"]] for c in claims}
         env: dict[str, dict[str, str]] = {}
         for container in pod["spec"].get("containers", []):
@@ -309,9 +359,9 @@ class PodManager:
                     continue
                 request = ref.get("request")
                 for device in prepared.devices:
-                    if request is None or any(
-                        r == request or r.startswith(f"{request}/") for r in device.request_names
-                    ):
+                    # Exactly as the kubelet matches (ClaimInfo.cdiDevicesAsList): a driver
+                    # that returns "req/sub" instead of "req" leaves the container without it.
+                    if not request or not device.request_names or request in device.request_names:
                         ids.extend(device.cdi_device_ids)
             try:
                 env[container["name"]] = cdi.resolve(self.cdi_dir, ids)
@@ -325,8 +375,12 @@ class PodManager:
             path_for("v1", "pods", meta["name"], meta["namespace"]),
             {"metadata": {"annotations": {ENV_ANNOTATION: json.dumps(env, sort_keys=True)}}},
         )
-        stamp = now_rfc3339()
+        # A restarted kubelet finds its pods running: their start time stays what it was.
+        previous = pod.get("status", {})
+        stamp = previous.get("startTime") if previous.get("phase") == "Running" else None
+        stamp = stamp or now_rfc3339()
         ip = self.node.internal_ip()
+        self._running[meta["uid"]] = stamp
 
         def condition(kind: str) -> Obj:
             return {"type": kind, "status": "True", "lastTransitionTime": stamp}
@@ -341,25 +395,112 @@ class PodManager:
             "conditions": [
                 condition(k) for k in ("PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready")
             ],
-            "containerStatuses": [
-                {
-                    "name": c["name"],
-                    "image": c.get("image", ""),
-                    "imageID": "",
-                    "ready": True,
-                    "started": True,
-                    "restartCount": 0,
-                    "containerID": f"dra-testbed://{meta['uid']}-{c['name']}",
-                    "state": {"running": {"startedAt": stamp}},
-                }
-                for c in pod["spec"].get("containers", [])
-            ],
+            "containerStatuses": self._running_container_statuses(pod, stamp),
         }
         await self.client.patch(
             path_for("v1", "pods", meta["name"], meta["namespace"], "status"),
             {"status": status},
             "strategic",
         )
+
+    def _running_container_statuses(self, pod: Obj, stamp: str) -> list[Obj]:
+        uid = pod["metadata"]["uid"]
+        statuses = []
+        for container in pod["spec"].get("containers", []):
+            status: Obj = {
+                "name": container["name"],
+                "image": container.get("image", ""),
+                "imageID": "",
+                "ready": True,
+                "started": True,
+                "restartCount": 0,
+                "containerID": f"dra-testbed://{uid}-{container['name']}",
+                "state": {"running": {"startedAt": stamp}},
+            }
+            resources = self._allocated_resources_status(uid, container)
+            if resources:
+                status["allocatedResourcesStatus"] = resources
+            statuses.append(status)
+        self._resources_status[uid] = [s.get("allocatedResourcesStatus") for s in statuses]
+        return statuses
+
+    def _allocated_resources_status(self, pod_uid: str, container: Obj) -> list[Obj]:
+        """As the kubelet builds it (dra Manager.UpdateAllocatedResourcesStatus): one entry
+        per claim reference of the container, named ``claim:<name>[/<request>]``, with the
+        health of each device of that request, identified by its first CDI ID."""
+        claim_uids = self._claim_uids.get(pod_uid, {})
+        now = time.monotonic()
+        result = []
+        for ref in container.get("resources", {}).get("claims", []):
+            prepared = self.claims.get(claim_uids.get(ref["name"], ""))
+            if prepared is None:
+                continue
+            request = ref.get("request") or ""
+            base = request.split("/", 1)[0]
+            resources: list[Obj] = []
+            seen = set()
+            for device in prepared.devices:
+                if request and device.request_names and base not in device.request_names:
+                    continue
+                resource_id = (
+                    device.cdi_device_ids[0]
+                    if device.cdi_device_ids
+                    else f"{device.driver}/{device.pool}/{device.device}"
+                )
+                if resource_id in seen:
+                    continue
+                seen.add(resource_id)
+                health, message = self.plugins.health.get(device.driver, device.pool, device.device, now)
+                entry: Obj = {"resourceID": resource_id, "health": health.value}
+                if message:
+                    entry["message"] = message
+                resources.append(entry)
+            if resources:
+                name = f"claim:{ref['name']}" + (f"/{request}" if request else "")
+                result.append({"name": name, "resources": resources})
+        return result
+
+    def health_changed(self, driver: str, devices: list[tuple[str, str]]) -> None:
+        """A driver's health stream changed these (pool, device): resync the pods using them."""
+        changed = set(devices)
+        for uid in list(self._running):
+            claim_uids = self._claim_uids.get(uid, {}).values()
+            if any(
+                d.driver == driver and (d.pool, d.device) in changed
+                for claim_uid in claim_uids
+                if (claim := self.claims.get(claim_uid)) is not None
+                for d in claim.devices
+            ):
+                task = asyncio.create_task(self._sync_status(uid), name=f"pod-status-{uid}")
+                self._status_tasks.add(task)
+                task.add_done_callback(self._status_tasks.discard)
+
+    async def _resync(self) -> None:
+        while True:
+            await asyncio.sleep(STATUS_SYNC_S)
+            for uid in list(self._running):
+                if self._claim_uids.get(uid):
+                    await self._sync_status(uid)
+
+    async def _sync_status(self, uid: str) -> None:
+        """Write the running pod's container statuses again if their device health changed."""
+        pod, stamp = self._latest.get(uid), self._running.get(uid)
+        if pod is None or stamp is None or self._deleting(uid):
+            return
+        before = self._resources_status.get(uid)
+        statuses = self._running_container_statuses(pod, stamp)
+        if self._resources_status.get(uid) == before:
+            return
+        meta = pod["metadata"]
+        try:
+            await self.client.patch(
+                path_for("v1", "pods", meta["name"], meta["namespace"], "status"),
+                {"status": {"containerStatuses": statuses}},
+                "strategic",
+            )
+        except ApiError as exc:
+            self._resources_status.pop(uid, None)  # try again at the next sync
+            log.debug("pod %s: status update failed: %s", meta["name"], exc)
 
     async def _set_succeeded(self, uid: str) -> None:
         pod = self._pod(uid)
@@ -405,7 +546,17 @@ class PodManager:
         )
 
     async def _release(self, pod_uid: str) -> None:
-        """Unprepare the claims this pod was the last user of."""
+        """Unprepare the claims this pod was the last user of; retried with backoff until
+        the driver succeeds, as the kubelet retries (the pod is not finished before)."""
+        backoff = BACKOFF_START_S
+        while not await self._release_once(pod_uid):
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, BACKOFF_MAX_S)
+        self._claim_uids.pop(pod_uid, None)
+
+    async def _release_once(self, pod_uid: str) -> bool:
+        """True once nothing is left to unprepare. A claim whose unprepare failed stays
+        known, with no users, so the next attempt asks again (unless a pod uses it again)."""
         started = time.perf_counter()
         failed = False
         async with self._claims_lock:
@@ -414,6 +565,7 @@ class PodManager:
                 claim.users.discard(pod_uid)
                 if not claim.users:
                     done.append(claim)
+            unprepared = set()
             for driver in sorted({d for c in done for d in c.drivers}):
                 mine = [c for c in done if driver in c.drivers]
                 refs = [(c.namespace, c.uid, c.name) for c in mine]
@@ -421,19 +573,29 @@ class PodManager:
                     errors = await self.plugins.unprepare(driver, refs)
                 except PluginCallError as exc:
                     errors = {c.uid: str(exc) for c in mine}
+                for claim in mine:
+                    if errors.get(claim.uid):
+                        failed = True
+                    else:
+                        claim.drivers = [d for d in claim.drivers if d != driver]
+                        unprepared.add(claim.uid)
                 if any(errors.values()):
-                    failed = True
                     log.warning(
-                        "unprepare on %s: %s",
+                        "unprepare on %s failed, will retry: %s",
                         self.node.name,
                         "; ".join(e for e in errors.values() if e),
                     )
             for claim in done:
-                self.claims.pop(claim.uid, None)
-        if done or failed:
+                if not claim.drivers:
+                    self.claims.pop(claim.uid, None)
+            if done:
+                self._save_checkpoint()
+        if done:
             metrics.OPERATIONS.labels("UnprepareResources", str(failed).lower()).observe(time.perf_counter() - started)
+        return not failed
 
     async def _finish_deletion(self, uid: str) -> None:
+        self._running.pop(uid, None)
         await self._release(uid)
         pod = self._latest.get(uid)
         if pod is not None and not pod.get("_deleted"):
@@ -450,4 +612,5 @@ class PodManager:
                 )
         self._latest.pop(uid, None)
         self._updated.pop(uid, None)
+        self._resources_status.pop(uid, None)
         self._workers.pop(uid, None)

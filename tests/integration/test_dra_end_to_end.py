@@ -387,6 +387,10 @@ def test_an_unresolvable_cdi_device_fails_the_pod_start(kube_api: k8s.ApiClient,
         except AssertionError as exc:
             raise AssertionError(f"{exc}: events {events(kube_api, namespace, 'victim')}") from None
         assert k8s.CoreV1Api(kube_api).read_namespaced_pod("victim", namespace).status.phase == "Pending"
+        # As a kubelet does, the claim it tried to prepare is unprepared before the pod
+        # goes: the plugin must still be there for that.
+        k8s.CoreV1Api(kube_api).delete_namespaced_pod("victim", namespace)
+        wait_gone(kube_api, namespace, "victim")
     finally:
         plugin.terminate()
         plugin.wait(10)

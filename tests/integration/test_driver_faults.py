@@ -283,6 +283,42 @@ def test_an_unhealthy_device_is_tainted_in_its_slice_and_streamed(
     run(scenario)
 
 
+def test_slices_deleted_or_edited_behind_the_drivers_back_are_restored_within_seconds(
+    control_plane: ClusterState, kube_api: k8s.ApiClient, short_tmp_path: Path
+) -> None:
+    """A starting kubelet deletes its node's slices; an admin may edit one. The driver
+    watches its slices and republishes at once, not at its next periodic relist (minutes)."""
+    node = "drv-node-w"
+    resource = k8s.ResourceV1Api(kube_api)
+
+    def slices() -> dict[str, tuple[str, int]]:
+        items = resource.list_resource_slice(field_selector=f"spec.nodeName={node}").items
+        return {s.metadata.name: (s.metadata.uid, len(s.spec.devices or [])) for s in items}
+
+    async def restored(check: Callable[[dict[str, tuple[str, int]]], bool]) -> float:
+        started = asyncio.get_running_loop().time()
+        while not check(await asyncio.to_thread(slices)):
+            assert asyncio.get_running_loop().time() - started < 30, "not restored within 30 s"
+            await asyncio.sleep(0.1)
+        return asyncio.get_running_loop().time() - started
+
+    async def scenario() -> None:
+        async with running(control_plane.kubeconfig, short_tmp_path, node, publish=True) as h:
+            async with asyncio.timeout(30):
+                await h.plugin.published.wait()
+            before = await asyncio.to_thread(slices)
+            await asyncio.to_thread(resource.delete_collection_resource_slice, field_selector=f"spec.nodeName={node}")
+            await restored(lambda now: set(now) == set(before) and now != before)
+            name = sorted(n for n, (_, count) in before.items() if count)[0]
+            edited = await asyncio.to_thread(resource.read_resource_slice, name)
+            edited.spec.devices = edited.spec.devices[:1]
+            await asyncio.to_thread(resource.replace_resource_slice, name, edited)
+            await restored(lambda now: now.get(name, ("", 0))[1] == before[name][1])
+        resource.delete_collection_resource_slice(field_selector=f"spec.nodeName={node}")
+
+    run(scenario)
+
+
 def test_registration_liveness_and_rolling_update_instances(
     control_plane: ClusterState, kube_api: k8s.ApiClient, namespace: str, short_tmp_path: Path
 ) -> None:

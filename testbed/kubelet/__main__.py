@@ -1,0 +1,69 @@
+"""`python -m testbed.kubelet`: one fake kubelet as its own process, for one node.
+
+What a driver developer runs next to their own driver (started as a DaemonSet would
+start it, with ``--root-dir`` as its kubelet directory), and what the real-vs-fake
+comparison runs opposite a real kubelet. SIGTERM or SIGINT stops it; the Node stays, as
+a stopped kubelet leaves its Node (``--delete-node`` removes it too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from testbed.errors import TestbedError
+from testbed.kubeapi import KubeClient, path_for
+from testbed.kubelet.kubelet import FakeKubelet
+from testbed.kubelet.node import NodeSpec
+
+
+def _arguments(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m testbed.kubelet", description=__doc__.splitlines()[0])
+    parser.add_argument("--node", required=True, help="the Node's name")
+    parser.add_argument("--kubeconfig", type=Path, required=True, help="credentials to reach the API server")
+    parser.add_argument("--root-dir", type=Path, required=True, help="the kubelet dir (plugins_registry/, plugins/)")
+    parser.add_argument("--cdi-dir", type=Path, required=True, help="where drivers write CDI specs")
+    parser.add_argument("--label", action="append", default=[], help="KEY=VALUE, repeatable")
+    parser.add_argument("--delete-node", action="store_true", help="delete the Node on exit")
+    return parser.parse_args(argv)
+
+
+async def _run(args: argparse.Namespace) -> None:
+    labels = {}
+    for item in args.label:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise TestbedError(f"--label {item!r} is not KEY=VALUE")
+        labels[key] = value
+    client = KubeClient.from_kubeconfig(args.kubeconfig)
+    kubelet = FakeKubelet(client, NodeSpec(args.node, labels=labels), args.root_dir, args.cdi_dir)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await kubelet.start()
+        logging.getLogger("testbed.kubelet").info("fake kubelet for node %s running", args.node)
+        await stop.wait()
+    finally:
+        await kubelet.stop()
+        if args.delete_node:
+            await client.delete_if_exists(path_for("v1", "nodes", args.node))
+        await client.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        asyncio.run(_run(_arguments(sys.argv[1:] if argv is None else argv)))
+    except TestbedError as exc:
+        print(f"testbed.kubelet: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
