@@ -6,6 +6,7 @@ progress and diagnostics go to stderr.
 
 from __future__ import annotations
 
+import shutil
 import signal
 import sys
 from collections.abc import Callable
@@ -246,8 +247,9 @@ def status(name: str, state_dir: Path | None) -> None:
     default=None,
     help="Check this cluster instead of a testbed one.",
 )
+@click.option("--node", default=None, help="Run the GPU pod on this synthetic node (e.g. a real-kubelet one).")
 @reports_errors
-def check(name: str, state_dir: Path | None, kubeconfig_file: Path | None) -> None:
+def check(name: str, state_dir: Path | None, kubeconfig_file: Path | None, node: str | None) -> None:
     """Prove the cluster allocates DRA devices; with synthetic nodes, run a GPU pod too."""
     from testbed.controlplane import selfcheck
     from testbed.kube import api_client
@@ -262,7 +264,9 @@ def check(name: str, state_dir: Path | None, kubeconfig_file: Path | None) -> No
     try:
         result = selfcheck.run_allocation_check(api)
         nodes = selfcheck.synthetic_nodes(api)
-        pod = selfcheck.run_dra_pod_check(api) if nodes else None
+        if node is not None and node not in nodes:
+            raise TestbedError(f"no synthetic node {node!r}", hint=f"pick one of {', '.join(sorted(nodes)) or 'none'}")
+        pod = selfcheck.run_dra_pod_check(api, node=node) if nodes else None
     finally:
         api.close()  # type: ignore[no-untyped-call]
     click.echo(
@@ -271,10 +275,12 @@ def check(name: str, state_dir: Path | None, kubeconfig_file: Path | None) -> No
         f"{result.bound_node} in {result.seconds:.2f}s"
     )
     if pod is not None:
+        seen = f"env {', '.join(sorted(pod.env))}" if pod.env else "its container env is the runtime's"
+        health = ", ".join(f"{rid} {state}" for rid, state in sorted(pod.health.items())) or "no device health yet"
         click.echo(
-            f"ok: a pod with a GPU claim ran on synthetic node {pod.node} ({pod.device}, env "
-            f"{', '.join(sorted(pod.env))}) after {pod.seconds_to_running:.2f}s; unprepared and "
-            f"removed {pod.seconds_to_removed:.2f}s after deletion ({len(nodes)} synthetic nodes)"
+            f"ok: a pod with a GPU claim ran on synthetic node {pod.node} ({pod.device}, {seen}; {health}) "
+            f"after {pod.seconds_to_running:.2f}s; unprepared and removed {pod.seconds_to_removed:.2f}s "
+            f"after deletion ({len(nodes)} synthetic nodes)"
         )
 
 
@@ -434,8 +440,10 @@ def scale(pool: str, count: int, name: str, state_dir: Path | None) -> None:
 @click.option("--no-download", is_flag=True, help="Skip release downloads; build if not cached.")
 @reports_errors
 def binaries_command(no_download: bool) -> None:
-    """Obtain the control-plane binaries (cache, download or build); print their directory."""
+    """Obtain the control-plane and node binaries (cache, download or build); print their directory."""
     found = binaries_module.ensure_binaries(ConsoleProgress(), allow_download=not no_download)
+    if shutil.which("go") is not None and cfg.kube_bin_dir_override() is None:
+        found = binaries_module.ensure_node_binaries(ConsoleProgress())
     stderr.print(f"binaries: {found.source}")
     click.echo(str(found.directory))
 

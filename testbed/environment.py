@@ -16,7 +16,7 @@ from pathlib import Path
 from testbed import config
 from testbed.config import ControlPlaneConfig, nodes_dir
 from testbed.controlplane import cluster
-from testbed.controlplane.binaries import Binaries
+from testbed.controlplane.binaries import Binaries, ensure_node_binaries
 from testbed.driver import deviceclasses
 from testbed.errors import TestbedError
 from testbed.fleet import raycluster
@@ -24,6 +24,7 @@ from testbed.fleet.fleet import Fleet
 from testbed.fleet.spec import FleetFile
 from testbed.kubeapi import KubeClient
 from testbed.progress import Progress, SilentProgress
+from testbed.realnode.node import unsupported_reason
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,8 @@ def up(
 ) -> cluster.ClusterState:
     """``external_kubeconfig``: bring the fleet to that cluster instead of starting one."""
     progress = progress or SilentProgress()
+    if fleet is not None and fleet.real_kubelets:
+        check_real_kubelets(fleet, progress)
     if external_kubeconfig is not None:
         state = cluster.attach(config, external_kubeconfig, progress)
         progress.step(f"using the cluster of {external_kubeconfig}; no control plane started")
@@ -62,6 +65,15 @@ def up(
     except BaseException:
         down(config)
         raise
+
+
+def check_real_kubelets(fleet: FleetFile, progress: Progress) -> None:
+    """Refuse real-kubelet pools in one line before anything starts; build what they run."""
+    reason = unsupported_reason()
+    if reason:
+        pools = ", ".join(p.name for p in fleet.pools if p.kubelet == "real")
+        raise TestbedError(f"pool {pools}: {reason}", hint="run as root, or set `kubelet: fake` on that pool")
+    ensure_node_binaries(progress)
 
 
 def start_fleet(state: cluster.ClusterState, spec: FleetFile, progress: Progress) -> Fleet:

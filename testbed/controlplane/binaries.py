@@ -37,7 +37,14 @@ SOURCE_FILE = "SOURCE"
 BUILD_INFO_FILE = "build-info.json"
 """How long the cold build took, for `make bench` to report without rebuilding."""
 
-KUBE_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+KUBE_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kubelet")
+"""What a Kubernetes release publishes and the wrapper module builds from k8s.io/kubernetes."""
+
+GO_PACKAGES = {
+    **{name: f"k8s.io/kubernetes/cmd/{name}" for name in KUBE_COMMANDS},
+    "testbed-cri": "dra-testbed/kube-build/cmd/testbed-cri",
+}
+"""Every binary the kube-build wrapper module makes, by its package."""
 
 
 @dataclass(frozen=True)
@@ -65,8 +72,8 @@ def scripts_dir() -> Path:
     return Path(__file__).resolve().parents[2] / "scripts"
 
 
-def missing_binaries(directory: Path) -> list[str]:
-    return [n for n in config.CONTROL_PLANE_BINARIES if not os.access(directory / n, os.X_OK)]
+def missing_binaries(directory: Path, names: tuple[str, ...] = config.CONTROL_PLANE_BINARIES) -> list[str]:
+    return [n for n in names if not os.access(directory / n, os.X_OK)]
 
 
 def ensure_binaries(progress: Progress | None = None, allow_download: bool = True) -> Binaries:
@@ -112,6 +119,55 @@ def ensure_binaries(progress: Progress | None = None, allow_download: bool = Tru
                 "built from the Go module proxy",
             )
         return _build(cache, go, progress)
+
+
+def ensure_node_binaries(progress: Progress | None = None) -> Binaries:
+    """The kubelet and the fake CRI for real-kubelet nodes, next to the control plane.
+
+    A cache made before they existed gets them added by a build of those two alone
+    (minutes, not the full build), under the same lock as a full build."""
+    progress = progress or SilentProgress()
+    found = ensure_binaries(progress)
+    missing = missing_binaries(found.directory, config.NODE_BINARIES)
+    if not missing:
+        return found
+    if config.kube_bin_dir_override() is not None:
+        raise TestbedError(
+            f"TESTBED_KUBE_BIN_DIR={found.directory} lacks {', '.join(missing)}, which real-kubelet nodes run",
+            hint="add a v1.37 kubelet and testbed-cri (go build ./cmd/testbed-cri in scripts/kube-build) "
+            "to that directory, or unset TESTBED_KUBE_BIN_DIR to use the cache",
+        )
+    go = shutil.which("go")
+    if go is None:
+        raise TestbedError(
+            f"real-kubelet nodes need {', '.join(missing)}, which are built from Go modules, and no Go "
+            "toolchain is on PATH",
+            hint="install Go >= 1.26 and retry, or use `kubelet: fake` pools",
+        )
+    with _exclusive_lock(found.directory.parent / ".obtain.lock"):
+        missing = missing_binaries(found.directory, config.NODE_BINARIES)
+        if missing:
+            staging = Path(tempfile.mkdtemp(prefix=".build-", dir=found.directory.parent))
+            try:
+                progress.step(f"building {', '.join(missing)} for real-kubelet nodes (first time only)")
+                with progress.task(f"go build {', '.join(missing)}"):
+                    ldflags = version_ldflags(dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+                    _go_build(go, _kube_module(), [GO_PACKAGES[n] for n in missing], staging, ldflags, progress)
+                for name in missing:
+                    (staging / name).rename(found.directory / name)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+    return found
+
+
+def _kube_module() -> Path:
+    module = scripts_dir() / "kube-build"
+    if not (module / "go.mod").exists():
+        raise TestbedError(
+            f"the Go wrapper module is not in {module.parent}",
+            hint="build from a checkout of dra-testbed (pip install -e .), or set TESTBED_KUBE_BIN_DIR",
+        )
+    return module
 
 
 def _cached(cache: Path) -> Binaries | None:
@@ -263,8 +319,8 @@ def _build(cache: Path, go: str, progress: Progress) -> Binaries:
             f"building Kubernetes {config.KUBERNETES_VERSION} from Go modules with {go_version} "
             "(first time only; about 10-20 minutes on 2 cores)"
         )
-        packages = [f"k8s.io/kubernetes/cmd/{name}" for name in KUBE_COMMANDS]
-        with progress.task(f"go build {', '.join(KUBE_COMMANDS)}"):
+        packages = list(GO_PACKAGES.values())
+        with progress.task(f"go build {', '.join(GO_PACKAGES)}"):
             _go_build(go, kube_module, packages, staging, version_ldflags(build_date), progress)
         with progress.task(f"go build etcd {config.ETCD_VERSION}"):
             etcd_dir = staging / "etcd-out"

@@ -218,6 +218,8 @@ class PodCheck:
     env: dict[str, str]
     seconds_to_running: float
     seconds_to_removed: float
+    health: dict[str, str]
+    """allocatedResourcesStatus as the kubelet reported it: resource ID -> health."""
 
 
 def synthetic_nodes(api: k8s.ApiClient) -> list[str]:
@@ -225,9 +227,23 @@ def synthetic_nodes(api: k8s.ApiClient) -> list[str]:
     return [present(n.metadata, "node.metadata").name or "" for n in nodes]
 
 
-def run_dra_pod_check(api: k8s.ApiClient, timeout_s: float = 60.0) -> PodCheck:
-    """A pod with a GPU claim on a synthetic node: scheduled, prepared by the driver,
-    Running with its CDI environment; then deleted, unprepared and removed."""
+HEALTH_WAIT_S = 15.0
+
+
+def _device_health(pod: k8s.V1Pod) -> dict[str, str]:
+    statuses = present(pod.status, "pod.status").container_statuses or []
+    return {
+        str(resource.resource_id): str(resource.health)
+        for status in statuses
+        for entry in status.allocated_resources_status or []
+        for resource in entry.resources or []
+    }
+
+
+def run_dra_pod_check(api: k8s.ApiClient, timeout_s: float = 60.0, node: str | None = None) -> PodCheck:
+    """A pod with a GPU claim on a synthetic node (``node``, or any): scheduled, prepared
+    by the driver, Running with its CDI environment (fake kubelet) and its device health
+    in the pod status (either kubelet); then deleted, unprepared and removed."""
     core, resource = k8s.CoreV1Api(api), k8s.ResourceV1Api(api)
     namespace = f"check-{uuid.uuid4().hex[:6]}"
     core.create_namespace(build(k8s.V1Namespace, {"metadata": {"name": namespace}}))
@@ -238,6 +254,8 @@ def run_dra_pod_check(api: k8s.ApiClient, timeout_s: float = 60.0) -> PodCheck:
         )
         manifest = _pod("gpu")
         manifest["spec"]["tolerations"] = [{"key": "dra-testbed.io/synthetic", "operator": "Exists"}]
+        if node:
+            manifest["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
         started = time.monotonic()
         core.create_namespaced_pod(namespace, build(k8s.V1Pod, manifest))
         deadline = started + timeout_s
@@ -250,6 +268,10 @@ def run_dra_pod_check(api: k8s.ApiClient, timeout_s: float = 60.0) -> PodCheck:
                 )
             time.sleep(0.05)
         running = time.monotonic() - started
+        health_deadline = time.monotonic() + HEALTH_WAIT_S  # the first health report may lag
+        while not (health := _device_health(pod)) and time.monotonic() < health_deadline:
+            time.sleep(0.2)
+            pod = core.read_namespaced_pod("user", namespace)
         annotations = present(pod.metadata, "pod.metadata").annotations or {}
         env = json.loads(annotations.get("dra-testbed.io/container-env", "{}")).get("c", {})
         statuses = present(present(pod.status, "pod.status").resource_claim_statuses, "claim statuses")
@@ -273,7 +295,7 @@ def run_dra_pod_check(api: k8s.ApiClient, timeout_s: float = 60.0) -> PodCheck:
             if time.monotonic() > started + timeout_s:
                 raise TestbedError(f"pod {namespace}/user was not removed within {timeout_s:.0f}s")
             time.sleep(0.05)
-        node = present(pod.spec, "pod.spec").node_name or ""
-        return PodCheck(node, device, env, running, time.monotonic() - started)
+        ran_on = present(pod.spec, "pod.spec").node_name or ""
+        return PodCheck(ran_on, device, env, running, time.monotonic() - started, health)
     finally:
         core.delete_namespace(namespace)

@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from testbed.errors import TestbedError
 from testbed.fleet.synthetic_node import SyntheticNode
 from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
+from testbed.realnode.node import ProcessNode
 
 POLL_S = 0.5
 
@@ -65,28 +67,58 @@ async def _evict(client: KubeClient, pod: Obj, deadline: float) -> None:
         await asyncio.sleep(POLL_S)
 
 
-async def drain(client: KubeClient, node: SyntheticNode, timeout_s: float = 300.0) -> DrainResult:
-    """Empty the node and remove it from the cluster; raise if a claim stays prepared."""
+async def _empty(client: KubeClient, name: str, timeout_s: float, prepared: Callable[[], int]) -> int:
+    """Cordon, evict, and wait until no pod is left and nothing is prepared (the kubelet
+    unprepares as pods go). Returns how many pods were evicted."""
     deadline = time.monotonic() + timeout_s
-    name = node.name
     await client.patch(path_for("v1", "nodes", name), {"spec": {"unschedulable": True}})
     pods = await _pods_on(client, name)
-    prepared_before = len(node.kubelet.pods.claims)
     await asyncio.gather(*(_evict(client, pod, deadline) for pod in pods))
-    while (left := await _pods_on(client, name)) or node.kubelet.pods.claims:
+    while (left := await _pods_on(client, name)) or prepared():
         if time.monotonic() > deadline:
             still = ", ".join(f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in left) or "none"
             raise TestbedError(
                 f"node {name} did not drain within {timeout_s:.0f}s",
-                detail=f"pods left: {still}; claims still prepared: {len(node.kubelet.pods.claims)}",
+                detail=f"pods left: {still}; claims still prepared: {prepared()}",
                 hint="the node is cordoned and stays in the cluster; its kubelet log says why",
             )
         await asyncio.sleep(POLL_S)
+    return len(pods)
+
+
+async def _delete_node(client: KubeClient, name: str) -> None:
+    await client.delete_if_exists(path_for("v1", "nodes", name))
+    await client.delete_if_exists(path_for("coordination.k8s.io/v1", "leases", name, "kube-node-lease"))
+
+
+async def drain(client: KubeClient, node: SyntheticNode, timeout_s: float = 300.0) -> DrainResult:
+    """Empty the node and remove it from the cluster; raise if a claim stays prepared."""
+    prepared_before = len(node.kubelet.pods.claims)
+    evicted = await _empty(client, node.name, timeout_s, lambda: len(node.kubelet.pods.claims))
     for driver in node.drivers:
         await driver.stop()
         await node.kubelet.wipe_slices(driver.driver)
     await node.kubelet.stop()
-    await client.delete_if_exists(path_for("v1", "nodes", name))
-    await client.delete_if_exists(path_for("coordination.k8s.io/v1", "leases", name, "kube-node-lease"))
+    await _delete_node(client, node.name)
     shutil.rmtree(node.root, ignore_errors=True)  # its checkpoints are empty and its CDI specs gone
-    return DrainResult(name, len(pods), prepared_before)
+    return DrainResult(node.name, evicted, prepared_before)
+
+
+async def drain_process_node(client: KubeClient, node: ProcessNode, timeout_s: float = 300.0) -> DrainResult:
+    """The same order for a real-kubelet node: its CDI specs tell what is still prepared."""
+
+    def prepared() -> int:
+        return len(list(node.cdi_dir.glob("*.json"))) if node.cdi_dir.exists() else 0
+
+    prepared_before = prepared()
+    evicted = await _empty(client, node.name, timeout_s, prepared)
+    await node.stop_process("driver")
+    await client.request(
+        "DELETE",
+        path_for("resource.k8s.io/v1", "resourceslices"),
+        params={"fieldSelector": f"spec.nodeName={node.name}"},
+    )
+    await node.stop()
+    await _delete_node(client, node.name)
+    shutil.rmtree(node.root, ignore_errors=True)
+    return DrainResult(node.name, evicted, prepared_before)

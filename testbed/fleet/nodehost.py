@@ -16,14 +16,17 @@ from pathlib import Path
 from typing import Any
 
 from fake_devices.hardware import Health
-from fake_devices.profiles import load_profile
+from fake_devices.profiles import HardwareProfile, load_profile
+from testbed.controlplane.binaries import ensure_node_binaries
 from testbed.driver.claims import ClaimCache
 from testbed.driver.files import write_atomically
-from testbed.fleet.drain import DrainResult, drain
+from testbed.driver.slices import SliceWatcher
+from testbed.fleet.drain import DrainResult, drain, drain_process_node
 from testbed.fleet.loopwatch import LoopWatch
-from testbed.fleet.synthetic_node import SyntheticNode
+from testbed.fleet.synthetic_node import SyntheticNode, drivers_for
 from testbed.kubeapi import KubeClient, path_for
 from testbed.metrics_server import MetricsServer
+from testbed.realnode.node import ProcessNode
 from testbed.tasks import cancel_and_wait
 
 START_CONCURRENCY = 8
@@ -45,6 +48,8 @@ class NodeRecipe:
     labels: dict[str, str] = field(default_factory=dict)
     taints: list[dict[str, str]] | None = None
     """None: the default synthetic-node taint."""
+    kubelet: str = "fake"
+    """fake: a synthetic node in this process; real: kubelet + CRI + driver processes."""
 
 
 def settle_heap() -> None:
@@ -80,8 +85,11 @@ class NodeHost:
         self.seed = seed
         self.membership = self.nodes_dir / MEMBERSHIP_DIR / f"{name}.json" if name else None
         self.nodes: dict[str, SyntheticNode] = {}
+        self.process_nodes: dict[str, ProcessNode] = {}
+        """Real-kubelet nodes: their kubelet, runtime and driver run as processes."""
         self.client: KubeClient | None = None
         self.claims: ClaimCache | None = None
+        self.slice_watcher: SliceWatcher | None = None
         self.metrics = MetricsServer()
         self.loop_watch = LoopWatch()
         self._pod_watch: asyncio.Task[None] | None = None
@@ -111,11 +119,13 @@ class NodeHost:
         self.client = KubeClient.from_kubeconfig(self.kubeconfig, HOST_CONNECTIONS)
         self.claims = ClaimCache(self.client)
         self.claims.start()
+        self.slice_watcher = SliceWatcher.for_host(self.client)
+        self.slice_watcher.start()
         self._pod_watch = asyncio.create_task(self._watch_pods(), name="nodehost-pods")
         self.loop_watch.start()
         await self.add_nodes(list(self.recipes.values()), ready_timeout_s, concurrency)
         await self.metrics.start()
-        return sorted(self.nodes)
+        return await self.ready()
 
     async def add_nodes(
         self, recipes: list[NodeRecipe], ready_timeout_s: float = 300.0, concurrency: int = START_CONCURRENCY
@@ -123,11 +133,16 @@ class NodeHost:
         """Start these nodes (those not already running) and wait until they are ready."""
         assert self.client is not None and self.claims is not None, "start() first"
         profiles = {name: load_profile(name) for name in {recipe.profile for recipe in recipes}}
-        fresh = []
+        fresh: list[SyntheticNode | ProcessNode] = []
         for recipe in recipes:
-            if recipe.name in self.nodes:
+            if recipe.name in self.nodes or recipe.name in self.process_nodes:
                 continue
             self.recipes[recipe.name] = recipe
+            if recipe.kubelet == "real":
+                process_node = self._process_node(recipe, profiles[recipe.profile])
+                self.process_nodes[recipe.name] = process_node
+                fresh.append(process_node)
+                continue
             node = SyntheticNode(
                 recipe.name,
                 profiles[recipe.profile],
@@ -138,6 +153,7 @@ class NodeHost:
                 labels=recipe.labels,
                 taints=recipe.taints,
                 watch_pods=False,
+                slice_watcher=self.slice_watcher,
             )
             self.nodes[recipe.name] = node
             fresh.append(node)
@@ -145,15 +161,27 @@ class NodeHost:
         # Bounded: a burst of every node at once makes etcd time out, and retries waste more.
         gate = asyncio.Semaphore(concurrency)
 
-        async def bring_up(node: SyntheticNode) -> None:
+        client = self.client
+
+        async def bring_up(node: SyntheticNode | ProcessNode) -> None:
             async with gate:
                 await node.start()
-                await node.wait_ready(ready_timeout_s)
+                if isinstance(node, ProcessNode):
+                    await node.wait_ready(ready_timeout_s, client)
+                else:
+                    await node.wait_ready(ready_timeout_s)
                 self.ready_count += 1
 
         await asyncio.gather(*(bring_up(node) for node in fresh))
         settle_heap()
         return [node.name for node in fresh]
+
+    def _process_node(self, recipe: NodeRecipe, profile: HardwareProfile) -> ProcessNode:
+        spec = SyntheticNode.node_spec(recipe.name, profile.name, recipe.labels, recipe.taints)
+        root = self.nodes_dir / recipe.name
+        return ProcessNode(
+            spec, recipe.profile, drivers_for(profile), root, self.kubeconfig, ensure_node_binaries(), "real"
+        )
 
     async def remove_nodes(self, names: list[str], timeout_s: float = 300.0) -> list[dict[str, Any]]:
         """Drain these nodes and delete them from the cluster (see drain.py for the order)."""
@@ -163,8 +191,11 @@ class NodeHost:
 
         async def retire(name: str) -> DrainResult:
             async with gate:
-                result = await drain(client, self._node(name), timeout_s)
-            del self.nodes[name]
+                if name in self.process_nodes:
+                    result = await drain_process_node(client, self.process_nodes.pop(name), timeout_s)
+                else:
+                    result = await drain(client, self._node(name), timeout_s)
+                    del self.nodes[name]
             self.recipes.pop(name, None)
             self.ready_count -= 1
             self._remember()
@@ -191,7 +222,7 @@ class NodeHost:
         """The nodes, once started (waits for a restart to finish)."""
         if self._restart is not None:
             await self._restart
-        return sorted(self.nodes)
+        return sorted([*self.nodes, *self.process_nodes])
 
     async def progress(self) -> int:
         """Nodes ready so far (for the fleet's progress while it starts)."""
@@ -206,6 +237,9 @@ class NodeHost:
         await self.metrics.stop()
         await self.loop_watch.stop()
         await asyncio.gather(*(node.stop() for node in self.nodes.values()), return_exceptions=True)
+        await asyncio.gather(*(node.stop() for node in self.process_nodes.values()), return_exceptions=True)
+        if self.slice_watcher is not None:
+            await self.slice_watcher.stop()
         if self.claims is not None:
             await self.claims.stop()
         if self.client is not None:

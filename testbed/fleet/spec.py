@@ -10,6 +10,8 @@ pools:
     labels: {pool: gpu}
     taints:               # default: dra-testbed.io/synthetic=true:NoSchedule
       - {key: dra-testbed.io/synthetic, value: "true", effect: NoSchedule}
+    kubelet: fake         # fake (default) or real: kubelet v1.37 + a fake CRI + testbed-driver
+                          # as processes per node (root only; ~180 MB a node: pools of ~10)
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class Pool(_Strict):
     profile: str = "gpu8"
     labels: dict[str, str] = Field(default_factory=dict)
     taints: list[Taint] = Field(default_factory=_default_taints)
+    kubelet: Literal["fake", "real"] = "fake"
 
     @model_validator(mode="after")
     def _profile_exists(self) -> Pool:
@@ -81,6 +84,10 @@ class FleetFile(_Strict):
     @property
     def count(self) -> int:
         return sum(p.count for p in self.pools)
+
+    @property
+    def real_kubelets(self) -> int:
+        return sum(p.count for p in self.pools if p.kubelet == "real")
 
 
 class FleetFileError(SpecFileError):

@@ -18,6 +18,7 @@ from testbed.driver.claims import ClaimCache
 from testbed.driver.opaque_config import GPU_DRIVER, NIC_DRIVER
 from testbed.driver.plugin import DriverPlugin
 from testbed.driver.prepare import DriverPaths
+from testbed.driver.slices import SliceWatcher
 from testbed.kubeapi import KubeClient
 from testbed.kubelet.kubelet import FakeKubelet
 from testbed.kubelet.node import PROFILE_LABEL, NodeSpec
@@ -43,6 +44,7 @@ class SyntheticNode:
         labels: Mapping[str, str] | None = None,
         watch_pods: bool = True,
         taints: list[dict[str, str]] | None = None,
+        slice_watcher: SliceWatcher | None = None,
     ):
         self.name = name
         self.root = root
@@ -51,7 +53,7 @@ class SyntheticNode:
         kubelet_dir, cdi_dir = root / "kubelet", root / "cdi"
         self.kubelet = FakeKubelet(
             client,
-            self._node_spec(name, profile.name, labels, taints),
+            self.node_spec(name, profile.name, labels, taints),
             kubelet_dir,
             cdi_dir,
             watch_pods=watch_pods,
@@ -66,12 +68,13 @@ class SyntheticNode:
                 client,
                 claims,
                 durable=False,
+                slice_watcher=slice_watcher,
             )
             for driver in drivers_for(profile)
         ]
 
     @staticmethod
-    def _node_spec(
+    def node_spec(
         name: str, profile: str, labels: Mapping[str, str] | None, taints: list[dict[str, str]] | None
     ) -> NodeSpec:
         spec = NodeSpec(name, labels={PROFILE_LABEL: profile, **(labels or {})})

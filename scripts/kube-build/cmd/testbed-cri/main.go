@@ -1,0 +1,256 @@
+// Command testbed-cri is the container runtime of a real-kubelet node in dra-testbed.
+//
+// It serves the upstream fake CRI runtime (k8s.io/cri-client/pkg/fake) on a unix
+// socket and adds what a kubelet needs from a runtime that the fake leaves out:
+// images with a size (the kubelet rejects size 0), containers with a log path (with an
+// empty one the kubelet's garbage collector deletes files in its working directory),
+// CDI device resolution against the node's spec files as containerd and CRI-O do (an
+// unresolvable device fails CreateContainer), and containers whose command is
+// `sleep N` exiting with status 0 after N seconds, as the fake kubelet runs them.
+//
+// Every CreateContainer is appended to --record as one JSON line (pod, container, the
+// CDI device IDs the kubelet passed and the environment they resolved to), so tests
+// can check what a container really got.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+	"k8s.io/cri-client/pkg/fake"
+	"k8s.io/cri-client/pkg/util"
+)
+
+type runtime struct {
+	*fake.RemoteRuntime
+	cdiDirs []string
+	record  string
+	mu      sync.Mutex // guards commands and appends to record
+	// commands holds each container's command and args, for `sleep N`.
+	commands map[string]string
+}
+
+type containerRecord struct {
+	Time       string            `json:"time"`
+	Namespace  string            `json:"namespace"`
+	Pod        string            `json:"pod"`
+	PodUID     string            `json:"podUID"`
+	Container  string            `json:"container"`
+	CDIDevices []string          `json:"cdiDevices"`
+	Env        map[string]string `json:"env"`
+	Error      string            `json:"error,omitempty"`
+}
+
+type cdiSpec struct {
+	Kind           string `json:"kind"`
+	ContainerEdits struct {
+		Env []string `json:"env"`
+	} `json:"containerEdits"`
+	Devices []struct {
+		Name           string `json:"name"`
+		ContainerEdits struct {
+			Env []string `json:"env"`
+		} `json:"containerEdits"`
+	} `json:"devices"`
+}
+
+// resolveCDI applies spec-level then device-level env edits for each device ID; a
+// device no spec defines is an error, as in a real runtime.
+func (r *runtime) resolveCDI(ids []string) (map[string]string, error) {
+	specs := map[string][]cdiSpec{}
+	for _, dir := range r.cdiDirs {
+		paths, _ := filepath.Glob(filepath.Join(dir, "*.json"))
+		for _, path := range paths {
+			data, err := os.ReadFile(path)
+			if err != nil {
+				continue
+			}
+			var spec cdiSpec
+			if json.Unmarshal(data, &spec) != nil {
+				continue
+			}
+			specs[spec.Kind] = append(specs[spec.Kind], spec)
+		}
+	}
+	env := map[string]string{}
+	var unresolved []string
+	for _, id := range ids {
+		kind, name, ok := strings.Cut(id, "=")
+		found := false
+		for _, spec := range specs[kind] {
+			for _, device := range spec.Devices {
+				if !ok || device.Name != name {
+					continue
+				}
+				found = true
+				for _, entry := range append(append([]string{}, spec.ContainerEdits.Env...), device.ContainerEdits.Env...) {
+					key, value, _ := strings.Cut(entry, "=")
+					env[key] = value
+				}
+			}
+		}
+		if !found {
+			unresolved = append(unresolved, id)
+		}
+	}
+	if len(unresolved) > 0 {
+		return env, fmt.Errorf("unresolvable CDI devices %s", strings.Join(unresolved, ", "))
+	}
+	return env, nil
+}
+
+func (r *runtime) appendRecord(rec containerRecord) {
+	if r.record == "" {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	line, _ := json.Marshal(rec)
+	f, err := os.OpenFile(r.record, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "testbed-cri: cannot append to %s: %v\n", r.record, err)
+		return
+	}
+	defer f.Close()
+	_, _ = f.Write(append(line, '\n'))
+}
+
+func (r *runtime) CreateContainer(ctx context.Context, req *runtimeapi.CreateContainerRequest) (*runtimeapi.CreateContainerResponse, error) {
+	config, sandbox := req.GetConfig(), req.GetSandboxConfig()
+	ids := make([]string, 0, len(config.GetCDIDevices()))
+	for _, device := range config.GetCDIDevices() {
+		ids = append(ids, device.GetName())
+	}
+	env, cdiErr := r.resolveCDI(ids)
+	rec := containerRecord{
+		Time:       time.Now().UTC().Format(time.RFC3339Nano),
+		Namespace:  sandbox.GetMetadata().GetNamespace(),
+		Pod:        sandbox.GetMetadata().GetName(),
+		PodUID:     sandbox.GetMetadata().GetUid(),
+		Container:  config.GetMetadata().GetName(),
+		CDIDevices: ids,
+		Env:        env,
+	}
+	if cdiErr != nil {
+		rec.Error = cdiErr.Error()
+		r.appendRecord(rec)
+		return nil, fmt.Errorf("failed to inject CDI devices: %w", cdiErr)
+	}
+	resp, err := r.RemoteRuntime.CreateContainer(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	r.appendRecord(rec)
+	logPath := filepath.Join(sandbox.GetLogDirectory(), config.GetLogPath())
+	if sandbox.GetLogDirectory() != "" && config.GetLogPath() != "" {
+		_ = os.MkdirAll(filepath.Dir(logPath), 0o755)
+		if f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY, 0o644); err == nil {
+			f.Close()
+		}
+	}
+	service := r.RuntimeService
+	service.Lock()
+	if c, ok := service.Containers[resp.GetContainerId()]; ok {
+		c.LogPath = logPath
+	}
+	service.Unlock()
+	r.mu.Lock()
+	r.commands[resp.GetContainerId()] = strings.Join(append(append([]string{}, config.GetCommand()...), config.GetArgs()...), " ")
+	r.mu.Unlock()
+	return resp, nil
+}
+
+// sleepSeconds reads `sleep N` (optionally through `sh -c`) from a container's command.
+func sleepSeconds(command string) (float64, bool) {
+	words := strings.Fields(command)
+	for i := 0; i+1 < len(words); i++ {
+		if words[i] == "sleep" || strings.HasSuffix(words[i], "/sleep") {
+			seconds, err := strconv.ParseFloat(strings.Trim(words[i+1], `"'`), 64)
+			return seconds, err == nil && seconds >= 0
+		}
+	}
+	return 0, false
+}
+
+func (r *runtime) StartContainer(ctx context.Context, req *runtimeapi.StartContainerRequest) (*runtimeapi.StartContainerResponse, error) {
+	resp, err := r.RemoteRuntime.StartContainer(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	service := r.RuntimeService
+	r.mu.Lock()
+	command := r.commands[req.GetContainerId()]
+	r.mu.Unlock()
+	if seconds, sleeps := sleepSeconds(command); sleeps {
+		id := req.GetContainerId()
+		time.AfterFunc(time.Duration(seconds*float64(time.Second)), func() {
+			service.Lock()
+			defer service.Unlock()
+			if c, ok := service.Containers[id]; ok && c.State == runtimeapi.ContainerState_CONTAINER_RUNNING {
+				c.State = runtimeapi.ContainerState_CONTAINER_EXITED
+				c.FinishedAt = time.Now().UnixNano()
+				c.ExitCode = 0
+				c.Reason = "Completed"
+			}
+		})
+	}
+	return resp, nil
+}
+
+func main() {
+	listen := flag.String("listen", "", "unix socket to serve the CRI on (required)")
+	cdiDirs := flag.String("cdi-dirs", "", "comma-separated directories of CDI spec files")
+	record := flag.String("record", "", "append one JSON line per CreateContainer to this file")
+	imageSize := flag.Uint64("image-size", 64<<20, "size reported for every image, in bytes")
+	flag.Parse()
+	if *listen == "" {
+		fmt.Fprintln(os.Stderr, "testbed-cri: --listen is required (a unix socket path)")
+		os.Exit(2)
+	}
+	inner := fake.NewFakeRemoteRuntime()
+	inner.ImageService.SetFakeImageSize(*imageSize)
+	inner.RuntimeService.FakeStatus = &runtimeapi.RuntimeStatus{
+		Conditions: []*runtimeapi.RuntimeCondition{
+			{Type: runtimeapi.RuntimeReady, Status: true},
+			{Type: runtimeapi.NetworkReady, Status: true},
+		},
+	}
+	r := &runtime{RemoteRuntime: inner, record: *record, commands: map[string]string{}}
+	for _, dir := range strings.Split(*cdiDirs, ",") {
+		if dir != "" {
+			r.cdiDirs = append(r.cdiDirs, dir)
+		}
+	}
+	listener, err := util.CreateListener("unix://" + *listen)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "testbed-cri: %v\n", err)
+		os.Exit(1)
+	}
+	server := grpc.NewServer()
+	runtimeapi.RegisterRuntimeServiceServer(server, r)
+	runtimeapi.RegisterImageServiceServer(server, r)
+	signals := make(chan os.Signal, 1)
+	signal.Notify(signals, syscall.SIGTERM, syscall.SIGINT)
+	go func() {
+		<-signals
+		server.Stop()
+	}()
+	fmt.Fprintf(os.Stderr, "testbed-cri: serving on %s\n", *listen)
+	if err := server.Serve(listener); err != nil {
+		fmt.Fprintf(os.Stderr, "testbed-cri: %v\n", err)
+		os.Exit(1)
+	}
+	_ = os.Remove(*listen)
+}

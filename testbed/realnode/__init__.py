@@ -1,0 +1,1 @@
+"""Real-kubelet nodes: the upstream kubelet, a fake CRI runtime and a driver process per node."""

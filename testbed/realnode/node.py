@@ -1,0 +1,469 @@
+"""A node whose parts run as processes: a kubelet and ``testbed-driver`` (as its
+DaemonSet pod would run it).
+
+The kubelet is either the REAL one, v1.37 upstream and unmodified, with the fake CRI
+runtime ``testbed-cri`` (the reference), or the fake kubelet as its own process
+(``python -m testbed.kubelet``), so the two can be compared on the same driver, call for
+call. Laid out as a real node, under ``<root>``: ``kubelet/`` (the kubelet's root dir:
+plugins_registry, plugins/<driver>, checkpoints), ``cdi/``, ``logs/`` (one file per
+process), ``driver-calls.jsonl`` (every DRA call the driver received), ``faults.json``
+(device health the driver follows) and, with the real kubelet, ``cri.sock`` and
+``containers.jsonl`` (what the runtime gave each container).
+
+The kubelet runs in a network and mount namespace of its own (see ``sandbox.py``): its
+node IP exists only there, it listens only on that namespace's loopback, and reaches
+the API server through a relay this object runs on the host's loopback. Nothing on the
+host changes: no sysctl, no cgroup, no file outside ``<root>``. That needs root.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import sys
+import time
+import urllib.parse
+from collections.abc import Mapping
+from pathlib import Path
+
+import yaml
+
+from testbed.controlplane import processes
+from testbed.controlplane.binaries import Binaries
+from testbed.errors import TestbedError
+from testbed.kubeapi import KubeClient, Obj, default_credentials, path_for
+from testbed.kubelet.node import NodeSpec, node_object
+
+log = logging.getLogger(__name__)
+
+STOP_TIMEOUT_S = 10.0
+NODE_STATUS_UPDATE_S = 10
+"""How often the kubelet reports node status (its default); a Lease every 10 s too."""
+
+
+def unsupported_reason() -> str:
+    """Why real-kubelet nodes cannot run here, or "" if they can."""
+    if os.geteuid() != 0:
+        return "real-kubelet nodes need root (network and mount namespaces, bind mounts)"
+    missing = [tool for tool in ("unshare", "ip", "mount") if shutil.which(tool) is None]
+    if missing:
+        return f"real-kubelet nodes need {', '.join(missing)} on PATH (util-linux, iproute2)"
+    return ""
+
+
+def check_supported() -> None:
+    reason = unsupported_reason()
+    if reason:
+        raise TestbedError(reason, hint="run as root on Linux, or use `kubelet: fake` pools")
+
+
+def kubelet_config(root: Path, taints: list[Obj]) -> Obj:
+    """A KubeletConfiguration that creates no host cgroups and listens on loopback only."""
+    return {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "address": "127.0.0.1",
+        "healthzBindAddress": "127.0.0.1",
+        "readOnlyPort": 0,
+        "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": False}},
+        "authorization": {"mode": "AlwaysAllow"},
+        "cgroupDriver": "cgroupfs",
+        "cgroupsPerQOS": False,
+        "enforceNodeAllocatable": [],
+        "failCgroupV1": False,
+        "failSwapOn": False,
+        "localStorageCapacityIsolation": False,
+        "containerRuntimeEndpoint": f"unix://{root / 'cri.sock'}",
+        "imageServiceEndpoint": f"unix://{root / 'cri.sock'}",
+        "podLogsDir": str(root / "pod-logs"),
+        "resolvConf": "",
+        "staticPodPath": "",
+        "registerWithTaints": taints,
+        "nodeStatusUpdateFrequency": f"{NODE_STATUS_UPDATE_S}s",
+        "evictionHard": {"memory.available": "1Ki", "nodefs.available": "0%", "imagefs.available": "0%"},
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+    }
+
+
+KUBELET_KINDS = ("fake", "real")
+
+
+class ProcessNode:
+    def __init__(
+        self,
+        spec: NodeSpec,
+        profile: str,
+        drivers: list[str],
+        root: Path,
+        kubeconfig: Path,
+        binaries: Binaries | None = None,
+        kubelet: str = "real",
+    ):
+        """``binaries``: where kubelet and testbed-cri are (needed for ``kubelet="real"``)."""
+        if kubelet not in KUBELET_KINDS:
+            raise TestbedError(f"kubelet {kubelet!r} is neither real nor fake")
+        if kubelet == "real" and binaries is None:
+            raise TestbedError("a real-kubelet node needs the node binaries (kubelet, testbed-cri)")
+        self.kind = kubelet
+        self.spec = spec
+        self.name = spec.name
+        self.profile = profile
+        self.drivers = drivers
+        self.root = root
+        self.kubeconfig = kubeconfig
+        self.binaries = binaries
+        self.node_ip = spec.internal_ip()
+        self.api_port = urllib.parse.urlsplit(default_credentials(kubeconfig).server).port or 443
+        self.processes: dict[str, asyncio.subprocess.Process] = {}
+        self._relay: asyncio.Server | None = None
+        self._driver_started = 0.0
+        self._relayed: set[asyncio.Task[None]] = set()
+
+    # --- layout ------------------------------------------------------------------------
+
+    @property
+    def kubelet_dir(self) -> Path:
+        return self.root / "kubelet"
+
+    @property
+    def cdi_dir(self) -> Path:
+        return self.root / "cdi"
+
+    @property
+    def call_log(self) -> Path:
+        return self.root / "driver-calls.jsonl"
+
+    @property
+    def containers_log(self) -> Path:
+        return self.root / "containers.jsonl"
+
+    @property
+    def faults_file(self) -> Path:
+        return self.root / "faults.json"
+
+    def set_unhealthy(self, devices: Mapping[str, str]) -> None:
+        """These devices unhealthy (device -> message), all others healthy."""
+        temporary = self.faults_file.with_suffix(".tmp")
+        temporary.write_text(json.dumps({"unhealthy": dict(devices)}))
+        temporary.replace(self.faults_file)
+
+    def log(self, process: str) -> Path:
+        return self.root / "logs" / f"{process}.log"
+
+    # --- lifecycle ---------------------------------------------------------------------
+
+    @property
+    def records_file(self) -> Path:
+        return self.root / "processes.json"
+
+    def _reap_leftovers(self) -> None:
+        """Stop what an earlier owner of this node left running (a NodeHost that was
+        killed): two kubelets must never serve one node."""
+        if not self.records_file.exists():
+            return
+        try:
+            records = [processes.ProcessRecord.from_json(r) for r in json.loads(self.records_file.read_text())]
+        except (OSError, ValueError, KeyError, TypeError):
+            records = []
+        stopped = processes.stop(records)
+        if stopped:
+            log.warning("node %s: stopped %s left running by an earlier host", self.name, ", ".join(stopped))
+        self.records_file.unlink(missing_ok=True)
+
+    def _remember(self, name: str, pid: int, command: list[str]) -> None:
+        records = []
+        if self.records_file.exists():
+            records = [r for r in json.loads(self.records_file.read_text()) if r["name"] != name]
+        ticks = processes.process_start_ticks(pid) or 0
+        records.append(processes.ProcessRecord(name, pid, ticks, str(self.log(name)), command).to_json())
+        self.records_file.write_text(json.dumps(records))
+
+    async def start(self) -> None:
+        if self.kind == "real":
+            check_supported()
+        for sub in ("kubelet", "cdi", "logs", "pod-logs", "work", "private"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        self._reap_leftovers()
+        if self.kind == "real":
+            await self.start_runtime()
+        await self.start_driver()
+        await self.start_kubelet()
+
+    async def stop(self) -> None:
+        for name in ("kubelet", "driver", "cri"):
+            await self.stop_process(name)
+        if self._relay is not None:
+            self._relay.close()
+            for task in list(self._relayed):
+                task.cancel()
+            await asyncio.gather(*self._relayed, return_exceptions=True)
+            self._relay = None
+
+    async def wait_ready(self, timeout_s: float, client: KubeClient) -> None:
+        """Every driver registered with the kubelet (since it last started), the Node
+        Ready, and every driver's slices published."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            problem = await self._not_ready(client)
+            if not problem:
+                return
+            for name, process in self.processes.items():
+                if process.returncode is not None:
+                    raise TestbedError(
+                        f"node {self.name}: {name} exited with {process.returncode} while starting",
+                        detail=self.log_tail(name),
+                        hint=f"its log is {self.log(name)}",
+                    )
+            if time.monotonic() > deadline:
+                raise TestbedError(f"node {self.name} not ready within {timeout_s:.0f}s: {problem}")
+            await asyncio.sleep(0.5)
+
+    async def _not_ready(self, client: KubeClient) -> str:
+        registered = {c["driver"] for c in self.calls() if c.get("registered") and c["time"] >= self._driver_started}
+        unregistered = sorted(set(self.drivers) - registered)
+        if unregistered:
+            return f"the kubelet has not registered {', '.join(unregistered)}"
+        try:
+            node = await client.get(path_for("v1", "nodes", self.name))
+        except Exception as exc:  # not registered yet, or the API server is busy
+            return f"Node not readable ({exc})"
+        ready = [c for c in node.get("status", {}).get("conditions", []) if c["type"] == "Ready"]
+        if not ready or ready[0]["status"] != "True":
+            return "Node not Ready"
+        slices = await client.get(
+            path_for("resource.k8s.io/v1", "resourceslices"), {"fieldSelector": f"spec.nodeName={self.name}"}
+        )
+        published = {s["spec"]["driver"] for s in slices.get("items", [])}
+        missing = sorted(set(self.drivers) - published)
+        return f"no ResourceSlices yet from {', '.join(missing)}" if missing else ""
+
+    def log_tail(self, name: str, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log(name).read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    # --- the three processes -----------------------------------------------------------
+
+    async def _spawn(
+        self, name: str, command: list[str], env: Mapping[str, str] | None = None, **kwargs: object
+    ) -> None:
+        handle = open(self.log(name), "ab")  # noqa: SIM115 - the child keeps writing to it
+        try:
+            self.processes[name] = await asyncio.create_subprocess_exec(
+                *command,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=handle,
+                stderr=handle,
+                cwd=self.root / "work",
+                env=dict(os.environ, **(env or {})),
+                start_new_session=True,
+                **kwargs,  # type: ignore[arg-type]
+            )
+            self._remember(name, self.processes[name].pid, command)
+        finally:
+            handle.close()
+
+    async def stop_process(self, name: str, sig: int = signal.SIGTERM) -> int | None:
+        """Signal one of the node's processes and wait for it (SIGKILL after a timeout)."""
+        process = self.processes.pop(name, None)
+        if process is None or process.returncode is not None:
+            return None if process is None else process.returncode
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(sig)
+        try:
+            return await asyncio.wait_for(process.wait(), STOP_TIMEOUT_S)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            return await process.wait()
+
+    async def start_runtime(self) -> None:
+        assert self.binaries is not None
+        sock = self.root / "cri.sock"
+        await self._spawn(
+            "cri",
+            [
+                str(self.binaries.path("testbed-cri")),
+                "--listen",
+                str(sock),
+                "--cdi-dirs",
+                str(self.cdi_dir),
+                "--record",
+                str(self.containers_log),
+            ],
+        )
+        deadline = time.monotonic() + 30
+        while not sock.is_socket():
+            if self.processes["cri"].returncode is not None or time.monotonic() > deadline:
+                raise TestbedError(f"node {self.name}: the CRI runtime did not start", detail=self.log_tail("cri"))
+            await asyncio.sleep(0.05)
+
+    async def start_driver(self) -> None:
+        """``testbed-driver`` for this node's drivers, configured as the DaemonSet does."""
+        env = {
+            "NODE_NAME": self.name,
+            "DRIVERS": ",".join(self.drivers),
+            "KUBELET_DIR": str(self.kubelet_dir),
+            "CDI_DIR": str(self.cdi_dir),
+            "HARDWARE_PROFILE": self.profile,
+            "HEALTH_PORT": "-1",
+            "METRICS_PORT": "-1",
+            "KUBECONFIG": str(self.kubeconfig),
+            "CALL_LOG": str(self.call_log),
+            "FAULTS_FILE": str(self.faults_file),
+        }
+        self._driver_started = time.time()
+        await self._spawn("driver", [sys.executable, "-m", "testbed.driver.main"], env)
+
+    async def start_kubelet(self) -> None:
+        if self.kind == "fake":
+            labels = [f"--label={k}={v}" for k, v in self.spec.labels.items()]
+            command = [
+                sys.executable,
+                "-m",
+                "testbed.kubelet",
+                f"--node={self.name}",
+                f"--kubeconfig={self.kubeconfig}",
+            ]
+            command += [f"--root-dir={self.kubelet_dir}", f"--cdi-dir={self.cdi_dir}", *labels]
+            await self._spawn("kubelet", command)
+            return
+        assert self.binaries is not None
+        config = self.root / "kubelet-config.yaml"
+        config.write_text(yaml.safe_dump(kubelet_config(self.root, list(self.spec.taints))))
+        labels = node_object(self.spec)["metadata"]["labels"]
+        kubelet = [
+            str(self.binaries.path("kubelet")),
+            f"--config={config}",
+            f"--kubeconfig={self.kubeconfig}",
+            f"--root-dir={self.kubelet_dir}",
+            f"--cert-dir={self.root / 'private' / 'pki'}",
+            f"--hostname-override={self.name}",
+            f"--node-ip={self.node_ip}",
+            "--node-labels=" + ",".join(f"{k}={v}" for k, v in labels.items() if not k.startswith("kubernetes.io/")),
+            "--v=2",
+        ]
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        with ours, theirs:
+            await self._spawn(
+                "kubelet",
+                [
+                    "unshare",
+                    "--net",
+                    "--mount",
+                    "--propagation",
+                    "private",
+                    "--",
+                    sys.executable,
+                    "-m",
+                    "testbed.realnode.sandbox",
+                    f"--node-ip={self.node_ip}",
+                    f"--api-port={self.api_port}",
+                    f"--socket-fd={theirs.fileno()}",
+                    f"--private-dir={self.root / 'private'}",
+                    "--",
+                    *kubelet,
+                ],
+                pass_fds=(theirs.fileno(),),
+            )
+            theirs.close()
+            listener = await self._receive_listener(ours)
+        self._relay = await asyncio.start_server(self._relay_one, sock=listener)
+
+    async def _receive_listener(self, channel: socket.socket) -> socket.socket:
+        """The API server socket the sandbox bound inside the kubelet's namespace."""
+        loop = asyncio.get_running_loop()
+        channel.setblocking(False)
+        readable: asyncio.Future[None] = loop.create_future()
+
+        def ready() -> None:
+            if not readable.done():
+                readable.set_result(None)
+
+        loop.add_reader(channel.fileno(), ready)
+        try:
+            async with asyncio.timeout(30):
+                await readable
+        except TimeoutError:
+            raise TestbedError(
+                f"node {self.name}: the kubelet's sandbox did not start", detail=self.log_tail("kubelet")
+            ) from None
+        finally:
+            loop.remove_reader(channel.fileno())
+        _, fds, _, _ = socket.recv_fds(channel, 64, 1)
+        if not fds:
+            raise TestbedError(f"node {self.name}: the kubelet's sandbox failed", detail=self.log_tail("kubelet"))
+        return socket.socket(fileno=fds[0])
+
+    async def _relay_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._relayed.add(task)
+        try:
+            upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", self.api_port)
+        except OSError:
+            writer.close()
+            self._relayed.discard(task)
+            return
+
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            try:
+                while data := await source.read(65536):
+                    sink.write(data)
+                    await sink.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                with contextlib.suppress(Exception):
+                    sink.close()
+
+        try:
+            await asyncio.gather(pipe(reader, upstream_writer), pipe(upstream_reader, writer))
+        finally:
+            self._relayed.discard(task)
+
+    # --- inspection ----------------------------------------------------------------------
+
+    def memory_bytes(self) -> dict[str, int]:
+        """Resident memory of each of the node's processes (the kubelet without its sandbox)."""
+        sizes = {}
+        for name, process in self.processes.items():
+            pids = [process.pid, *_children(process.pid)]
+            sizes[name] = sum(_rss(pid) for pid in pids)
+        return sizes
+
+    def calls(self) -> list[Obj]:
+        if not self.call_log.exists():
+            return []
+        return [json.loads(line) for line in self.call_log.read_text().splitlines() if line]
+
+    def containers(self) -> list[Obj]:
+        if not self.containers_log.exists():
+            return []
+        return [json.loads(line) for line in self.containers_log.read_text().splitlines() if line]
+
+
+def _rss(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        direct = [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+    return [*direct, *(c for child in direct for c in _children(child))]

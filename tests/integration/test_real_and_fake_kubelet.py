@@ -1,0 +1,459 @@
+"""The same cases on a REAL kubelet v1.37 node and on a fake-kubelet node, side by side.
+
+Each test starts two nodes (see ``testbed.realnode``): the upstream kubelet with the fake
+CRI runtime, and the fake kubelet as a process, both opposite ``testbed-driver`` as its own
+process. Both go through identical steps at the same time; what a user relies on is
+asserted on both, and the sequence of DRA calls each driver saw, pod by pod, must match.
+Needs root (namespaces); skipped with the reason otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import signal
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from testbed.controlplane.binaries import Binaries, ensure_node_binaries
+from testbed.controlplane.cluster import ClusterState
+from testbed.environment import install_device_classes
+from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
+from testbed.kubelet.node import SYNTHETIC_TOLERATION, NodeSpec
+from testbed.kubelet.pods import ENV_ANNOTATION
+from testbed.realnode.node import ProcessNode, unsupported_reason
+
+pytestmark = [
+    pytest.mark.controlplane,
+    pytest.mark.skipif(bool(unsupported_reason()), reason=unsupported_reason() or "supported"),
+]
+
+GPU, NIC, PARTITION = "gpu.dra-testbed.io", "nic.dra-testbed.io", "gpu-partition.dra-testbed.io"
+RESOURCE = "resource.k8s.io/v1"
+KINDS = ("real", "fake")
+T = TypeVar("T")
+
+
+@pytest.fixture(scope="module")
+def node_binaries(control_plane: ClusterState) -> Binaries:
+    install_device_classes(control_plane.kubeconfig)
+    return ensure_node_binaries()
+
+
+class Side:
+    """One kind of node and the namespace its pods live in; the steps every test takes."""
+
+    def __init__(self, kind: str, node: ProcessNode, client: KubeClient, namespace: str):
+        self.kind, self.node, self.client, self.namespace = kind, node, client, namespace
+
+    async def template(self, name: str, requests: list[Obj], **devices: Any) -> None:
+        body = {"apiVersion": RESOURCE, "kind": "ResourceClaimTemplate", "metadata": {"name": name}}
+        body["spec"] = {"spec": {"devices": {"requests": requests, **devices}}}
+        await self.client.create(path_for(RESOURCE, "resourceclaimtemplates", namespace=self.namespace), body)
+
+    async def claim(self, name: str, requests: list[Obj]) -> None:
+        body = {"apiVersion": RESOURCE, "kind": "ResourceClaim", "metadata": {"name": name}}
+        body["spec"] = {"devices": {"requests": requests}}
+        await self.client.create(path_for(RESOURCE, "resourceclaims", namespace=self.namespace), body)
+
+    async def pod(self, name: str, claim: Obj, request: str | None = None, command: list[str] | None = None) -> None:
+        """One container using the pod's claim ``c`` (only ``request`` of it, if given)."""
+        ref = {"name": "c", **({"request": request} if request else {})}
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": self.node.name},
+                "tolerations": [SYNTHETIC_TOLERATION],
+                "terminationGracePeriodSeconds": 1,
+                "resourceClaims": [{"name": "c", **claim}],
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "registry.invalid/workload",
+                        "command": command or ["sleep", "3600"],
+                        "resources": {"claims": [ref]},
+                    }
+                ],
+            },
+        }
+        await self.client.create(path_for("v1", "pods", namespace=self.namespace), body)
+
+    async def read_pod(self, name: str) -> Obj:
+        return await self.client.get(path_for("v1", "pods", name, self.namespace))
+
+    async def running(self, name: str, timeout_s: float = 120) -> Obj:
+        return await until(lambda: self._phase(name, "Running"), timeout_s, f"{self.kind}: pod {name} to run")
+
+    async def _phase(self, name: str, phase: str) -> Obj | None:
+        pod = await self.read_pod(name)
+        return pod if pod.get("status", {}).get("phase") == phase else None
+
+    async def delete_pod(self, name: str) -> None:
+        await self.client.delete_if_exists(path_for("v1", "pods", name, self.namespace))
+
+    async def gone(self, name: str, timeout_s: float = 120) -> None:
+        async def absent() -> bool:
+            try:
+                await self.read_pod(name)
+            except ApiError as exc:
+                return exc.not_found
+            return False
+
+        await until(absent, timeout_s, f"{self.kind}: pod {name} to be removed")
+
+    async def env(self, name: str) -> dict[str, str]:
+        """What the container got from its CDI devices: from the runtime (real kubelet) or
+        the fake kubelet's record of what it resolved."""
+        pod = await self.read_pod(name)
+        if self.kind == "fake":
+            env: dict[str, str] = json.loads(pod["metadata"].get("annotations", {}).get(ENV_ANNOTATION, "{}"))["main"]
+            return env
+        records = [r for r in self.node.containers() if r["podUID"] == pod["metadata"]["uid"] and not r.get("error")]
+        return dict(records[-1]["env"]) if records else {}
+
+    async def claim_name(self, pod: str) -> str:
+        status = (await self.read_pod(pod)).get("status", {})
+        return str(next(s["resourceClaimName"] for s in status.get("resourceClaimStatuses", []) if s["name"] == "c"))
+
+    async def allocation(self, claim: str) -> list[Obj]:
+        body = await self.client.get(path_for(RESOURCE, "resourceclaims", claim, self.namespace))
+        results: list[Obj] = body["status"]["allocation"]["devices"]["results"]
+        return results
+
+    async def events(self, pod: str) -> list[tuple[str, str]]:
+        items = (await self.client.get(path_for("v1", "events", namespace=self.namespace)))["items"]
+        return [(e["reason"], e.get("message", "")) for e in items if e["involvedObject"]["name"] == pod]
+
+    async def slice_uids(self) -> dict[str, str]:
+        listing = await self.client.get(
+            path_for(RESOURCE, "resourceslices"), {"fieldSelector": f"spec.nodeName={self.node.name}"}
+        )
+        return {s["metadata"]["name"]: s["metadata"]["uid"] for s in listing["items"]}
+
+    def calls_by_claim(self, since: float = 0.0) -> dict[str, list[str]]:
+        """Driver calls per claim (namespace/name), consecutive repeats folded: a failing
+        prepare is retried on a backoff whose count depends on timing, not behaviour."""
+        sequences: dict[str, list[str]] = {}
+        for call in self.node.calls():
+            if call["time"] < since:
+                continue
+            for claim in call["claims"]:
+                sequence = sequences.setdefault(claim["name"], [])
+                if not sequence or sequence[-1] != call["method"]:
+                    sequence.append(call["method"])
+        return sequences
+
+
+async def until(condition: Callable[[], Awaitable[T | None]], timeout_s: float, what: str) -> T:
+    deadline = time.monotonic() + timeout_s
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = await condition()
+        if last:
+            return last
+        await asyncio.sleep(0.25)
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what} (last: {last!r})")
+
+
+@asynccontextmanager
+async def two_nodes(control_plane: ClusterState, root: Path, binaries: Binaries) -> AsyncIterator[dict[str, Side]]:
+    client = KubeClient.from_kubeconfig(control_plane.kubeconfig)
+    tag = uuid.uuid4().hex[:5]
+    sides: dict[str, Side] = {}
+    try:
+        for kind in KINDS:
+            name = f"{kind}-{tag}"
+            node = ProcessNode(
+                NodeSpec(name), "tiny", [GPU, NIC], root / kind, control_plane.kubeconfig, binaries, kubelet=kind
+            )
+            await client.create(path_for("v1", "namespaces"), {"metadata": {"name": name}})
+            sides[kind] = Side(kind, node, client, name)
+            await node.start()
+        await asyncio.gather(*(s.node.wait_ready(120, client) for s in sides.values()))
+        yield sides
+    finally:
+        for side in sides.values():
+            await side.node.stop()
+            await client.delete_if_exists(path_for("v1", "namespaces", side.namespace))
+            await client.delete_if_exists(path_for("v1", "nodes", side.node.name))
+        await client.close()
+
+
+async def both(sides: dict[str, Side], step: Callable[[Side], Awaitable[T]]) -> dict[str, T]:
+    results = await asyncio.gather(*(step(side) for side in sides.values()))
+    return dict(zip(sides, results, strict=True))
+
+
+def request(name: str, device_class: str, selector: str | None = None, **extra: Any) -> Obj:
+    exactly: Obj = {"deviceClassName": device_class, **extra}
+    if selector:
+        exactly["selectors"] = [{"cel": {"expression": selector}}]
+    return {"name": name, "exactly": exactly}
+
+
+def gpu_config(strategy: str) -> list[Obj]:
+    params = {"apiVersion": f"{GPU}/v1alpha1", "kind": "GpuConfig", "sharing": {"strategy": strategy}}
+    return [{"requests": ["gpu"], "opaque": {"driver": GPU, "parameters": params}}]
+
+
+def test_claims_prepare_and_unprepare_alike_on_real_and_fake_kubelets(
+    control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
+) -> None:
+    async def scenario() -> None:
+        async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
+
+            async def case(side: Side) -> dict[str, Any]:
+                ns_label = {"metadata": {"labels": {"resource.kubernetes.io/admin-access": "true"}}}
+                await side.client.patch(path_for("v1", "namespaces", side.namespace), ns_label)
+                nic1 = f"device.attributes['{NIC}'].index == 1"
+                await side.template("nic", [request("nic", NIC, nic1)])
+                await side.template("admin", [request("nic", NIC, nic1, adminAccess=True)])
+                aligned = [{"requests": ["gpu", "nic"], "matchAttribute": "resource.kubernetes.io/pcieRoot"}]
+                await side.template("aligned", [request("gpu", GPU), request("nic", NIC)], constraints=aligned)
+                await side.template("partition", [request("gpu", PARTITION)])
+                first = [
+                    {"name": "eight", "deviceClassName": GPU, "allocationMode": "ExactCount", "count": 8},
+                    {"name": "small", "deviceClassName": PARTITION},
+                ]
+                await side.template("flexible", [{"name": "gpu", "firstAvailable": first}])
+                await side.template("broken", [request("gpu", PARTITION)], config=gpu_config("Sometimes"))
+                await side.claim("shared", [request("gpu", PARTITION)])
+                # A whole GPU first: the partitions below may take the other one.
+                await side.pod("aligned", {"resourceClaimTemplateName": "aligned"})
+                await side.running("aligned")
+                for pod, claim, req in [
+                    ("nic", "nic", None),
+                    ("partition", "partition", None),
+                    ("flexible", "flexible", "gpu"),  # the container names the request
+                    ("broken", "broken", None),
+                ]:
+                    await side.pod(pod, {"resourceClaimTemplateName": claim}, request=req)
+                await side.pod("share-a", {"resourceClaimName": "shared"})
+                await side.pod("share-b", {"resourceClaimName": "shared"})
+                await side.running("nic")
+                await side.pod("monitor", {"resourceClaimTemplateName": "admin"})
+
+                found: dict[str, Any] = {}
+                for pod in ("nic", "aligned", "partition", "flexible", "share-a", "share-b", "monitor"):
+                    await side.running(pod)
+                    # Which device a pod gets is the scheduler's choice: compare the shape.
+                    found[pod] = sorted({re.sub(r"\d+", "N", key) for key in await side.env(pod)})
+                aligned_devices = {
+                    r["request"]: r["device"] for r in await side.allocation(await side.claim_name("aligned"))
+                }
+                found["aligned-roots"] = aligned_devices["gpu"].split("-")[1] == aligned_devices["nic"].split("-")[1]
+                [flex] = await side.allocation(await side.claim_name("flexible"))
+                found["flexible-request"] = flex["request"]
+                [admin] = await side.allocation(await side.claim_name("monitor"))
+                found["admin"] = (admin["device"], admin.get("adminAccess"))
+                failed = await until(
+                    lambda: _failed_prepares(side), 120, f"{side.kind}: FailedPrepareDynamicResources on broken"
+                )
+                found["broken"] = ("invalid GpuConfig" in failed, (await side.read_pod("broken"))["status"]["phase"])
+                for pod in (
+                    "gpu",
+                    "nic",
+                    "aligned",
+                    "partition",
+                    "flexible",
+                    "share-a",
+                    "share-b",
+                    "monitor",
+                    "broken",
+                ):
+                    await side.delete_pod(pod)
+                for pod in (
+                    "gpu",
+                    "nic",
+                    "aligned",
+                    "partition",
+                    "flexible",
+                    "share-a",
+                    "share-b",
+                    "monitor",
+                    "broken",
+                ):
+                    await side.gone(pod)
+                found["cdi-specs-left"] = sorted(p.name for p in side.node.cdi_dir.iterdir())
+                return found
+
+            async def _failed_prepares(side: Side) -> str:
+                return " ".join(m for r, m in await side.events("broken") if r == "FailedPrepareDynamicResources")
+
+            found = await both(sides, case)
+            for kind, seen in found.items():
+                for pod in ("partition", "flexible", "share-a", "share-b"):
+                    assert any(k.endswith("_UUID") for k in seen[pod]), (kind, pod, seen[pod])
+                for pod in ("nic", "monitor"):
+                    assert any(k.endswith("_IFNAME") for k in seen[pod]), (kind, pod, seen[pod])
+                assert any(k.endswith("_UUID") for k in seen["aligned"]) and seen["aligned-roots"], kind
+                assert seen["flexible-request"] == "gpu/small", kind
+                assert seen["admin"] == ("nic-1", True), kind
+                assert seen["broken"] == (True, "Pending"), kind
+                assert seen["cdi-specs-left"] == [], kind
+            assert found["real"] == found["fake"]
+
+            real, fake = (sides[k].calls_by_claim() for k in KINDS)
+            # Claim names from templates end in a random suffix: compare pod by pod.
+            assert _by_pod(real) == _by_pod(fake), (real, fake)
+            prepare, unprepare = (
+                f"/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/Node{m}Resources" for m in ("Prepare", "Unprepare")
+            )
+            assert _by_pod(real)["aligned-c"] == [prepare, unprepare]
+            assert _by_pod(real)["shared"] == [prepare, unprepare], "a shared claim is prepared once"
+
+    asyncio.run(scenario())
+
+
+def _by_pod(sequences: dict[str, list[str]]) -> dict[str, list[str]]:
+    """``<pod>-c-<suffix>`` -> ``<pod>-c``; a named claim keeps its name."""
+    return {name.rsplit("-", 1)[0] if "-c-" in name else name: calls for name, calls in sequences.items()}
+
+
+async def _wiped_after(side: Side, since: float, timeout_s: float = 90) -> float:
+    """Seconds from ``since`` until the node has no slices left."""
+    await until(lambda: _no_slices(side), timeout_s, f"{side.kind}: its slices to be wiped")
+    return time.monotonic() - since
+
+
+async def _no_slices(side: Side) -> bool:
+    return not await side.slice_uids()
+
+
+def test_a_driver_gone_by_sigterm_or_sigkill_is_wiped_30s_later_and_republishes_on_restart(
+    control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
+) -> None:
+    """SIGTERM removes the driver's sockets; SIGKILL leaves them behind. Either way the
+    kubelet notices the lost connection and deletes the slices about 30 s later."""
+
+    async def scenario() -> None:
+        async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
+
+            async def case(side: Side) -> dict[str, Any]:
+                found: dict[str, Any] = {}
+                for sig in (signal.SIGTERM, signal.SIGKILL):
+                    before = await side.slice_uids()
+                    assert before, side.kind
+                    stopped = time.monotonic()
+                    await side.node.stop_process("driver", sig)
+                    left_behind = sorted(p.name for p in (side.node.kubelet_dir / "plugins_registry").iterdir())
+                    wiped = await _wiped_after(side, stopped)
+                    restarted = time.monotonic()
+                    await side.node.start_driver()
+                    await side.node.wait_ready(60, side.client)  # registered again, slices back
+                    found[sig.name] = (round(wiped), left_behind, time.monotonic() - restarted)
+                return found
+
+            found = await both(sides, case)
+            for kind, seen in found.items():
+                for name, (wiped, _, back) in seen.items():
+                    assert 29 <= wiped <= 45, (kind, name, wiped)
+                    assert back < 15, (kind, name, back)
+                assert seen["SIGTERM"][1] == [], "SIGTERM: the driver removed its registration socket"
+                assert seen["SIGKILL"][1] == [f"{GPU}-reg.sock", f"{NIC}-reg.sock"], "SIGKILL leaves sockets"
+
+    asyncio.run(scenario())
+
+
+def test_a_kubelet_restart_wipes_and_gets_slices_back_within_seconds_and_keeps_running_pods(
+    control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
+) -> None:
+    async def scenario() -> None:
+        async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
+
+            async def case(side: Side) -> dict[str, Any]:
+                await side.template("gpu", [request("gpu", GPU)])
+                await side.pod("worker", {"resourceClaimTemplateName": "gpu"})
+                started = (await side.running("worker"))["status"]["startTime"]
+                before = await side.slice_uids()
+                await side.node.stop_process("kubelet")
+                restarted = time.monotonic()
+                await side.node.start_kubelet()
+
+                async def replaced() -> dict[str, str] | None:
+                    now = await side.slice_uids()
+                    return now if now and set(now.values()).isdisjoint(before.values()) else None
+
+                await until(replaced, 60, f"{side.kind}: slices deleted at kubelet start-up and published anew")
+                back = time.monotonic() - restarted
+                await until(lambda: _ready(side), 60, f"{side.kind}: node Ready again")
+                pod = await side.running("worker")
+                prepares = [
+                    c for c in side.node.calls() if c["method"].endswith("NodePrepareResources") and c["claims"]
+                ]
+                await side.delete_pod("worker")
+                await side.gone("worker")
+                return {"back_s": back, "start": pod["status"]["startTime"] == started, "prepares": len(prepares)}
+
+            found = await both(sides, case)
+            for kind, seen in found.items():
+                assert seen["back_s"] < 15, (kind, seen)
+                assert seen["start"], f"{kind}: the running pod was left as it was"
+                assert seen["prepares"] == 1, f"{kind}: no second prepare for a running pod"
+
+    asyncio.run(scenario())
+
+
+async def _ready(side: Side) -> bool:
+    node = await side.client.get(path_for("v1", "nodes", side.node.name))
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"]["conditions"])
+
+
+def _health(pod: Obj) -> dict[str, str]:
+    statuses = pod.get("status", {}).get("containerStatuses") or []
+    return {
+        resource["resourceID"]: resource["health"]
+        for status in statuses
+        for entry in status.get("allocatedResourcesStatus") or []
+        for resource in entry["resources"]
+    }
+
+
+def test_device_health_reaches_the_pod_status_and_stays_healthy(
+    control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
+) -> None:
+    """Unhealthy, then Healthy again, in ``allocatedResourcesStatus``; then Healthy for
+    over two minutes, which needs the driver's heartbeat (a kubelet marks a device it has
+    not heard of for 30 s Unknown at its next pod sync)."""
+
+    async def scenario() -> None:
+        async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
+
+            async def case(side: Side) -> dict[str, Any]:
+                await side.template("gpu", [request("gpu", GPU)])
+                await side.pod("watched", {"resourceClaimTemplateName": "gpu"})
+                await side.running("watched")
+                [result] = await side.allocation(await side.claim_name("watched"))
+
+                async def health_is(wanted: str) -> dict[str, str] | None:
+                    now = _health(await side.read_pod("watched"))
+                    return now if now and set(now.values()) == {wanted} else None
+
+                healthy = await until(lambda: health_is("Healthy"), 90, f"{side.kind}: Healthy in the pod status")
+                side.node.set_unhealthy({result["device"]: "XID 79: fell off the bus"})
+                await until(lambda: health_is("Unhealthy"), 90, f"{side.kind}: Unhealthy in the pod status")
+                side.node.set_unhealthy({})
+                await until(lambda: health_is("Healthy"), 90, f"{side.kind}: Healthy again")
+                seen = set()
+                deadline = time.monotonic() + 130
+                while time.monotonic() < deadline:
+                    seen |= set(_health(await side.read_pod("watched")).values())
+                    await asyncio.sleep(2)
+                return {"ids": sorted(healthy), "seen": seen}
+
+            found = await both(sides, case)
+            for kind, seen in found.items():
+                assert seen["seen"] == {"Healthy"}, (kind, seen)
+                [resource_id] = seen["ids"]
+                assert resource_id.startswith(f"{GPU}/gpu="), (kind, resource_id)
+
+    asyncio.run(scenario())
