@@ -43,6 +43,7 @@ unit: $(INSTALLED)
 bench: install
 	$(PY) benchmarks/bench_controlplane.py --runs $(RUNS) $(if $(COLD),--cold,)
 	$(PY) benchmarks/bench_dra.py
+	$(PY) benchmarks/bench_kubelets.py
 	$(PY) benchmarks/bench_fleet.py --nodes $(FLEET_NODES) --profile $(FLEET_PROFILE) --nodes-per-host 100
 
 lint: $(INSTALLED)

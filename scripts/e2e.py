@@ -1,9 +1,11 @@
 """`make e2e`: the user's path end to end, through the `testbed` command itself.
 
 Brings up a control plane with synthetic nodes (NODES, default 4, of PROFILE, default
-h100x8), proves it allocates and that a pod with a GPU claim runs through the driver and
-the fake kubelet, runs the `smoke` scenario and a short `cl2-dra` (each prints its report
-directory), shows its status, and always tears it down (KEEP=1 keeps it running).
+h100x8) plus one real-kubelet node (kubelet v1.37, where the machine allows it: root),
+proves it allocates and that a pod with a GPU claim runs through the driver and the fake
+kubelet, and through the driver and the real kubelet, runs the `smoke` scenario and a
+short `cl2-dra` (each prints its report directory), shows its status, and always tears
+it down (KEEP=1 keeps it running).
 """
 
 from __future__ import annotations
@@ -11,7 +13,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
+
+from testbed.realnode.node import unsupported_reason
 
 NAME = os.environ.get("CLUSTER_NAME", "e2e")
 
@@ -32,8 +38,18 @@ def main() -> int:
     keep = os.environ.get("KEEP") == "1"
     try:
         nodes, profile = os.environ.get("NODES", "4"), os.environ.get("PROFILE", "h100x8")
-        kubeconfig = testbed("up", "--nodes", nodes, "--profile", profile, capture=True).strip().splitlines()[-1]
-        testbed("check")
+        real = not unsupported_reason()
+        if not real:
+            print(f"e2e: no real-kubelet node: {unsupported_reason()}", file=sys.stderr)
+        fleet = Path(tempfile.mkdtemp(prefix="e2e-")) / "fleet.yaml"
+        pools = [f"  - {{name: node, count: {nodes}, profile: {profile}}}"]
+        if real:
+            pools.append("  - {name: real, count: 1, profile: tiny, kubelet: real}")
+        fleet.write_text("pools:\n" + "\n".join(pools) + "\n")
+        kubeconfig = testbed("up", "--fleet", str(fleet), capture=True).strip().splitlines()[-1]
+        testbed("check", "--node", "node-000")
+        if real:
+            testbed("check", "--node", "real-000")
         testbed("run", "smoke")
         testbed("scale", "node", str(max(0, int(nodes) - 1)))  # drain one node, then bring it back
         testbed("scale", "node", nodes)

@@ -28,6 +28,7 @@ from testbed.controlplane import cluster
 from testbed.errors import TestbedError
 from testbed.fleet import spec as fleet_spec
 from testbed.progress import ConsoleProgress
+from testbed.realnode.node import recorded_processes
 
 if TYPE_CHECKING:
     from testbed.scenarios.spec import Scenario
@@ -234,6 +235,20 @@ def status(name: str, state_dir: Path | None) -> None:
     out.print(f"kubeconfig: {state.kubeconfig}")
     out.print(f"logs: {state.layout.logs}")
     out.print(f"binaries: {state.binaries}")
+    nodes_dir = state.extras.get("nodes_dir")
+    process_nodes = recorded_processes(Path(str(nodes_dir))) if nodes_dir else {}
+    if process_nodes:
+        nodes = Table(title="real-kubelet nodes (processes on this machine)")
+        for column in ("node", "kubelet", "driver", "runtime", "logs"):
+            nodes.add_column(column)
+        for node, records in process_nodes.items():
+            alive = {r.name: r.alive() for r in records}
+
+            def cell(name: str, alive: dict[str, bool] = alive) -> str:
+                return "-" if name not in alive else "[green]running[/]" if alive[name] else "[red]gone[/]"
+
+            nodes.add_row(node, cell("kubelet"), cell("driver"), cell("cri"), str(Path(records[0].log).parent))
+        out.print(nodes)
     if not all(c.healthy for c in components):
         sys.exit(1)
 

@@ -125,7 +125,7 @@ class NodeHost:
         self.loop_watch.start()
         await self.add_nodes(list(self.recipes.values()), ready_timeout_s, concurrency)
         await self.metrics.start()
-        return await self.ready()
+        return self._names()
 
     async def add_nodes(
         self, recipes: list[NodeRecipe], ready_timeout_s: float = 300.0, concurrency: int = START_CONCURRENCY
@@ -222,6 +222,9 @@ class NodeHost:
         """The nodes, once started (waits for a restart to finish)."""
         if self._restart is not None:
             await self._restart
+        return self._names()
+
+    def _names(self) -> list[str]:
         return sorted([*self.nodes, *self.process_nodes])
 
     async def progress(self) -> int:

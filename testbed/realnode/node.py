@@ -93,6 +93,7 @@ def kubelet_config(root: Path, taints: list[Obj]) -> Obj:
 
 
 KUBELET_KINDS = ("fake", "real")
+RECORDS_FILE = "processes.json"
 
 
 class ProcessNode:
@@ -161,7 +162,7 @@ class ProcessNode:
 
     @property
     def records_file(self) -> Path:
-        return self.root / "processes.json"
+        return self.root / RECORDS_FILE
 
     def _reap_leftovers(self) -> None:
         """Stop what an earlier owner of this node left running (a NodeHost that was
@@ -449,6 +450,18 @@ class ProcessNode:
         if not self.containers_log.exists():
             return []
         return [json.loads(line) for line in self.containers_log.read_text().splitlines() if line]
+
+
+def recorded_processes(nodes_dir: Path) -> dict[str, list[processes.ProcessRecord]]:
+    """Process nodes under a fleet's nodes dir and the processes each last started (for
+    `testbed status`, without asking the NodeHosts)."""
+    found = {}
+    for records in sorted(nodes_dir.glob(f"*/{RECORDS_FILE}")):
+        try:
+            found[records.parent.name] = [processes.ProcessRecord.from_json(r) for r in json.loads(records.read_text())]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return found
 
 
 def _rss(pid: int) -> int:

@@ -38,6 +38,7 @@ pytestmark = [
 GPU, NIC, PARTITION = "gpu.dra-testbed.io", "nic.dra-testbed.io", "gpu-partition.dra-testbed.io"
 RESOURCE = "resource.k8s.io/v1"
 KINDS = ("real", "fake")
+PODS = ("nic", "aligned", "partition", "flexible", "share-a", "share-b", "monitor", "broken")
 T = TypeVar("T")
 
 
@@ -243,7 +244,7 @@ def test_claims_prepare_and_unprepare_alike_on_real_and_fake_kubelets(
                 await side.pod("monitor", {"resourceClaimTemplateName": "admin"})
 
                 found: dict[str, Any] = {}
-                for pod in ("nic", "aligned", "partition", "flexible", "share-a", "share-b", "monitor"):
+                for pod in PODS[:-1]:  # all but the broken one
                     await side.running(pod)
                     # Which device a pod gets is the scheduler's choice: compare the shape.
                     found[pod] = sorted({re.sub(r"\d+", "N", key) for key in await side.env(pod)})
@@ -259,29 +260,9 @@ def test_claims_prepare_and_unprepare_alike_on_real_and_fake_kubelets(
                     lambda: _failed_prepares(side), 120, f"{side.kind}: FailedPrepareDynamicResources on broken"
                 )
                 found["broken"] = ("invalid GpuConfig" in failed, (await side.read_pod("broken"))["status"]["phase"])
-                for pod in (
-                    "gpu",
-                    "nic",
-                    "aligned",
-                    "partition",
-                    "flexible",
-                    "share-a",
-                    "share-b",
-                    "monitor",
-                    "broken",
-                ):
+                for pod in PODS:
                     await side.delete_pod(pod)
-                for pod in (
-                    "gpu",
-                    "nic",
-                    "aligned",
-                    "partition",
-                    "flexible",
-                    "share-a",
-                    "share-b",
-                    "monitor",
-                    "broken",
-                ):
+                for pod in PODS:
                     await side.gone(pod)
                 found["cdi-specs-left"] = sorted(p.name for p in side.node.cdi_dir.iterdir())
                 return found

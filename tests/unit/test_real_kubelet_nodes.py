@@ -1,0 +1,59 @@
+"""Real-kubelet pools: how they are asked for, refused, and configured to stay off the host."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from testbed import cli
+from testbed.fleet import spec
+from testbed.realnode import node as realnode
+from testbed.realnode.sandbox import KUBELET_SYSCTLS
+
+
+def test_pools_default_to_the_fake_kubelet_and_take_real() -> None:
+    fleet = spec.parse("pools: [{name: a, count: 2}, {name: r, count: 3, profile: tiny, kubelet: real}]", "f.yaml")
+    assert [p.kubelet for p in fleet.pools] == ["fake", "real"]
+    assert fleet.real_kubelets == 3
+
+
+def test_an_unknown_kubelet_kind_names_the_field() -> None:
+    with pytest.raises(spec.FleetFileError) as info:
+        spec.parse("pools: [{name: a, count: 1, kubelet: kwok}]", "f.yaml")
+    assert "pools[0].kubelet" in str(info.value)
+
+
+def test_without_root_a_real_pool_is_refused_in_one_line_before_anything_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text("pools: [{name: ref, count: 1, profile: tiny, kubelet: real}]\n")
+    state = tmp_path / "state"
+    result = CliRunner().invoke(cli.main, ["up", "--name", "refused", "--state-dir", str(state), "--fleet", str(fleet)])
+    assert result.exit_code != 0
+    assert "pool ref: real-kubelet nodes need root" in result.output and "Traceback" not in result.output
+    assert not state.exists(), "nothing was started"
+
+
+def test_the_kubelet_listens_on_loopback_and_makes_no_host_cgroups(tmp_path: Path) -> None:
+    config = realnode.kubelet_config(tmp_path, [])
+    assert config["address"] == config["healthzBindAddress"] == "127.0.0.1"
+    assert config["readOnlyPort"] == 0 and config["authentication"]["anonymous"]["enabled"] is False
+    assert config["cgroupsPerQOS"] is False and config["enforceNodeAllocatable"] == []
+    assert config["containerRuntimeEndpoint"] == f"unix://{tmp_path / 'cri.sock'}"
+
+
+def test_every_sysctl_the_kubelet_sets_is_masked_with_the_value_it_wants() -> None:
+    """kubelet v1.37 setupKernelTunables: if a value differs it writes it, host-wide."""
+    assert KUBELET_SYSCTLS == {
+        "vm/overcommit_memory": "1",
+        "vm/panic_on_oom": "0",
+        "kernel/panic": "10",
+        "kernel/panic_on_oops": "1",
+        "kernel/keys/root_maxkeys": "1000000",
+        "kernel/keys/root_maxbytes": "25000000",
+    }
