@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import statistics
 import sys
 import tempfile
@@ -47,7 +48,7 @@ def pod(name: str, node: str) -> Obj:
         "spec": {
             "nodeSelector": {"kubernetes.io/hostname": node},
             "tolerations": [SYNTHETIC_TOLERATION],
-            "terminationGracePeriodSeconds": 0,
+            "terminationGracePeriodSeconds": 1,  # 0 deletes at once: a device could be reused before unprepare
             "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "gpu"}],
             "containers": [
                 {
@@ -148,6 +149,7 @@ def main() -> int:
         asyncio.run(measure(state, root / "nodes", args.pods))
     finally:
         cluster.down(config)
+        shutil.rmtree(root, ignore_errors=True)
     return 0
 
 
