@@ -80,11 +80,27 @@ def main() -> None:
 
 @main.command()
 @cluster_options
-@click.option("--port", type=int, default=None, help="kube-apiserver port (default: a free one).")
-@click.option("--kcm-qps", type=float, default=75.0, show_default=True)
-@click.option("--kcm-burst", type=int, default=150, show_default=True)
-@click.option("--scheduler-qps", type=float, default=100.0, show_default=True)
-@click.option("--scheduler-burst", type=int, default=200, show_default=True)
+@click.option("--port", type=click.IntRange(1, 65535), default=None, help="kube-apiserver port (default: a free one).")
+@click.option(
+    "--kcm-qps",
+    type=click.FloatRange(min=0, min_open=True),
+    default=75.0,
+    show_default=True,
+    help="kube-controller-manager's API client QPS (the guide's floor for the pod-startup SLO is 75).",
+)
+@click.option(
+    "--kcm-burst", type=click.IntRange(min=1), default=150, show_default=True, help="Its burst above the QPS."
+)
+@click.option(
+    "--scheduler-qps",
+    type=click.FloatRange(min=0, min_open=True),
+    default=100.0,
+    show_default=True,
+    help="kube-scheduler's API client QPS.",
+)
+@click.option(
+    "--scheduler-burst", type=click.IntRange(min=1), default=200, show_default=True, help="Its burst above the QPS."
+)
 @click.option(
     "--alpha",
     is_flag=True,
@@ -95,10 +111,16 @@ def main() -> None:
     default="",
     help="Extra gates for all components, e.g. DRADeviceCompatibilityGroups=true (also: TESTBED_FEATURE_GATES).",
 )
-@click.option("--timeout", type=float, default=120.0, show_default=True, help="Start-up timeout, seconds.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=120.0,
+    show_default=True,
+    help="Start-up timeout, seconds.",
+)
 @click.option(
     "--nodes",
-    type=click.IntRange(min=0),
+    type=click.IntRange(min=0, max=100_000),
     default=0,
     show_default=True,
     help="Synthetic nodes to start (each with hardware, drivers and a fake kubelet).",
@@ -111,7 +133,7 @@ def main() -> None:
 )
 @click.option(
     "--nodes-per-host",
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=1, max=10_000),
     default=50,
     show_default=True,
     help="Synthetic nodes per NodeHost Ray actor.",
@@ -119,7 +141,7 @@ def main() -> None:
 @click.option(
     "--fleet",
     "fleet_file",
-    type=click.Path(path_type=Path),
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
     default=None,
     help="A fleet file: node pools (count, profile, labels, taints), nodes per host, Ray address.",
 )
@@ -174,8 +196,12 @@ def up(
         elif nodes:
             load_profile(profile)
             fleet = fleet_spec.single_pool(nodes, profile, nodes_per_host)
-    except (ProfileError, fleet_spec.FleetFileError) as exc:
-        raise TestbedError(str(exc), hint="fix the file, or pick a shipped profile (gpu8, h100x8, tiny)") from None
+    except ProfileError as exc:
+        raise TestbedError(
+            str(exc), hint="pick a shipped profile (gpu8, h100x8, tiny) or a profile YAML file"
+        ) from None
+    except fleet_spec.FleetFileError as exc:
+        raise TestbedError(str(exc), hint="fix the field it names; see examples/fleet.yaml") from None
     state = environment.up(config, fleet, ConsoleProgress(), external_kubeconfig=external_kubeconfig)
     click.echo(str(state.kubeconfig))
 
@@ -341,11 +367,19 @@ def run_scenario(
         key, sep, value = item.partition("=")
         if not sep:
             raise TestbedError(f"--set {item!r} is not KEY=VALUE", hint="e.g. --set phases.0.qps=20")
-        values[key] = yaml.safe_load(value)
+        try:
+            values[key] = yaml.safe_load(value)
+        except yaml.YAMLError as exc:
+            problem = getattr(exc, "problem", None) or "malformed"
+            raise TestbedError(
+                f"--set {item!r}: the value is not valid YAML ({problem})",
+                hint="a number, a word, or quoted YAML such as --set 'phases.0.qps=20'",
+            ) from None
     try:
         chosen = spec.load(scenario, values)
     except spec.ScenarioError as exc:
-        raise TestbedError(str(exc), hint="fix the file, or see testbed/scenarios/shipped/ for examples") from None
+        hint = "check your --set keys and values against the scenario file" if values else "fix the file"
+        raise TestbedError(str(exc), hint=f"{hint}; see testbed/scenarios/shipped/ for examples") from None
     config = cfg.ControlPlaneConfig(name=name, state_dir=state_dir)
     state = cluster.ClusterState.load(config.cluster_dir) if config.cluster_dir.exists() else None
     c = chosen.cluster
@@ -430,7 +464,7 @@ def _run_and_report(state: cluster.ClusterState, chosen: Scenario, name: str, ou
     return 0 if report["verdict"] == "PASS" else 1
 
 
-@main.command()
+@main.command(context_settings={"ignore_unknown_options": True})  # so `-1` reaches COUNT and is refused there
 @click.argument("pool")
 @click.argument("count", type=click.IntRange(min=0))
 @cluster_options

@@ -51,6 +51,8 @@ def up(
     progress = progress or SilentProgress()
     if fleet is not None and fleet.real_kubelets:
         check_real_kubelets(fleet, progress)
+    if fleet is not None and fleet.ray.address:
+        raycluster.check_reachable(fleet.ray.address)  # before anything starts, not after
     if external_kubeconfig is not None:
         state = cluster.attach(config, external_kubeconfig, progress)
         progress.step(f"using the cluster of {external_kubeconfig}; no control plane started")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -236,6 +237,42 @@ class ResourceHealthService:
             yield snapshot
 
 
+class MalformedRequests(logging.Filter):
+    """gRPC logs a full traceback for every request it cannot decode; a hostile or
+    broken client made 2 MB of log in one probe. This keeps one line per interval,
+    saying how many more there were."""
+
+    LOGGER = "grpc._cython.cygrpc"
+
+    def __init__(self, interval_s: float = 10.0):
+        super().__init__()
+        self.interval_s = interval_s
+        self._last = -float("inf")
+        self._dropped = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if type(error).__name__ != "DecodeError":
+            return True
+        now = time.monotonic()
+        if now - self._last < self.interval_s:
+            self._dropped += 1
+            return False
+        method = re.search(r"\[(/[^\]]+)\]", record.getMessage())
+        record.msg = "malformed request to %s (%s)%s"
+        more = f"; {self._dropped} more since the last report" if self._dropped else ""
+        record.args = (method.group(1) if method else "?", str(error).split(":")[-1].strip(), more)
+        record.exc_info, record.exc_text = None, None
+        self._last, self._dropped = now, 0
+        return True
+
+    @classmethod
+    def install(cls) -> None:
+        logger = logging.getLogger(cls.LOGGER)
+        if not any(isinstance(f, cls) for f in logger.filters):
+            logger.addFilter(cls())
+
+
 def add_services(
     server: grpc.aio.Server,
     registration: RegistrationService,
@@ -245,6 +282,7 @@ def add_services(
     pool: str,
     call_log: CallLog | None = None,
 ) -> None:
+    MalformedRequests.install()
     pluginregistration_pb2_grpc.add_RegistrationServicer_to_server(registration, server)
     dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(DraService(dra_v1_pb2, preparer, True, call_log), server)
     dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(DraService(dra_v1beta1_pb2, preparer, False, call_log), server)

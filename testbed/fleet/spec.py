@@ -16,6 +16,7 @@ pools:
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -29,10 +30,39 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
+_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def qualified_name_problem(key: str) -> str:
+    """Why Kubernetes would refuse ``key`` as a label or taint key, or ""."""
+    prefix, _, name = key.rpartition("/")
+    if prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix)):
+        return f"{key!r}: the prefix before '/' must be a DNS subdomain (lowercase, digits, '-', '.')"
+    if len(name) > 63 or not _NAME.fullmatch(name):
+        return f"{key!r}: the name must be 1-63 letters, digits, '-', '_' or '.', starting and ending alphanumeric"
+    return ""
+
+
+def label_value_problem(value: str) -> str:
+    if value and (len(value) > 63 or not _NAME.fullmatch(value)):
+        return (
+            f"{value!r}: a label value is at most 63 letters, digits, '-', '_' or '.', starting and ending alphanumeric"
+        )
+    return ""
+
+
 class Taint(_Strict):
-    key: str = Field(min_length=1, max_length=253)
+    key: str = Field(min_length=1, max_length=317)
     value: str = Field(default="", max_length=63)
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
+
+    @model_validator(mode="after")
+    def _kubernetes_accepts_it(self) -> Taint:
+        problem = qualified_name_problem(self.key) or label_value_problem(self.value)
+        if problem:
+            raise ValueError(problem)
+        return self
 
 
 def _default_taints() -> list[Taint]:
@@ -46,6 +76,14 @@ class Pool(_Strict):
     labels: dict[str, str] = Field(default_factory=dict)
     taints: list[Taint] = Field(default_factory=_default_taints)
     kubelet: Literal["fake", "real"] = "fake"
+
+    @model_validator(mode="after")
+    def _labels_kubernetes_accepts(self) -> Pool:
+        for key, value in self.labels.items():
+            problem = qualified_name_problem(key) or label_value_problem(value)
+            if problem:
+                raise ValueError(f"labels: {problem}")
+        return self
 
     @model_validator(mode="after")
     def _profile_exists(self) -> Pool:

@@ -106,14 +106,28 @@ def load(name_or_path: str, overrides: dict[str, Any] | None = None) -> Scenario
 
 
 def _set(data: Any, dotted: str, value: Any, source: str) -> None:
+    """One override; a key that does not lead anywhere is an error naming where it stops."""
     parts = dotted.split(".")
     target = data
-    for part in parts[:-1]:
-        target = target[int(part)] if isinstance(target, list) else target.setdefault(part, {})
-    last = parts[-1]
-    if isinstance(target, list):
-        target[int(last)] = value
-    elif isinstance(target, dict):
-        target[last] = value
-    else:
-        raise ScenarioError(f"{source}: cannot set {dotted}")
+    for depth, part in enumerate(parts):
+        where = ".".join(parts[: depth + 1])
+        last = depth == len(parts) - 1
+        if isinstance(target, list):
+            if not part.isdigit() or int(part) >= len(target):
+                raise ScenarioError(
+                    f"--set {dotted}: {where!r} needs an index below {len(target)} "
+                    f"({'.'.join(parts[:depth]) or 'the top'} has {len(target)} entries)"
+                )
+            if last:
+                target[int(part)] = value
+            else:
+                target = target[int(part)]
+        elif isinstance(target, dict):
+            if last:
+                target[part] = value
+            else:
+                target = target.setdefault(part, {})
+        else:
+            raise ScenarioError(
+                f"{source}: --set {dotted}: {'.'.join(parts[:depth])} is a value, not a mapping or list"
+            )

@@ -1,0 +1,59 @@
+"""Bad input is refused in one line naming the problem, before anything starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from testbed import cli
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["up", "--nodes", "1000000"], "'--nodes': 1000000 is not in the range 0<=x<=100000"),
+        (["up", "--nodes", "2", "--nodes-per-host", "20000"], "'--nodes-per-host': 20000 is not in the range"),
+        (["up", "--port", "70000"], "'--port': 70000 is not in the range 1<=x<=65535"),
+        (["up", "--port", "-1"], "'--port': -1 is not in the range"),
+        (["up", "--timeout", "0"], "'--timeout': 0.0 is not in the range x>0"),
+        (["up", "--timeout", "-5"], "'--timeout': -5.0 is not in the range x>0"),
+        (["up", "--kcm-qps", "-5"], "'--kcm-qps': -5.0 is not in the range x>0"),
+        (["up", "--scheduler-burst", "0"], "'--scheduler-burst': 0 is not in the range x>=1"),
+        (["scale", "node", "-1"], "'COUNT': -1 is not in the range x>=0"),
+        (["run", "smoke", "--set", "phases.99.qps=1"], "'phases.99' needs an index below 3"),
+        (["run", "smoke", "--set", "phases.x.qps=1"], "'phases.x' needs an index below 3"),
+        (["run", "smoke", "--set", "phases.0.qps=[1"], "the value is not valid YAML"),
+        (["run", "smoke", "--set", "phases.0.qps.deeper=1"], "phases[0].qps: Input should be a valid number"),
+        (["run", "smoke", "--set", "phases.0.qps=1"], "cluster 'refusals' is not running"),
+    ],
+)
+def test_refused_in_one_line(args: list[str], message: str, tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli.main, [*args, "--name", "refusals", "--state-dir", str(tmp_path / "c")])
+    assert result.exit_code != 0
+    assert message in result.output, result.output
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "c").exists(), "nothing was started"
+
+
+def test_a_directory_is_not_a_fleet_file(tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli.main, ["up", "--fleet", str(tmp_path), "--state-dir", str(tmp_path / "c")])
+    assert result.exit_code != 0 and "is a directory" in result.output
+
+
+@pytest.mark.parametrize(
+    ("labels", "message"),
+    [
+        ("{'bad key': x}", "'bad key': the name must be"),
+        ("{ok: 'bad value!'}", "'bad value!': a label value is at most 63"),
+        ("{'Example.COM/x': y}", "the prefix before '/' must be a DNS subdomain"),
+    ],
+)
+def test_labels_kubernetes_refuses_are_refused_up_front(labels: str, message: str, tmp_path: Path) -> None:
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(f"pools: [{{name: a, count: 1, labels: {labels}}}]\n")
+    result = CliRunner().invoke(cli.main, ["up", "--fleet", str(fleet), "--state-dir", str(tmp_path / "c")])
+    assert result.exit_code != 0 and message in result.output and "pools[0]" in result.output
+    assert "shipped profile" not in result.output, "the hint fits the error"
+    assert not (tmp_path / "c").exists()
