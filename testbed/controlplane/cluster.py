@@ -24,6 +24,7 @@ from testbed.controlplane.binaries import Binaries, ensure_binaries
 from testbed.controlplane.components import Layout, Ports
 from testbed.controlplane.processes import ProcessRecord
 from testbed.errors import TestbedError
+from testbed.files import write_secret
 from testbed.progress import Progress, SilentProgress
 
 STOP_STAGES = (("kube-scheduler", "kube-controller-manager"), ("kube-apiserver",), ("etcd",))
@@ -129,6 +130,13 @@ def admin_ssl_context(layout: Layout) -> ssl.SSLContext:
     return context
 
 
+def etcd_ssl_context(layout: Layout) -> ssl.SSLContext:
+    """As kube-apiserver talks to etcd: its own client certificate, etcd's CA."""
+    context = ssl.create_default_context(cafile=str(layout.pki.etcd_ca_cert))
+    context.load_cert_chain(str(layout.pki.etcd_client_cert), str(layout.pki.etcd_client_key))
+    return context
+
+
 def _self_signed_context() -> ssl.SSLContext:
     """KCM and scheduler serve with certs they sign themselves; we only ask their health."""
     context = ssl.create_default_context()
@@ -159,7 +167,7 @@ def health_checks(state: ClusterState) -> dict[str, HealthCheck]:
     insecure = _self_signed_context()
     ports = state.ports
     return {
-        "etcd": HealthCheck("etcd", f"http://127.0.0.1:{ports.etcd_client}/health", None),
+        "etcd": HealthCheck("etcd", f"https://127.0.0.1:{ports.etcd_client}/health", etcd_ssl_context(state.layout)),
         "kube-apiserver": HealthCheck("kube-apiserver", f"{state.apiserver_url}/readyz", admin),
         "kube-controller-manager": HealthCheck(
             "kube-controller-manager",
@@ -310,8 +318,7 @@ def attach(config: ControlPlaneConfig, kubeconfig: Path, progress: Progress | No
         raise TestbedError(f"kubeconfig {kubeconfig} does not exist", hint="e.g. `kind get kubeconfig > FILE`")
     root = _prepare_directory(config, progress)
     layout = Layout(root)
-    shutil.copyfile(kubeconfig, layout.admin_kubeconfig)
-    layout.admin_kubeconfig.chmod(0o600)
+    write_secret(layout.admin_kubeconfig, kubeconfig.read_bytes())
     state = ClusterState(
         name=config.name,
         root=root,

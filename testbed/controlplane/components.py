@@ -22,6 +22,7 @@ from testbed.controlplane.pki import (
     ClientIdentity,
     PKIPaths,
 )
+from testbed.files import write_secret
 
 SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
 OPEN_PATHS = "/healthz,/readyz,/livez,/metrics"
@@ -103,8 +104,7 @@ def write_kubeconfig(layout: Layout, who: ClientIdentity, server: str, cluster: 
         "current-context": cluster,
     }
     path = layout.kubeconfig_for(who)
-    path.write_text(yaml.safe_dump(document, sort_keys=False))
-    path.chmod(0o600)
+    write_secret(path, yaml.safe_dump(document, sort_keys=False).encode())
     return path
 
 
@@ -114,12 +114,24 @@ def _gates_flag(config: ControlPlaneConfig) -> str:
 
 
 def etcd_command(binaries: Binaries, layout: Layout, ports: Ports, config: ControlPlaneConfig) -> list[str]:
-    client = f"http://127.0.0.1:{ports.etcd_client}"
-    peer = f"http://127.0.0.1:{ports.etcd_peer}"
+    """TLS with client certificates on both ports, from etcd's own CA: kube-apiserver is
+    its only client (as kubeadm sets it up). Plain HTTP let any local user write any
+    Kubernetes object."""
+    client = f"https://127.0.0.1:{ports.etcd_client}"
+    peer = f"https://127.0.0.1:{ports.etcd_peer}"
+    pki = layout.pki
     command = [
         str(binaries.path("etcd")),
         "--name=testbed",
         f"--data-dir={layout.etcd_data}",
+        "--client-cert-auth",
+        f"--trusted-ca-file={pki.etcd_ca_cert}",
+        f"--cert-file={pki.etcd_server_cert}",
+        f"--key-file={pki.etcd_server_key}",
+        "--peer-client-cert-auth",
+        f"--peer-trusted-ca-file={pki.etcd_ca_cert}",
+        f"--peer-cert-file={pki.etcd_server_cert}",
+        f"--peer-key-file={pki.etcd_server_key}",
         f"--listen-client-urls={client}",
         f"--advertise-client-urls={client}",
         f"--listen-peer-urls={peer}",
@@ -138,7 +150,10 @@ def apiserver_command(binaries: Binaries, layout: Layout, ports: Ports, config: 
     pki = layout.pki
     command = [
         str(binaries.path("kube-apiserver")),
-        f"--etcd-servers=http://127.0.0.1:{ports.etcd_client}",
+        f"--etcd-servers=https://127.0.0.1:{ports.etcd_client}",
+        f"--etcd-cafile={pki.etcd_ca_cert}",
+        f"--etcd-certfile={pki.etcd_client_cert}",
+        f"--etcd-keyfile={pki.etcd_client_key}",
         "--bind-address=127.0.0.1",
         "--advertise-address=127.0.0.1",
         # A loopback advertise address is refused while the endpoint reconciler runs;

@@ -16,6 +16,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from testbed.files import write_secret
+
 VALIDITY = dt.timedelta(days=365)
 SERVICE_CLUSTER_IP = "10.0.0.1"
 """First address of the service range (10.0.0.0/24), where `kubernetes.default` lives."""
@@ -62,6 +64,33 @@ class PKIPaths:
     def sa_private(self) -> Path:
         return self.directory / "sa.key"
 
+    # etcd has a CA of its own, as kubeadm sets it up: a client certificate of the
+    # cluster CA (an admin's, a node's) must not open etcd.
+    @property
+    def etcd_ca_cert(self) -> Path:
+        return self.directory / "etcd-ca.crt"
+
+    @property
+    def etcd_ca_key(self) -> Path:
+        return self.directory / "etcd-ca.key"
+
+    @property
+    def etcd_server_cert(self) -> Path:
+        return self.directory / "etcd-server.crt"
+
+    @property
+    def etcd_server_key(self) -> Path:
+        return self.directory / "etcd-server.key"
+
+    @property
+    def etcd_client_cert(self) -> Path:
+        """kube-apiserver's, the only client etcd accepts."""
+        return self.directory / "apiserver-etcd-client.crt"
+
+    @property
+    def etcd_client_key(self) -> Path:
+        return self.directory / "apiserver-etcd-client.key"
+
     def client_cert(self, who: ClientIdentity) -> Path:
         return self.directory / f"{who.file_stem}.crt"
 
@@ -75,14 +104,14 @@ def _new_key() -> ec.EllipticCurvePrivateKey:
 
 
 def _write_key(path: Path, key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) -> None:
-    path.write_bytes(
+    write_secret(
+        path,
         key.private_bytes(
             serialization.Encoding.PEM,
             serialization.PrivateFormat.PKCS8,
             serialization.NoEncryption(),
-        )
+        ),
     )
-    path.chmod(0o600)
 
 
 def _write_cert(path: Path, cert: x509.Certificate) -> None:
@@ -109,15 +138,11 @@ def _builder(subject: x509.Name, issuer: x509.Name, public_key: object) -> x509.
     )
 
 
-def generate(directory: Path) -> PKIPaths:
-    """Create every key and certificate the control plane needs, in ``directory``."""
-    directory.mkdir(parents=True, exist_ok=True)
-    paths = PKIPaths(directory)
-
-    ca_key = _new_key()
-    ca_name = _name("dra-testbed-ca")
-    ca_cert = (
-        _builder(ca_name, ca_name, ca_key.public_key())
+def _new_ca(cert_path: Path, key_path: Path, common_name: str) -> tuple[ec.EllipticCurvePrivateKey, x509.Name]:
+    key = _new_key()
+    name = _name(common_name)
+    cert = (
+        _builder(name, name, key.public_key())
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .add_extension(
             x509.KeyUsage(
@@ -133,43 +158,58 @@ def generate(directory: Path) -> PKIPaths:
             ),
             critical=True,
         )
-        .sign(ca_key, hashes.SHA256())
+        .sign(key, hashes.SHA256())
     )
-    _write_key(paths.ca_key, ca_key)
-    _write_cert(paths.ca_cert, ca_cert)
+    _write_key(key_path, key)
+    _write_cert(cert_path, cert)
+    return key, name
 
-    def issue(cert_path: Path, key_path: Path, subject: x509.Name, server: bool) -> None:
+
+def generate(directory: Path) -> PKIPaths:
+    """Create every key and certificate the control plane needs, in ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = PKIPaths(directory)
+
+    ca_key, ca_name = _new_ca(paths.ca_cert, paths.ca_key, "dra-testbed-ca")
+    etcd_ca_key, etcd_ca_name = _new_ca(paths.etcd_ca_cert, paths.etcd_ca_key, "dra-testbed-etcd-ca")
+
+    def issue(
+        cert_path: Path,
+        key_path: Path,
+        subject: x509.Name,
+        usages: list[x509.ObjectIdentifier],
+        names: list[x509.GeneralName] | None = None,
+        ca: tuple[ec.EllipticCurvePrivateKey, x509.Name] = (ca_key, ca_name),
+    ) -> None:
         key = _new_key()
-        builder = _builder(subject, ca_name, key.public_key()).add_extension(
-            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]),
-            critical=False,
+        builder = _builder(subject, ca[1], key.public_key()).add_extension(
+            x509.ExtendedKeyUsage(usages), critical=False
         )
-        if server:
-            builder = builder.add_extension(
-                x509.SubjectAlternativeName(
-                    [
-                        x509.DNSName("localhost"),
-                        x509.DNSName("kubernetes"),
-                        x509.DNSName("kubernetes.default"),
-                        x509.DNSName("kubernetes.default.svc"),
-                        x509.DNSName("kubernetes.default.svc.cluster.local"),
-                        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-                        x509.IPAddress(ipaddress.ip_address(SERVICE_CLUSTER_IP)),
-                    ]
-                ),
-                critical=False,
-            )
+        if names:
+            builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
         _write_key(key_path, key)
-        _write_cert(cert_path, builder.sign(ca_key, hashes.SHA256()))
+        _write_cert(cert_path, builder.sign(ca[0], hashes.SHA256()))
 
-    issue(paths.serving_cert, paths.serving_key, _name("kube-apiserver"), server=True)
+    loopback: list[x509.GeneralName] = [
+        x509.DNSName("localhost"),
+        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+    ]
+    apiserver_names: list[x509.GeneralName] = [
+        *loopback,
+        x509.DNSName("kubernetes"),
+        x509.DNSName("kubernetes.default"),
+        x509.DNSName("kubernetes.default.svc"),
+        x509.DNSName("kubernetes.default.svc.cluster.local"),
+        x509.IPAddress(ipaddress.ip_address(SERVICE_CLUSTER_IP)),
+    ]
+    server, client = ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH
+    issue(paths.serving_cert, paths.serving_key, _name("kube-apiserver"), [server], apiserver_names)
     for who in CLIENTS:
-        issue(
-            paths.client_cert(who),
-            paths.client_key(who),
-            _name(who.common_name, who.organization),
-            server=False,
-        )
+        issue(paths.client_cert(who), paths.client_key(who), _name(who.common_name, who.organization), [client])
+    etcd = (etcd_ca_key, etcd_ca_name)
+    # Server and client usage, as kubeadm's: the same pair serves the peer port.
+    issue(paths.etcd_server_cert, paths.etcd_server_key, _name("etcd"), [server, client], loopback, etcd)
+    issue(paths.etcd_client_cert, paths.etcd_client_key, _name("kube-apiserver-etcd-client"), [client], ca=etcd)
 
     # Service-account tokens are signed with RSA, which every client library verifies.
     sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from testbed.driver.files import write_atomically
+from testbed.files import write_atomically
 
 CDI_VERSION = "0.6.0"
 

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
-from testbed.driver.files import write_atomically
+from testbed.files import write_atomically
 
 VERSION = 1
 

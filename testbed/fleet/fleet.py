@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.errors import TestbedError
+from testbed.files import private_dir
 from testbed.fleet.nodehost import NodeHost, NodeRecipe
 from testbed.fleet.spec import FleetFile, Pool
 from testbed.progress import Progress, SilentProgress
@@ -79,6 +80,9 @@ class Fleet:
         return name
 
     def start(self, progress: Progress | None = None, timeout_s: float = 900.0) -> None:
+        # Node sockets and checkpoints go here: a directory only we can enter.
+        private_dir(self.nodes_dir.parent)
+        private_dir(self.nodes_dir)
         recipes = [_recipe(pool, i) for pool in self.spec.pools for i in range(pool.count)]
         size = self.spec.nodes_per_host
         placement = {self._new_host(recipes[i : i + size]): recipes[i : i + size] for i in range(0, len(recipes), size)}

@@ -19,8 +19,8 @@ from fake_devices.hardware import Health
 from fake_devices.profiles import HardwareProfile, load_profile
 from testbed.controlplane.binaries import ensure_node_binaries
 from testbed.driver.claims import ClaimCache
-from testbed.driver.files import write_atomically
 from testbed.driver.slices import SliceWatcher
+from testbed.files import write_atomically
 from testbed.fleet.drain import DrainResult, drain, drain_process_node
 from testbed.fleet.loopwatch import LoopWatch
 from testbed.fleet.synthetic_node import SyntheticNode, drivers_for

@@ -21,14 +21,16 @@ from pathlib import Path
 from testbed.controlplane import processes
 from testbed.controlplane.processes import ProcessRecord
 from testbed.errors import TestbedError
+from testbed.files import private_dir, write_secret
 
 NAMESPACE_PREFIX = "dra-testbed"
 
 
 def ray_temp_dir(cluster_root: Path) -> Path:
-    """Short, per cluster: Ray puts unix sockets under it (108-byte path limit)."""
+    """Short, per cluster: Ray puts unix sockets under it (108-byte path limit). Ray makes
+    its temp dir 0777, so it lives inside a 0700 directory of ours."""
     digest = hashlib.sha256(str(cluster_root).encode()).hexdigest()[:10]
-    return Path(tempfile.gettempdir()) / f"tbray-{digest}"
+    return Path(tempfile.gettempdir()) / f"tbray-{digest}" / "r"
 
 
 def namespace(cluster_name: str) -> str:
@@ -47,11 +49,7 @@ def auth_env(cluster_root: Path) -> dict[str, str]:
 
 
 def _write_token(cluster_root: Path) -> None:
-    path = auth_token_path(cluster_root)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(secrets.token_hex(32))
+    write_secret(auth_token_path(cluster_root), secrets.token_hex(32).encode())
 
 
 def start_head(cluster_root: Path, log_path: Path, num_cpus: int | None = None) -> tuple[ProcessRecord, str]:
@@ -70,6 +68,7 @@ def start_head(cluster_root: Path, log_path: Path, num_cpus: int | None = None) 
         dashboard,
     ) = processes.free_ports(9)
     temp_dir = ray_temp_dir(cluster_root)
+    private_dir(temp_dir.parent)
     command = [
         ray,
         "start",
@@ -148,4 +147,4 @@ def stop_head(record: ProcessRecord, cluster_root: Path) -> None:
 
 
 def remove_temp_dir(cluster_root: Path) -> None:
-    shutil.rmtree(ray_temp_dir(cluster_root), ignore_errors=True)
+    shutil.rmtree(ray_temp_dir(cluster_root).parent, ignore_errors=True)

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from testbed.driver import cdi
-from testbed.driver.files import write_atomically
+from testbed.files import write_atomically
 from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
 from testbed.kubelet import metrics
 from testbed.kubelet.node import NodeSpec, now_rfc3339

@@ -1,0 +1,55 @@
+"""Directories and secrets only this user can reach."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from testbed.errors import TestbedError
+from testbed.files import private_dir, write_secret
+
+
+def test_a_new_private_dir_is_0700(tmp_path: Path) -> None:
+    made = private_dir(tmp_path / "a" / "b")
+    assert stat.S_IMODE(made.stat().st_mode) == 0o700
+
+
+def test_a_dir_others_can_write_is_refused_with_the_fix(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(TestbedError) as info:
+        private_dir(shared)
+    assert "writable by others (mode 777)" in str(info.value) and "chmod 700" in str(info.value)
+
+
+def test_a_dir_someone_else_made_first_is_refused(tmp_path: Path) -> None:
+    if os.getuid() != 0:
+        pytest.skip("making a directory owned by another user needs root")
+    planted = tmp_path / "planted"
+    planted.mkdir(mode=0o700)
+    os.chown(planted, 4242, 4242)
+    with pytest.raises(TestbedError) as info:
+        private_dir(planted)
+    assert "belongs to uid 4242" in str(info.value)
+
+
+def test_a_symlink_is_not_followed(tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere"
+    target.mkdir(mode=0o700)
+    (tmp_path / "link").symlink_to(target)
+    with pytest.raises(TestbedError) as info:
+        private_dir(tmp_path / "link")
+    assert "is not a directory" in str(info.value)
+
+
+def test_a_secret_is_0600_from_its_first_byte(tmp_path: Path) -> None:
+    path = tmp_path / "key.pem"
+    path.write_text("old, world-readable")
+    path.chmod(0o644)
+    write_secret(path, b"secret")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and path.read_bytes() == b"secret"
+    assert [p.name for p in tmp_path.iterdir()] == ["key.pem"], "no temporary file left behind"
