@@ -449,7 +449,11 @@ def _run_and_report(state: cluster.ClusterState, chosen: Scenario, name: str, ou
         interrupted = True
         work.data.interrupted = True
     nodes = state.extras.get("nodes_dir")
-    leaks = runner.nodes_dir_leaks(Path(str(nodes))) if nodes else {"checkpoint_entries": 0, "cdi_specs": 0}
+    leaks = (
+        runner.nodes_dir_leaks(Path(str(nodes)), work.data.namespace, set(work.data.claims))
+        if nodes
+        else {"checkpoint_entries": 0, "cdi_specs": 0}
+    )
     fleet = state.extras.get("fleet") or {}
     report = reporting.build(work.data, leaks, {"name": name, **fleet})  # type: ignore[dict-item]
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")

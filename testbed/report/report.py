@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.report.metrics import Scrape, quantile
-from testbed.scenarios.runner import RunData
+from testbed.scenarios.runner import PhaseResult, RunData
 
 GRPC_PREFIX = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/"
 
@@ -36,6 +36,21 @@ def _p99(data: RunData, source: str, name: str, match: dict[str, str]) -> float 
     return None if value is None else round(value, 5)
 
 
+def slo_verdict(result: PhaseResult, p99: float | None, slo: float) -> bool | None:
+    """True or False only for a phase whose every pod ran: the startup of a pod that
+    never ran is not measured, so a percentile over the others proves nothing. None
+    (not measured) for a phase cut short; False for a finished one that left pods behind."""
+    if result.pods_running < result.pods_expected or result.stalled:
+        return None if result.interrupted else False
+    return p99 is not None and p99 <= slo and not result.unschedulable
+
+
+def slo_text(met: bool | None, phase: dict[str, Any]) -> str:
+    if met is None:
+        return f"not measured ({phase['pods_running']}/{phase['pods_expected']} pods ran)"
+    return "met" if met else "MISSED"
+
+
 def build(data: RunData, leaks: dict[str, int], cluster: dict[str, Any]) -> dict[str, Any]:
     phases = []
     slo = data.scenario.slo_p99_seconds
@@ -57,7 +72,7 @@ def build(data: RunData, leaks: dict[str, int], cluster: dict[str, Any]) -> dict
                 "pods_per_s": round(result.pods_running / duration, 3),
                 "pod_startup_s": latency,
                 "slo_p99_s": slo,
-                "slo_met": latency["p99"] is not None and latency["p99"] <= slo and not result.unschedulable,
+                "slo_met": slo_verdict(result, latency["p99"], slo),
             }
         )
     claims = [allocated - added for added, allocated in data.claims.values() if allocated is not None]
@@ -126,7 +141,7 @@ def build(data: RunData, leaks: dict[str, int], cluster: dict[str, Any]) -> dict
         "INTERRUPTED"
         if data.interrupted
         else "PASS"
-        if all(p["slo_met"] for p in phases) and leak_report["ok"]
+        if phases and all(p["slo_met"] is True for p in phases) and leak_report["ok"]
         else "FAIL"
     )
     return {
@@ -176,7 +191,7 @@ def markdown(report: dict[str, Any]) -> str:
             f"| {p['name']} | {p['jobs']} | {p['pods_expected']} | {p['pods_running']} | {p['pods_succeeded']} | "
             f"{p['unschedulable']} | "
             f"{p['pods_per_s']} | {_fmt(lat['p50'])} | {_fmt(lat['p90'])} | {_fmt(lat['p99'])} | "
-            f"{'met' if p['slo_met'] else 'MISSED'} (<= {p['slo_p99_s']} s) |"
+            f"{slo_text(p['slo_met'], p)} (<= {p['slo_p99_s']} s) |"
         )
     m = report["metrics"]
     claim = report["claim_allocation_s"]
@@ -281,7 +296,7 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         lines.append(
             f"  {p['name']}: {p['pods_running']}/{p['pods_expected']} pods ran, {p['unschedulable']} unschedulable, "
             f"startup p50 {_fmt(lat['p50'])} p99 {_fmt(lat['p99'])}, {p['pods_per_s']} pods/s, "
-            f"SLO {'met' if p['slo_met'] else 'MISSED'}"
+            f"SLO {slo_text(p['slo_met'], p)}"
         )
     lines.append(f"  leaks: {'none' if report['leaks']['ok'] else report['leaks']}")
     return lines

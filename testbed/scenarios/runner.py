@@ -52,6 +52,8 @@ class PhaseResult:
     pods_succeeded: int = 0
     unschedulable: int = 0
     stalled: bool = False
+    interrupted: bool = False
+    """Cut short (Ctrl-C, the control plane gone): what it did not get to is not measured."""
 
 
 @dataclass
@@ -320,6 +322,7 @@ class Runner:
             except (asyncio.CancelledError, KeyboardInterrupt):
                 self.data.interrupted = True
                 if self.data.phases and not self.data.phases[-1].ended:
+                    self.data.phases[-1].interrupted = True
                     self._settle(self.data.phases[-1])
                 raise
             finally:
@@ -333,13 +336,23 @@ class Runner:
         return self.data
 
 
-def nodes_dir_leaks(nodes_dir: Path) -> dict[str, int]:
-    """What a finished run must not leave on the synthetic nodes' disks."""
+def nodes_dir_leaks(
+    nodes_dir: Path, namespace: str | None = None, claim_uids: set[str] | None = None
+) -> dict[str, int]:
+    """What a finished run must not leave on the synthetic nodes' disks: checkpoint
+    entries and CDI specs of ITS claims (its namespace, the claim UIDs it saw). A
+    user's own pods on the fleet are not the run's leaks. With neither given, all."""
     import json
 
-    entries = specs = 0
+    everything = namespace is None and claim_uids is None
+    uids = set(claim_uids or ())
+    entries = 0
     for checkpoint in nodes_dir.glob("*/kubelet/plugins/*/checkpoint.json"):
         with contextlib.suppress(OSError, ValueError):
-            entries += len(json.loads(checkpoint.read_text()).get("claims", {}))
-    specs = sum(1 for _ in nodes_dir.glob("*/cdi/*.json"))
+            for uid, entry in json.loads(checkpoint.read_text()).get("claims", {}).items():
+                if everything or uid in uids or entry.get("namespace") == namespace:
+                    uids.add(uid)
+                    entries += 1
+    # CDI spec files are named <driver>-<claim UID>.json
+    specs = sum(1 for spec in nodes_dir.glob("*/cdi/*.json") if everything or spec.stem[-36:] in uids)
     return {"checkpoint_entries": entries, "cdi_specs": specs}

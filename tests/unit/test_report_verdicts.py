@@ -1,0 +1,66 @@
+"""A report claims an SLO only for what it measured."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+from testbed.report import report
+from testbed.scenarios import runner, spec
+from testbed.scenarios.runner import PhaseResult, PodRecord, RunData
+
+LEAKS = {"checkpoint_entries": 0, "cdi_specs": 0}
+
+
+def _run(expected: int, ran: int, interrupted: bool = False, startup_s: float = 0.5) -> dict[str, object]:
+    scenario = spec.load("smoke")
+    data = RunData(scenario, "ns", 0.0, 0.0, interrupted=interrupted, ended=10.0)
+    phase = PhaseResult("fill", jobs=expected, pods_expected=expected, started=0.0, ended=10.0, pods_running=ran)
+    phase.interrupted = interrupted
+    data.phases.append(phase)
+    for i in range(ran):
+        data.pods[f"p{i}"] = PodRecord(phase="fill", added=1.0, running=1.0 + startup_s)
+    return report.build(data, LEAKS, {})
+
+
+def test_every_pod_ran_within_the_slo_passes() -> None:
+    built = _run(expected=120, ran=120)
+    assert built["phases"][0]["slo_met"] is True and built["verdict"] == "PASS"
+
+
+def test_an_interrupted_phase_is_not_measured_and_never_passes() -> None:
+    """Seen before: "0/120 pods ran" next to latency percentiles and "SLO met"."""
+    built = _run(expected=120, ran=3, interrupted=True)
+    phase = built["phases"][0]
+    assert phase["slo_met"] is None and built["verdict"] == "INTERRUPTED"
+    assert "not measured (3/120 pods ran)" in report.markdown(built)
+    assert "SLO met" not in "\n".join(report.summary_lines(built))
+
+
+def test_a_finished_phase_that_left_pods_behind_misses_the_slo() -> None:
+    built = _run(expected=120, ran=100)
+    assert built["phases"][0]["slo_met"] is False and built["verdict"] == "FAIL"
+
+
+def test_slow_startups_miss_the_slo() -> None:
+    built = _run(expected=10, ran=10, startup_s=60.0)
+    assert built["phases"][0]["slo_met"] is False and built["verdict"] == "FAIL"
+
+
+def test_the_leak_check_counts_only_what_the_run_created(tmp_path: Path) -> None:
+    """A user's own pods on the fleet hold claims too: those are not the run's leaks."""
+    ours, theirs, leaked = (str(uuid.uuid4()) for _ in range(3))
+    plugin = tmp_path / "node-0" / "kubelet" / "plugins" / "gpu.dra-testbed.io"
+    plugin.mkdir(parents=True)
+    claims = {
+        theirs: {"namespace": "team-a"},
+        leaked: {"namespace": "run-ns"},
+    }
+    (plugin / "checkpoint.json").write_text(json.dumps({"claims": claims}))
+    cdi = tmp_path / "node-0" / "cdi"
+    cdi.mkdir()
+    for uid in (ours, theirs, leaked):
+        (cdi / f"gpu.dra-testbed.io-{uid}.json").write_text("{}")
+    assert runner.nodes_dir_leaks(tmp_path, "run-ns", {ours}) == {"checkpoint_entries": 1, "cdi_specs": 2}
+    assert runner.nodes_dir_leaks(tmp_path) == {"checkpoint_entries": 2, "cdi_specs": 3}
