@@ -9,6 +9,7 @@ from __future__ import annotations
 import shutil
 import signal
 import sys
+import time
 from collections.abc import Callable
 from functools import wraps
 from pathlib import Path
@@ -24,7 +25,7 @@ from fake_devices.profiles import ProfileError, load_profile
 from testbed import config as cfg
 from testbed import environment
 from testbed.controlplane import binaries as binaries_module
-from testbed.controlplane import cluster
+from testbed.controlplane import cluster, processes
 from testbed.errors import TestbedError
 from testbed.fleet import spec as fleet_spec
 from testbed.progress import ConsoleProgress
@@ -244,7 +245,7 @@ def status(name: str, state_dir: Path | None) -> None:
         out.print(f"cluster {name!r}: not running")
         sys.exit(1)
     table = Table(title=f"cluster {name!r} ({state.root})")
-    for column in ("component", "pid", "process", "health"):
+    for column in ("component", "pid", "process", "health", "restarts", "last exit"):
         table.add_column(column)
     for c in components:
         table.add_row(
@@ -252,8 +253,14 @@ def status(name: str, state_dir: Path | None) -> None:
             str(c.pid),
             "running" if c.alive else "[red]gone[/]",
             "[green]healthy[/]" if c.healthy else "[red]unhealthy[/]",
+            str(c.restarts),
+            escape(c.last_exit) or "-",
         )
     out.print(table)
+    for c in components:
+        if not c.healthy or c.restarts:
+            out.print(f"last lines of {c.log}:", markup=False)
+            out.print(escape(processes.log_tail(c.log, 5)), markup=False)
     if state.extras.get(cluster.EXTERNAL):
         out.print(f"attached to the cluster of {state.extras[cluster.EXTERNAL]} (no control plane of its own)")
     else:
@@ -419,12 +426,55 @@ def run_scenario(
         sys.exit(code)
 
 
+def _gone_component(root: Path) -> str:
+    """The first control-plane component of this cluster that is not running now (read
+    afresh: the supervisor may have restarted it), described; "" if all run."""
+    state = cluster.ClusterState.load(root)
+    if state is None:
+        return f"the cluster is gone ({root} has no state: stopped by `testbed down`?)"
+    for record in state.processes:
+        if record.name in cluster.STOP_ORDER and not record.alive():
+            tail = processes.log_tail(Path(record.log), 3).strip().replace("\n", " | ")
+            supervised = state.supervision.get(record.name)
+            restarts = f" ({supervised.restarts} restarts so far)" if supervised and supervised.restarts else ""
+            return f"{record.name} (pid {record.pid}) is not running{restarts}; its log ends: {tail or '(empty)'}"
+    return ""
+
+
+GONE_FOR_GOOD_S = 60.0
+"""How long a run waits for the supervisor to bring a component back."""
+
+
+async def _watch_control_plane(root: Path, interval_s: float = 0.5, grace_s: float = GONE_FOR_GOOD_S) -> str:
+    """Returns, saying why, once the control plane is gone for good: a component down
+    with no supervisor to restart it, or down for longer than ``grace_s``. An attached
+    cluster has no processes of ours to watch."""
+    import asyncio
+
+    down_since: float | None = None
+    while True:
+        gone = _gone_component(root)
+        if not gone:
+            down_since = None
+        else:
+            state = cluster.ClusterState.load(root)
+            keeper = next((p for p in state.processes if p.name == cluster.SUPERVISOR), None) if state else None
+            if keeper is None or not keeper.alive():
+                return f"{gone}; no supervisor runs to restart it"
+            down_since = down_since or time.monotonic()
+            if time.monotonic() - down_since > grace_s:
+                return f"{gone}; not back within {grace_s:.0f} s"
+        await asyncio.sleep(interval_s)
+
+
 def _run_and_report(state: cluster.ClusterState, chosen: Scenario, name: str, output: Path | None) -> int:
     """Run the scenario on the cluster, write the report; the exit code it deserves."""
     import asyncio
     import datetime as dt
 
-    from testbed.kubeapi import KubeClient
+    import aiohttp
+
+    from testbed.kubeapi import ApiError, KubeClient
     from testbed.report import report as reporting
     from testbed.scenarios import runner
 
@@ -437,9 +487,25 @@ def _run_and_report(state: cluster.ClusterState, chosen: Scenario, name: str, ou
     work = runner.Runner(client, chosen, endpoints, ConsoleProgress())
 
     async def go() -> None:
+        scenario = asyncio.create_task(work.run())
+        watchdog = asyncio.create_task(_watch_control_plane(state.root))
         try:
-            await work.run()
+            await asyncio.wait({scenario, watchdog}, return_when=asyncio.FIRST_COMPLETED)
+            if not scenario.done():
+                work.data.error = watchdog.result()
+                stderr.print(f"error: {work.data.error}; ending the run", markup=False)
+                scenario.cancel()
+            try:
+                await scenario
+            except asyncio.CancelledError:
+                if not work.data.error:
+                    raise
+            except (ApiError, aiohttp.ClientError, TimeoutError, OSError) as exc:
+                work.data.error = _gone_component(state.root) or f"the run failed on an API call: {exc}"
+                if work.data.phases and not work.data.phases[-1].ended:
+                    work.data.phases[-1].interrupted = True
         finally:
+            watchdog.cancel()
             await client.close()
 
     interrupted = False

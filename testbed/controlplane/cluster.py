@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 import ssl
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from testbed.config import ControlPlaneConfig
-from testbed.controlplane import components, pki, processes
+from testbed.controlplane import components, pki, processes, supervisor
 from testbed.controlplane.binaries import Binaries, ensure_binaries
 from testbed.controlplane.components import Layout, Ports
 from testbed.controlplane.processes import ProcessRecord
@@ -30,6 +31,8 @@ from testbed.progress import Progress, SilentProgress
 STOP_STAGES = (("kube-scheduler", "kube-controller-manager"), ("kube-apiserver",), ("etcd",))
 """Clients first, etcd last: an apiserver whose etcd is gone takes seconds to give up."""
 STOP_ORDER = tuple(name for stage in STOP_STAGES for name in stage)
+SUPERVISOR = "supervisor"
+"""Restarts dead components (see supervisor.py); stopped first, so it restarts nothing during a stop."""
 OWNERSHIP_MARKER = ".dra-testbed-cluster"
 """Written first into every cluster directory the testbed uses. Only a directory holding
 it is ever cleared or deleted: a user's own directory that happens to contain ``logs/``
@@ -92,7 +95,7 @@ class ClusterState:
                 root=Path(data["root"]),
                 ports=Ports(**data["ports"]),
                 binaries=data["binaries"],
-                processes=[ProcessRecord.from_json(p) for p in data["processes"]],
+                processes=_current(root, [ProcessRecord.from_json(p) for p in data["processes"]]),
                 ready=bool(data["ready"]),
                 started_at=float(data["started_at"]),
                 timings=dict(data.get("timings", {})),
@@ -103,6 +106,11 @@ class ClusterState:
                 f"cannot read {path}: {exc}",
                 hint=f"if no testbed processes run, remove {root} and start again",
             ) from exc
+
+    @property
+    def supervision(self) -> dict[str, supervisor.Component]:
+        """What the supervisor knows: restarts and last exit of each component."""
+        return supervisor.read(self.root)
 
     def live_processes(self) -> list[ProcessRecord]:
         return [p for p in self.processes if p.alive()]
@@ -115,6 +123,12 @@ class ClusterState:
         for stage in STOP_STAGES:
             stopped += processes.stop([p for p in self.processes if p.name in stage])
         return stopped
+
+
+def _current(root: Path, records: list[ProcessRecord]) -> list[ProcessRecord]:
+    """The processes that run now: the supervisor's record for a component it restarted."""
+    restarted = supervisor.read(root)
+    return [restarted[r.name].process if r.name in restarted else r for r in records]
 
 
 class ComponentFailed(TestbedError):
@@ -387,6 +401,7 @@ def up(
                 progress,
             )
         t_ready = time.monotonic()
+        launch(SUPERVISOR, [sys.executable, "-m", "testbed.controlplane.supervisor", str(root)])
         state.ready = True
         state.timings = {
             "binaries_s": round(t_binaries - t0, 3),
@@ -431,6 +446,8 @@ class ComponentStatus:
     alive: bool
     healthy: bool
     log: str
+    restarts: int = 0
+    last_exit: str = ""
 
 
 def status(config: ControlPlaneConfig) -> tuple[ClusterState | None, list[ComponentStatus]]:
@@ -439,10 +456,13 @@ def status(config: ControlPlaneConfig) -> tuple[ClusterState | None, list[Compon
         return None, []
     checks = {} if state.extras.get(EXTERNAL) else health_checks(state)  # an attached cluster is not ours to check
     report = []
+    supervised = state.supervision
     for record in state.processes:
         alive = record.alive()
         check = checks.get(record.name)
         # Components without an HTTP health endpoint (Ray) count as healthy while alive.
         healthy = alive and (check is None or http_status(check.url, check.context) == 200)
-        report.append(ComponentStatus(record.name, record.pid, alive, healthy, record.log))
+        seen = supervised.get(record.name)
+        restarts, last_exit = (seen.restarts, seen.last_exit) if seen else (0, "")
+        report.append(ComponentStatus(record.name, record.pid, alive, healthy, record.log, restarts, last_exit))
     return state, report

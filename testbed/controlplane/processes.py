@@ -44,6 +44,15 @@ class ProcessRecord:
         return process_start_ticks(self.pid) == self.start_ticks
 
 
+def started_at(record: ProcessRecord) -> float:
+    """Wall-clock start of a recorded process (boot time + its start ticks)."""
+    boot = next(
+        (float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime ")),
+        0.0,
+    )
+    return boot + record.start_ticks / os.sysconf("SC_CLK_TCK")
+
+
 def process_start_ticks(pid: int) -> int | None:
     """Field 22 of /proc/<pid>/stat; None if there is no such (living) process."""
     try:

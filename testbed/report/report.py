@@ -138,7 +138,9 @@ def build(data: RunData, leaks: dict[str, int], cluster: dict[str, Any]) -> dict
     leak_report = {**leaks, "claims_prepared_at_end": prepared_now}
     leak_report["ok"] = not any(leak_report[k] for k in ("checkpoint_entries", "cdi_specs"))
     verdict = (
-        "INTERRUPTED"
+        "ERROR"
+        if data.error
+        else "INTERRUPTED"
         if data.interrupted
         else "PASS"
         if phases and all(p["slo_met"] is True for p in phases) and leak_report["ok"]
@@ -153,6 +155,8 @@ def build(data: RunData, leaks: dict[str, int], cluster: dict[str, Any]) -> dict
         "duration_s": round(data.ended, 2),
         "devices": data.devices,
         "verdict": verdict,
+        "error": data.error,
+        "left_behind": data.left_behind,
         "phases": phases,
         "claim_allocation_s": _percentiles(claims),
         "metrics": metrics,
@@ -181,6 +185,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"Started {report['started']}, {report['duration_s']} s, namespace `{report['namespace']}`. "
         f"Cluster: {report['cluster']}.",
         "",
+        *([f"**Error:** {report['error']}", ""] if report.get("error") else []),
+        *([f"**Left behind:** {report['left_behind']}", ""] if report.get("left_behind") else []),
         "| phase | jobs | pods expected | ran | succeeded | unschedulable | pods/s "
         "| startup p50 | p90 | p99 | SLO p99 |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
@@ -291,6 +297,10 @@ def write(report: dict[str, Any], data: RunData, directory: Path) -> Path:
 
 def summary_lines(report: dict[str, Any]) -> list[str]:
     lines = [f"{report['scenario']}: {report['verdict']} in {report['duration_s']} s"]
+    if report.get("error"):
+        lines.append(f"error: {report['error']}")
+    if report.get("left_behind"):
+        lines.append(f"left behind: {report['left_behind']}")
     for p in report["phases"]:
         lat = p["pod_startup_s"]
         lines.append(

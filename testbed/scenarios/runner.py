@@ -25,6 +25,8 @@ from testbed.kubelet.node import PROFILE_LABEL, SYNTHETIC_TOLERATION
 from testbed.report.metrics import Scrape, scrape
 from testbed.scenarios.spec import Phase, Scenario
 
+CLEANUP_TIMEOUT_S = 30.0
+"""How long a run that lost its control plane tries to delete its namespace."""
 CLASS_KINDS = {
     "gpu.dra-testbed.io": ("gpu.dra-testbed.io", "gpu"),
     "gpu-partition.dra-testbed.io": ("gpu.dra-testbed.io", "partition"),
@@ -79,6 +81,10 @@ class RunData:
     after: dict[str, Scrape] = field(default_factory=dict)
     interrupted: bool = False
     ended: float = 0.0
+    error: str = ""
+    """Why the run could not go on (a control-plane component gone); verdict ERROR."""
+    left_behind: str = ""
+    """What the run could not clean up, and how to do it by hand."""
 
 
 def count_devices(slices: list[Obj], device_class: str) -> int:
@@ -209,6 +215,8 @@ class Runner:
             await asyncio.sleep(1.0)
 
     async def _scrape_all(self, session: aiohttp.ClientSession) -> dict[str, Scrape]:
+        if self.data.error:  # the components are gone: their figures with them
+            return {}
         result = {
             "kcm": await scrape(session, self.endpoints.kcm),
             "scheduler": await scrape(session, self.endpoints.scheduler),
@@ -332,7 +340,15 @@ class Runner:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
                 self._say(f"cleaning up namespace {self.data.namespace}")
-                await self._clean_up()
+                try:
+                    # Bounded: with the API server gone, retries would go on for minutes.
+                    async with asyncio.timeout(CLEANUP_TIMEOUT_S if self.data.error else None):
+                        await self._clean_up()
+                except (TimeoutError, ApiError, aiohttp.ClientError) as exc:
+                    self.data.left_behind = (
+                        f"namespace {self.data.namespace} ({type(exc).__name__}): delete it once the API "
+                        f"server is back: kubectl delete namespace {self.data.namespace}"
+                    )
         return self.data
 
 

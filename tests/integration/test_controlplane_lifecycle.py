@@ -33,15 +33,15 @@ def _assert_nothing_left(records: list[processes.ProcessRecord], ports: list[int
 def test_killed_run_is_cleared_and_teardown_leaves_nothing(kube_binaries: Binaries, tmp_path: Path) -> None:
     config = ControlPlaneConfig(name="lifecycle", state_dir=tmp_path / "c")
     first = cluster.up(config, binaries=kube_binaries)
-    assert sorted(r.name for r in first.live_processes()) == sorted(cluster.STOP_ORDER)
+    assert sorted(r.name for r in first.live_processes()) == sorted([*cluster.STOP_ORDER, cluster.SUPERVISOR])
     for record in first.processes:  # as if the machine lost the processes mid-run
         os.kill(record.pid, signal.SIGKILL)
     wait_for(lambda: not first.live_processes(), 10, "the killed processes to exit")
 
     second = cluster.up(config, binaries=kube_binaries)
-    assert second.ready and len(second.live_processes()) == 4
+    assert second.ready and len(second.live_processes()) == 5
     stopped = cluster.down(config)
-    assert sorted(stopped) == sorted(cluster.STOP_ORDER)
+    assert sorted(stopped) == sorted([*cluster.STOP_ORDER, cluster.SUPERVISOR])
     _assert_nothing_left(first.processes + second.processes, _ports(second))
     assert not config.cluster_dir.exists()
     assert cluster.down(config) == []  # a second down is a no-op, not an error
@@ -52,7 +52,7 @@ def test_second_up_on_a_running_cluster_is_refused(control_plane: cluster.Cluste
     with pytest.raises(TestbedError) as info:
         cluster.up(config, binaries=Binaries(Path("/nonexistent"), "unused"))
     assert "already running" in str(info.value) and "testbed down" in str(info.value)
-    assert len(control_plane.live_processes()) == 4
+    assert len(control_plane.live_processes()) == 5
     assert (
         cluster.http_status(f"{control_plane.apiserver_url}/readyz", cluster.admin_ssl_context(control_plane.layout))
         == 200

@@ -1,0 +1,160 @@
+"""Keeps a local control plane's components running, as a kubelet keeps its static pods.
+
+`testbed up` starts etcd, kube-apiserver, kube-controller-manager and kube-scheduler and,
+once all are healthy, this supervisor (``python -m testbed.controlplane.supervisor DIR``).
+Twice a second it looks at each component; one that has exited is started again with
+the same command after a back-off (1 s, doubling up to 30 s, and back to 1 s once it has
+run for a minute). It alone writes ``DIR/supervision.json``: every component's current
+process, its restarts, its last exit and when. ``ClusterState.load`` takes the current
+processes from there, so `down`, `status` and a running scenario see what runs now.
+SIGTERM ends the supervisor and leaves the components to whoever stops the cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from testbed.controlplane import processes
+from testbed.controlplane.processes import ProcessRecord
+from testbed.files import write_atomically
+
+SUPERVISION_FILE = "supervision.json"
+POLL_S = 0.5
+BACKOFF_FIRST_S = 1.0
+BACKOFF_MAX_S = 30.0
+STABLE_S = 60.0
+"""A component that ran this long before exiting starts its back-off from the beginning."""
+
+
+def backoff_s(failures_in_a_row: int) -> float:
+    """The wait before the next start, after this many exits in a row (1, 2, 4 ... 30 s)."""
+    return float(min(BACKOFF_FIRST_S * 2 ** max(failures_in_a_row - 1, 0), BACKOFF_MAX_S))
+
+
+def describe_exit(returncode: int | None) -> str:
+    if returncode is None:
+        return "exited (status unknown)"  # `testbed up` started it: not the supervisor's child
+    if returncode < 0:
+        return f"killed by {signal.Signals(-returncode).name}"
+    return f"exit code {returncode}"
+
+
+@dataclass
+class Component:
+    """What the supervisor knows of one component; the JSON form is what others read."""
+
+    process: ProcessRecord
+    restarts: int = 0
+    failures_in_a_row: int = 0
+    started_at: float = field(default_factory=time.time)
+    last_exit: str = ""
+    last_exit_at: float | None = None
+    next_start_at: float | None = None
+    """Set while it is down and waiting out its back-off."""
+
+    def to_json(self) -> dict[str, object]:
+        data = asdict(self)
+        data["process"] = self.process.to_json()
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, object]) -> Component:
+        fields = dict(data)
+        fields["process"] = ProcessRecord.from_json(data["process"])  # type: ignore[arg-type]
+        return cls(**fields)  # type: ignore[arg-type]
+
+
+def read(root: Path) -> dict[str, Component]:
+    """The supervisor's view, or {} if none ran (or its file cannot be read)."""
+    try:
+        data = json.loads((root / SUPERVISION_FILE).read_text())
+        return {name: Component.from_json(entry) for name, entry in data.items()}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+class Supervisor:
+    def __init__(self, root: Path, records: list[ProcessRecord]):
+        self.root = root
+        self.components = {r.name: Component(r, started_at=processes.started_at(r)) for r in records}
+        self.children: dict[str, subprocess.Popen[bytes]] = {}
+        self.stopping = False
+
+    def step(self, now: float) -> list[str]:
+        """Notice exits, start what is due; returns what it started."""
+        started = []
+        for name, component in self.components.items():
+            if component.next_start_at is None:
+                if component.process.alive():
+                    continue
+                child = self.children.pop(name, None)
+                component.last_exit = describe_exit(child.wait() if child is not None else None)
+                component.last_exit_at = now
+                ran_s = now - component.started_at
+                component.failures_in_a_row = 1 if ran_s >= STABLE_S else component.failures_in_a_row + 1
+                component.next_start_at = now + backoff_s(component.failures_in_a_row)
+                print(
+                    f"{name} {component.last_exit} after {ran_s:.0f} s; restarting in "
+                    f"{component.next_start_at - now:.0f} s",
+                    flush=True,
+                )
+            if component.next_start_at is not None and now >= component.next_start_at and not self.stopping:
+                # SIGTERM waits until the new process is recorded: none may go unrecorded.
+                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+                try:
+                    record = component.process
+                    child, fresh = processes.start(name, record.command, Path(record.log), cwd=self.root)
+                    self.children[name] = child
+                    component.process, component.started_at = fresh, now
+                    component.restarts += 1
+                    component.next_start_at = None
+                    self.save()
+                finally:
+                    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+                started.append(name)
+        return started
+
+    def save(self) -> None:
+        document = {name: c.to_json() for name, c in self.components.items()}
+        write_atomically(self.root / SUPERVISION_FILE, json.dumps(document, indent=1).encode(), durable=False)
+
+    def run(self) -> None:
+        def stop(*_: object) -> None:
+            self.stopping = True
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        self.save()
+        before = ""
+        while not self.stopping:
+            self.step(time.time())
+            now = json.dumps({n: c.next_start_at for n, c in self.components.items()})
+            if now != before:  # a component went down or came back
+                self.save()
+                before = now
+            time.sleep(POLL_S)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from testbed.controlplane.cluster import STOP_ORDER, ClusterState
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        sys.exit("usage: python -m testbed.controlplane.supervisor CLUSTER_DIR")
+    root = Path(args[0])
+    state = ClusterState.load(root)
+    if state is None:
+        sys.exit(f"supervisor: no cluster in {root}")
+    records = [p for p in state.processes if p.name in STOP_ORDER]
+    print(f"supervising {', '.join(r.name for r in records)}", flush=True)
+    Supervisor(root, records).run()
+
+
+if __name__ == "__main__":
+    main()

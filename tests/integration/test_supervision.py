@@ -1,0 +1,139 @@
+"""Control-plane components that die are started again; a scenario rides it out, and
+ends with verdict ERROR, a report and a bounded wait when the control plane is gone."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from testbed import environment
+from testbed.config import ControlPlaneConfig
+from testbed.controlplane import cluster
+from testbed.controlplane.binaries import Binaries
+from testbed.fleet.spec import single_pool
+from testbed.progress import SilentProgress
+from testbed.testing import wait_for
+
+pytestmark = pytest.mark.controlplane
+
+
+def _pid(config: ControlPlaneConfig, name: str) -> int:
+    state = cluster.ClusterState.load(config.cluster_dir)
+    assert state is not None
+    return next(p.pid for p in state.processes if p.name == name)
+
+
+def _healthy(config: ControlPlaneConfig) -> bool:
+    _, components = cluster.status(config)
+    return bool(components) and all(c.healthy for c in components)
+
+
+def test_each_component_killed_comes_back_and_down_stops_what_runs_now(
+    kube_binaries: Binaries, short_tmp_path: Path
+) -> None:
+    config = ControlPlaneConfig(name="supervised", state_dir=short_tmp_path / "c")
+    cluster.up(config, binaries=kube_binaries)
+    try:
+        first = {name: _pid(config, name) for name in cluster.STOP_ORDER}
+        for name in cluster.STOP_ORDER:
+            os.kill(first[name], signal.SIGKILL)
+            wait_for(lambda n=name: _pid(config, n) != first[n] and _healthy(config), 60, f"{name} back and healthy")
+        state = cluster.ClusterState.load(config.cluster_dir)
+        assert state is not None
+        supervised = state.supervision
+        # At least once each: kube-controller-manager also exits by itself (exit 1) when it
+        # loses its leader lease while the API server is down, and is restarted again.
+        assert all(supervised[n].restarts >= 1 for n in cluster.STOP_ORDER), supervised
+
+        # Now the supervisor's own child: its exit is known.
+        second = _pid(config, "kube-apiserver")
+        os.kill(second, signal.SIGKILL)
+        wait_for(lambda: _pid(config, "kube-apiserver") != second and _healthy(config), 60, "apiserver back again")
+        again = cluster.ClusterState.load(config.cluster_dir)
+        assert again is not None
+        assert again.supervision["kube-apiserver"].restarts == 2
+        assert again.supervision["kube-apiserver"].last_exit == "killed by SIGKILL"
+        running = [p for p in again.processes if p.alive()]
+    finally:
+        cluster.down(config)
+    assert [p.name for p in running if p.alive()] == [], "down stopped the restarted processes"
+
+
+@pytest.fixture(scope="module")
+def small_cluster(kube_binaries: Binaries) -> Iterator[ControlPlaneConfig]:
+    """A cluster of its own (components get killed) with one tiny synthetic node."""
+    import tempfile
+
+    config = ControlPlaneConfig(name="riding", state_dir=Path(tempfile.mkdtemp(prefix="tbs-")) / "c")
+    environment.up(config, single_pool(2, "tiny", nodes_per_host=2, prefix="sv"), SilentProgress(), kube_binaries)
+    try:
+        yield config
+    finally:
+        environment.down(config)
+
+
+def _run(config: ControlPlaneConfig, output: Path, *args: str) -> subprocess.Popen[str]:
+    command = [sys.executable, "-m", "testbed.cli", "run", "smoke", "--name", config.name]
+    command += ["--state-dir", str(config.cluster_dir), "--output", str(output), *args]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.parametrize("component", cluster.STOP_ORDER)
+def test_a_scenario_rides_out_a_component_killed_mid_run(
+    small_cluster: ControlPlaneConfig, component: str, tmp_path: Path
+) -> None:
+    # Longer pods, so the kill lands while they run.
+    proc = _run(small_cluster, tmp_path / "report", "--set", "phases.0.runSeconds=8")
+    wait_for(lambda: _running_pods(small_cluster), 120, "the run's first pods to run")
+    os.kill(_pid(small_cluster, component), signal.SIGKILL)  # while they run
+    _, stderr = proc.communicate(timeout=300)
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert report["verdict"] != "ERROR", (report.get("error"), stderr[-2000:])
+    assert all(p["pods_running"] == p["pods_expected"] for p in report["phases"]), report["phases"]
+    assert report["left_behind"] == ""
+    wait_for(lambda: _healthy(small_cluster), 60, "the cluster healthy again")
+
+
+def _running_pods(config: ControlPlaneConfig) -> int:
+    from kubernetes import client as k8s
+
+    from testbed.kube import api_client
+
+    api = api_client(config.cluster_dir / "kubeconfig")
+    try:
+        pods = k8s.CoreV1Api(api).list_pod_for_all_namespaces(field_selector="status.phase=Running").items
+        return len([p for p in pods if p.metadata.namespace.startswith("run-smoke-")])
+    except Exception:
+        return 0
+    finally:
+        api.close()  # type: ignore[no-untyped-call]
+
+
+def test_down_during_a_run_ends_it_with_error_and_a_report(kube_binaries: Binaries, tmp_path: Path) -> None:
+    import tempfile
+
+    config = ControlPlaneConfig(name="downed", state_dir=Path(tempfile.mkdtemp(prefix="tbd-")) / "c")
+    environment.up(config, single_pool(2, "tiny", nodes_per_host=2, prefix="dn"), SilentProgress(), kube_binaries)
+    try:
+        proc = _run(config, tmp_path / "report", "--set", "phases.0.runSeconds=30")
+        wait_for(lambda: _running_pods(config), 120, "the run's pods to run")
+    finally:
+        environment.down(config)
+    stopped = time.monotonic()
+    _, stderr = proc.communicate(timeout=180)
+    took = time.monotonic() - stopped
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert proc.returncode == 1
+    assert report["verdict"] == "ERROR", (report.get("error"), stderr[-2000:])
+    assert "no supervisor runs to restart it" in report["error"] or "the cluster is gone" in report["error"]
+    for phase in report["phases"]:  # a startup SLO only where every pod started
+        assert phase["slo_met"] is None or phase["pods_running"] == phase["pods_expected"], phase
+    assert took < 90, f"the run took {took:.0f} s to give up"
