@@ -417,6 +417,7 @@ def run_scenario(
             environment.down(config)
             raise
     try:
+        _wait_for_fleet(state, ConsoleProgress())
         code = _run_and_report(state, chosen, name, output)
     finally:
         if started_here:
@@ -424,6 +425,36 @@ def run_scenario(
             environment.down(config)
     if code:
         sys.exit(code)
+
+
+FLEET_WAIT_S = 900.0
+
+
+def _wait_for_fleet(state: cluster.ClusterState, progress: ConsoleProgress) -> None:
+    """A run on a fleet that is still starting (another `testbed up` at work) waits until
+    every node it asked for is Ready, with progress; its figures would be wrong before."""
+    fleet = state.extras.get("fleet") or {}
+    pools: list[dict[str, object]] = fleet.get("pools", []) if isinstance(fleet, dict) else []
+    expected = sum(int(str(p.get("count", 0))) for p in pools)
+    if not expected:
+        return
+    from testbed.controlplane.selfcheck import ready_synthetic_nodes
+    from testbed.kube import api_client
+
+    api = api_client(state.kubeconfig)
+    try:
+        deadline = time.monotonic() + FLEET_WAIT_S
+        with progress.task(f"waiting for the fleet's {expected} nodes to be Ready"):
+            while (ready := ready_synthetic_nodes(api)) < expected:
+                if time.monotonic() > deadline:
+                    raise TestbedError(
+                        f"only {ready} of the fleet's {expected} nodes are Ready after {FLEET_WAIT_S:.0f} s",
+                        hint=f"see `testbed status --name {state.name}` and the NodeHost logs",
+                    )
+                progress.update(f"{ready}/{expected} nodes Ready")
+                time.sleep(1.0)
+    finally:
+        api.close()  # type: ignore[no-untyped-call]
 
 
 def _gone_component(root: Path) -> str:

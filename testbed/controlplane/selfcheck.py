@@ -222,6 +222,15 @@ class PodCheck:
     """allocatedResourcesStatus as the kubelet reported it: resource ID -> health."""
 
 
+def ready_synthetic_nodes(api: k8s.ApiClient) -> int:
+    nodes = k8s.CoreV1Api(api).list_node(label_selector="dra-testbed.io/synthetic=true").items
+    return sum(
+        1
+        for n in nodes
+        if any(c.type == "Ready" and c.status == "True" for c in (n.status.conditions if n.status else None) or [])
+    )
+
+
 def synthetic_nodes(api: k8s.ApiClient) -> list[str]:
     nodes = k8s.CoreV1Api(api).list_node(label_selector="dra-testbed.io/synthetic=true").items
     return [present(n.metadata, "node.metadata").name or "" for n in nodes]
