@@ -513,6 +513,7 @@ def _run_and_report(state: cluster.ClusterState, chosen: Scenario, name: str, ou
         kcm=f"https://127.0.0.1:{state.ports.controller_manager}/metrics",
         scheduler=f"https://127.0.0.1:{state.ports.scheduler}/metrics",
         nodehosts=environment.fleet_metrics_urls(state),
+        refresh=lambda: environment.fleet_metrics_urls(state),
     )
     client = KubeClient.from_kubeconfig(state.kubeconfig)
     work = runner.Runner(client, chosen, endpoints, ConsoleProgress())

@@ -18,6 +18,8 @@ class Scrape:
     """One scrape: sample name -> labels -> value."""
 
     samples: dict[str, dict[Labels, float]] = field(default_factory=dict)
+    failed: str = ""
+    """Why the scrape got nothing (unreachable, timed out); "" if it worked."""
 
     @classmethod
     def parse(cls, text: str) -> Scrape:
@@ -26,13 +28,6 @@ class Scrape:
             for sample in family.samples:
                 scrape.samples.setdefault(sample.name, {})[frozenset(sample.labels.items())] = sample.value
         return scrape
-
-    def merge(self, other: Scrape) -> None:
-        """Add another scrape's values (several NodeHosts make one fleet)."""
-        for name, series in other.samples.items():
-            target = self.samples.setdefault(name, {})
-            for labels, value in series.items():
-                target[labels] = target.get(labels, 0.0) + value
 
     def value(self, name: str, match: Mapping[str, str]) -> float:
         return sum(v for labels, v in self.samples.get(name, {}).items() if set(match.items()) <= labels)
@@ -66,6 +61,35 @@ def quantile(q: float, before: Mapping[float, float], after: Mapping[float, floa
     return previous_bound
 
 
+COUNTER_SUFFIXES = ("_total", "_bucket", "_count", "_sum")
+START_TIME = "process_start_time_seconds"
+
+
+def fleet_increase(before: list[Scrape], after: list[Scrape]) -> tuple[Scrape, str]:
+    """What the NodeHosts counted between two scrapes each (hosts in the same order), as
+    one scrape: counters and histograms as increases, gauges as they are at the end. A
+    host whose process restarted in between started counting from zero: its increase is
+    what it counted since, and the reason says the figures are partial ("" if whole)."""
+    total = Scrape()
+    reasons = []
+    if len(before) != len(after):
+        reasons.append(f"{len(before)} NodeHosts at the start, {len(after)} at the end")
+    for index, (start, end) in enumerate(zip(before, after, strict=False)):
+        if end.failed or start.failed:
+            reasons.append(f"NodeHost {index} not scraped ({end.failed or start.failed})")
+            continue
+        restarted = start.value(START_TIME, {}) != end.value(START_TIME, {})
+        if restarted:
+            reasons.append(f"NodeHost {index} restarted during the run: what it counted before is lost")
+        for name, series in end.samples.items():
+            counter = name.endswith(COUNTER_SUFFIXES)
+            target = total.samples.setdefault(name, {})
+            for labels, value in series.items():
+                base = start.samples.get(name, {}).get(labels, 0.0) if counter and not restarted else 0.0
+                target[labels] = target.get(labels, 0.0) + value - base
+    return total, "; ".join(reasons)
+
+
 @functools.cache
 def _any_certificate() -> ssl.SSLContext:
     """Components serve /metrics with self-signed certificates. Made once: building a
@@ -88,8 +112,8 @@ async def scrape(session: aiohttp.ClientSession, url: str, only: tuple[str, ...]
             timeout=aiohttp.ClientTimeout(total=10),
         ) as response:
             text = await response.text()
-    except (aiohttp.ClientError, TimeoutError):
-        return Scrape()
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        return Scrape(failed=f"{url}: {type(exc).__name__} {exc}".strip())
     if only:
         text = "\n".join(line for line in text.splitlines() if line.startswith(only))
     return Scrape.parse(text)

@@ -134,6 +134,7 @@ def build(data: RunData, leaks: dict[str, int], cluster: dict[str, Any]) -> dict
         "kube-scheduler (pending pods)": max((q for _, _, _, q in data.timeline), default=0),
     }
     metrics["deepest_queue"] = {"component": max(queues, key=lambda k: queues[k]), "max_depths": queues}
+    metrics["fleet_partial"] = data.fleet_partial
     prepared_now = fleet_after.value("dra_testbed_prepared_claims", {})
     leak_report = {**leaks, "claims_prepared_at_end": prepared_now}
     leak_report["ok"] = not any(leak_report[k] for k in ("checkpoint_entries", "cdi_specs"))
@@ -187,6 +188,11 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         *([f"**Error:** {report['error']}", ""] if report.get("error") else []),
         *([f"**Left behind:** {report['left_behind']}", ""] if report.get("left_behind") else []),
+        *(
+            [f"**Fleet figures are partial:** {report['metrics']['fleet_partial']}", ""]
+            if report["metrics"].get("fleet_partial")
+            else []
+        ),
         "| phase | jobs | pods expected | ran | succeeded | unschedulable | pods/s "
         "| startup p50 | p90 | p99 | SLO p99 |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
@@ -301,6 +307,8 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         lines.append(f"error: {report['error']}")
     if report.get("left_behind"):
         lines.append(f"left behind: {report['left_behind']}")
+    if report["metrics"].get("fleet_partial"):
+        lines.append(f"fleet figures partial: {report['metrics']['fleet_partial']}")
     for p in report["phases"]:
         lat = p["pod_startup_s"]
         lines.append(

@@ -14,6 +14,7 @@ import contextlib
 import math
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ import aiohttp
 
 from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
 from testbed.kubelet.node import PROFILE_LABEL, SYNTHETIC_TOLERATION
-from testbed.report.metrics import Scrape, scrape
+from testbed.report.metrics import Scrape, fleet_increase, scrape
 from testbed.scenarios.spec import Phase, Scenario
 
 CLEANUP_TIMEOUT_S = 30.0
@@ -63,6 +64,8 @@ class Endpoints:
     kcm: str
     scheduler: str
     nodehosts: list[str]
+    refresh: Callable[[], list[str]] | None = None
+    """Asks the NodeHosts again where they serve (a host Ray restarted has a new port)."""
 
 
 @dataclass
@@ -81,6 +84,8 @@ class RunData:
     after: dict[str, Scrape] = field(default_factory=dict)
     interrupted: bool = False
     ended: float = 0.0
+    fleet_partial: str = ""
+    """Why the fleet's figures cover only part of the run ("" when whole)."""
     error: str = ""
     """Why the run could not go on (a control-plane component gone); verdict ERROR."""
     left_behind: str = ""
@@ -164,6 +169,7 @@ class Runner:
         self.client = client
         self.scenario = scenario
         self.endpoints = endpoints
+        self._fleet_start: list[Scrape] = []
         self.progress = progress
         run_id = uuid.uuid4().hex[:6]
         self.run_id = run_id
@@ -214,18 +220,21 @@ class Runner:
             self.data.timeline.append((time.monotonic() - self.data.started, running, depth, pending))
             await asyncio.sleep(1.0)
 
-    async def _scrape_all(self, session: aiohttp.ClientSession) -> dict[str, Scrape]:
+    async def _scrape_all(self, session: aiohttp.ClientSession, end: bool = False) -> dict[str, Scrape]:
+        """At the end, the NodeHosts' figures become what each counted during the run
+        (asked again where they serve: a host Ray restarted serves on a new port)."""
         if self.data.error:  # the components are gone: their figures with them
             return {}
-        result = {
-            "kcm": await scrape(session, self.endpoints.kcm),
-            "scheduler": await scrape(session, self.endpoints.scheduler),
-        }
-        fleet = Scrape()
-        for url in self.endpoints.nodehosts:
-            fleet.merge(await scrape(session, url))
-        result["fleet"] = fleet
-        return result
+        if end and self.endpoints.refresh is not None:
+            self.endpoints.nodehosts = self.endpoints.refresh()
+        hosts = [await scrape(session, url) for url in self.endpoints.nodehosts]
+        fleet = Scrape()  # at the start: nothing counted yet
+        if end:
+            fleet, self.data.fleet_partial = fleet_increase(self._fleet_start, hosts)
+        else:
+            self._fleet_start = hosts
+        kcm, scheduler = await scrape(session, self.endpoints.kcm), await scrape(session, self.endpoints.scheduler)
+        return {"kcm": kcm, "scheduler": scheduler, "fleet": fleet}
 
     # --- phases --------------------------------------------------------------------
 
@@ -335,7 +344,7 @@ class Runner:
                 raise
             finally:
                 self.data.ended = time.monotonic() - self.data.started
-                self.data.after = await self._scrape_all(session)
+                self.data.after = await self._scrape_all(session, end=True)
                 for task in tasks:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)

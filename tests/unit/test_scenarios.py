@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed.report.metrics import Scrape, quantile
+from testbed.report.metrics import Scrape, fleet_increase, quantile
 from testbed.scenarios import spec
 from testbed.scenarios.runner import count_devices
 
@@ -66,7 +66,28 @@ def test_quantile_of_a_histogram_increase() -> None:
     assert quantile(0.99, after.buckets("h", {}), after.buckets("h", {})) is None  # nothing new
 
 
-def test_scrapes_of_several_hosts_add_up() -> None:
-    total = Scrape.parse('c_total{x="a"} 2\n')
-    total.merge(Scrape.parse('c_total{x="a"} 3\nc_total{x="b"} 1\n'))
-    assert total.value("c_total", {"x": "a"}) == 5 and total.value("c_total", {}) == 6
+def _host(started: float, **samples: float) -> Scrape:
+    lines = [f"process_start_time_seconds {started}", *(f"{name} {value}" for name, value in samples.items())]
+    return Scrape.parse("\n".join(lines) + "\n")
+
+
+def test_a_fleets_figures_are_what_each_host_counted_during_the_run() -> None:
+    before = [_host(100, ops_total=2, prepared_claims=4), _host(200, ops_total=10, prepared_claims=1)]
+    after = [_host(100, ops_total=5, prepared_claims=0), _host(200, ops_total=11, prepared_claims=2)]
+    total, partial = fleet_increase(before, after)
+    assert total.value("ops_total", {}) == 4, "counters: increases, summed"
+    assert total.value("prepared_claims", {}) == 2, "gauges: as they are at the end"
+    assert partial == ""
+
+
+def test_a_host_that_restarted_counts_from_zero_and_the_figures_say_partial() -> None:
+    before = [_host(100, ops_total=50), _host(200, ops_total=10)]
+    after = [_host(999, ops_total=3), _host(200, ops_total=11)]  # host 0 restarted: counters reset
+    total, partial = fleet_increase(before, after)
+    assert total.value("ops_total", {}) == 4, "no negative increase from the reset"
+    assert "NodeHost 0 restarted during the run" in partial
+
+
+def test_a_host_that_cannot_be_scraped_is_named() -> None:
+    total, partial = fleet_increase([_host(1, ops_total=1)], [Scrape(failed="http://127.0.0.1:9/metrics: refused")])
+    assert total.value("ops_total", {}) == 0 and "NodeHost 0 not scraped (http://127.0.0.1:9" in partial
