@@ -11,7 +11,6 @@ from click.testing import CliRunner
 from testbed import cli
 from testbed.fleet import spec
 from testbed.realnode import node as realnode
-from testbed.realnode.sandbox import KUBELET_SYSCTLS
 
 
 def test_pools_default_to_the_fake_kubelet_and_take_real() -> None:
@@ -45,15 +44,3 @@ def test_the_kubelet_listens_on_loopback_and_makes_no_host_cgroups(tmp_path: Pat
     assert config["readOnlyPort"] == 0 and config["authentication"]["anonymous"]["enabled"] is False
     assert config["cgroupsPerQOS"] is False and config["enforceNodeAllocatable"] == []
     assert config["containerRuntimeEndpoint"] == f"unix://{tmp_path / 'cri.sock'}"
-
-
-def test_every_sysctl_the_kubelet_sets_is_masked_with_the_value_it_wants() -> None:
-    """kubelet v1.37 setupKernelTunables: if a value differs it writes it, host-wide."""
-    assert KUBELET_SYSCTLS == {
-        "vm/overcommit_memory": "1",
-        "vm/panic_on_oom": "0",
-        "kernel/panic": "10",
-        "kernel/panic_on_oops": "1",
-        "kernel/keys/root_maxkeys": "1000000",
-        "kernel/keys/root_maxbytes": "25000000",
-    }
