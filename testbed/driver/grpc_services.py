@@ -150,18 +150,9 @@ class DraService:
 
 
 class RegistrationService(pluginregistration_pb2_grpc.RegistrationServicer):
-    def __init__(
-        self,
-        driver: str,
-        endpoint: str,
-        on_registered: Callable[[], None] | None = None,
-        call_log: CallLog | None = None,
-    ):
-        """``on_registered``: called each time a kubelet accepts this plugin (it may just
-        have started, and a starting kubelet deletes its node's slices)."""
+    def __init__(self, driver: str, endpoint: str, call_log: CallLog | None = None):
         self.driver = driver
         self.endpoint = endpoint
-        self.on_registered = on_registered
         self.call_log = call_log or CallLog()
         self.registered: bool | None = None
         self.registration_error = ""
@@ -184,8 +175,6 @@ class RegistrationService(pluginregistration_pb2_grpc.RegistrationServicer):
         self.registration_error = request.error
         if not request.plugin_registered:
             log.error("%s: the kubelet refused the registration: %s", self.driver, request.error)
-        elif self.on_registered is not None:
-            self.on_registered()
         return pluginregistration_pb2.RegistrationStatusResponse()
 
 

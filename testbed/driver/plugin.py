@@ -64,7 +64,9 @@ class DriverPlugin:
         self.preparer = ClaimPreparer(driver, node, paths, backend, claims, client, durable)
         self.publisher = SlicePublisher(client, driver, node)
         self.call_log = CallLog(call_log, driver)
-        self.registration = RegistrationService(driver, str(paths.dra_socket), self.publisher.recheck, self.call_log)
+        # No re-list on registration: the slice watch sees a starting kubelet's wipe
+        # whenever it lands, and a re-list per driver cost a fleet 1,000 LISTs at start.
+        self.registration = RegistrationService(driver, str(paths.dra_socket), self.call_log)
         self.publish_slices = publish_slices
         self._own_watcher = slice_watcher is None
         self.slice_watcher = slice_watcher or SliceWatcher.for_node(client, node, driver)

@@ -181,8 +181,7 @@ class SlicePublisher:
             self.recheck()
 
     def recheck(self) -> None:
-        """Forget what was written and wake the publish loop (after a registration, too:
-        the kubelet that just started may have wiped this node's slices)."""
+        """Forget what was written and wake the publish loop."""
         self._known = None
         self.disturbed.set()
 
