@@ -35,6 +35,7 @@ e2e: install
 	$(PY) scripts/$(if $(filter kind,$(CLUSTER)),e2e_kind.py,e2e.py)
 
 test: install
+	cd scripts/kube-build && CGO_ENABLED=0 go test ./cmd/...
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 unit: $(INSTALLED)

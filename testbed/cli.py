@@ -6,6 +6,8 @@ progress and diagnostics go to stderr.
 
 from __future__ import annotations
 
+import os
+import shlex
 import shutil
 import signal
 import sys
@@ -74,9 +76,39 @@ def cluster_options(command: F) -> F:
     return click.option("--name", default=cfg.DEFAULT_CLUSTER_NAME, show_default=True, help="Cluster name.")(command)
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        own = version("dra-testbed")
+    except PackageNotFoundError:
+        own = "unknown"
+    return f"dra-testbed {own} (Kubernetes {cfg.KUBERNETES_VERSION}, etcd {cfg.ETCD_VERSION})"
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(message="%(version)s", version=_version())
 def main() -> None:
     """A fake-hardware testbed for Kubernetes Dynamic Resource Allocation."""
+
+
+def _running(name: str, state_dir: Path | None) -> cluster.ClusterState:
+    config = cfg.ControlPlaneConfig(name=name, state_dir=state_dir)
+    state = cluster.ClusterState.load(config.cluster_dir) if config.cluster_dir.exists() else None
+    if state is None or not state.ready:
+        raise TestbedError(f"cluster {name!r} is not running", hint="start it with `testbed up`, or see `testbed list`")
+    return state
+
+
+def _kubectl() -> Path:
+    """The kubectl built with the control plane: its version matches the cluster's."""
+    override = cfg.kube_bin_dir_override()
+    found = (override or cfg.binaries_cache_dir()) / "kubectl"
+    if not os.access(found, os.X_OK):
+        raise TestbedError(
+            f"no kubectl at {found}", hint="run `make install` (it builds kubectl with the control plane)"
+        )
+    return found
 
 
 @main.command()
@@ -226,11 +258,50 @@ def down(name: str, state_dir: Path | None, keep_state: bool) -> None:
 @reports_errors
 def kubeconfig(name: str, state_dir: Path | None) -> None:
     """Print the admin kubeconfig path of a running cluster."""
-    config = cfg.ControlPlaneConfig(name=name, state_dir=state_dir)
-    state = cluster.ClusterState.load(config.cluster_dir) if config.cluster_dir.exists() else None
-    if state is None or not state.ready:
-        raise TestbedError(f"cluster {name!r} is not running", hint="start it with `testbed up`")
-    click.echo(str(state.kubeconfig))
+    click.echo(str(_running(name, state_dir).kubeconfig))
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@cluster_options
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@reports_errors
+def kubectl(name: str, state_dir: Path | None, args: tuple[str, ...]) -> None:
+    """Run the cluster's own kubectl (v1.37, no version skew) on it: testbed kubectl get nodes."""
+    state = _running(name, state_dir)
+    binary = _kubectl()
+    os.execve(binary, [str(binary), *args], {**os.environ, "KUBECONFIG": str(state.kubeconfig)})
+
+
+@main.command()
+@cluster_options
+@reports_errors
+def env(name: str, state_dir: Path | None) -> None:
+    """Print shell lines that point kubectl at the cluster: eval "$(testbed env)"."""
+    state = _running(name, state_dir)
+    click.echo(f"export KUBECONFIG={shlex.quote(str(state.kubeconfig))}")
+    click.echo(f"export PATH={shlex.quote(str(_kubectl().parent))}:$PATH")
+
+
+@main.command("list")
+@reports_errors
+def list_clusters() -> None:
+    """The clusters under the state directory: name, whether they run, nodes, kubeconfig."""
+    root = cfg.state_root() / "clusters"
+    table = Table(title=f"clusters in {root}")
+    for column in ("name", "state", "synthetic nodes", "kubeconfig"):
+        table.add_column(column)
+    for directory in sorted(root.iterdir()) if root.is_dir() else []:
+        state = cluster.ClusterState.load(directory) if cluster.owned(directory) else None
+        if state is None:
+            continue
+        running = state.ready and any(p.alive() for p in state.processes)
+        if state.extras.get(cluster.EXTERNAL):
+            running = state.ready
+        fleet = state.extras.get("fleet") or {}
+        pools: list[dict[str, object]] = fleet.get("pools", []) if isinstance(fleet, dict) else []
+        nodes = sum(int(str(p.get("count", 0))) for p in pools)
+        table.add_row(state.name, "running" if running else "[red]stopped[/]", str(nodes), str(state.kubeconfig))
+    Console(highlight=False, soft_wrap=True).print(table)
 
 
 @main.command()

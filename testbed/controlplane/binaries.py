@@ -128,7 +128,7 @@ def ensure_node_binaries(progress: Progress | None = None) -> Binaries:
     (minutes, not the full build), under the same lock as a full build."""
     progress = progress or SilentProgress()
     found = ensure_binaries(progress)
-    missing = missing_binaries(found.directory, config.NODE_BINARIES)
+    missing = _stale_or_missing(found.directory)
     if not missing:
         return found
     if config.kube_bin_dir_override() is not None:
@@ -145,19 +145,53 @@ def ensure_node_binaries(progress: Progress | None = None) -> Binaries:
             hint="install Go >= 1.26 and retry, or use `kubelet: fake` pools",
         )
     with _exclusive_lock(found.directory.parent / ".obtain.lock"):
-        missing = missing_binaries(found.directory, config.NODE_BINARIES)
+        missing = _stale_or_missing(found.directory)
         if missing:
             staging = Path(tempfile.mkdtemp(prefix=".build-", dir=found.directory.parent))
             try:
-                progress.step(f"building {', '.join(missing)} for real-kubelet nodes (first time only)")
+                progress.step(f"building {', '.join(missing)} for real-kubelet nodes (new, or its source changed)")
                 with progress.task(f"go build {', '.join(missing)}"):
                     ldflags = version_ldflags(dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
                     _go_build(go, _kube_module(), [GO_PACKAGES[n] for n in missing], staging, ldflags, progress)
                 for name in missing:
                     (staging / name).rename(found.directory / name)
+                _stamp_sources(found.directory)
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
     return found
+
+
+OWN_SOURCES = {"testbed-cri": "cmd/testbed-cri"}
+"""Binaries built from this project's own Go code: rebuilt when their source changes."""
+
+
+def _source_digest(name: str) -> str:
+    directory = scripts_dir() / "kube-build" / OWN_SOURCES[name]
+    digest = hashlib.sha256()
+    for path in sorted(directory.rglob("*.go")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _stale(directory: Path, name: str) -> bool:
+    """Built here from an older version of its source (or with no record of it)."""
+    stamp = directory / f"{name}.source-sha256"
+    if not (directory / name).exists():
+        return False
+    return not stamp.is_file() or stamp.read_text().strip() != _source_digest(name)
+
+
+def _stale_or_missing(directory: Path) -> list[str]:
+    if config.kube_bin_dir_override() is not None:  # the user's binaries, used as they are
+        return missing_binaries(directory, config.NODE_BINARIES)
+    stale = {name for name in OWN_SOURCES if _stale(directory, name)}
+    return sorted(set(missing_binaries(directory, config.NODE_BINARIES)) | stale)
+
+
+def _stamp_sources(directory: Path) -> None:
+    for name in OWN_SOURCES:
+        if (directory / name).exists():
+            (directory / f"{name}.source-sha256").write_text(_source_digest(name) + "\n")
 
 
 def _kube_module() -> Path:
@@ -338,6 +372,7 @@ def _build(cache: Path, go: str, progress: Progress) -> Binaries:
         (staging / BUILD_INFO_FILE).write_text(
             json.dumps({"seconds": round(seconds, 1), "go": go_version, "date": build_date})
         )
+        _stamp_sources(staging)
         return _publish(staging, cache, source)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -151,3 +151,14 @@ def test_version_ldflags_stamp_both_version_packages() -> None:
     for package in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
         assert f"-X {package}.gitVersion={config.KUBERNETES_VERSION}" in flags
         assert f"-X {package}.gitMinor=37" in flags
+
+
+def test_our_own_go_binary_is_rebuilt_when_its_source_changes(tmp_path: Path) -> None:
+    """testbed-cri is built from this repository: a cached one from older source is stale."""
+    (tmp_path / "testbed-cri").write_bytes(b"old build")
+    assert binaries._stale(tmp_path, "testbed-cri"), "no record of its source: rebuild"
+    binaries._stamp_sources(tmp_path)
+    assert not binaries._stale(tmp_path, "testbed-cri")
+    (tmp_path / "testbed-cri.source-sha256").write_text("0" * 64 + "\n")
+    assert binaries._stale(tmp_path, "testbed-cri"), "the source changed since"
+    assert not binaries._stale(tmp_path / "empty", "testbed-cri"), "missing is not stale (it is missing)"

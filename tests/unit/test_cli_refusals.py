@@ -57,3 +57,22 @@ def test_labels_kubernetes_refuses_are_refused_up_front(labels: str, message: st
     assert result.exit_code != 0 and message in result.output and "pools[0]" in result.output
     assert "shipped profile" not in result.output, "the hint fits the error"
     assert not (tmp_path / "c").exists()
+
+
+def test_version_names_the_kubernetes_and_etcd_in_use() -> None:
+    result = CliRunner().invoke(cli.main, ["--version"])
+    assert result.exit_code == 0
+    assert (
+        result.output.startswith("dra-testbed ")
+        and "Kubernetes v1.37.1" in result.output
+        and "etcd v3.6" in result.output
+    )
+
+
+@pytest.mark.parametrize("command", [["kubectl", "get", "nodes"], ["env"], ["kubeconfig"]])
+def test_commands_on_a_cluster_that_is_not_running_say_so(command: list[str], tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        cli.main, [command[0], "--name", "absent", "--state-dir", str(tmp_path / "c"), *command[1:]]
+    )
+    assert result.exit_code != 0
+    assert "cluster 'absent' is not running" in result.output and "testbed list" in result.output

@@ -18,6 +18,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -177,8 +178,9 @@ func sleepSeconds(command string) (float64, bool) {
 	words := strings.Fields(command)
 	for i := 0; i+1 < len(words); i++ {
 		if words[i] == "sleep" || strings.HasSuffix(words[i], "/sleep") {
+			// ParseFloat takes "infinity": `sleep infinity` runs until stopped.
 			seconds, err := strconv.ParseFloat(strings.Trim(words[i+1], `"'`), 64)
-			return seconds, err == nil && seconds >= 0
+			return seconds, err == nil && seconds >= 0 && !math.IsInf(seconds, 0) && !math.IsNaN(seconds)
 		}
 	}
 	return 0, false
