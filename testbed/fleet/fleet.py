@@ -197,7 +197,41 @@ class Fleet:
         return [f"http://127.0.0.1:{port}/metrics" for port in ports]
 
     def host(self, node: str) -> Any:
+        """The Ray handle of the NodeHost running ``node`` (the methods below spare you it)."""
         return self.hosts[self.host_of[node]]
+
+    # --- one node's hardware and files, without Ray in the caller's code ---------------
+
+    def _call(self, node: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        import ray
+
+        if node not in self.host_of:
+            raise TestbedError(
+                f"no synthetic node {node!r} in this fleet",
+                hint=f"its nodes: {', '.join(sorted(self.host_of)[:5])} ...",
+            )
+        return ray.get(getattr(self.host(node), method).remote(*args, **kwargs), timeout=60)
+
+    def hardware_claims(self, node: str) -> dict[str, list[str]]:
+        """Claim UID -> devices the node's emulated hardware holds for it now."""
+        claims: dict[str, list[str]] = self._call(node, "hardware_claims", node)
+        return claims
+
+    def set_health(self, node: str, device: str, healthy: bool, message: str = "") -> None:
+        """Mark a device unhealthy (tainted in its slice, reported on the health stream) or healthy again."""
+        self._call(node, "set_health", node, device, healthy, message)
+
+    def inject(self, node: str, **faults: Any) -> None:
+        """Hardware faults, e.g. ``fail_next_prepares=2``, ``latency_s=0.5``, ``failure_rate=0.1``."""
+        self._call(node, "inject", node, **faults)
+
+    def node_dir(self, node: str) -> Path:
+        """The node's directory: kubelet/plugins_registry, kubelet/plugins/<driver>, cdi/."""
+        return Path(self._call(node, "node_dir", node))
+
+    def metrics_url(self, node: str) -> str:
+        """Where the NodeHost running ``node`` serves its drivers' and kubelets' metrics."""
+        return f"http://127.0.0.1:{self._call(node, 'metrics_port')}/metrics"
 
     def stop(self, remove_nodes: bool = False) -> None:
         """``remove_nodes``: drain and delete the Nodes too (a fleet leaving a cluster that

@@ -62,8 +62,7 @@ def namespace(kube_api: k8s.ApiClient, fleet: Fleet) -> Iterator[str]:
 
 
 def hardware_claims(fleet: Fleet, node: str) -> dict[str, list[str]]:
-    result: dict[str, list[str]] = ray.get(fleet.host(node).hardware_claims.remote(node))
-    return result
+    return fleet.hardware_claims(node)
 
 
 def test_gpu_claim_from_template_runs_and_is_released(kube_api: k8s.ApiClient, fleet: Fleet, namespace: str) -> None:
@@ -79,7 +78,7 @@ def test_gpu_claim_from_template_runs_and_is_released(kube_api: k8s.ApiClient, f
     assert env[f"{device.device.upper().replace('-', '_')}_UUID"].startswith("GPU-")
     claim_uid = k8s.ResourceV1Api(kube_api).read_namespaced_resource_claim(claim, namespace).metadata.uid
     assert hardware_claims(fleet, node)[claim_uid] == [device.device]
-    node_dir = Path(ray.get(fleet.host(node).node_dir.remote(node)))
+    node_dir = fleet.node_dir(node)
     assert (node_dir / "cdi" / f"{GPU}-{claim_uid}.json").exists()
 
     core.delete_namespaced_pod("worker", namespace)
@@ -296,8 +295,7 @@ def test_nodehost_metrics_carry_the_kubelet_and_plugin_histograms(
     node = wait_running(kube_api, namespace, "measured").spec.node_name
     core.delete_namespaced_pod("measured", namespace)
     wait_gone(kube_api, namespace, "measured")
-    port = ray.get(fleet.host(node).metrics_port.remote())
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+    with urllib.request.urlopen(fleet.metrics_url(node), timeout=10) as response:
         families = {f.name: f for f in text_string_to_metric_families(response.read().decode())}
     kubelet = {
         (s.labels["operation_name"], s.labels["is_error"]): s.value
@@ -341,7 +339,7 @@ def test_hardware_in_its_own_ray_actor_backs_a_driver(fleet: Fleet) -> None:
 
 def test_an_unresolvable_cdi_device_fails_the_pod_start(kube_api: k8s.ApiClient, fleet: Fleet, namespace: str) -> None:
     node, driver = "tb-001", "wrong-cdi.example.com"
-    kubelet_dir = Path(ray.get(fleet.host(node).node_dir.remote(node))) / "kubelet"
+    kubelet_dir = fleet.node_dir(node) / "kubelet"
     plugin = subprocess.Popen(
         [
             sys.executable,
