@@ -92,6 +92,12 @@ def main() -> None:
     """A fake-hardware testbed for Kubernetes Dynamic Resource Allocation."""
 
 
+def _about(name: str, what: str) -> None:
+    """The first line of every command that changes a cluster: which one, so a default
+    name never acts on someone else's cluster unnoticed."""
+    stderr.print(f"cluster {name!r}: {what}", markup=False)
+
+
 def _running(name: str, state_dir: Path | None) -> cluster.ClusterState:
     config = cfg.ControlPlaneConfig(name=name, state_dir=state_dir)
     state = cluster.ClusterState.load(config.cluster_dir) if config.cluster_dir.exists() else None
@@ -208,6 +214,7 @@ def up(
     With --kubeconfig, start no control plane: the synthetic nodes join that cluster, and
     `testbed down` takes them out of it again."""
     _interrupt_on_sigterm()
+    _about(name, "starting" + (f" (state in {state_dir})" if state_dir else ""))
     config = cfg.ControlPlaneConfig.from_env(
         name=name,
         state_dir=state_dir,
@@ -246,6 +253,7 @@ def up(
 def down(name: str, state_dir: Path | None, keep_state: bool) -> None:
     """Stop everything `testbed up` started."""
     config = cfg.ControlPlaneConfig(name=name, state_dir=state_dir)
+    _about(name, "stopping")
     stopped = environment.down(config, keep_state=keep_state)
     if stopped:
         stderr.print(f"stopped {', '.join(stopped)}")
@@ -370,6 +378,8 @@ def status(name: str, state_dir: Path | None) -> None:
 @reports_errors
 def check(name: str, state_dir: Path | None, kubeconfig_file: Path | None, node: str | None) -> None:
     """Prove the cluster allocates DRA devices; with synthetic nodes, run a GPU pod too."""
+    if kubeconfig_file is None:
+        _about(name, "checking" + (f" on node {node}" if node else ""))
     from testbed.controlplane import selfcheck
     from testbed.kube import api_client
 
@@ -435,7 +445,8 @@ def run_scenario(
     output: Path | None,
     start: bool,
 ) -> None:
-    """Run a scenario (smoke, cl2-dra, steady-churn, or a YAML file); print the report dir last."""
+    """Run a scenario (smoke, cl2-dra, steady-churn, baseline, or a YAML file); print the report dir last."""
+    _about(name, f"running scenario {scenario}")
     import yaml
 
     from testbed.scenarios import spec
@@ -649,6 +660,7 @@ def scale(pool: str, count: int, name: str, state_dir: Path | None) -> None:
     practices ask for: cordon, evict pods, unprepare their claims, stop the drivers,
     remove the slices, delete the Node.
     """
+    _about(name, f"scaling pool {pool} to {count} nodes")
     config = cfg.ControlPlaneConfig(name=name, state_dir=state_dir)
     state = cluster.ClusterState.load(config.cluster_dir) if config.cluster_dir.exists() else None
     if state is None or not state.ready:

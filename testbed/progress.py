@@ -32,6 +32,7 @@ class ConsoleProgress:
         self.plain_interval_s = plain_interval_s
         self._status: object | None = None
         self._last_plain = 0.0
+        self._task_started = time.monotonic()
 
     def step(self, message: str) -> None:
         self.console.print(message)
@@ -44,21 +45,24 @@ class ConsoleProgress:
         now = time.monotonic()
         if now - self._last_plain >= self.plain_interval_s:
             self._last_plain = now
-            self.console.print(f"  ... {message}")
+            self.console.print(f"  ... {message} ({now - self._task_started:.0f} s)")
 
     @contextmanager
     def task(self, message: str) -> Iterator[None]:
+        """Framed by its start and, once it succeeds, how long it took."""
+        self._task_started = started = time.monotonic()
         if not self.console.is_terminal:
             self.console.print(message)
-            self._last_plain = time.monotonic()
+            self._last_plain = started
             yield
-            return
-        with self.console.status(message) as status:
-            self._status = status
-            try:
-                yield
-            finally:
-                self._status = None
+        else:
+            with self.console.status(message) as status:
+                self._status = status
+                try:
+                    yield
+                finally:
+                    self._status = None
+        self.console.print(f"{message}: done in {time.monotonic() - started:.1f} s")
 
 
 class SilentProgress:

@@ -76,3 +76,23 @@ def test_commands_on_a_cluster_that_is_not_running_say_so(command: list[str], tm
     )
     assert result.exit_code != 0
     assert "cluster 'absent' is not running" in result.output and "testbed list" in result.output
+
+
+def test_run_help_lists_every_shipped_scenario() -> None:
+    from testbed.scenarios import spec
+
+    result = CliRunner().invoke(cli.main, ["run", "--help"])
+    assert all(name in result.output for name in spec.shipped()), result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "first"),
+    [
+        (["down"], "cluster 'named': stopping"),
+        (["scale", "node", "3"], "cluster 'named': scaling pool node to 3 nodes"),
+        (["check"], "cluster 'named': checking"),
+    ],
+)
+def test_commands_that_act_on_a_cluster_name_it_first(args: list[str], first: str, tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli.main, [*args, "--name", "named", "--state-dir", str(tmp_path / "c")])
+    assert result.output.splitlines()[0] == first, result.output
