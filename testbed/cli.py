@@ -92,6 +92,60 @@ def main() -> None:
     """A fake-hardware testbed for Kubernetes Dynamic Resource Allocation."""
 
 
+def _print_fleet(state: cluster.ClusterState, out: Console) -> None:
+    """Pools (nodes Ready of those asked for, from the API server) and NodeHosts (from Ray)."""
+    from testbed.kube import api_client
+
+    fleet_spec_data = state.extras.get("fleet") or {}
+    pools: list[dict[str, object]] = fleet_spec_data.get("pools", []) if isinstance(fleet_spec_data, dict) else []
+    from testbed.controlplane.selfcheck import ready_synthetic_nodes
+
+    api = api_client(state.kubeconfig)
+    try:
+        ready = ready_synthetic_nodes(api)
+    except Exception as exc:  # a status must say what it can, not fail
+        out.print(f"fleet: the API server did not answer ({type(exc).__name__})", markup=False)
+        return
+    finally:
+        api.close()  # type: ignore[no-untyped-call]
+    ready_by_pool: dict[str, int] = {}
+    for node in ready:
+        prefix = node.rsplit("-", 1)[0]  # nodes are named <pool>-NNN
+        ready_by_pool[prefix] = ready_by_pool.get(prefix, 0) + 1
+    table = Table(title="fleet pools")
+    for column in ("pool", "profile", "kubelet", "nodes Ready / asked for"):
+        table.add_column(column)
+    for pool in pools:
+        name = str(pool.get("name"))
+        table.add_row(
+            name,
+            str(pool.get("profile")),
+            str(pool.get("kubelet", "fake")),
+            f"{ready_by_pool.get(name, 0)} / {pool.get('count')}",
+        )
+    out.print(table)
+    try:
+        hosts = environment.attach_fleet(state).describe()
+    except TestbedError as exc:
+        out.print(f"NodeHosts: {exc.message}", markup=False)
+        return
+    table = Table(title=f"NodeHosts (Ray at {state.extras.get('ray_address')})")
+    for column in ("NodeHost", "nodes ready / held", "pid", "Ray node", "restarted"):
+        table.add_column(column)
+    for name, host in sorted(hosts.items()):
+        if "error" in host:
+            table.add_row(name, f"[red]{host['error']}[/]", "-", "-", "-")
+            continue
+        table.add_row(
+            name,
+            f"{host['ready']} / {host['nodes']}",
+            str(host["pid"]),
+            str(host["ray_node"])[:12],
+            "yes" if host["restarted"] else "no",
+        )
+    out.print(table)
+
+
 def _about(name: str, what: str) -> None:
     """The first line of every command that changes a cluster: which one, so a default
     name never acts on someone else's cluster unnoticed."""
@@ -347,6 +401,8 @@ def status(name: str, state_dir: Path | None) -> None:
     out.print(f"kubeconfig: {state.kubeconfig}")
     out.print(f"logs: {state.layout.logs}")
     out.print(f"binaries: {state.binaries}")
+    if state.extras.get("fleet_id"):
+        _print_fleet(state, out)
     nodes_dir = state.extras.get("nodes_dir")
     process_nodes = recorded_processes(Path(str(nodes_dir))) if nodes_dir else {}
     if process_nodes:
@@ -527,7 +583,7 @@ def _wait_for_fleet(state: cluster.ClusterState, progress: ConsoleProgress) -> N
     try:
         deadline = time.monotonic() + FLEET_WAIT_S
         with progress.task(f"waiting for the fleet's {expected} nodes to be Ready"):
-            while (ready := ready_synthetic_nodes(api)) < expected:
+            while (ready := len(ready_synthetic_nodes(api))) < expected:
                 if time.monotonic() > deadline:
                     raise TestbedError(
                         f"only {ready} of the fleet's {expected} nodes are Ready after {FLEET_WAIT_S:.0f} s",

@@ -222,13 +222,14 @@ class PodCheck:
     """allocatedResourcesStatus as the kubelet reported it: resource ID -> health."""
 
 
-def ready_synthetic_nodes(api: k8s.ApiClient) -> int:
-    nodes = k8s.CoreV1Api(api).list_node(label_selector="dra-testbed.io/synthetic=true").items
-    return sum(
-        1
+def ready_synthetic_nodes(api: k8s.ApiClient) -> list[str]:
+    """Names of the synthetic nodes (either kubelet) that are Ready."""
+    nodes = k8s.CoreV1Api(api).list_node(label_selector="dra-testbed.io/synthetic=true", _request_timeout=10).items
+    return [
+        present(n.metadata, "node.metadata").name or ""
         for n in nodes
         if any(c.type == "Ready" and c.status == "True" for c in (n.status.conditions if n.status else None) or [])
-    )
+    ]
 
 
 def synthetic_nodes(api: k8s.ApiClient) -> list[str]:

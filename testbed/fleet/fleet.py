@@ -200,6 +200,20 @@ class Fleet:
         """The Ray handle of the NodeHost running ``node`` (the methods below spare you it)."""
         return self.hosts[self.host_of[node]]
 
+    def describe(self, timeout_s: float = 10.0) -> dict[str, dict[str, Any]]:
+        """Each NodeHost by name: nodes, ready, pid, Ray node, restarted; an unreachable
+        one says why instead."""
+        import ray
+
+        refs = {name: host.describe.remote() for name, host in self.hosts.items()}
+        found: dict[str, dict[str, Any]] = {}
+        for name, ref in refs.items():
+            try:
+                found[name] = ray.get(ref, timeout=timeout_s)
+            except Exception as exc:  # dead, restarting, or timed out
+                found[name] = {"error": type(exc).__name__}
+        return found
+
     # --- one node's hardware and files, without Ray in the caller's code ---------------
 
     def _call(self, node: str, method: str, *args: Any, **kwargs: Any) -> Any:

@@ -268,5 +268,23 @@ class NodeHost:
     async def pid(self) -> int:
         return os.getpid()
 
+    async def describe(self) -> dict[str, Any]:
+        """For `testbed status`: how many nodes, how many ready, where it runs."""
+        node_id = ""
+        try:
+            import ray
+
+            if ray.is_initialized():
+                node_id = ray.get_runtime_context().get_node_id()
+        except Exception:  # a plain object, not in a Ray actor
+            pass
+        return {
+            "nodes": len(self.nodes) + len(self.process_nodes),
+            "ready": self.ready_count,
+            "pid": os.getpid(),
+            "ray_node": node_id,
+            "restarted": _restarted_by_ray(),
+        }
+
     async def node_dir(self, node: str) -> str:
         return str(self._node(node).root)
