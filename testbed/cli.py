@@ -92,13 +92,20 @@ def main() -> None:
     """A fake-hardware testbed for Kubernetes Dynamic Resource Allocation."""
 
 
+def _fleet_of(state: cluster.ClusterState) -> fleet_spec.FleetFile | None:
+    """The fleet `testbed up` recorded for this cluster, if any."""
+    recorded = state.extras.get("fleet")
+    return fleet_spec.FleetFile.model_validate(recorded) if recorded else None
+
+
 def _print_fleet(state: cluster.ClusterState, out: Console) -> None:
     """Pools (nodes Ready of those asked for, from the API server) and NodeHosts (from Ray)."""
+    from testbed.controlplane.selfcheck import ready_synthetic_nodes
     from testbed.kube import api_client
 
-    fleet_spec_data = state.extras.get("fleet") or {}
-    pools: list[dict[str, object]] = fleet_spec_data.get("pools", []) if isinstance(fleet_spec_data, dict) else []
-    from testbed.controlplane.selfcheck import ready_synthetic_nodes
+    fleet = _fleet_of(state)
+    if fleet is None:
+        return
 
     api = api_client(state.kubeconfig)
     try:
@@ -115,14 +122,8 @@ def _print_fleet(state: cluster.ClusterState, out: Console) -> None:
     table = Table(title="fleet pools")
     for column in ("pool", "profile", "kubelet", "nodes Ready / asked for"):
         table.add_column(column)
-    for pool in pools:
-        name = str(pool.get("name"))
-        table.add_row(
-            name,
-            str(pool.get("profile")),
-            str(pool.get("kubelet", "fake")),
-            f"{ready_by_pool.get(name, 0)} / {pool.get('count')}",
-        )
+    for pool in fleet.pools:
+        table.add_row(pool.name, pool.profile, pool.kubelet, f"{ready_by_pool.get(pool.name, 0)} / {pool.count}")
     out.print(table)
     try:
         hosts = environment.attach_fleet(state).describe()
@@ -359,9 +360,8 @@ def list_clusters() -> None:
         running = state.ready and any(p.alive() for p in state.processes)
         if state.extras.get(cluster.EXTERNAL):
             running = state.ready
-        fleet = state.extras.get("fleet") or {}
-        pools: list[dict[str, object]] = fleet.get("pools", []) if isinstance(fleet, dict) else []
-        nodes = sum(int(str(p.get("count", 0))) for p in pools)
+        fleet = _fleet_of(state)
+        nodes = fleet.count if fleet else 0
         table.add_row(state.name, "running" if running else "[red]stopped[/]", str(nodes), str(state.kubeconfig))
     Console(highlight=False, soft_wrap=True).print(table)
 
@@ -571,9 +571,8 @@ FLEET_WAIT_S = 900.0
 def _wait_for_fleet(state: cluster.ClusterState, progress: ConsoleProgress) -> None:
     """A run on a fleet that is still starting (another `testbed up` at work) waits until
     every node it asked for is Ready, with progress; its figures would be wrong before."""
-    fleet = state.extras.get("fleet") or {}
-    pools: list[dict[str, object]] = fleet.get("pools", []) if isinstance(fleet, dict) else []
-    expected = sum(int(str(p.get("count", 0))) for p in pools)
+    fleet = _fleet_of(state)
+    expected = fleet.count if fleet else 0
     if not expected:
         return
     from testbed.controlplane.selfcheck import ready_synthetic_nodes
