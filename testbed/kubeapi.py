@@ -268,9 +268,12 @@ class KubeClient:
     ) -> AsyncIterator[tuple[str, Obj]]:
         """List then watch, yielding ("ADDED"|"MODIFIED"|"DELETED", obj) forever,
         re-listing when the watch expires (410) and reconnecting after errors.
+        An object deleted while the watch was down is yielded as DELETED (its last state
+        seen) after the re-list, so no consumer keeps serving something that is gone.
         ``metadata_only``: objects arrive as their metadata alone (PartialObjectMetadata)."""
         base = dict(params or {})
         resource_version = ""
+        known: dict[str, Obj] = {}  # by UID: what a consumer has been told exists
         watch_headers = {"Accept": METADATA_ONLY} if metadata_only else {}
         while True:
             try:
@@ -281,7 +284,12 @@ class KubeClient:
                         )
                     else:
                         listing = await self.get(path, base)
-                    for item in listing.get("items") or []:  # a metadata-only list may say null
+                    items = listing.get("items") or []  # a metadata-only list may say null
+                    listed = {item["metadata"]["uid"]: item for item in items}
+                    for uid in [u for u in known if u not in listed]:
+                        yield "DELETED", known.pop(uid)
+                    for uid, item in listed.items():
+                        known[uid] = item
                         yield "ADDED", item
                     resource_version = listing["metadata"]["resourceVersion"]
                 query = dict(
@@ -304,8 +312,13 @@ class KubeClient:
                                 resource_version = ""
                             break
                         resource_version = obj["metadata"]["resourceVersion"]
-                        if kind != "BOOKMARK":
-                            yield kind, obj
+                        if kind == "BOOKMARK":
+                            continue
+                        if kind == "DELETED":
+                            known.pop(obj["metadata"]["uid"], None)
+                        else:
+                            known[obj["metadata"]["uid"]] = obj
+                        yield kind, obj
             except ApiError as exc:
                 if exc.status == 410:
                     resource_version = ""

@@ -66,6 +66,7 @@ def build(data: RunData, leaks: dict[str, int], cluster: dict[str, Any]) -> dict
                 "pods_expected": result.pods_expected,
                 "pods_running": result.pods_running,
                 "pods_succeeded": result.pods_succeeded,
+                "pods_removed": result.pods_removed,
                 "unschedulable": result.unschedulable,
                 "stalled": result.stalled,
                 "duration_s": round(duration, 2),
@@ -193,15 +194,15 @@ def markdown(report: dict[str, Any]) -> str:
             if report["metrics"].get("fleet_partial")
             else []
         ),
-        "| phase | jobs | pods expected | ran | succeeded | unschedulable | pods/s "
+        "| phase | jobs | pods expected | ran | succeeded | removed | unschedulable | pods/s "
         "| startup p50 | p90 | p99 | SLO p99 |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in report["phases"]:
         lat = p["pod_startup_s"]
         lines.append(
             f"| {p['name']} | {p['jobs']} | {p['pods_expected']} | {p['pods_running']} | {p['pods_succeeded']} | "
-            f"{p['unschedulable']} | "
+            f"{p.get('pods_removed', 0)} | {p['unschedulable']} | "
             f"{p['pods_per_s']} | {_fmt(lat['p50'])} | {_fmt(lat['p90'])} | {_fmt(lat['p99'])} | "
             f"{slo_text(p['slo_met'], p)} (<= {p['slo_p99_s']} s) |"
         )
@@ -312,7 +313,9 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     for p in report["phases"]:
         lat = p["pod_startup_s"]
         lines.append(
-            f"  {p['name']}: {p['pods_running']}/{p['pods_expected']} pods ran, {p['unschedulable']} unschedulable, "
+            f"  {p['name']}: {p['pods_running']}/{p['pods_expected']} pods ran"
+            + (f" ({p['pods_removed']} removed before finishing)" if p.get("pods_removed") else "")
+            + f", {p['unschedulable']} unschedulable, "
             f"startup p50 {_fmt(lat['p50'])} p99 {_fmt(lat['p99'])}, {p['pods_per_s']} pods/s, "
             f"SLO {slo_text(p['slo_met'], p)}"
         )

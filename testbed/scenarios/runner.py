@@ -41,6 +41,9 @@ class PodRecord:
     added: float
     running: float | None = None
     finished: float | None = None
+    removed: float | None = None
+    """Deleted before it finished, not by the run (e.g. the Job controller removing a
+    surplus pod it created twice when a create's answer was lost)."""
     node: str = ""
 
 
@@ -53,6 +56,7 @@ class PhaseResult:
     ended: float = 0.0
     pods_running: int = 0
     pods_succeeded: int = 0
+    pods_removed: int = 0
     unschedulable: int = 0
     stalled: bool = False
     interrupted: bool = False
@@ -184,7 +188,7 @@ class Runner:
 
     async def _watch_pods(self) -> None:
         path = path_for("v1", "pods", namespace=self.data.namespace)
-        async for _, pod in self.client.watch(path):
+        async for kind, pod in self.client.watch(path):
             now = time.monotonic()
             uid = pod["metadata"]["uid"]
             record = self.data.pods.get(uid)
@@ -199,6 +203,8 @@ class Runner:
                 record.finished = now
                 if record.running is None:
                     record.running = now
+            if kind == "DELETED" and record.finished is None:
+                record.removed = now
             self._changed.set()
 
     async def _watch_claims(self) -> None:
@@ -281,7 +287,8 @@ class Runner:
         mine = [p for p in self.data.pods.values() if p.phase == result.name]
         result.pods_running = sum(1 for p in mine if p.running is not None)
         result.pods_succeeded = sum(1 for p in mine if p.finished is not None)
-        result.unschedulable = sum(1 for p in mine if p.running is None)
+        result.pods_removed = sum(1 for p in mine if p.removed is not None)
+        result.unschedulable = sum(1 for p in mine if p.running is None and p.removed is None)
 
     async def _wait(self, phase: Phase, jobs: int, result: PhaseResult) -> None:
         if phase.wait == "none":

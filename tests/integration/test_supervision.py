@@ -97,7 +97,11 @@ def test_a_scenario_rides_out_a_component_killed_mid_run(
     _, stderr = proc.communicate(timeout=300)
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     assert report["verdict"] != "ERROR", (report.get("error"), stderr[-2000:])
-    assert all(p["pods_running"] == p["pods_expected"] for p in report["phases"]), report["phases"]
+    # Every Job completed. A pod more may have run: when the API server dies with a pod
+    # create in flight, the Job controller creates again and deletes the surplus pod;
+    # the report counts such a pod as removed.
+    assert all(p["pods_succeeded"] == p["pods_expected"] for p in report["phases"]), report["phases"]
+    assert all(p["pods_running"] <= p["pods_expected"] + p["pods_removed"] for p in report["phases"])
     assert report["left_behind"] == ""
     wait_for(lambda: _healthy(small_cluster), 60, "the cluster healthy again")
 
