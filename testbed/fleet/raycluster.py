@@ -48,6 +48,12 @@ def auth_env(cluster_root: Path) -> dict[str, str]:
     return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(auth_token_path(cluster_root))}
 
 
+LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+"""A Ray told it is a one-machine cluster keeps the 127.0.0.1 it is given as its node
+address, and its GCS, raylet, agents and workers listen there. Otherwise Ray swaps
+127.0.0.1 for the machine's own address, listens on it, and talks to itself through it."""
+
+
 def _write_token(cluster_root: Path) -> None:
     write_secret(auth_token_path(cluster_root), secrets.token_hex(32).encode())
 
@@ -91,7 +97,8 @@ def start_head(cluster_root: Path, log_path: Path, num_cpus: int | None = None) 
     if num_cpus is not None:
         command.append(f"--num-cpus={num_cpus}")
     _write_token(cluster_root)
-    _, record = processes.start("ray", command, log_path, cwd=cluster_root, env=auth_env(cluster_root))
+    env = {**auth_env(cluster_root), **LOOPBACK_ENV}
+    _, record = processes.start("ray", command, log_path, cwd=cluster_root, env=env)
     address = f"127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -133,6 +140,12 @@ def connect(address: str, cluster_name: str, cluster_root: Path | None = None) -
         from ray._raylet import Config  # type: ignore[attr-defined]
 
         Config.initialize("")  # Ray read RAY_AUTH_MODE when it was imported; read it again
+        # This process joins the head as a one-machine cluster too (see LOOPBACK_ENV): its
+        # own server then listens on 127.0.0.1. Ray read the setting when it was imported.
+        os.environ.update(LOOPBACK_ENV)
+        from ray._private import ray_constants
+
+        ray_constants.ENABLE_RAY_CLUSTER = False
     ray.init(
         address=address,
         namespace=namespace(cluster_name),

@@ -1,17 +1,23 @@
-"""What a second local user can reach on a running control plane: nothing of etcd's,
-no key or kubeconfig of ours."""
+"""What a second local user, or another machine, can reach on a running testbed: nothing of
+etcd's, no key or kubeconfig of ours, no port beyond loopback."""
 
 from __future__ import annotations
 
+import ipaddress
+import os
+import socket
 import ssl
 import stat
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
 from testbed.controlplane import cluster
 from testbed.controlplane.pki import ADMIN
+from testbed.fleet.fleet import Fleet
+from testbed.fleet.raycluster import ray_temp_dir
 
 pytestmark = pytest.mark.controlplane
 
@@ -46,3 +52,60 @@ def test_keys_and_kubeconfigs_are_readable_by_us_alone(control_plane: cluster.Cl
     assert len(secrets) >= 6
     loose = {str(p): oct(stat.S_IMODE(p.stat().st_mode)) for p in secrets if stat.S_IMODE(p.stat().st_mode) & 0o077}
     assert loose == {}
+
+
+def _listening(pids: set[int]) -> dict[str, set[int]]:
+    """The listening TCP addresses (host:port) of these processes, from /proc."""
+    inodes: dict[str, int] = {}
+    for pid in pids:
+        for fd in Path(f"/proc/{pid}/fd").glob("*"):
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes[target[8:-1]] = pid
+    found: dict[str, set[int]] = {}
+    for table, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
+        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state != "0A" or inode not in inodes:  # 0A: LISTEN
+                continue
+            raw, port = local.split(":")
+            packed = bytes.fromhex(raw)
+            # /proc prints each 32-bit word of the address in host (little-endian) order.
+            packed = b"".join(packed[i : i + 4][::-1] for i in range(0, len(packed), 4))
+            host = socket.inet_ntop(family, packed)
+            found.setdefault(f"{host}:{int(port, 16)}", set()).add(inodes[inode])
+    return found
+
+
+def _is_loopback(address: str) -> bool:
+    ip = ipaddress.ip_address(address.rsplit(":", 1)[0])
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return bool((mapped or ip).is_loopback)
+
+
+def test_nothing_of_the_testbed_listens_beyond_loopback(control_plane: cluster.ClusterState, fleet: Fleet) -> None:
+    """The control plane, Ray's head (GCS, raylet, agents, the NodeHost workers) and this
+    process, which is connected to Ray as the testbed command is."""
+    ray_dir = str(ray_temp_dir(control_plane.root))
+    groups = {os.getpgid(p.pid) for p in control_plane.processes if p.alive()}
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if ray_dir in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                groups.add(os.getpgid(int(proc.name)))
+        except (OSError, ProcessLookupError):
+            continue
+    pids = {os.getpid()}
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if os.getpgid(int(proc.name)) in groups:
+                pids.add(int(proc.name))
+        except (OSError, ProcessLookupError):
+            continue
+    listening = _listening(pids)
+    assert len(listening) >= 10, listening  # the control plane's, Ray's and ours are all seen
+    beyond = {address: owners for address, owners in listening.items() if not _is_loopback(address)}
+    assert beyond == {}
