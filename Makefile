@@ -47,6 +47,7 @@ bench: install
 	$(PY) benchmarks/bench_dra.py
 	$(PY) benchmarks/bench_kubelets.py
 	$(PY) benchmarks/bench_fleet.py --nodes $(FLEET_NODES) --profile $(FLEET_PROFILE) --nodes-per-host 100
+	$(PY) benchmarks/bench_fleet.py --nodes $(FLEET_NODES) --profile $(FLEET_PROFILE) --nodes-per-host 100 --identities shared
 
 lint: $(INSTALLED)
 	$(VENV)/bin/ruff check .

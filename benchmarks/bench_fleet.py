@@ -1,6 +1,7 @@
 """Fleet scale: N synthetic nodes up (all Ready, all slices published), and their memory.
 
     python benchmarks/bench_fleet.py [--nodes 1000] [--profile h100x8] [--nodes-per-host 50]
+                                     [--identities per-node|shared]
 
 Memory per node is the NodeHost actors' total RSS, less what the same number of empty
 NodeHosts take, divided by N (targets: <= 60 s for 1,000 h100x8 nodes; <= 2 MB per node
@@ -81,6 +82,9 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=200)
     parser.add_argument("--profile", default="h100x8")
     parser.add_argument("--nodes-per-host", type=int, default=50)
+    parser.add_argument(
+        "--identities", choices=["per-node", "shared"], default="per-node", help="run the two to see their cost"
+    )
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="tbf-"))
     config = ControlPlaneConfig.from_env(name="bench-fleet", state_dir=scratch / "c")
@@ -91,7 +95,8 @@ def main() -> int:
         cpu_before = {name: cpu_seconds(pid) for name, pid in components.items()}
         started = time.monotonic()
         try:
-            fleet = start_fleet(state, single_pool(args.nodes, args.profile, args.nodes_per_host), ConsoleProgress())
+            spec = single_pool(args.nodes, args.profile, args.nodes_per_host)
+            fleet = start_fleet(state, spec.model_copy(update={"identities": args.identities}), ConsoleProgress())
         except TestbedError as exc:
             # Where it breaks is a figure too: how far it got, and what gave.
             elapsed = time.monotonic() - started
@@ -116,7 +121,7 @@ def main() -> int:
         per_node = (hosts_rss - empty_rss) / args.nodes
         print(
             f"\nfleet benchmark: {args.nodes} x {args.profile}, {len(fleet.hosts)} NodeHosts "
-            f"({args.nodes_per_host} nodes each), {os.cpu_count()} cores"
+            f"({args.nodes_per_host} nodes each), identities {args.identities}, {os.cpu_count()} cores"
         )
         print(
             f"  all nodes Ready and slices published in {elapsed:.1f} s "

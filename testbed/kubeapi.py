@@ -69,7 +69,7 @@ class Credentials:
     token: str | None = None
 
 
-def _load_pem_pair(context: ssl.SSLContext, cert: bytes, key: bytes) -> None:
+def load_pem_pair(context: ssl.SSLContext, cert: bytes, key: bytes) -> None:
     """ssl only loads key pairs from files: write them to a private temp dir briefly."""
     with tempfile.TemporaryDirectory(prefix="testbed-kube-") as scratch:
         cert_path, key_path = Path(scratch, "c.pem"), Path(scratch, "k.pem")
@@ -102,7 +102,7 @@ def credentials_from_kubeconfig(path: Path, context_name: str | None = None) -> 
     cert = _field(user, "client-certificate", base)
     key = _field(user, "client-key", base)
     if cert is not None and key is not None:
-        _load_pem_pair(ssl_context, cert, key)
+        load_pem_pair(ssl_context, cert, key)
     return Credentials(cluster["server"], ssl_context, user.get("token"))
 
 
@@ -173,6 +173,12 @@ class KubeClient:
                 read_bufsize=WATCH_LINE_LIMIT // 2,
             )
         return self._session
+
+    def use_token(self, token: str) -> None:
+        """Authenticate with this bearer token from now on (e.g. a freshly bound one)."""
+        self._headers["Authorization"] = f"Bearer {token}"
+        if self._session is not None:
+            self._session.headers["Authorization"] = self._headers["Authorization"]
 
     async def close(self) -> None:
         if self._session is not None:

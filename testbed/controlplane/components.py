@@ -175,6 +175,8 @@ def apiserver_command(binaries: Binaries, layout: Layout, ports: Ports, config: 
         f"--service-account-signing-key-file={pki.sa_private}",
         f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
         "--authorization-mode=Node,RBAC",
+        # As kubeadm: a kubelet may change only its own Node and the pods bound to it.
+        "--enable-admission-plugins=NodeRestriction",
         "--allow-privileged=true",
         "--enable-priority-and-fairness=true",
         f"--profiling={str(config.profiling).lower()}",

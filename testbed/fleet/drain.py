@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from testbed.errors import TestbedError
+from testbed.fleet.identity import DRIVER_NAMESPACE, driver_pod_name, is_driver_pod
 from testbed.fleet.synthetic_node import SyntheticNode
 from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
 from testbed.realnode.node import ProcessNode
@@ -30,9 +31,11 @@ class DrainResult:
 
 
 async def _pods_on(client: KubeClient, node: str) -> list[Obj]:
+    """The node's workload pods. Not its driver pod: as `kubectl drain` leaves DaemonSet
+    pods, the driver stays until the workloads' claims are unprepared."""
     listing = await client.get(path_for("v1", "pods"), {"fieldSelector": f"spec.nodeName={node}"})
     items: list[Obj] = listing.get("items", [])
-    return items
+    return [pod for pod in items if not is_driver_pod(pod)]
 
 
 async def _evict(client: KubeClient, pod: Obj, deadline: float) -> None:
@@ -98,6 +101,7 @@ async def drain(client: KubeClient, node: SyntheticNode, timeout_s: float = 300.
     for driver in node.drivers:
         await driver.stop()
         await node.kubelet.wipe_slices(driver.driver)
+    await client.delete_if_exists(path_for("v1", "pods", driver_pod_name(node.name), DRIVER_NAMESPACE))
     await node.kubelet.stop()
     await _delete_node(client, node.name)
     shutil.rmtree(node.root, ignore_errors=True)  # its checkpoints are empty and its CDI specs gone

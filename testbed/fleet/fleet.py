@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections import Counter
@@ -10,8 +11,10 @@ from typing import Any
 
 from testbed.errors import TestbedError
 from testbed.files import private_dir
+from testbed.fleet.identity import NodeAuthority, install_access_policy
 from testbed.fleet.nodehost import NodeHost, NodeRecipe
 from testbed.fleet.spec import FleetFile, Pool
+from testbed.kubeapi import KubeClient
 from testbed.progress import Progress, SilentProgress
 
 FLEET_START_CONCURRENCY = 24
@@ -39,6 +42,8 @@ class Fleet:
         """Several fleets can share one Ray; actor names carry this."""
         self._next_host = 0
         self._unstarted: set[str] = set()
+        self.authority = NodeAuthority.for_cluster(kubeconfig) if spec.identities == "per-node" else None
+        """Issues each node its identity; None: nodes use the fleet's credentials."""
 
     @classmethod
     def attach(cls, spec: FleetFile, kubeconfig: Path, nodes_dir: Path, fleet_id: str) -> Fleet:
@@ -75,9 +80,25 @@ class Fleet:
         self.hosts[name] = (
             ray.remote(NodeHost)
             .options(name=name, **options)
-            .remote(str(self.kubeconfig), str(self.nodes_dir), recipes, self.spec.seed, name)
+            .remote(str(self.kubeconfig), str(self.nodes_dir), recipes, self.spec.seed, name, self.authority)
         )
         return name
+
+    def _install_access_policy(self, progress: Progress) -> None:
+        if self.authority is None:
+            if self.spec.identities == "per-node":
+                progress.step("identities: shared (no CA key of this cluster to issue node identities with)")
+            return
+
+        async def install() -> list[str]:
+            client = KubeClient.from_kubeconfig(self.kubeconfig)
+            try:
+                return await install_access_policy(client)
+            finally:
+                await client.close()
+
+        asyncio.run(install())
+        progress.step("identities: kubelets as system:node:<name>, drivers with tokens bound to a pod on their node")
 
     def start(self, progress: Progress | None = None, timeout_s: float = 900.0) -> None:
         # Node sockets and checkpoints go here: a directory only we can enter.
@@ -85,8 +106,9 @@ class Fleet:
         private_dir(self.nodes_dir)
         recipes = [_recipe(pool, i) for pool in self.spec.pools for i in range(pool.count)]
         size = self.spec.nodes_per_host
-        placement = {self._new_host(recipes[i : i + size]): recipes[i : i + size] for i in range(0, len(recipes), size)}
         progress = progress or SilentProgress()
+        self._install_access_policy(progress)
+        placement = {self._new_host(recipes[i : i + size]): recipes[i : i + size] for i in range(0, len(recipes), size)}
         with progress.task(f"starting {len(recipes)} synthetic nodes on {len(placement)} NodeHost actors"):
             self._bring_up(placement, progress, timeout_s)
         pools = ", ".join(f"{p.name}: {p.count} x {p.profile}" for p in self.spec.pools)

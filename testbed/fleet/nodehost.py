@@ -11,6 +11,7 @@ import gc
 import json
 import logging
 import os
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from testbed.driver.claims import ClaimCache
 from testbed.driver.slices import SliceWatcher
 from testbed.files import write_atomically
 from testbed.fleet.drain import DrainResult, drain, drain_process_node
+from testbed.fleet.identity import NodeAuthority, bind_driver_token
 from testbed.fleet.loopwatch import LoopWatch
 from testbed.fleet.synthetic_node import SyntheticNode, drivers_for
 from testbed.kubeapi import KubeClient, path_for
@@ -73,11 +75,23 @@ def _restarted_by_ray() -> bool:
 
 
 class NodeHost:
-    def __init__(self, kubeconfig: str, nodes_dir: str, nodes: list[NodeRecipe], seed: int = 0, name: str = ""):
+    def __init__(
+        self,
+        kubeconfig: str,
+        nodes_dir: str,
+        nodes: list[NodeRecipe],
+        seed: int = 0,
+        name: str = "",
+        authority: NodeAuthority | None = None,
+    ):
         """``nodes``: what to run; profiles are shipped names or YAML paths. ``name``: the
         actor's name; with it the host remembers its nodes on disk, so a host that Ray
         restarts after the fleet was scaled comes back with the nodes it had, not the
-        ones it was created with."""
+        ones it was created with. ``authority``: run each node under its own identity
+        (see identity.py); None: every node uses the host's credentials."""
+        self.authority = authority
+        self.node_clients: dict[str, list[KubeClient]] = {}
+        """A node's own clients (kubelet, drivers), closed when the node goes."""
         logging.basicConfig(level=logging.WARNING)
         self.kubeconfig = Path(kubeconfig)
         self.nodes_dir = Path(nodes_dir)
@@ -143,17 +157,21 @@ class NodeHost:
                 self.process_nodes[recipe.name] = process_node
                 fresh.append(process_node)
                 continue
+            kubelet_client, driver_client, bind_drivers = self._identity(recipe.name)
             node = SyntheticNode(
                 recipe.name,
                 profiles[recipe.profile],
                 self.nodes_dir / recipe.name,
-                self.client,
+                kubelet_client,
                 self.claims,
                 self.seed,
                 labels=recipe.labels,
                 taints=recipe.taints,
                 watch_pods=False,
                 slice_watcher=self.slice_watcher,
+                driver_client=driver_client,
+                bind_drivers=bind_drivers,
+                runtime_client=self.client,
             )
             self.nodes[recipe.name] = node
             fresh.append(node)
@@ -176,6 +194,21 @@ class NodeHost:
         settle_heap()
         return [node.name for node in fresh]
 
+    def _identity(self, node: str) -> tuple[KubeClient, KubeClient, Callable[[], Awaitable[None]] | None]:
+        """The node's kubelet client, its drivers' client, and what binds the drivers'
+        token once the Node exists; the host's own client for both without an authority."""
+        assert self.client is not None
+        if self.authority is None:
+            return self.client, self.client, None
+        admin = self.client
+        kubelet, drivers = self.authority.kubelet_client(node), self.authority.driver_client()
+        self.node_clients[node] = [kubelet, drivers]
+        return kubelet, drivers, lambda: bind_driver_token(admin, drivers, node)
+
+    async def _close_clients(self, node: str) -> None:
+        for client in self.node_clients.pop(node, []):
+            await client.close()
+
     def _process_node(self, recipe: NodeRecipe, profile: HardwareProfile) -> ProcessNode:
         spec = SyntheticNode.node_spec(recipe.name, profile.name, recipe.labels, recipe.taints)
         root = self.nodes_dir / recipe.name
@@ -196,6 +229,7 @@ class NodeHost:
                 else:
                     result = await drain(client, self._node(name), timeout_s)
                     del self.nodes[name]
+                    await self._close_clients(name)
             self.recipes.pop(name, None)
             self.ready_count -= 1
             self._remember()
@@ -241,6 +275,8 @@ class NodeHost:
         await self.loop_watch.stop()
         await asyncio.gather(*(node.stop() for node in self.nodes.values()), return_exceptions=True)
         await asyncio.gather(*(node.stop() for node in self.process_nodes.values()), return_exceptions=True)
+        for name in list(self.node_clients):
+            await self._close_clients(name)
         if self.slice_watcher is not None:
             await self.slice_watcher.stop()
         if self.claims is not None:

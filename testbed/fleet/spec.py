@@ -110,6 +110,10 @@ class FleetFile(_Strict):
     seed: int = 0
     ray: RaySettings = Field(default_factory=RaySettings)
     pools: list[Pool] = Field(min_length=1)
+    identities: Literal["per-node", "shared"] = "per-node"
+    """per-node: each kubelet is system:node:<name> and each node's drivers use a token
+    bound to a driver pod on that node (as on a real cluster). shared: every node uses
+    the fleet's admin credentials (fewer API calls at start-up; no RBAC or admission)."""
 
     @model_validator(mode="after")
     def _unique_pools(self) -> FleetFile:

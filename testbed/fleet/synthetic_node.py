@@ -8,7 +8,7 @@ and ``cdi/``. The kubelet reaches the drivers only through those sockets.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
 from fake_devices.hardware import NodeHardware
@@ -45,8 +45,16 @@ class SyntheticNode:
         watch_pods: bool = True,
         taints: list[dict[str, str]] | None = None,
         slice_watcher: SliceWatcher | None = None,
+        driver_client: KubeClient | None = None,
+        bind_drivers: Callable[[], Awaitable[None]] | None = None,
+        runtime_client: KubeClient | None = None,
     ):
+        """``client``: the kubelet's; ``driver_client``: the drivers'; ``runtime_client``:
+        the emulated container runtime's (all the same by default). ``bind_drivers``: run
+        once the Node exists and before the drivers start (it gives the drivers their
+        node-bound credentials)."""
         self.name = name
+        self.bind_drivers = bind_drivers
         self.root = root
         self.hardware = NodeHardware(name, profile, seed)
         self.backend = LocalBackend(self.hardware)
@@ -58,6 +66,7 @@ class SyntheticNode:
             cdi_dir,
             watch_pods=watch_pods,
             scan_interval_s=PLUGIN_SCAN_INTERVAL_S,
+            runtime_client=runtime_client,
         )
         self.drivers = [
             DriverPlugin(
@@ -65,7 +74,7 @@ class SyntheticNode:
                 name,
                 DriverPaths.for_node(kubelet_dir, driver, cdi_dir),
                 self.backend,
-                client,
+                driver_client or client,
                 claims,
                 durable=False,
                 slice_watcher=slice_watcher,
@@ -91,6 +100,8 @@ class SyntheticNode:
             "uid": self.kubelet.node.uid,
             "controller": True,
         }
+        if self.bind_drivers is not None and self.drivers:
+            await self.bind_drivers()
         for driver in self.drivers:
             driver.publisher.owner = owner
             if self.kubelet.node.created:  # a new Node owns no slices yet

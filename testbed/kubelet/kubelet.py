@@ -25,6 +25,7 @@ class FakeKubelet:
         cdi_dir: Path,
         watch_pods: bool = True,
         scan_interval_s: float = SCAN_INTERVAL_S,
+        runtime_client: KubeClient | None = None,
     ):
         self.client = client
         self.spec = spec
@@ -38,7 +39,13 @@ class FakeKubelet:
             on_health_change=lambda driver, devices: self.pods.health_changed(driver, devices),
         )
         self.pods = PodManager(
-            client, spec, self.plugins, cdi_dir, watch_pods=watch_pods, checkpoint=kubelet_dir / CHECKPOINT_FILE
+            client,
+            spec,
+            self.plugins,
+            cdi_dir,
+            watch_pods=watch_pods,
+            checkpoint=kubelet_dir / CHECKPOINT_FILE,
+            runtime_client=runtime_client,
         )
         self._startup_wipe: asyncio.Task[None] | None = None
 

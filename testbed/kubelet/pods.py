@@ -100,8 +100,13 @@ class PodManager:
         cdi_dir: Path,
         watch_pods: bool = True,
         checkpoint: Path | None = None,
+        runtime_client: KubeClient | None = None,
     ):
+        """``runtime_client``: writes the container-env annotation, which is what the
+        emulated container runtime reports (a kubelet writes no annotations, and the
+        node identity may not); the kubelet's own client by default."""
         self.client = client
+        self.runtime_client = runtime_client or client
         self.checkpoint = checkpoint
         self.node = node
         self.plugins = plugins
@@ -246,6 +251,13 @@ class PodManager:
             await self._finish_deletion(uid)
         except asyncio.CancelledError:
             raise
+        except ApiError as exc:
+            if not exc.not_found:
+                log.exception("pod worker %s on %s failed", uid, self.node.name)
+                return
+            # Deleted before its status could be written: release what it held.
+            log.info("pod %s on %s is gone: %s", uid, self.node.name, exc.message)
+            await self._finish_deletion(uid)
         except Exception:
             log.exception("pod worker %s on %s failed", uid, self.node.name)
         finally:
@@ -371,7 +383,7 @@ class PodManager:
 
     async def _set_running(self, pod: Obj, env: Mapping[str, Mapping[str, str]]) -> None:
         meta = pod["metadata"]
-        await self.client.patch(
+        await self.runtime_client.patch(
             path_for("v1", "pods", meta["name"], meta["namespace"]),
             {"metadata": {"annotations": {ENV_ANNOTATION: json.dumps(env, sort_keys=True)}}},
         )

@@ -75,10 +75,9 @@ def kubectl(kube_binaries: Binaries, control_plane: ClusterState) -> Kubectl:
 def deployed(kubectl: Kubectl) -> Iterator[None]:
     kubectl.ok("apply", "-k", str(DEPLOY))
     yield
-    # The DeviceClasses stay: the session's fleet uses them.
-    kinds = "validatingadmissionpolicybinding,validatingadmissionpolicy,clusterrolebinding,clusterrole"
-    kubectl("delete", kinds, "-l", "app.kubernetes.io/part-of=dra-testbed", "--ignore-not-found")
-    kubectl("delete", "namespace", NAMESPACE, "--wait=false")
+    # The namespace, RBAC, policy and DeviceClasses stay: the session's fleet runs under
+    # them (its nodes' drivers are that ServiceAccount, in pods of that namespace).
+    kubectl("delete", "daemonset", "dra-testbed-driver", "-n", NAMESPACE, "--ignore-not-found")
 
 
 def test_every_manifest_passes_server_side_dry_run(kubectl: Kubectl) -> None:

@@ -1,0 +1,230 @@
+"""Synthetic nodes under the identities real nodes have.
+
+Each fake kubelet authenticates as ``system:node:<name>`` (group ``system:nodes``, a
+client certificate from the cluster CA), so the Node authorizer and the NodeRestriction
+admission plugin judge what it does as they judge a real kubelet. Each node's drivers use
+the driver ServiceAccount with a token bound to a driver pod on that node (the pod a
+DaemonSet would run there), so deploy/'s RBAC and its own-node admission policy apply to
+every fleet as they do on a real cluster.
+
+The NodeHost's shared watches (pods of all its nodes, claims, slices) stay on the
+cluster-admin credentials: one watch per host instead of one per node is how a fleet of
+thousands stays cheap, and no single node may list what all of them need.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from testbed.errors import TestbedError
+from testbed.kubeapi import ApiError, Credentials, KubeClient, Obj, load_pem_pair, path_for
+
+DRIVER_NAMESPACE = "dra-testbed"
+DRIVER_SERVICE_ACCOUNT = "dra-testbed-driver"
+ACCESS_MANIFESTS = Path(__file__).with_name("access")
+"""deploy/'s namespace, RBAC and admission policy (linked, so the two never differ)."""
+TOKEN_SECONDS = 3607
+"""What a kubelet asks for: the API server extends a pod-bound token of exactly this
+lifetime to a year (and warns when it is used past an hour), so runs need no refresh."""
+CERT_VALIDITY = dt.timedelta(days=365)
+
+
+@dataclass(frozen=True)
+class NodeAuthority:
+    """What issues node identities: the API server's address and the cluster CA (as
+    content, so a NodeHost on any machine can use it). Whoever holds it holds cluster
+    admin anyway: NodeHosts already run with the admin's credentials."""
+
+    server: str
+    ca_cert_pem: bytes
+    ca_key_pem: bytes
+
+    @classmethod
+    def for_cluster(cls, kubeconfig: Path) -> NodeAuthority | None:
+        """The authority of a cluster the testbed started (its CA next to its kubeconfig);
+        None for another cluster, whose CA key the testbed does not have."""
+        pki = kubeconfig.parent / "pki"
+        if not (pki / "ca.key").exists():
+            return None
+        document = yaml.safe_load(kubeconfig.read_text())
+        server = str(document["clusters"][0]["cluster"]["server"])
+        return cls(server, (pki / "ca.crt").read_bytes(), (pki / "ca.key").read_bytes())
+
+    def _context(self) -> ssl.SSLContext:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # not the system CAs: ours alone
+        context.load_verify_locations(cadata=self.ca_cert_pem.decode())
+        return context
+
+    def node_certificate(self, node: str) -> tuple[bytes, bytes]:
+        """A client certificate and key for system:node:<node> (P-256: ~1 ms each)."""
+        ca_cert = x509.load_pem_x509_certificate(self.ca_cert_pem)
+        ca_key = serialization.load_pem_private_key(self.ca_key_pem, password=None)
+        assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+        key = ec.generate_private_key(ec.SECP256R1())
+        now = dt.datetime.now(dt.UTC)
+        subject = x509.Name(
+            [
+                x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:nodes"),
+                x509.NameAttribute(NameOID.COMMON_NAME, f"system:node:{node}"),
+            ]
+        )
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(subject)
+            .issuer_name(ca_cert.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + CERT_VALIDITY)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+            .sign(ca_key, hashes.SHA256())
+        )
+        key_pem = key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+        return cert.public_bytes(serialization.Encoding.PEM), key_pem
+
+    def kubelet_client(self, node: str) -> KubeClient:
+        """A client that is this node's kubelet, as the API server sees it."""
+        context = self._context()
+        load_pem_pair(context, *self.node_certificate(node))
+        return KubeClient(Credentials(self.server, context), connection_limit=4)
+
+    def driver_client(self) -> KubeClient:
+        """A client for a node's drivers; it gets its token from `bind_driver_token`."""
+        return KubeClient(Credentials(self.server, self._context()), connection_limit=4)
+
+
+NODE_DRIVER_LABEL = "dra-testbed.io/synthetic-node-driver"
+"""Marks a synthetic node's driver pod. Not deploy/'s DaemonSet selector: that DaemonSet
+would adopt such pods, and delete them from the synthetic nodes it keeps off."""
+
+
+def is_driver_pod(pod: Obj) -> bool:
+    meta = pod["metadata"]
+    return bool(meta.get("namespace") == DRIVER_NAMESPACE and NODE_DRIVER_LABEL in (meta.get("labels") or {}))
+
+
+def driver_pod_name(node: str) -> str:
+    return f"dra-testbed-driver-{node}"[:253]
+
+
+def driver_pod(node: str) -> Obj:
+    """The pod a driver DaemonSet would run on ``node``; the drivers' token is bound to it."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": driver_pod_name(node),
+            "namespace": DRIVER_NAMESPACE,
+            "labels": {NODE_DRIVER_LABEL: node[:63], "app.kubernetes.io/part-of": "dra-testbed"},
+        },
+        "spec": {
+            "nodeName": node,
+            "serviceAccountName": DRIVER_SERVICE_ACCOUNT,
+            "automountServiceAccountToken": False,
+            "terminationGracePeriodSeconds": 0,
+            "tolerations": [{"operator": "Exists"}],
+            "containers": [
+                {"name": "driver", "image": "registry.invalid/dra-testbed-driver", "command": ["run-until-deleted"]}
+            ],
+        },
+    }
+
+
+async def bind_driver_token(admin: KubeClient, drivers: KubeClient, node: str) -> None:
+    """Create (or find) the node's driver pod and give ``drivers`` a token bound to it.
+    The API server writes the pod's node into the token, which the own-node policy reads."""
+    pods = path_for("v1", "pods", namespace=DRIVER_NAMESPACE)
+    try:
+        pod = await admin.create(pods, driver_pod(node))
+    except ApiError as exc:
+        if not exc.conflict:
+            raise
+        pod = await admin.get(path_for("v1", "pods", driver_pod_name(node), DRIVER_NAMESPACE))
+    request: dict[str, Any] = {
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "TokenRequest",
+        "spec": {
+            "expirationSeconds": TOKEN_SECONDS,
+            "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": pod["metadata"]["name"]},
+        },
+    }
+    request["spec"]["boundObjectRef"]["uid"] = pod["metadata"]["uid"]
+    path = path_for("v1", "serviceaccounts", DRIVER_SERVICE_ACCOUNT, DRIVER_NAMESPACE, "token")
+    answer = await admin.create(path, request)
+    drivers.use_token(answer["status"]["token"])
+
+
+async def install_access_policy(admin: KubeClient, timeout_s: float = 120.0) -> list[str]:
+    """deploy/'s namespace, driver ServiceAccount, roles and own-node admission policy.
+    A driver namespace still being deleted (deploy/ just removed) is waited out first:
+    no pod can be created in it."""
+    namespace = path_for("v1", "namespaces", DRIVER_NAMESPACE)
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        try:
+            current = await admin.get(namespace)
+        except ApiError as exc:
+            if exc.not_found:
+                break
+            raise
+        if not current["metadata"].get("deletionTimestamp"):
+            break
+        if asyncio.get_running_loop().time() > deadline:
+            raise TestbedError(
+                f"namespace {DRIVER_NAMESPACE} has been terminating for {timeout_s:.0f} s",
+                hint=f"see what holds it: kubectl get all -n {DRIVER_NAMESPACE}; or use --identities shared",
+            )
+        await asyncio.sleep(0.5)
+    applied = []
+    for manifest in ("namespace.yaml", "rbac.yaml", "admission-policy.yaml"):
+        for doc in yaml.safe_load_all((ACCESS_MANIFESTS / manifest).read_text()):
+            if doc:
+                await _create_or_replace(admin, doc)
+                applied.append(f"{doc['kind']}/{doc['metadata']['name']}")
+    return applied
+
+
+_PLURALS = {
+    "Namespace": ("v1", "namespaces", False),
+    "ResourceQuota": ("v1", "resourcequotas", True),
+    "ServiceAccount": ("v1", "serviceaccounts", True),
+    "ClusterRole": ("rbac.authorization.k8s.io/v1", "clusterroles", False),
+    "ClusterRoleBinding": ("rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
+    "ValidatingAdmissionPolicy": ("admissionregistration.k8s.io/v1", "validatingadmissionpolicies", False),
+    "ValidatingAdmissionPolicyBinding": (
+        "admissionregistration.k8s.io/v1",
+        "validatingadmissionpolicybindings",
+        False,
+    ),
+}
+
+
+async def _create_or_replace(client: KubeClient, doc: Obj) -> None:
+    api_version, plural, namespaced = _PLURALS[doc["kind"]]
+    namespace = doc["metadata"].get("namespace") if namespaced else None
+    collection = path_for(api_version, plural, namespace=namespace)
+    try:
+        await client.create(collection, doc)
+    except ApiError as exc:
+        if not exc.conflict:
+            raise
+        path = path_for(api_version, plural, doc["metadata"]["name"], namespace)
+        current = await client.get(path)
+        await client.replace(path, {**doc, "metadata": {**doc["metadata"], **_version(current)}})
+
+
+def _version(obj: Obj) -> Obj:
+    return {"resourceVersion": obj["metadata"]["resourceVersion"]}

@@ -1,0 +1,102 @@
+"""Synthetic nodes run under the identities real nodes have, so the Node authorizer,
+NodeRestriction and deploy/'s RBAC and own-node admission policy judge them."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from testbed.controlplane import cluster
+from testbed.fleet.fleet import Fleet
+from testbed.fleet.identity import DRIVER_NAMESPACE, NodeAuthority, bind_driver_token, driver_pod_name
+from testbed.kubeapi import ApiError, KubeClient, path_for
+from testbed.testing import wait_for
+
+pytestmark = pytest.mark.controlplane
+
+SLICES = path_for("resource.k8s.io/v1", "resourceslices")
+
+
+def _slice(node: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"generateName": f"identity-probe-{node}-"},
+        "spec": {
+            "driver": "gpu.dra-testbed.io",
+            "nodeName": node,
+            "pool": {"name": f"identity-probe-{node}", "generation": 1, "resourceSliceCount": 1},
+            "devices": [],
+        },
+    }
+
+
+def test_each_fleet_node_has_a_driver_pod_its_kubelet_runs(control_plane: cluster.ClusterState, fleet: Fleet) -> None:
+    async def phases() -> dict[str, str]:
+        client = KubeClient.from_kubeconfig(control_plane.kubeconfig)
+        try:
+            found = {}
+            for node in fleet.host_of:
+                pod = await client.get(path_for("v1", "pods", driver_pod_name(node), DRIVER_NAMESPACE))
+                found[node] = pod.get("status", {}).get("phase", "")
+            return found
+        finally:
+            await client.close()
+
+    wait_for(lambda: set(asyncio.run(phases()).values()) == {"Running"}, 60, "every driver pod Running")
+
+
+def test_a_node_may_change_its_own_node_only(control_plane: cluster.ClusterState, fleet: Fleet) -> None:
+    authority = NodeAuthority.for_cluster(control_plane.kubeconfig)
+    assert authority is not None
+    mine, other = sorted(fleet.host_of)[:2]
+    label = {"metadata": {"labels": {"dra-testbed.io/identity-probe": "x"}}}
+
+    async def attempt(node: str) -> int:
+        kubelet = authority.kubelet_client(mine)
+        try:
+            await kubelet.patch(path_for("v1", "nodes", node), label)
+            return 200
+        except ApiError as exc:
+            return exc.status
+        finally:
+            await kubelet.close()
+
+    assert asyncio.run(attempt(other)) == 403  # the Node authorizer / NodeRestriction refuse
+    assert asyncio.run(attempt(mine)) == 200
+
+
+def test_a_nodes_driver_may_write_its_own_nodes_slices_only(control_plane: cluster.ClusterState, fleet: Fleet) -> None:
+    authority = NodeAuthority.for_cluster(control_plane.kubeconfig)
+    assert authority is not None
+    mine, other = sorted(fleet.host_of)[:2]
+
+    async def attempt() -> tuple[int, str, int]:
+        admin = KubeClient.from_kubeconfig(control_plane.kubeconfig)
+        drivers = authority.driver_client()
+        try:
+            await bind_driver_token(admin, drivers, mine)
+            try:
+                await drivers.create(SLICES, _slice(other))
+                refused, message = 200, ""
+            except ApiError as exc:
+                refused, message = exc.status, exc.message
+            created = await drivers.create(SLICES, _slice(mine))
+            await drivers.delete(path_for("resource.k8s.io/v1", "resourceslices", created["metadata"]["name"]))
+            # Not the driver's business: pods.
+            try:
+                await drivers.get(path_for("v1", "pods", namespace=DRIVER_NAMESPACE))
+                pods = 200
+            except ApiError as exc:
+                pods = exc.status
+            return refused, message, pods
+        finally:
+            await drivers.close()
+            await admin.close()
+
+    refused, message, pods = asyncio.run(attempt())
+    assert refused in (403, 422), message
+    assert f"a driver on node {mine} may only write its own node's ResourceSlices" in message
+    assert pods == 403

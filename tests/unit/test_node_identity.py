@@ -1,0 +1,49 @@
+"""A node's identity is what the Node authorizer expects of a kubelet's certificate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from cryptography import x509
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from testbed.controlplane import pki
+from testbed.fleet.identity import NodeAuthority, driver_pod, is_driver_pod
+
+
+def _authority(tmp_path: Path) -> NodeAuthority:
+    pki.generate(tmp_path / "pki")
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({"clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}]}))
+    authority = NodeAuthority.for_cluster(kubeconfig)
+    assert authority is not None
+    return authority
+
+
+def test_a_node_certificate_names_the_node_in_system_nodes_and_comes_from_the_cluster_ca(tmp_path: Path) -> None:
+    authority = _authority(tmp_path)
+    cert_pem, key_pem = authority.node_certificate("gpu-007")
+    cert = x509.load_pem_x509_certificate(cert_pem)
+    assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "system:node:gpu-007"
+    assert cert.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)[0].value == "system:nodes"
+    usage = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert list(usage) == [ExtendedKeyUsageOID.CLIENT_AUTH]
+    ca = x509.load_pem_x509_certificate(authority.ca_cert_pem)
+    cert.verify_directly_issued_by(ca)  # raises if another key signed it
+    assert b"PRIVATE KEY" in key_pem
+
+
+def test_a_cluster_without_its_ca_key_has_no_authority(tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("clusters: []\n")
+    assert NodeAuthority.for_cluster(kubeconfig) is None
+
+
+def test_the_driver_pod_is_bound_to_its_node_and_recognised_as_the_driver() -> None:
+    pod = driver_pod("gpu-007")
+    assert pod["spec"]["nodeName"] == "gpu-007"
+    assert pod["spec"]["serviceAccountName"] == "dra-testbed-driver"
+    assert is_driver_pod(pod)
+    workload = {"metadata": {"namespace": "team-a", "labels": pod["metadata"]["labels"]}}
+    assert not is_driver_pod(workload)  # the label alone, in another namespace, is not the driver
