@@ -27,7 +27,7 @@ from fake_devices.profiles import ProfileError, load_profile
 from testbed import config as cfg
 from testbed import environment
 from testbed.controlplane import binaries as binaries_module
-from testbed.controlplane import cluster, processes
+from testbed.controlplane import cluster, leftovers, processes
 from testbed.errors import TestbedError
 from testbed.fleet import spec as fleet_spec
 from testbed.progress import ConsoleProgress
@@ -412,6 +412,12 @@ def status(name: str, state_dir: Path | None) -> None:
     out.print(f"kubeconfig: {state.kubeconfig}")
     out.print(f"logs: {state.layout.logs}")
     out.print(f"binaries: {state.binaries}")
+    waiting = leftovers.pending(state.root)
+    if waiting:
+        out.print(
+            f"left behind by runs while the API server was gone, deleted once it answers: {', '.join(waiting)}",
+            markup=False,
+        )
     if state.extras.get("fleet_id"):
         _print_fleet(state, out)
     nodes_dir = state.extras.get("nodes_dir")
@@ -637,8 +643,7 @@ async def _watch_control_plane(root: Path, interval_s: float = 0.5, grace_s: flo
             down_since = None
         else:
             state = cluster.ClusterState.load(root)
-            keeper = next((p for p in state.processes if p.name == cluster.SUPERVISOR), None) if state else None
-            if keeper is None or not keeper.alive():
+            if state is None or not state.supervised:
                 return f"{gone}; no supervisor runs to restart it"
             down_since = down_since or time.monotonic()
             if time.monotonic() - down_since > grace_s:
@@ -700,6 +705,12 @@ def _run_and_report(state: cluster.ClusterState, chosen: Scenario, name: str, ou
         if nodes
         else {"checkpoint_entries": 0, "cdi_specs": 0}
     )
+    if work.data.left_behind and state.supervised:
+        leftovers.remember(state.root, work.data.namespace)
+        work.data.left_behind = (
+            f"namespace {work.data.namespace}: the cluster's supervisor deletes it once the API server "
+            f"answers again (`testbed status` lists it until then)"
+        )
     fleet = state.extras.get("fleet") or {}
     report = reporting.build(work.data, leaks, {"name": name, **fleet})  # type: ignore[dict-item]
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")

@@ -108,6 +108,12 @@ class ClusterState:
             ) from exc
 
     @property
+    def supervised(self) -> bool:
+        """Whether a supervisor runs to restart this cluster's components."""
+        keeper = next((p for p in self.processes if p.name == SUPERVISOR), None)
+        return keeper is not None and keeper.alive()
+
+    @property
     def supervision(self) -> dict[str, supervisor.Component]:
         """What the supervisor knows: restarts and last exit of each component."""
         return supervisor.read(self.root)

@@ -7,7 +7,9 @@ the same command after a back-off (1 s, doubling up to 30 s, and back to 1 s onc
 run for a minute). It alone writes ``DIR/supervision.json``: every component's current
 process, its restarts, its last exit and when. ``ClusterState.load`` takes the current
 processes from there, so `down`, `status` and a running scenario see what runs now.
-SIGTERM ends the supervisor and leaves the components to whoever stops the cluster.
+It also deletes the namespaces scenario runs had to leave behind while the API server
+was gone (``leftovers.py``), once every component runs again. SIGTERM ends the supervisor
+and leaves the components to whoever stops the cluster.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from testbed.controlplane import processes
+from testbed.controlplane import leftovers, processes
 from testbed.controlplane.processes import ProcessRecord
 from testbed.files import write_atomically
 
@@ -30,6 +32,8 @@ BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 30.0
 STABLE_S = 60.0
 """A component that ran this long before exiting starts its back-off from the beginning."""
+CLEANUP_EVERY_S = 5.0
+"""How often namespaces that runs left behind (see leftovers.py) are looked at."""
 
 
 def backoff_s(failures_in_a_row: int) -> float:
@@ -132,13 +136,24 @@ class Supervisor:
         signal.signal(signal.SIGINT, stop)
         self.save()
         before = ""
+        next_cleanup = 0.0
         while not self.stopping:
             self.step(time.time())
             now = json.dumps({n: c.next_start_at for n, c in self.components.items()})
             if now != before:  # a component went down or came back
                 self.save()
                 before = now
+            if time.monotonic() >= next_cleanup:
+                next_cleanup = time.monotonic() + CLEANUP_EVERY_S
+                self.clean_up_after_runs()
             time.sleep(POLL_S)
+
+    def clean_up_after_runs(self) -> None:
+        """Delete the namespaces runs left behind while the API server was gone."""
+        if any(c.next_start_at is not None for c in self.components.values()):
+            return  # not all back yet
+        for name in leftovers.delete_pending(self.root):
+            print(f"deleted namespace {name}, left behind by a run while the API server was gone", flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -18,6 +18,7 @@ import asyncio
 import datetime as dt
 import ssl
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,9 @@ TOKEN_SECONDS = 3607
 """What a kubelet asks for: the API server extends a pod-bound token of exactly this
 lifetime to a year (and warns when it is used past an hour), so runs need no refresh."""
 CERT_VALIDITY = dt.timedelta(days=365)
+NODE_CONNECTIONS = 2
+"""Per identity. A real kubelet multiplexes one HTTP/2 connection; each of ours is a TLS
+handshake on both sides, the bulk of what identities cost a fleet's start-up."""
 
 
 @dataclass(frozen=True)
@@ -66,11 +70,19 @@ class NodeAuthority:
         context.load_verify_locations(cadata=self.ca_cert_pem.decode())
         return context
 
-    def node_certificate(self, node: str) -> tuple[bytes, bytes]:
-        """A client certificate and key for system:node:<node> (P-256: ~1 ms each)."""
-        ca_cert = x509.load_pem_x509_certificate(self.ca_cert_pem)
+    def __getstate__(self) -> dict[str, object]:
+        """Only the content travels (to NodeHosts); the parsed CA is rebuilt there."""
+        return {k: v for k, v in self.__dict__.items() if k != "_ca"}
+
+    @cached_property
+    def _ca(self) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
         ca_key = serialization.load_pem_private_key(self.ca_key_pem, password=None)
         assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+        return x509.load_pem_x509_certificate(self.ca_cert_pem), ca_key
+
+    def node_certificate(self, node: str) -> tuple[bytes, bytes]:
+        """A client certificate and key for system:node:<node> (P-256: well under 1 ms)."""
+        ca_cert, ca_key = self._ca
         key = ec.generate_private_key(ec.SECP256R1())
         now = dt.datetime.now(dt.UTC)
         subject = x509.Name(
@@ -99,11 +111,11 @@ class NodeAuthority:
         """A client that is this node's kubelet, as the API server sees it."""
         context = self._context()
         load_pem_pair(context, *self.node_certificate(node))
-        return KubeClient(Credentials(self.server, context), connection_limit=4)
+        return KubeClient(Credentials(self.server, context), connection_limit=NODE_CONNECTIONS)
 
     def driver_client(self) -> KubeClient:
         """A client for a node's drivers; it gets its token from `bind_driver_token`."""
-        return KubeClient(Credentials(self.server, self._context()), connection_limit=4)
+        return KubeClient(Credentials(self.server, self._context()), connection_limit=NODE_CONNECTIONS)
 
 
 NODE_DRIVER_LABEL = "dra-testbed.io/synthetic-node-driver"

@@ -383,10 +383,11 @@ class PodManager:
 
     async def _set_running(self, pod: Obj, env: Mapping[str, Mapping[str, str]]) -> None:
         meta = pod["metadata"]
-        await self.runtime_client.patch(
-            path_for("v1", "pods", meta["name"], meta["namespace"]),
-            {"metadata": {"annotations": {ENV_ANNOTATION: json.dumps(env, sort_keys=True)}}},
-        )
+        if any(env.values()):  # a pod without devices has nothing to report: no extra write
+            await self.runtime_client.patch(
+                path_for("v1", "pods", meta["name"], meta["namespace"]),
+                {"metadata": {"annotations": {ENV_ANNOTATION: json.dumps(env, sort_keys=True)}}},
+            )
         # A restarted kubelet finds its pods running: their start time stays what it was.
         previous = pod.get("status", {})
         stamp = previous.get("startTime") if previous.get("phase") == "Running" else None

@@ -141,3 +141,30 @@ def test_down_during_a_run_ends_it_with_error_and_a_report(kube_binaries: Binari
     for phase in report["phases"]:  # a startup SLO only where every pod started
         assert phase["slo_met"] is None or phase["pods_running"] == phase["pods_expected"], phase
     assert took < 90, f"the run took {took:.0f} s to give up"
+
+
+def test_the_supervisor_deletes_a_namespace_a_run_left_behind(control_plane: cluster.ClusterState) -> None:
+    """What `testbed run` notes when the API server was gone as it ended."""
+    from kubernetes import client as k8s
+
+    from testbed.controlplane import leftovers
+    from testbed.kube import api_client
+
+    name = f"left-behind-{os.getpid()}"
+    api = api_client(control_plane.kubeconfig)
+    core = k8s.CoreV1Api(api)
+    try:
+        core.create_namespace({"metadata": {"name": name}})
+        leftovers.remember(control_plane.root, name)
+
+        def taken() -> bool:
+            if leftovers.pending(control_plane.root):
+                return False
+            try:
+                return core.read_namespace(name).metadata.deletion_timestamp is not None
+            except k8s.ApiException as exc:
+                return exc.status == 404
+
+        wait_for(taken, 60, "the supervisor to delete the namespace and forget it")
+    finally:
+        api.close()  # type: ignore[no-untyped-call]
