@@ -117,6 +117,7 @@ async def drain_process_node(client: KubeClient, node: ProcessNode, timeout_s: f
     prepared_before = prepared()
     evicted = await _empty(client, node.name, timeout_s, prepared)
     await node.stop_process("driver")
+    await client.delete_if_exists(path_for("v1", "pods", driver_pod_name(node.name), DRIVER_NAMESPACE))
     await client.request(
         "DELETE",
         path_for("resource.k8s.io/v1", "resourceslices"),

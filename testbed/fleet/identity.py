@@ -15,6 +15,7 @@ thousands stays cheap, and no single node may list what all of them need.
 from __future__ import annotations
 
 import asyncio
+import base64
 import datetime as dt
 import ssl
 from dataclasses import dataclass
@@ -113,6 +114,31 @@ class NodeAuthority:
         load_pem_pair(context, *self.node_certificate(node))
         return KubeClient(Credentials(self.server, context), connection_limit=NODE_CONNECTIONS)
 
+    def kubeconfig(self, user: dict[str, str]) -> bytes:
+        """A kubeconfig for a process (a real kubelet, a standalone driver) with this user."""
+        document = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "testbed",
+                    "cluster": {
+                        "server": self.server,
+                        "certificate-authority-data": base64.b64encode(self.ca_cert_pem).decode(),
+                    },
+                }
+            ],
+            "users": [{"name": "node", "user": user}],
+            "contexts": [{"name": "node", "context": {"cluster": "testbed", "user": "node"}}],
+            "current-context": "node",
+        }
+        return yaml.safe_dump(document).encode()
+
+    def kubelet_kubeconfig(self, node: str) -> bytes:
+        cert, key = self.node_certificate(node)
+        encoded = {"client-certificate-data": cert, "client-key-data": key}
+        return self.kubeconfig({k: base64.b64encode(v).decode() for k, v in encoded.items()})
+
     def driver_client(self) -> KubeClient:
         """A client for a node's drivers; it gets its token from `bind_driver_token`."""
         return KubeClient(Credentials(self.server, self._context()), connection_limit=NODE_CONNECTIONS)
@@ -158,6 +184,12 @@ def driver_pod(node: str) -> Obj:
 async def bind_driver_token(admin: KubeClient, drivers: KubeClient, node: str) -> None:
     """Create (or find) the node's driver pod and give ``drivers`` a token bound to it.
     The API server writes the pod's node into the token, which the own-node policy reads."""
+    drivers.use_token(await driver_token(admin, node))
+
+
+async def driver_token(admin: KubeClient, node: str) -> str:
+    """A token bound to the node's driver pod (created if need be). The Node need not
+    exist yet: the token names the pod's node either way."""
     pods = path_for("v1", "pods", namespace=DRIVER_NAMESPACE)
     try:
         pod = await admin.create(pods, driver_pod(node))
@@ -176,7 +208,7 @@ async def bind_driver_token(admin: KubeClient, drivers: KubeClient, node: str) -
     request["spec"]["boundObjectRef"]["uid"] = pod["metadata"]["uid"]
     path = path_for("v1", "serviceaccounts", DRIVER_SERVICE_ACCOUNT, DRIVER_NAMESPACE, "token")
     answer = await admin.create(path, request)
-    drivers.use_token(answer["status"]["token"])
+    return str(answer["status"]["token"])
 
 
 async def install_access_policy(admin: KubeClient, timeout_s: float = 120.0) -> list[str]:

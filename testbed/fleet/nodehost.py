@@ -21,9 +21,9 @@ from fake_devices.profiles import HardwareProfile, load_profile
 from testbed.controlplane.binaries import ensure_node_binaries
 from testbed.driver.claims import ClaimCache
 from testbed.driver.slices import SliceWatcher
-from testbed.files import write_atomically
+from testbed.files import write_atomically, write_secret
 from testbed.fleet.drain import DrainResult, drain, drain_process_node
-from testbed.fleet.identity import NodeAuthority, bind_driver_token
+from testbed.fleet.identity import NodeAuthority, bind_driver_token, driver_token
 from testbed.fleet.loopwatch import LoopWatch
 from testbed.fleet.synthetic_node import SyntheticNode, drivers_for
 from testbed.kubeapi import KubeClient, path_for
@@ -183,6 +183,8 @@ class NodeHost:
 
         async def bring_up(node: SyntheticNode | ProcessNode) -> None:
             async with gate:
+                if isinstance(node, ProcessNode):
+                    await self._issue_credentials(node)
                 await node.start()
                 if isinstance(node, ProcessNode):
                     await node.wait_ready(ready_timeout_s, client)
@@ -204,6 +206,19 @@ class NodeHost:
         kubelet, drivers = self.authority.kubelet_client(node), self.authority.driver_client()
         self.node_clients[node] = [kubelet, drivers]
         return kubelet, drivers, lambda: bind_driver_token(admin, drivers, node)
+
+    async def _issue_credentials(self, node: ProcessNode) -> None:
+        """A real-kubelet node's kubelet and driver get kubeconfigs of their own identities."""
+        if self.authority is None:
+            return
+        assert self.client is not None
+        private = node.root / "private"
+        private.mkdir(parents=True, exist_ok=True)
+        node.kubelet_kubeconfig = private / "kubelet.kubeconfig"
+        write_secret(node.kubelet_kubeconfig, self.authority.kubelet_kubeconfig(node.name))
+        token = await driver_token(self.client, node.name)
+        node.driver_kubeconfig = private / "driver.kubeconfig"
+        write_secret(node.driver_kubeconfig, self.authority.kubeconfig({"token": token}))
 
     async def _close_clients(self, node: str) -> None:
         for client in self.node_clients.pop(node, []):

@@ -119,6 +119,10 @@ class ProcessNode:
         self.drivers = drivers
         self.root = root
         self.kubeconfig = kubeconfig
+        self.kubelet_kubeconfig = kubeconfig
+        """The kubelet's credentials: a node identity's kubeconfig when the fleet issues one."""
+        self.driver_kubeconfig = kubeconfig
+        """The driver's credentials: a kubeconfig with a token bound to the node's driver pod."""
         self.binaries = binaries
         self.node_ip = spec.internal_ip()
         self.api_port = urllib.parse.urlsplit(default_credentials(kubeconfig).server).port or 443
@@ -317,7 +321,7 @@ class ProcessNode:
             "HARDWARE_PROFILE": self.profile,
             "HEALTH_PORT": "-1",
             "METRICS_PORT": "-1",
-            "KUBECONFIG": str(self.kubeconfig),
+            "KUBECONFIG": str(self.driver_kubeconfig),
             "CALL_LOG": str(self.call_log),
             "FAULTS_FILE": str(self.faults_file),
         }
@@ -332,7 +336,7 @@ class ProcessNode:
                 "-m",
                 "testbed.kubelet",
                 f"--node={self.name}",
-                f"--kubeconfig={self.kubeconfig}",
+                f"--kubeconfig={self.kubelet_kubeconfig}",
             ]
             command += [f"--root-dir={self.kubelet_dir}", f"--cdi-dir={self.cdi_dir}", *labels]
             await self._spawn("kubelet", command)
@@ -344,7 +348,7 @@ class ProcessNode:
         kubelet = [
             str(self.binaries.path("kubelet")),
             f"--config={config}",
-            f"--kubeconfig={self.kubeconfig}",
+            f"--kubeconfig={self.kubelet_kubeconfig}",
             f"--root-dir={self.kubelet_dir}",
             f"--cert-dir={self.root / 'private' / 'pki'}",
             f"--hostname-override={self.name}",

@@ -4,14 +4,26 @@ NodeRestriction and deploy/'s RBAC and own-node admission policy judge them."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from cryptography import x509
 
+from testbed import environment
+from testbed.config import ControlPlaneConfig
 from testbed.controlplane import cluster
+from testbed.controlplane.binaries import Binaries
 from testbed.fleet.fleet import Fleet
 from testbed.fleet.identity import DRIVER_NAMESPACE, NodeAuthority, bind_driver_token, driver_pod_name
+from testbed.fleet.spec import FleetFile
 from testbed.kubeapi import ApiError, KubeClient, path_for
+from testbed.progress import SilentProgress
+from testbed.realnode.node import recorded_processes, unsupported_reason
 from testbed.testing import wait_for
 
 pytestmark = pytest.mark.controlplane
@@ -100,3 +112,45 @@ def test_a_nodes_driver_may_write_its_own_nodes_slices_only(control_plane: clust
     assert refused in (403, 422), message
     assert f"a driver on node {mine} may only write its own node's ResourceSlices" in message
     assert pods == 403
+
+
+def test_a_real_kubelet_node_runs_its_kubelet_and_driver_under_their_own_identities(
+    kube_binaries: Binaries, short_tmp_path: Path, tmp_path: Path
+) -> None:
+    reason = unsupported_reason()
+    if reason:
+        pytest.skip(reason)
+    config = ControlPlaneConfig(name="realid", state_dir=short_tmp_path / "c")
+    fleet = FleetFile.model_validate(
+        {"nodesPerHost": 2, "pools": [{"name": "ref", "count": 1, "profile": "tiny", "kubelet": "real"}]}
+    )
+    state = environment.up(config, fleet, SilentProgress(), kube_binaries)
+    try:
+        node_dir = Path(str(state.extras["nodes_dir"])) / "ref-000"
+        kubelet = next(p for p in recorded_processes(node_dir.parent)["ref-000"] if p.name == "kubelet")
+        command = " ".join(kubelet.command)
+        assert f"--kubeconfig={node_dir / 'private' / 'kubelet.kubeconfig'}" in command
+        node_user = yaml.safe_load((node_dir / "private" / "kubelet.kubeconfig").read_text())["users"][0]["user"]
+        cert = x509.load_pem_x509_certificate(base64.b64decode(node_user["client-certificate-data"]))
+        assert cert.subject.rfc4514_string() == "CN=system:node:ref-000,O=system:nodes"
+        driver_user = yaml.safe_load((node_dir / "private" / "driver.kubeconfig").read_text())["users"][0]["user"]
+        assert set(driver_user) == {"token"}
+
+        # Both work under those identities: the driver's slices are there (up waited for
+        # them), and the kubelet ran the driver pod and a scenario's pods.
+        command = [sys.executable, "-m", "testbed.cli", "run", "smoke", "--name", config.name]
+        command += ["--state-dir", str(config.cluster_dir), "--output", str(tmp_path / "report")]
+        run = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr[-2000:]
+
+        async def driver_pod_phase() -> str:
+            client = KubeClient.from_kubeconfig(state.kubeconfig)
+            try:
+                pod = await client.get(path_for("v1", "pods", driver_pod_name("ref-000"), DRIVER_NAMESPACE))
+                return str(pod.get("status", {}).get("phase", ""))
+            finally:
+                await client.close()
+
+        wait_for(lambda: asyncio.run(driver_pod_phase()) == "Running", 60, "the real kubelet to run the driver pod")
+    finally:
+        environment.down(config)
