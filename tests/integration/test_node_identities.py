@@ -14,15 +14,12 @@ import pytest
 import yaml
 from cryptography import x509
 
-from testbed import environment
 from testbed.config import ControlPlaneConfig
 from testbed.controlplane import cluster
 from testbed.controlplane.binaries import Binaries
 from testbed.fleet.fleet import Fleet
 from testbed.fleet.identity import DRIVER_NAMESPACE, NodeAuthority, bind_driver_token, driver_pod_name
-from testbed.fleet.spec import FleetFile
 from testbed.kubeapi import ApiError, KubeClient, path_for
-from testbed.progress import SilentProgress
 from testbed.realnode.node import recorded_processes, unsupported_reason
 from testbed.testing import wait_for
 
@@ -120,11 +117,21 @@ def test_a_real_kubelet_node_runs_its_kubelet_and_driver_under_their_own_identit
     reason = unsupported_reason()
     if reason:
         pytest.skip(reason)
+    # Through the CLI, in processes of its own: this process stays connected to the
+    # session fleet's Ray, which an in-process `up` and `down` would take from it.
     config = ControlPlaneConfig(name="realid", state_dir=short_tmp_path / "c")
-    fleet = FleetFile.model_validate(
-        {"nodesPerHost": 2, "pools": [{"name": "ref", "count": 1, "profile": "tiny", "kubelet": "real"}]}
+    fleet_file = tmp_path / "fleet.yaml"
+    fleet_file.write_text(
+        yaml.safe_dump(
+            {"nodesPerHost": 2, "pools": [{"name": "ref", "count": 1, "profile": "tiny", "kubelet": "real"}]}
+        )
     )
-    state = environment.up(config, fleet, SilentProgress(), kube_binaries)
+    cli = [sys.executable, "-m", "testbed.cli"]
+    where = ["--name", config.name, "--state-dir", str(config.cluster_dir)]
+    up = subprocess.run([*cli, "up", *where, "--fleet", str(fleet_file)], capture_output=True, text=True, timeout=600)
+    assert up.returncode == 0, up.stderr[-2000:]
+    state = cluster.ClusterState.load(config.cluster_dir)
+    assert state is not None
     try:
         node_dir = Path(str(state.extras["nodes_dir"])) / "ref-000"
         kubelet = next(p for p in recorded_processes(node_dir.parent)["ref-000"] if p.name == "kubelet")
@@ -138,8 +145,7 @@ def test_a_real_kubelet_node_runs_its_kubelet_and_driver_under_their_own_identit
 
         # Both work under those identities: the driver's slices are there (up waited for
         # them), and the kubelet ran the driver pod and a scenario's pods.
-        command = [sys.executable, "-m", "testbed.cli", "run", "smoke", "--name", config.name]
-        command += ["--state-dir", str(config.cluster_dir), "--output", str(tmp_path / "report")]
+        command = [*cli, "run", "smoke", *where, "--output", str(tmp_path / "report")]
         run = subprocess.run(command, capture_output=True, text=True, timeout=300)
         assert run.returncode == 0, run.stderr[-2000:]
 
@@ -153,4 +159,4 @@ def test_a_real_kubelet_node_runs_its_kubelet_and_driver_under_their_own_identit
 
         wait_for(lambda: asyncio.run(driver_pod_phase()) == "Running", 60, "the real kubelet to run the driver pod")
     finally:
-        environment.down(config)
+        subprocess.run([*cli, "down", *where], capture_output=True, timeout=300)
