@@ -250,6 +250,19 @@ class KubeClient:
     async def replace(self, path: str, body: Obj, metadata_only: bool = False) -> Obj:
         return await self.request("PUT", path, body, metadata_only=metadata_only)
 
+    async def create_or_replace(self, collection: str, doc: Obj) -> Obj:
+        """Create ``doc`` in ``collection``, or replace the object of that name with it
+        (as `kubectl apply` does for a manifest the testbed owns)."""
+        try:
+            return await self.create(collection, doc)
+        except ApiError as exc:
+            if not exc.conflict:
+                raise
+        path = f"{collection}/{doc['metadata']['name']}"
+        current = await self.get(path)
+        version = {"resourceVersion": current["metadata"]["resourceVersion"]}
+        return await self.replace(path, {**doc, "metadata": {**doc["metadata"], **version}})
+
     async def patch(self, path: str, body: Obj | list[Obj], patch_type: str = "merge") -> Obj:
         return await self.request("PATCH", path, body, content_type=PATCH_TYPES[patch_type])
 

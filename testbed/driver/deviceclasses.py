@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from testbed.kubeapi import ApiError, KubeClient, path_for
+from testbed.kubeapi import KubeClient, path_for
 
 MANIFEST = Path(__file__).with_name("deviceclasses.yaml")
 
@@ -21,14 +21,6 @@ async def install(client: KubeClient) -> list[str]:
     names = []
     for doc in device_classes():
         name = doc["metadata"]["name"]
-        path = path_for("resource.k8s.io/v1", "deviceclasses", name)
-        try:
-            current = await client.get(path)
-            doc["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-            await client.replace(path, doc)
-        except ApiError as exc:
-            if not exc.not_found:
-                raise
-            await client.create(path_for("resource.k8s.io/v1", "deviceclasses"), doc)
+        await client.create_or_replace(path_for("resource.k8s.io/v1", "deviceclasses"), doc)
         names.append(name)
     return names

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import datetime as dt
 import ssl
 from dataclasses import dataclass
 from functools import cached_property
@@ -25,10 +24,11 @@ from typing import Any
 
 import yaml
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.x509.oid import NameOID
 
+from testbed.controlplane.pki import client_certificate
 from testbed.errors import TestbedError
 from testbed.kubeapi import ApiError, Credentials, KubeClient, Obj, load_pem_pair, path_for
 
@@ -39,7 +39,6 @@ ACCESS_MANIFESTS = Path(__file__).with_name("access")
 TOKEN_SECONDS = 3607
 """What a kubelet asks for: the API server extends a pod-bound token of exactly this
 lifetime to a year (and warns when it is used past an hour), so runs need no refresh."""
-CERT_VALIDITY = dt.timedelta(days=365)
 NODE_CONNECTIONS = 2
 """Per identity. A real kubelet multiplexes one HTTP/2 connection; each of ours is a TLS
 handshake on both sides, the bulk of what identities cost a fleet's start-up."""
@@ -83,30 +82,13 @@ class NodeAuthority:
 
     def node_certificate(self, node: str) -> tuple[bytes, bytes]:
         """A client certificate and key for system:node:<node> (P-256: well under 1 ms)."""
-        ca_cert, ca_key = self._ca
-        key = ec.generate_private_key(ec.SECP256R1())
-        now = dt.datetime.now(dt.UTC)
         subject = x509.Name(
             [
                 x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:nodes"),
                 x509.NameAttribute(NameOID.COMMON_NAME, f"system:node:{node}"),
             ]
         )
-        cert = (
-            x509.CertificateBuilder()
-            .subject_name(subject)
-            .issuer_name(ca_cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + CERT_VALIDITY)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-            .sign(ca_key, hashes.SHA256())
-        )
-        key_pem = key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-        return cert.public_bytes(serialization.Encoding.PEM), key_pem
+        return client_certificate(subject, *self._ca)
 
     def kubelet_client(self, node: str) -> KubeClient:
         """A client that is this node's kubelet, as the API server sees it."""
@@ -202,10 +184,9 @@ async def driver_token(admin: KubeClient, node: str) -> str:
         "kind": "TokenRequest",
         "spec": {
             "expirationSeconds": TOKEN_SECONDS,
-            "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": pod["metadata"]["name"]},
+            "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", **{k: pod["metadata"][k] for k in ("name", "uid")}},
         },
     }
-    request["spec"]["boundObjectRef"]["uid"] = pod["metadata"]["uid"]
     path = path_for("v1", "serviceaccounts", DRIVER_SERVICE_ACCOUNT, DRIVER_NAMESPACE, "token")
     answer = await admin.create(path, request)
     return str(answer["status"]["token"])
@@ -215,11 +196,11 @@ async def install_access_policy(admin: KubeClient, timeout_s: float = 120.0) -> 
     """deploy/'s namespace, driver ServiceAccount, roles and own-node admission policy.
     A driver namespace still being deleted (deploy/ just removed) is waited out first:
     no pod can be created in it."""
-    namespace = path_for("v1", "namespaces", DRIVER_NAMESPACE)
+    namespace_path = path_for("v1", "namespaces", DRIVER_NAMESPACE)
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
         try:
-            current = await admin.get(namespace)
+            current = await admin.get(namespace_path)
         except ApiError as exc:
             if exc.not_found:
                 break
@@ -236,7 +217,9 @@ async def install_access_policy(admin: KubeClient, timeout_s: float = 120.0) -> 
     for manifest in ("namespace.yaml", "rbac.yaml", "admission-policy.yaml"):
         for doc in yaml.safe_load_all((ACCESS_MANIFESTS / manifest).read_text()):
             if doc:
-                await _create_or_replace(admin, doc)
+                api_version, plural, namespaced = _PLURALS[doc["kind"]]
+                namespace = doc["metadata"].get("namespace") if namespaced else None
+                await admin.create_or_replace(path_for(api_version, plural, namespace=namespace), doc)
                 applied.append(f"{doc['kind']}/{doc['metadata']['name']}")
     return applied
 
@@ -254,21 +237,3 @@ _PLURALS = {
         False,
     ),
 }
-
-
-async def _create_or_replace(client: KubeClient, doc: Obj) -> None:
-    api_version, plural, namespaced = _PLURALS[doc["kind"]]
-    namespace = doc["metadata"].get("namespace") if namespaced else None
-    collection = path_for(api_version, plural, namespace=namespace)
-    try:
-        await client.create(collection, doc)
-    except ApiError as exc:
-        if not exc.conflict:
-            raise
-        path = path_for(api_version, plural, doc["metadata"]["name"], namespace)
-        current = await client.get(path)
-        await client.replace(path, {**doc, "metadata": {**doc["metadata"], **_version(current)}})
-
-
-def _version(obj: Obj) -> Obj:
-    return {"resourceVersion": obj["metadata"]["resourceVersion"]}
