@@ -196,6 +196,25 @@ def _kubectl() -> Path:
     "--scheduler-burst", type=click.IntRange(min=1), default=200, show_default=True, help="Its burst above the QPS."
 )
 @click.option(
+    "--percentage-of-nodes-to-score",
+    type=click.IntRange(0, 100),
+    default=None,
+    help="kube-scheduler's percentageOfNodesToScore (default: its adaptive choice; 100 scores every node).",
+)
+@click.option(
+    "--scheduler-parallelism",
+    type=click.IntRange(1, 1024),
+    default=None,
+    help="kube-scheduler's parallelism: workers that filter and score nodes (default 16).",
+)
+@click.option(
+    "--devices-per-slice",
+    type=click.IntRange(1, 128),
+    default=None,
+    help="At most this many devices per ResourceSlice on every synthetic node (default: the API's limits, "
+    "128, or 64 with taints or counters).",
+)
+@click.option(
     "--alpha",
     is_flag=True,
     help="Turn on every alpha DRA feature gate and alpha/beta APIs on all components (also: TESTBED_ALPHA=1).",
@@ -263,6 +282,9 @@ def up(
     kcm_burst: int,
     scheduler_qps: float,
     scheduler_burst: int,
+    percentage_of_nodes_to_score: int | None,
+    scheduler_parallelism: int | None,
+    devices_per_slice: int | None,
     alpha: bool,
     feature_gates: str,
     timeout: float,
@@ -287,6 +309,8 @@ def up(
         kcm_burst=kcm_burst,
         scheduler_qps=scheduler_qps,
         scheduler_burst=scheduler_burst,
+        percentage_of_nodes_to_score=percentage_of_nodes_to_score,
+        scheduler_parallelism=scheduler_parallelism,
         alpha=alpha,
         startup_timeout_s=timeout,
         extra_feature_gates=cfg.parse_feature_gates(feature_gates, "--feature-gates"),
@@ -299,7 +323,7 @@ def up(
             fleet = fleet_spec.load(fleet_file)
         elif nodes:
             load_profile(profile)
-            fleet = fleet_spec.single_pool(nodes, profile, nodes_per_host)
+            fleet = fleet_spec.single_pool(nodes, profile, nodes_per_host, devices_per_slice=devices_per_slice)
     except ProfileError as exc:
         raise TestbedError(
             str(exc), hint="pick a shipped profile (gpu8, h100x8, tiny) or a profile YAML file"
@@ -308,6 +332,9 @@ def up(
         raise TestbedError(str(exc), hint="fix the field it names; see examples/fleet.yaml") from None
     if fleet is not None and identities is not None:
         fleet = fleet.model_copy(update={"identities": identities})
+    if fleet is not None and devices_per_slice is not None:
+        pools = [pool.model_copy(update={"devices_per_slice": devices_per_slice}) for pool in fleet.pools]
+        fleet = fleet.model_copy(update={"pools": pools})
     state = environment.up(config, fleet, ConsoleProgress(), external_kubeconfig=external_kubeconfig)
     click.echo(str(state.kubeconfig))
 
@@ -507,7 +534,13 @@ def check(name: str, state_dir: Path | None, kubeconfig_file: Path | None, node:
     "start",
     is_flag=True,
     help="If the cluster is not running, start the one the scenario's `cluster:` section describes "
-    "(nodes, profile, KCM and scheduler QPS/burst), and stop it after the run.",
+    "(nodes, profile, KCM and scheduler settings, devices per slice), and stop it after the run.",
+)
+@click.option(
+    "--junit",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Also write JUnit XML here: one test case per phase (its SLO verdict) and one for leaks.",
 )
 @reports_errors
 def run_scenario(
@@ -517,6 +550,7 @@ def run_scenario(
     overrides: tuple[str, ...],
     output: Path | None,
     start: bool,
+    junit: Path | None,
 ) -> None:
     """Run a scenario (smoke, cl2-dra, steady-churn, baseline, or a YAML file); print the report dir last."""
     _about(name, f"running scenario {scenario}")
@@ -563,17 +597,18 @@ def run_scenario(
             kcm_burst=c.kcm_burst,
             scheduler_qps=c.scheduler_qps,
             scheduler_burst=c.scheduler_burst,
+            percentage_of_nodes_to_score=c.percentage_of_nodes_to_score,
+            scheduler_parallelism=c.scheduler_parallelism,
         )
+        pool = fleet_spec.single_pool(c.nodes, c.profile, c.nodes_per_host, devices_per_slice=c.devices_per_slice)
         try:
-            state = environment.up(
-                wanted, fleet_spec.single_pool(c.nodes, c.profile, c.nodes_per_host), ConsoleProgress()
-            )
+            state = environment.up(wanted, pool, ConsoleProgress())
         except BaseException:
             environment.down(config)
             raise
     try:
         _wait_for_fleet(state, ConsoleProgress())
-        code = _run_and_report(state, chosen, name, output)
+        code = _run_and_report(state, chosen, name, output, junit)
     finally:
         if started_here:
             stderr.print(f"stopping cluster {name!r} (started by --up)")
@@ -651,7 +686,9 @@ async def _watch_control_plane(root: Path, interval_s: float = 0.5, grace_s: flo
         await asyncio.sleep(interval_s)
 
 
-def _run_and_report(state: cluster.ClusterState, chosen: Scenario, name: str, output: Path | None) -> int:
+def _run_and_report(
+    state: cluster.ClusterState, chosen: Scenario, name: str, output: Path | None, junit: Path | None = None
+) -> int:
     """Run the scenario on the cluster, write the report; the exit code it deserves."""
     import asyncio
     import datetime as dt
@@ -667,6 +704,7 @@ def _run_and_report(state: cluster.ClusterState, chosen: Scenario, name: str, ou
         scheduler=f"https://127.0.0.1:{state.ports.scheduler}/metrics",
         nodehosts=environment.fleet_metrics_urls(state),
         refresh=lambda: environment.fleet_metrics_urls(state),
+        etcd=f"http://127.0.0.1:{state.ports.etcd_metrics}/metrics" if state.ports.etcd_metrics else "",
     )
     client = KubeClient.from_kubeconfig(state.kubeconfig)
     work = runner.Runner(client, chosen, endpoints, ConsoleProgress())
@@ -712,17 +750,50 @@ def _run_and_report(state: cluster.ClusterState, chosen: Scenario, name: str, ou
             f"answers again (`testbed status` lists it until then)"
         )
     fleet = state.extras.get("fleet") or {}
-    report = reporting.build(work.data, leaks, {"name": name, **fleet})  # type: ignore[dict-item]
+    settings = state.extras.get("settings") or {}
+    report = reporting.build(work.data, leaks, {"name": name, **fleet, "settings": settings})  # type: ignore[dict-item]
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     directory = reporting.write(
         report, work.data, output or cfg.state_root() / "runs" / f"{name}-{chosen.name}-{stamp}"
     )
     for line in reporting.summary_lines(report):
         stderr.print(line, markup=False)
+    if junit is not None:
+        from testbed.report.junit import junit_xml
+
+        junit.parent.mkdir(parents=True, exist_ok=True)
+        junit.write_text(junit_xml(report))
+        stderr.print(f"JUnit XML: {junit}", markup=False)
     click.echo(str(directory))
     if interrupted:
         return 130
     return 0 if report["verdict"] == "PASS" else 1
+
+
+@main.command()
+@click.argument("run_a", type=click.Path(path_type=Path, exists=True))
+@click.argument("run_b", type=click.Path(path_type=Path, exists=True))
+@click.option(
+    "--fail-if",
+    "fail_if",
+    multiple=True,
+    metavar="FIGURE=RATIO",
+    help="Exit 1 when B is worse than A by more than RATIO in any phase, e.g. startup_p99=1.2 "
+    "(repeatable; figures: startup_p50, startup_p99, pods_per_s, scheduling_sli_p99, cpu_seconds, ...).",
+)
+@reports_errors
+def compare(run_a: Path, run_b: Path, fail_if: tuple[str, ...]) -> None:
+    """Compare two runs' reports phase by phase: the settings that differ, then each figure and how much worse B is."""
+    from testbed.report import compare as comparing
+
+    thresholds = comparing.parse_thresholds(fail_if)
+    result = comparing.compare(comparing.load(run_a), comparing.load(run_b), thresholds)
+    click.echo("\n".join(result.lines))
+    if result.regressions:
+        stderr.print(f"{len(result.regressions)} regression(s) beyond the allowed ratio:", markup=False)
+        for line in result.regressions:
+            stderr.print(f"  {line}", markup=False)
+        sys.exit(1)
 
 
 @main.command(context_settings={"ignore_unknown_options": True})  # so `-1` reaches COUNT and is refused there

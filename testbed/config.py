@@ -165,6 +165,10 @@ class ControlPlaneConfig:
     """The cluster-admin guide found 75/150 the floor for pod startup within SLO."""
     scheduler_qps: float = 100.0
     scheduler_burst: int = 200
+    percentage_of_nodes_to_score: int | None = None
+    """The scheduler's percentageOfNodesToScore (None: its adaptive default)."""
+    scheduler_parallelism: int | None = None
+    """The scheduler's parallelism: workers filtering and scoring nodes (None: 16)."""
     alpha: bool = False
     """All alpha DRA gates plus alpha and beta API versions, on every component."""
     extra_feature_gates: dict[str, bool] = field(default_factory=dict)
@@ -195,6 +199,17 @@ class ControlPlaneConfig:
     @property
     def cluster_dir(self) -> Path:
         return self.state_dir or state_root() / "clusters" / self.name
+
+    def tunables(self) -> dict[str, float | int | None]:
+        """The settings a scenario may turn, as reports record them."""
+        return {
+            "kcmQPS": self.kcm_qps,
+            "kcmBurst": self.kcm_burst,
+            "schedulerQPS": self.scheduler_qps,
+            "schedulerBurst": self.scheduler_burst,
+            "percentageOfNodesToScore": self.percentage_of_nodes_to_score,
+            "schedulerParallelism": self.scheduler_parallelism,
+        }
 
     def feature_gates(self) -> dict[str, bool]:
         gates = dict(BETA_DRA_GATES)

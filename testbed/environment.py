@@ -58,6 +58,8 @@ def up(
         progress.step(f"using the cluster of {external_kubeconfig}; no control plane started")
     else:
         state = cluster.up(config, progress, binaries)
+    state.extras["settings"] = config.tunables()
+    state.save()
     try:
         names = install_device_classes(state.kubeconfig)
         progress.step(f"DeviceClasses: {', '.join(names)}")

@@ -242,6 +242,16 @@ class KubeClient:
     async def get(self, path: str, params: Mapping[str, str] | None = None) -> Obj:
         return await self.request("GET", path, params=params)
 
+    async def get_text(self, path: str, timeout_s: float = 10.0) -> str:
+        """A plain-text endpoint such as /metrics; one attempt, errors as ApiError."""
+        async with self._http().get(
+            path, headers={"Accept": "text/plain"}, timeout=aiohttp.ClientTimeout(total=timeout_s)
+        ) as response:
+            text = await response.text()
+            if response.status >= 400:
+                raise _api_error(response.status, text)
+            return text
+
     async def create(self, path: str, body: Obj, metadata_only: bool = False) -> Obj:
         """``metadata_only``: the answer is the object's metadata alone (a
         PartialObjectMetadata), which spares both sides the encoding of a large object."""

@@ -267,13 +267,14 @@ def _choose_ports(config: ControlPlaneConfig) -> Ports:
             f"port {config.apiserver_port} on 127.0.0.1 is already in use",
             hint="pick another with --port, or leave --port out to get a free one",
         )
-    etcd_client, etcd_peer, apiserver, controller_manager, scheduler = processes.free_ports(5)
+    etcd_client, etcd_peer, apiserver, controller_manager, scheduler, etcd_metrics = processes.free_ports(6)
     return Ports(
         etcd_client=etcd_client,
         etcd_peer=etcd_peer,
         apiserver=config.apiserver_port or apiserver,
         controller_manager=controller_manager,
         scheduler=scheduler,
+        etcd_metrics=etcd_metrics,
     )
 
 

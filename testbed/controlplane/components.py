@@ -35,6 +35,8 @@ class Ports:
     apiserver: int
     controller_manager: int
     scheduler: int
+    etcd_metrics: int = 0
+    """etcd's plain-HTTP /metrics (and /health) on 127.0.0.1; 0 in clusters from before it."""
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -138,6 +140,8 @@ def etcd_command(binaries: Binaries, layout: Layout, ports: Ports, config: Contr
         f"--initial-advertise-peer-urls={peer}",
         f"--initial-cluster=testbed={peer}",
         "--initial-cluster-state=new",
+        # Metrics only, as kubeadm serves them: the data stays behind mutual TLS.
+        *([f"--listen-metrics-urls=http://127.0.0.1:{ports.etcd_metrics}"] if ports.etcd_metrics else []),
         "--quota-backend-bytes=8589934592",
         "--log-level=warn",
     ]
@@ -230,7 +234,7 @@ def controller_manager_command(
 
 def write_scheduler_config(layout: Layout, config: ControlPlaneConfig) -> Path:
     """Client QPS/burst live in the scheduler's config file; its flags for them are gone."""
-    document = {
+    document: dict[str, object] = {
         "apiVersion": "kubescheduler.config.k8s.io/v1",
         "kind": "KubeSchedulerConfiguration",
         "clientConnection": {
@@ -240,6 +244,10 @@ def write_scheduler_config(layout: Layout, config: ControlPlaneConfig) -> Path:
         },
         "leaderElection": {"leaderElect": False},
     }
+    if config.percentage_of_nodes_to_score is not None:
+        document["percentageOfNodesToScore"] = config.percentage_of_nodes_to_score
+    if config.scheduler_parallelism is not None:
+        document["parallelism"] = config.scheduler_parallelism
     path = layout.root / "scheduler-config.yaml"
     path.write_text(yaml.safe_dump(document, sort_keys=False))
     return path

@@ -16,6 +16,7 @@ Configured from the environment, as a DaemonSet passes it:
     CALL_LOG           append every DRA call a kubelet makes to this file (JSON lines)
     FAULTS_FILE        a JSON file the driver follows: {"unhealthy": {"gpu-0": "XID 79"}}
                        marks those devices unhealthy (with that message), the rest healthy
+    DEVICES_PER_SLICE  at most this many devices per ResourceSlice (0: the API's limits)    0
 
 SIGTERM or SIGINT stops it cleanly: it removes its own sockets and leaves the slices
 (the kubelet wipes them if no instance comes back within 30 s).
@@ -42,13 +43,21 @@ from testbed.driver.claims import ClaimCache
 from testbed.driver.grpc_services import LivenessService
 from testbed.driver.plugin import DriverPlugin
 from testbed.driver.prepare import DriverPaths
-from testbed.driver.slices import DRIVER_KINDS
+from testbed.driver.slices import DRIVER_KINDS, MAX_DEVICES
 from testbed.errors import TestbedError
 from testbed.kubeapi import KubeClient
 from testbed.metrics_server import MetricsServer
 from testbed.tasks import cancel_and_wait
 
 log = logging.getLogger("testbed-driver")
+
+
+def _slice_size(value: int) -> int | None:
+    if not 0 <= value <= MAX_DEVICES:
+        raise TestbedError(
+            f"DEVICES_PER_SLICE={value} is out of range", hint=f"use 1-{MAX_DEVICES}, or 0 for the API's limits"
+        )
+    return value or None
 
 
 @dataclass(frozen=True)
@@ -66,6 +75,7 @@ class Settings:
     kubeconfig: Path | None
     call_log: Path | None = None
     faults_file: Path | None = None
+    devices_per_slice: int | None = None
 
     @classmethod
     def from_env(cls, env: dict[str, str]) -> Settings:
@@ -98,6 +108,7 @@ class Settings:
             health_address=env.get("HEALTH_ADDRESS", "127.0.0.1"),
             metrics_port=integer("METRICS_PORT", "8080"),
             kubeconfig=Path(env["KUBECONFIG"]) if env.get("KUBECONFIG") else None,
+            devices_per_slice=_slice_size(integer("DEVICES_PER_SLICE", "0")),
             call_log=Path(env["CALL_LOG"]) if env.get("CALL_LOG") else None,
             faults_file=Path(env["FAULTS_FILE"]) if env.get("FAULTS_FILE") else None,
         )
@@ -151,6 +162,7 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
             client,
             claims,
             call_log=settings.call_log,
+            devices_per_slice=settings.devices_per_slice,
         )
         for driver in settings.drivers
     ]

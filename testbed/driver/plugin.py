@@ -49,11 +49,13 @@ class DriverPlugin:
         durable: bool = True,
         slice_watcher: SliceWatcher | None = None,
         call_log: Path | None = None,
+        devices_per_slice: int | None = None,
     ):
         """``durable``: fsync checkpoint and CDI writes (a real node). Synthetic nodes, whose
         state is throw-away, skip it, as the testbed's etcd does. ``slice_watcher``: a
         watch shared with other nodes' drivers; by default the driver watches its own.
-        ``call_log``: append every DRA call a kubelet makes to this file (JSON lines)."""
+        ``call_log``: append every DRA call a kubelet makes to this file (JSON lines).
+        ``devices_per_slice``: a smaller slice size than the API's limits (None: the limits)."""
         if driver not in DRIVER_KINDS:
             raise TestbedError(f"unknown driver {driver!r}", hint=f"use one of {', '.join(DRIVER_KINDS)}")
         self.driver = driver
@@ -68,6 +70,7 @@ class DriverPlugin:
         # whenever it lands, and a re-list per driver cost a fleet 1,000 LISTs at start.
         self.registration = RegistrationService(driver, str(paths.dra_socket), self.call_log)
         self.publish_slices = publish_slices
+        self.devices_per_slice = devices_per_slice
         self._own_watcher = slice_watcher is None
         self.slice_watcher = slice_watcher or SliceWatcher.for_node(client, node, driver)
         self.liveness_port = liveness_port
@@ -124,7 +127,7 @@ class DriverPlugin:
     async def publish_once(self) -> bool:
         _, devices, pools = await self.backend.inventory()
         _, health = await self.backend.health()
-        specs = desired_slices(self.driver, self.node, devices, pools, health)
+        specs = desired_slices(self.driver, self.node, devices, pools, health, self.devices_per_slice)
         if self.publisher.owner is None:
             self.publisher.owner = await self._node_owner()
         before = self.publisher.writes

@@ -84,7 +84,11 @@ def desired_slices(
     devices: list[Device],
     pools: list[SharedPool],
     health: list[DeviceHealth],
+    devices_per_slice: int | None = None,
 ) -> list[SliceSpec]:
+    """``devices_per_slice``: fewer devices per slice than the API allows (a layout knob:
+    the scheduler and the API server handle many small slices differently from a few
+    large ones)."""
     kinds = DRIVER_KINDS[driver]
     mine = [d for d in devices if d.kind in kinds]
     by_name = {h.device: h for h in health}
@@ -102,7 +106,10 @@ def desired_slices(
     ]
     plain = [e for e in entries if "consumesCounters" not in e and "taints" not in e]
     limited = [e for e in entries if "consumesCounters" in e or "taints" in e]
-    groups = list(_chunks(plain, MAX_DEVICES)) + list(_chunks(limited, MAX_DEVICES_WITH_TAINTS_OR_COUNTERS))
+    most = devices_per_slice or MAX_DEVICES
+    groups = list(_chunks(plain, min(most, MAX_DEVICES))) + list(
+        _chunks(limited, min(most, MAX_DEVICES_WITH_TAINTS_OR_COUNTERS))
+    )
     specs += [SliceSpec(f"{prefix}-{i}", devices=tuple(group)) for i, group in enumerate(groups)]
     if not specs:  # an empty pool is still published, so the scheduler knows it is empty
         specs.append(SliceSpec(f"{prefix}-0"))

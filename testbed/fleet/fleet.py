@@ -23,7 +23,12 @@ FLEET_START_CONCURRENCY = 24
 
 def _recipe(pool: Pool, index: int) -> NodeRecipe:
     return NodeRecipe(
-        pool.node_name(index), pool.profile, dict(pool.labels), [t.model_dump() for t in pool.taints], pool.kubelet
+        pool.node_name(index),
+        pool.profile,
+        dict(pool.labels),
+        [t.model_dump() for t in pool.taints],
+        pool.kubelet,
+        pool.devices_per_slice,
     )
 
 

@@ -52,6 +52,7 @@ class NodeRecipe:
     """None: the default synthetic-node taint."""
     kubelet: str = "fake"
     """fake: a synthetic node in this process; real: kubelet + CRI + driver processes."""
+    devices_per_slice: int | None = None
 
 
 def settle_heap() -> None:
@@ -172,6 +173,7 @@ class NodeHost:
                 driver_client=driver_client,
                 bind_drivers=bind_drivers,
                 runtime_client=self.client,
+                devices_per_slice=recipe.devices_per_slice,
             )
             self.nodes[recipe.name] = node
             fresh.append(node)
@@ -227,9 +229,11 @@ class NodeHost:
     def _process_node(self, recipe: NodeRecipe, profile: HardwareProfile) -> ProcessNode:
         spec = SyntheticNode.node_spec(recipe.name, profile.name, recipe.labels, recipe.taints)
         root = self.nodes_dir / recipe.name
-        return ProcessNode(
+        node = ProcessNode(
             spec, recipe.profile, drivers_for(profile), root, self.kubeconfig, ensure_node_binaries(), "real"
         )
+        node.devices_per_slice = recipe.devices_per_slice
+        return node
 
     async def remove_nodes(self, names: list[str], timeout_s: float = 300.0) -> list[dict[str, Any]]:
         """Drain these nodes and delete them from the cluster (see drain.py for the order)."""

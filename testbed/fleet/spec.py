@@ -12,6 +12,7 @@ pools:
       - {key: dra-testbed.io/synthetic, value: "true", effect: NoSchedule}
     kubelet: fake         # fake (default) or real: kubelet v1.37 + a fake CRI + testbed-driver
                           # as processes per node (root only; ~180 MB a node: pools of ~10)
+    devicesPerSlice: null # at most this many devices per ResourceSlice (null: the API's limits)
 """
 
 from __future__ import annotations
@@ -76,6 +77,8 @@ class Pool(_Strict):
     labels: dict[str, str] = Field(default_factory=dict)
     taints: list[Taint] = Field(default_factory=_default_taints)
     kubelet: Literal["fake", "real"] = "fake"
+    devices_per_slice: int | None = Field(default=None, alias="devicesPerSlice", ge=1, le=128)
+    """At most this many devices in one ResourceSlice (default: as many as the API allows)."""
 
     @model_validator(mode="after")
     def _labels_kubernetes_accepts(self) -> Pool:
@@ -150,8 +153,9 @@ def load(path: Path) -> FleetFile:
     return parse(path.read_text(), str(path))
 
 
-def single_pool(count: int, profile: str, nodes_per_host: int, prefix: str = "node") -> FleetFile:
+def single_pool(
+    count: int, profile: str, nodes_per_host: int, prefix: str = "node", devices_per_slice: int | None = None
+) -> FleetFile:
     """What `--nodes N --profile P` means."""
-    return FleetFile.model_validate(
-        {"nodesPerHost": nodes_per_host, "pools": [{"name": prefix, "count": count, "profile": profile}]}
-    )
+    pool = {"name": prefix, "count": count, "profile": profile, "devicesPerSlice": devices_per_slice}
+    return FleetFile.model_validate({"nodesPerHost": nodes_per_host, "pools": [pool]})

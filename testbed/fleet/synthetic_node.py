@@ -48,6 +48,7 @@ class SyntheticNode:
         driver_client: KubeClient | None = None,
         bind_drivers: Callable[[], Awaitable[None]] | None = None,
         runtime_client: KubeClient | None = None,
+        devices_per_slice: int | None = None,
     ):
         """``client``: the kubelet's; ``driver_client``: the drivers'; ``runtime_client``:
         the emulated container runtime's (all the same by default). ``bind_drivers``: run
@@ -78,6 +79,7 @@ class SyntheticNode:
                 claims,
                 durable=False,
                 slice_watcher=slice_watcher,
+                devices_per_slice=devices_per_slice,
             )
             for driver in drivers_for(profile)
         ]

@@ -124,6 +124,7 @@ class ProcessNode:
         self.driver_kubeconfig = kubeconfig
         """The driver's credentials: a kubeconfig with a token bound to the node's driver pod."""
         self.binaries = binaries
+        self.devices_per_slice: int | None = None
         self.node_ip = spec.internal_ip()
         self.api_port = urllib.parse.urlsplit(default_credentials(kubeconfig).server).port or 443
         self.processes: dict[str, asyncio.subprocess.Process] = {}
@@ -324,6 +325,7 @@ class ProcessNode:
             "KUBECONFIG": str(self.driver_kubeconfig),
             "CALL_LOG": str(self.call_log),
             "FAULTS_FILE": str(self.faults_file),
+            "DEVICES_PER_SLICE": str(self.devices_per_slice or 0),
         }
         self._driver_started = time.time()
         await self._spawn("driver", [sys.executable, "-m", "testbed.driver.main"], env)

@@ -22,7 +22,11 @@ class Scrape:
     """Why the scrape got nothing (unreachable, timed out); "" if it worked."""
 
     @classmethod
-    def parse(cls, text: str) -> Scrape:
+    def parse(cls, text: str, only: tuple[str, ...] = ()) -> Scrape:
+        """``only``: keep just the samples whose names start with these (parsing is the
+        costly part, so lines are dropped before it)."""
+        if only:
+            text = "\n".join(line for line in text.splitlines() if line.startswith(only))
         scrape = cls()
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
@@ -65,11 +69,26 @@ COUNTER_SUFFIXES = ("_total", "_bucket", "_count", "_sum")
 START_TIME = "process_start_time_seconds"
 
 
+def increase(start: Scrape, end: Scrape) -> tuple[Scrape, bool]:
+    """What one process counted between two scrapes: counters and histograms as
+    increases, gauges as they are at the end. True when the process restarted in between
+    (its start time changed): then it counted from zero, and the increase is what it
+    counted since."""
+    restarted = start.value(START_TIME, {}) != end.value(START_TIME, {})
+    result = Scrape()
+    for name, series in end.samples.items():
+        counter = name.endswith(COUNTER_SUFFIXES)
+        target = result.samples.setdefault(name, {})
+        for labels, value in series.items():
+            base = start.samples.get(name, {}).get(labels, 0.0) if counter and not restarted else 0.0
+            target[labels] = value - base
+    return result, restarted
+
+
 def fleet_increase(before: list[Scrape], after: list[Scrape]) -> tuple[Scrape, str]:
     """What the NodeHosts counted between two scrapes each (hosts in the same order), as
-    one scrape: counters and histograms as increases, gauges as they are at the end. A
-    host whose process restarted in between started counting from zero: its increase is
-    what it counted since, and the reason says the figures are partial ("" if whole)."""
+    one scrape (see ``increase``); the reason says why the figures are partial ("" if
+    whole): a host not scraped, or restarted and so lost what it counted before."""
     total = Scrape()
     reasons = []
     if len(before) != len(after):
@@ -78,16 +97,42 @@ def fleet_increase(before: list[Scrape], after: list[Scrape]) -> tuple[Scrape, s
         if end.failed or start.failed:
             reasons.append(f"NodeHost {index} not scraped ({end.failed or start.failed})")
             continue
-        restarted = start.value(START_TIME, {}) != end.value(START_TIME, {})
+        counted, restarted = increase(start, end)
         if restarted:
             reasons.append(f"NodeHost {index} restarted during the run: what it counted before is lost")
-        for name, series in end.samples.items():
-            counter = name.endswith(COUNTER_SUFFIXES)
+        for name, series in counted.samples.items():
             target = total.samples.setdefault(name, {})
             for labels, value in series.items():
-                base = start.samples.get(name, {}).get(labels, 0.0) if counter and not restarted else 0.0
-                target[labels] = target.get(labels, 0.0) + value - base
+                target[labels] = target.get(labels, 0.0) + value
     return total, "; ".join(reasons)
+
+
+def by_label(scrape: Scrape, name: str, label: str, match: Mapping[str, str] | None = None) -> dict[str, float]:
+    """A counter's values summed per value of one label (e.g. attempts by ``result``)."""
+    result: dict[str, float] = {}
+    for labels, value in scrape.samples.get(name, {}).items():
+        if set((match or {}).items()) <= labels:
+            key = dict(labels).get(label, "")
+            result[key] = result.get(key, 0.0) + value
+    return result
+
+
+def label_sets(scrape: Scrape, name: str, labels: tuple[str, ...]) -> set[tuple[str, ...]]:
+    """The combinations of these labels' values that a series has."""
+    return {tuple(dict(ls).get(label, "") for label in labels) for ls in scrape.samples.get(name, {})}
+
+
+def histogram(scrape: Scrape, name: str, match: Mapping[str, str]) -> dict[str, float | None]:
+    """Count, total and p50/p99 (seconds) of a histogram in an ``increase`` scrape."""
+    count = scrape.value(f"{name}_count", match)
+    buckets = scrape.buckets(name, match)
+    p50, p99 = quantile(0.5, {}, buckets), quantile(0.99, {}, buckets)
+    return {
+        "count": round(count),
+        "total_s": round(scrape.value(f"{name}_sum", match), 4),
+        "p50_s": None if p50 is None else round(p50, 5),
+        "p99_s": None if p99 is None else round(p99, 5),
+    }
 
 
 @functools.cache
@@ -114,6 +159,4 @@ async def scrape(session: aiohttp.ClientSession, url: str, only: tuple[str, ...]
             text = await response.text()
     except (aiohttp.ClientError, TimeoutError) as exc:
         return Scrape(failed=f"{url}: {type(exc).__name__} {exc}".strip())
-    if only:
-        text = "\n".join(line for line in text.splitlines() if line.startswith(only))
-    return Scrape.parse(text)
+    return Scrape.parse(text, only)

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from testbed.report import bottleneck, breakdown
 from testbed.report.metrics import Scrape, quantile
 from testbed.scenarios.runner import PhaseResult, RunData
 
@@ -51,10 +52,19 @@ def slo_text(met: bool | None, phase: dict[str, Any]) -> str:
     return "met" if met else "MISSED"
 
 
+def _queues(data: RunData, result: PhaseResult) -> dict[str, float]:
+    """The deepest each queue got while the phase ran."""
+    during = [sample for sample in data.timeline if result.started <= sample[0] <= (result.ended or data.ended)]
+    return {
+        "scheduler_pending_max": max((q for _, _, _, q in during), default=0),
+        "kcm_resource_claim_max": max((d for _, _, d, _ in during), default=0),
+    }
+
+
 def build(data: RunData, leaks: dict[str, int], cluster: dict[str, Any]) -> dict[str, Any]:
     phases = []
     slo = data.scenario.slo_p99_seconds
-    for result in data.phases:
+    for index, result in enumerate(data.phases):
         pods = [p for p in data.pods.values() if p.phase == result.name]
         startup = [p.running - p.added for p in pods if p.running is not None]
         duration = max(result.ended - result.started, 1e-9)
@@ -74,8 +84,12 @@ def build(data: RunData, leaks: dict[str, int], cluster: dict[str, Any]) -> dict
                 "pod_startup_s": latency,
                 "slo_p99_s": slo,
                 "slo_met": slo_verdict(result, latency["p99"], slo),
+                "queues": _queues(data, result),
             }
         )
+        if index + 1 < len(data.snapshots):
+            phases[-1]["breakdown"] = breakdown.phase(data.snapshots[index], data.snapshots[index + 1])
+            phases[-1]["bottleneck"] = bottleneck.explain(phases[-1], data.nodes)
     claims = [allocated - added for added, allocated in data.claims.values() if allocated is not None]
     duration = max(data.ended, 1e-9)
     kcm_adds = data.after.get("kcm", Scrape()).value(
@@ -156,6 +170,8 @@ def build(data: RunData, leaks: dict[str, int], cluster: dict[str, Any]) -> dict
         "started": dt.datetime.fromtimestamp(data.started_wall, dt.UTC).isoformat(timespec="seconds"),
         "duration_s": round(data.ended, 2),
         "devices": data.devices,
+        "nodes": data.nodes,
+        "slices": data.slices,
         "verdict": verdict,
         "error": data.error,
         "left_behind": data.left_behind,
@@ -176,6 +192,44 @@ def _fmt(value: Any, unit: str = "s") -> str:
     if unit == "s" and isinstance(value, float) and value < 1:
         return f"{value * 1000:.1f} ms"
     return f"{value:g} {unit}".strip() if isinstance(value, (int, float)) else str(value)
+
+
+def _calls(row: dict[str, Any]) -> str:
+    return f"{row['count']} calls, {row['total_s']:g} s, p50 {_fmt(row['p50_s'])}, p99 {_fmt(row['p99_s'])}"
+
+
+def _call(row: dict[str, Any]) -> str:
+    return f"{row['verb']} {row['resource']}" + (f"/{row['subresource']}" if row.get("subresource") else "")
+
+
+def phase_section(phase: dict[str, Any]) -> list[str]:
+    """Where one phase's time went: the bottleneck paragraph and a short table."""
+    figures = phase.get("breakdown")
+    if figures is None:
+        return []
+    lines = [f"### {phase['name']}: {phase['bottleneck']['kind']}", "", phase["bottleneck"]["text"], ""]
+    rows = []
+    cpu = ", ".join(f"{k} {v:g}" for k, v in figures["cpu_seconds"].items() if v is not None)
+    if cpu:
+        busy = f" (cores {figures['machine']['busy']:.0%} busy)" if figures["machine"] else ""
+        rows.append(("CPU-seconds" + busy, cpu))
+    scheduler = figures["scheduler"]
+    for point in scheduler["extension_points"][:4]:
+        rows.append((f"scheduler {point['extension_point']}", _calls(point)))
+    every = 100 // scheduler["plugin_sample_percent"]
+    notable = [p for p in scheduler["plugins"] if p["plugin"] == "DynamicResources" or p["total_s"] > 0]
+    for plugin in notable[:4]:
+        rows.append((f"plugin {plugin['plugin']} {plugin['extension_point']} (1 cycle in {every})", _calls(plugin)))
+    if any(scheduler["attempts"].values()):
+        rows.append(("scheduling attempts", ", ".join(f"{k} {v}" for k, v in scheduler["attempts"].items())))
+    if scheduler["incoming"]:
+        rows.append(
+            ("queue incoming (event: pods)", ", ".join(f"{k} {v}" for k, v in list(scheduler["incoming"].items())[:5]))
+        )
+    rows += [(f"API {_call(row)}", _calls(row)) for row in figures["apiserver"][:6]]
+    rows += [(f"etcd {row['operation']} {row['resource']}", _calls(row)) for row in figures["etcd"][:3]]
+    lines += ["| where | figures |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows), ""]
+    return lines
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -232,6 +286,9 @@ def markdown(report: dict[str, Any]) -> str:
         f"Deepest queue: {m['deepest_queue']['component']} "
         f"(max depths: {', '.join(f'{k} {v:g}' for k, v in m['deepest_queue']['max_depths'].items())}).",
         "",
+        "## Where the time went, per phase",
+        "",
+        *[line for phase in report["phases"] for line in phase_section(phase)],
         "## Leak check",
         "",
     ]
@@ -240,7 +297,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"{'clean' if leaks['ok'] else 'LEAKS'}: {leaks['checkpoint_entries']} checkpoint entries, "
         f"{leaks['cdi_specs']} CDI specs, {leaks['claims_prepared_at_end']:g} claims prepared at the end."
     )
-    lines += ["", "Plots: `latency_cdf.png`, `timeline.png`.", ""]
+    lines += ["", "Plots: `latency_cdf.png`, `timeline.png`, `time_spent.png`.", ""]
     return "\n".join(lines)
 
 
@@ -291,7 +348,40 @@ def plots(report: dict[str, Any], data: RunData, directory: Path) -> list[Path]:
     written.append(directory / "timeline.png")
     figure.savefig(written[-1], dpi=100)
     plt.close(figure)
+    written.append(_time_spent_plot(report, directory / "time_spent.png"))
     return written
+
+
+def _time_spent_plot(report: dict[str, Any], path: Path) -> Path:
+    """Per phase, stacked: CPU-seconds per component, and the scheduler's framework time
+    per extension point."""
+    import matplotlib.pyplot as plt
+
+    phases = [p for p in report["phases"] if "breakdown" in p]
+    names = [p["name"] for p in phases]
+    figure, (cpu_axis, scheduler_axis) = plt.subplots(1, 2, figsize=(13, 4.5))
+    for axis, title, series in (
+        (cpu_axis, "CPU-seconds per component", lambda p: p["breakdown"]["cpu_seconds"]),
+        (
+            scheduler_axis,
+            "scheduler framework time per extension point, s",
+            lambda p: {e["extension_point"]: e["total_s"] for e in p["breakdown"]["scheduler"]["extension_points"]},
+        ),
+    ):
+        keys = sorted({k for p in phases for k, v in series(p).items() if v})
+        bottom = [0.0] * len(phases)
+        for key in keys:
+            values = [float(series(p).get(key) or 0.0) for p in phases]
+            axis.bar(names, values, bottom=bottom, label=key)
+            bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+        axis.set_title(title)
+        if keys:
+            axis.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    figure.suptitle(f"{report['scenario']}: where the time went")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
 
 
 def write(report: dict[str, Any], data: RunData, directory: Path) -> Path:
@@ -300,6 +390,17 @@ def write(report: dict[str, Any], data: RunData, directory: Path) -> Path:
     (directory / "report.md").write_text(markdown(report))
     plots(report, data, directory)
     return directory
+
+
+def phase_line(p: dict[str, Any]) -> str:
+    lat = p["pod_startup_s"]
+    return (
+        f"{p['name']}: {p['pods_running']}/{p['pods_expected']} pods ran"
+        + (f" ({p['pods_removed']} removed before finishing)" if p.get("pods_removed") else "")
+        + f", {p['unschedulable']} unschedulable, "
+        f"startup p50 {_fmt(lat['p50'])} p99 {_fmt(lat['p99'])}, {p['pods_per_s']} pods/s, "
+        f"SLO {slo_text(p['slo_met'], p)}"
+    )
 
 
 def summary_lines(report: dict[str, Any]) -> list[str]:
@@ -311,13 +412,8 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     if report["metrics"].get("fleet_partial"):
         lines.append(f"fleet figures partial: {report['metrics']['fleet_partial']}")
     for p in report["phases"]:
-        lat = p["pod_startup_s"]
-        lines.append(
-            f"  {p['name']}: {p['pods_running']}/{p['pods_expected']} pods ran"
-            + (f" ({p['pods_removed']} removed before finishing)" if p.get("pods_removed") else "")
-            + f", {p['unschedulable']} unschedulable, "
-            f"startup p50 {_fmt(lat['p50'])} p99 {_fmt(lat['p99'])}, {p['pods_per_s']} pods/s, "
-            f"SLO {slo_text(p['slo_met'], p)}"
-        )
+        lines.append(f"  {phase_line(p)}")
+        if "bottleneck" in p:
+            lines.append(f"    {p['bottleneck']['kind']}")
     lines.append(f"  leaks: {'none' if report['leaks']['ok'] else report['leaks']}")
     return lines

@@ -23,6 +23,7 @@ import aiohttp
 
 from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
 from testbed.kubelet.node import PROFILE_LABEL, SYNTHETIC_TOLERATION
+from testbed.report.breakdown import NODEHOSTS, ONLY, Snapshot, machine_cpu
 from testbed.report.metrics import Scrape, fleet_increase, scrape
 from testbed.scenarios.spec import Phase, Scenario
 
@@ -70,6 +71,10 @@ class Endpoints:
     nodehosts: list[str]
     refresh: Callable[[], list[str]] | None = None
     """Asks the NodeHosts again where they serve (a host Ray restarted has a new port)."""
+    etcd: str = ""
+    """etcd's plain /metrics URL; "" where it serves none the run can read."""
+    apiserver: bool = True
+    """Scrape the API server's /metrics with the run's own credentials."""
 
 
 @dataclass
@@ -79,11 +84,17 @@ class RunData:
     started_wall: float
     started: float
     devices: dict[str, int] = field(default_factory=dict)
+    nodes: int = 0
+    """Synthetic nodes when the run started."""
+    slices: int = 0
+    """ResourceSlices those nodes published (their layout is a knob: devicesPerSlice)."""
     phases: list[PhaseResult] = field(default_factory=list)
     pods: dict[str, PodRecord] = field(default_factory=dict)
     claims: dict[str, tuple[float, float | None]] = field(default_factory=dict)
     timeline: list[tuple[float, int, float, float]] = field(default_factory=list)
     """(seconds since start, pods running, KCM resource_claim queue depth, scheduler pending pods)."""
+    snapshots: list[Snapshot] = field(default_factory=list)
+    """Taken as each phase starts and once at the end: phase i runs from snapshot i to i+1."""
     before: dict[str, Scrape] = field(default_factory=dict)
     after: dict[str, Scrape] = field(default_factory=dict)
     interrupted: bool = False
@@ -242,6 +253,29 @@ class Runner:
         kcm, scheduler = await scrape(session, self.endpoints.kcm), await scrape(session, self.endpoints.scheduler)
         return {"kcm": kcm, "scheduler": scheduler, "fleet": fleet}
 
+    async def _snapshot(self, session: aiohttp.ClientSession) -> None:
+        """What every source says now, kept to the series the phase breakdown reads."""
+        snapshot = Snapshot(time.monotonic() - self.data.started, machine=machine_cpu())
+        self.data.snapshots.append(snapshot)
+        if self.data.error:  # the components are gone: their figures with them
+            return
+        apiserver = Scrape(failed="not scraped")
+        if self.endpoints.apiserver:
+            try:
+                apiserver = Scrape.parse(await self.client.get_text("/metrics"), ONLY["kube-apiserver"])
+            except (ApiError, aiohttp.ClientError, TimeoutError) as exc:
+                apiserver = Scrape(failed=f"kube-apiserver /metrics: {type(exc).__name__} {exc}".strip())
+        snapshot.components["kube-apiserver"] = apiserver
+        for component, url in (
+            ("etcd", self.endpoints.etcd),
+            ("kube-controller-manager", self.endpoints.kcm),
+            ("kube-scheduler", self.endpoints.scheduler),
+        ):
+            snapshot.components[component] = (
+                await scrape(session, url, ONLY[component]) if url else Scrape(failed="no metrics endpoint")
+            )
+        snapshot.nodehosts = [await scrape(session, url, ONLY[NODEHOSTS]) for url in self.endpoints.nodehosts]
+
     # --- phases --------------------------------------------------------------------
 
     async def _devices(self) -> dict[str, int]:
@@ -250,6 +284,7 @@ class Runner:
         synthetic = {n["metadata"]["name"] for n in nodes["items"]}
         listing = await self.client.get(path_for("resource.k8s.io/v1", "resourceslices"))
         slices = [s for s in listing["items"] if s["spec"].get("nodeName") in synthetic]
+        self.data.nodes, self.data.slices = len(synthetic), len(slices)
         return {name: count_devices(slices, name) for name in CLASS_KINDS}
 
     def _jobs_for(self, phase: Phase, held: int) -> int:
@@ -260,7 +295,8 @@ class Runner:
             return math.floor(available * phase.fraction / phase.parallelism)
         return max(0, (available - held) // phase.parallelism)
 
-    async def _run_phase(self, phase: Phase, held: int) -> PhaseResult:
+    async def _run_phase(self, phase: Phase, held: int, session: aiohttp.ClientSession) -> PhaseResult:
+        await self._snapshot(session)
         jobs = self._jobs_for(phase, held)
         expected = jobs * (phase.completions if phase.wait == "complete" else phase.parallelism)
         result = PhaseResult(phase.name, jobs, expected, time.monotonic() - self.data.started)
@@ -340,7 +376,7 @@ class Runner:
             held = 0
             try:
                 for phase in self.scenario.phases:
-                    result = await self._run_phase(phase, held)
+                    result = await self._run_phase(phase, held, session)
                     if phase.run_seconds is None:  # long-running pods keep their devices
                         held += result.pods_running
             except (asyncio.CancelledError, KeyboardInterrupt):
@@ -351,6 +387,7 @@ class Runner:
                 raise
             finally:
                 self.data.ended = time.monotonic() - self.data.started
+                await self._snapshot(session)
                 self.data.after = await self._scrape_all(session, end=True)
                 for task in tasks:
                     task.cancel()

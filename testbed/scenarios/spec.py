@@ -68,6 +68,11 @@ class Cluster(_Strict):
     kcm_burst: int = Field(default=150, alias="kcmBurst", ge=1)
     scheduler_qps: float = Field(default=100, alias="schedulerQPS", gt=0)
     scheduler_burst: int = Field(default=200, alias="schedulerBurst", ge=1)
+    percentage_of_nodes_to_score: int | None = Field(default=None, alias="percentageOfNodesToScore", ge=0, le=100)
+    """The scheduler's share of feasible nodes to score (None: its adaptive default)."""
+    scheduler_parallelism: int | None = Field(default=None, alias="schedulerParallelism", ge=1, le=1024)
+    devices_per_slice: int | None = Field(default=None, alias="devicesPerSlice", ge=1, le=128)
+    """The drivers' slice layout: at most this many devices per ResourceSlice."""
 
 
 class Scenario(_Strict):

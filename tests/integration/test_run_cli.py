@@ -7,12 +7,16 @@ import os
 import signal
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 from kubernetes import client as k8s
 
+from fake_devices.hardware import build_inventory
+from fake_devices.profiles import load_profile
 from testbed.controlplane.cluster import ClusterState
+from testbed.driver.slices import DRIVER_KINDS, desired_slices
 from testbed.fleet.fleet import Fleet
 from testbed.testing import wait_for
 
@@ -88,16 +92,52 @@ def test_a_scenario_error_names_the_field(control_plane: ClusterState) -> None:
 
 
 def test_run_with_up_starts_the_scenarios_cluster_and_stops_it(short_tmp_path: Path) -> None:
-    """`--up`: no cluster yet; the scenario's `cluster:` section (smoke: 2 tiny nodes) is
-    started, the run reports, and nothing is left running."""
+    """`--up`: no cluster yet; the scenario's `cluster:` section (smoke: 2 tiny nodes),
+    with two knobs turned, is started, the run reports (JUnit too), and nothing is left
+    running. `testbed compare` then reads the report against a worse copy of itself."""
     state_dir = short_tmp_path / "state"
     base = [sys.executable, "-m", "testbed.cli"]
     where = ["--name", "runup", "--state-dir", str(state_dir)]
-    proc = subprocess.run([*base, "run", "smoke", "--up", *where], capture_output=True, text=True, timeout=600)
+    knobs = ["--set", "cluster.percentageOfNodesToScore=50", "--set", "cluster.devicesPerSlice=1"]
+    junit = short_tmp_path / "junit.xml"
+    proc = subprocess.run(
+        [*base, "run", "smoke", "--up", *where, *knobs, "--junit", str(junit)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads((Path(proc.stdout.strip().splitlines()[-1]) / "report.json").read_text())
+    directory = Path(proc.stdout.strip().splitlines()[-1])
+    report = json.loads((directory / "report.json").read_text())
     assert report["verdict"] == "PASS"
     assert [p["pods_running"] for p in report["phases"]] == [2, 2, 1]
     assert "stopping cluster 'runup' (started by --up)" in proc.stderr
+    # The knobs reached the cluster: the scheduler's setting is recorded, and one device per slice.
+    assert report["cluster"]["settings"]["percentageOfNodesToScore"] == 50
+    devices, pools = build_inventory(load_profile("tiny"), "n", seed=0)
+    per_node = sum(len(desired_slices(driver, "n", devices, pools, [], devices_per_slice=1)) for driver in DRIVER_KINDS)
+    assert report["slices"] == 2 * per_node > 2 * len(DRIVER_KINDS)
+    suite = ET.parse(junit).getroot()
+    assert [case.get("name") for case in suite.iter("testcase")] == ["gpus", "partitions", "aligned", "leak-check"]
+    assert suite.get("failures") == "0"
+
+    worse = json.loads(json.dumps(report))
+    for phase in worse["phases"]:
+        phase["pod_startup_s"]["p99"] *= 2
+    (short_tmp_path / "worse.json").write_text(json.dumps(worse))
+    same = subprocess.run(
+        [*base, "compare", str(directory), str(directory), "--fail-if", "startup_p99=1.2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert same.returncode == 0 and "same settings" in same.stdout, same.stderr
+    regressed = subprocess.run(
+        [*base, "compare", str(directory), str(short_tmp_path / "worse.json"), "--fail-if", "startup_p99=1.2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert regressed.returncode == 1 and "3 regression(s)" in regressed.stderr, regressed.stderr
     status = subprocess.run([*base, "status", *where], capture_output=True, text=True, timeout=60)
     assert status.returncode == 1 and "not running" in status.stdout

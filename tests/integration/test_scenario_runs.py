@@ -23,6 +23,7 @@ def _run(control_plane: ClusterState, fleet: Fleet, scenario: spec.Scenario) -> 
         kcm=f"https://127.0.0.1:{control_plane.ports.controller_manager}/metrics",
         scheduler=f"https://127.0.0.1:{control_plane.ports.scheduler}/metrics",
         nodehosts=fleet.metrics_urls(),
+        etcd=f"http://127.0.0.1:{control_plane.ports.etcd_metrics}/metrics",
     )
 
     async def go() -> runner.RunData:
@@ -55,7 +56,19 @@ def test_smoke_passes_and_writes_a_complete_report(control_plane: ClusterState, 
     )
     assert json.loads((directory / "report.json").read_text())["scenario"] == "smoke"
     assert "| gpus | 2 |" in (directory / "report.md").read_text()
-    for plot in ("latency_cdf.png", "timeline.png"):
+    # Where each phase's time went, from what the components themselves counted.
+    for phase in report["phases"]:
+        figures = phase["breakdown"]
+        assert figures["partial"] == "", figures["partial"]
+        assert all(figures["cpu_seconds"][c] is not None for c in ("kube-apiserver", "etcd", "kube-scheduler"))
+        assert figures["cpu_seconds"]["kube-apiserver"] > 0 and figures["machine"]["busy"] > 0
+        assert figures["scheduler"]["attempts"]["scheduled"] >= phase["jobs"]
+        assert figures["scheduler"]["extension_points"], "the scheduler's framework time by extension point"
+        calls = {(row["resource"], row["verb"]) for row in figures["apiserver"]}
+        assert ("resourceclaims", "POST") in calls and ("pods", "POST") in calls, calls
+        assert phase["bottleneck"]["kind"] and "pod startup p99" in phase["bottleneck"]["text"]
+    assert "### gpus: " in (directory / "report.md").read_text()
+    for plot in ("latency_cdf.png", "timeline.png", "time_spent.png"):
         assert (directory / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -40,3 +40,18 @@ def test_paths_follow_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
     monkeypatch.setenv("TESTBED_STATE_DIR", str(tmp_path / "s"))
     assert config.binaries_cache_dir().parent == tmp_path / "c"
     assert config.ControlPlaneConfig(name="x").cluster_dir == tmp_path / "s" / "clusters" / "x"
+
+
+def test_scheduler_knobs_reach_its_config_file_only_when_set(tmp_path: Path) -> None:
+    import yaml
+
+    from testbed.config import ControlPlaneConfig
+    from testbed.controlplane.components import Layout, write_scheduler_config
+
+    layout = Layout(tmp_path)
+    plain = yaml.safe_load(write_scheduler_config(layout, ControlPlaneConfig()).read_text())
+    assert "percentageOfNodesToScore" not in plain and "parallelism" not in plain, "the scheduler's defaults stay"
+    tuned = ControlPlaneConfig(percentage_of_nodes_to_score=10, scheduler_parallelism=4)
+    document = yaml.safe_load(write_scheduler_config(layout, tuned).read_text())
+    assert document["percentageOfNodesToScore"] == 10 and document["parallelism"] == 4
+    assert tuned.tunables()["percentageOfNodesToScore"] == 10

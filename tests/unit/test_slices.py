@@ -52,3 +52,28 @@ def test_an_unhealthy_device_carries_a_noschedule_taint() -> None:
     devices = {d["name"]: d for s in _slices("gpu8", GPU, sick) for d in s.devices}
     assert devices["gpu-2"]["taints"] == [{"key": UNHEALTHY_TAINT_KEY, "value": "true", "effect": "NoSchedule"}]
     assert "taints" not in devices["gpu-1"]
+
+
+def test_devices_per_slice_spreads_the_same_devices_over_more_slices() -> None:
+    devices, pools = build_inventory(load_profile("h100x8"), "n1", seed=0)
+    default = desired_slices(GPU, "n1", devices, pools, [])
+    small = desired_slices(GPU, "n1", devices, pools, [], devices_per_slice=10)
+    names = sorted(d["name"] for s in default for d in s.devices)
+    assert sorted(d["name"] for s in small for d in s.devices) == names, "the same devices, only laid out anew"
+    assert all(len(s.devices) <= 10 for s in small)
+    assert len([s for s in small if s.devices]) == -(-len(names) // 10)
+    assert len({s.name for s in small}) == len(small)
+    # Above the API's limit the limit wins: 64 for devices that consume counters.
+    assert all(len(s.devices) <= 64 for s in desired_slices(GPU, "n1", devices, pools, [], devices_per_slice=128))
+
+
+def test_the_standalone_driver_takes_its_slice_size_from_the_environment() -> None:
+    import pytest
+
+    from testbed.driver.main import Settings
+    from testbed.errors import TestbedError
+
+    assert Settings.from_env({"NODE_NAME": "n1"}).devices_per_slice is None
+    assert Settings.from_env({"NODE_NAME": "n1", "DEVICES_PER_SLICE": "16"}).devices_per_slice == 16
+    with pytest.raises(TestbedError, match="DEVICES_PER_SLICE=500 is out of range"):
+        Settings.from_env({"NODE_NAME": "n1", "DEVICES_PER_SLICE": "500"})

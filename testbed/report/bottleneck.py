@@ -1,0 +1,161 @@
+"""A phase's bottleneck in words, built only from the figures the report holds.
+
+The verdict names the part whose own delay explains most of the pods' startup time
+(or none); the sentences after it quote the figures that led there, so a reader can
+check the reasoning and knows which knob to turn next.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+DOMINANT_SHARE = 0.5
+"""A part whose own p99 is at least this share of the pods' startup p99 explains it."""
+DEEP_QUEUE = 10
+"""A queue this deep (items waiting) is a queue, not noise."""
+LATE_LOOP_S = 0.1
+"""NodeHost event-loop lag p99 beyond this delays every fake kubelet on the host."""
+NOTABLE_S = 0.0001
+"""Plugin times below this (0.1 ms) are not worth a word."""
+SATURATED = 0.9
+"""Busy share of the machine's cores beyond which every component waits for a CPU."""
+
+
+def _ms(seconds: float | None) -> str:
+    if seconds is None:
+        return "n/a"
+    return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def _share(part: float | None, whole: float) -> float:
+    return (part or 0.0) / whole if whole > 0 else 0.0
+
+
+def _verdict(phase: dict[str, Any], p99: float) -> str:
+    """The part whose own delay explains the startup time, when something queued up or
+    the SLO was missed; a phase that met its SLO with short queues has no bottleneck."""
+    figures = phase["breakdown"]
+    queues = phase["queues"]
+    pending, claims = queues["scheduler_pending_max"], queues["kcm_resource_claim_max"]
+    machine = figures["machine"]
+    strained = (
+        phase["slo_met"] is not True
+        or max(pending, claims) >= DEEP_QUEUE
+        or (machine is not None and machine["busy"] >= SATURATED)
+    )
+    if not strained:
+        return "no bottleneck (SLO met, queues short)"
+    api = max((row["p99_s"] or 0.0 for row in figures["apiserver"]), default=0.0)
+    if _share(figures["scheduler"]["sli_duration"]["p99_s"], p99) >= DOMINANT_SHARE and pending >= claims:
+        return "scheduler-bound"
+    if claims >= DEEP_QUEUE and claims > pending:
+        return "claim-controller-bound"
+    if _share(figures["nodes"]["prepare"]["p99_s"], p99) >= DOMINANT_SHARE:
+        return "node-bound"
+    if (figures["nodes"]["event_loop_lag"]["p99_s"] or 0.0) >= LATE_LOOP_S:
+        return "testbed-bound"
+    if _share(api, p99) >= DOMINANT_SHARE:
+        return "api-server-bound"
+    return "no single bottleneck"
+
+
+def _scheduler_sentences(figures: dict[str, Any], pending: float, nodes: int) -> list[str]:
+    scheduler = figures["scheduler"]
+    attempts = scheduler["attempts"]
+    if not any(attempts.values()):
+        return []
+    text = (
+        f"Scheduler: pending pods up to {pending:g}; scheduling SLI p99 {_ms(scheduler['sli_duration']['p99_s'])}; "
+        f"attempts {attempts['scheduled']} scheduled, {attempts['unschedulable']} unschedulable, "
+        f"{attempts['error']} error"
+    )
+    if scheduler["extension_points"]:
+        top = scheduler["extension_points"][0]
+        text += (
+            f"; most of its framework time in {top['extension_point']} ({top['total_s']:g} s, p99 {_ms(top['p99_s'])})"
+        )
+    sentences = [text + "."]
+    dra = {p["extension_point"]: p for p in scheduler["plugins"] if p["plugin"] == "DynamicResources"}
+    if "Filter" in dra and dra["Filter"]["p99_s"] is not None:
+        per_node = dra["Filter"]["p99_s"]
+        sentences.append(
+            f"DynamicResources Filter p99 {_ms(per_node)} per node (timed in 1 cycle in "
+            f"{100 // scheduler['plugin_sample_percent']}) x {nodes} nodes = {_ms(per_node * nodes)} of filtering "
+            "work per pod, shared by the scheduler's parallel workers."
+        )
+    other = [
+        f"{p['extension_point']} {_ms(p['p99_s'])}"
+        for name, p in sorted(dra.items())
+        if name != "Filter" and p["p99_s"]
+    ]
+    if other:
+        sentences.append(f"DynamicResources elsewhere (p99): {', '.join(other)}.")
+    return sentences
+
+
+def _machine_sentence(figures: dict[str, Any]) -> str:
+    cpu = {name: value for name, value in figures["cpu_seconds"].items() if value is not None}
+    parts = []
+    machine = figures["machine"]
+    if machine is not None:
+        parts.append(f"the machine's {machine['cores']} cores were {machine['busy']:.0%} busy")
+    if cpu:
+        top = max(cpu, key=lambda name: cpu[name])
+        listed = ", ".join(f"{name} {value:g}" for name, value in sorted(cpu.items(), key=lambda kv: -kv[1]))
+        parts.append(f"CPU-seconds over the phase's {figures['seconds']:g} s: {listed} ({top} the most)")
+    text = "; ".join(parts)
+    return f"{text[0].upper()}{text[1:]}." if text else ""
+
+
+def _largest_share(figures: dict[str, Any], p99: float) -> str:
+    parts = {
+        "scheduling (SLI p99)": figures["scheduler"]["sli_duration"]["p99_s"],
+        "kubelet PrepareResources p99": figures["nodes"]["prepare"]["p99_s"],
+    }
+    known = {name: value for name, value in parts.items() if value}
+    if not known:
+        return ""
+    name = max(known, key=lambda n: known[n])
+    return f"{name} {_ms(known[name])} ({_share(known[name], p99):.0%} of the startup p99)"
+
+
+def explain(phase: dict[str, Any], nodes: int) -> dict[str, str]:
+    """``phase``: one entry of report.json's phases (startup figures, breakdown, queues)."""
+    p99 = phase["pod_startup_s"]["p99"]
+    if p99 is None:
+        return {"kind": "not measured", "text": "No pod of this phase ran, so there is no startup time to explain."}
+    figures = phase["breakdown"]
+    kind = _verdict(phase, p99)
+    machine = figures["machine"]
+    if machine is not None and machine["busy"] >= SATURATED:
+        kind += ", CPU-saturated"
+    largest = _largest_share(figures, p99)
+    slo = "met" if phase["slo_met"] else "missed" if phase["slo_met"] is False else "not measured"
+    sentences = [
+        f"{kind}: pod startup p99 {_ms(p99)} (SLO {phase['slo_p99_s']:g} s {slo}), "
+        f"p50 {_ms(phase['pod_startup_s']['p50'])}, {phase['pods_per_s']:g} pods/s"
+        + (f"; the largest part of it: {largest}." if largest else ".")
+    ]
+    queues = phase["queues"]
+    sentences += _scheduler_sentences(figures, queues["scheduler_pending_max"], nodes)
+    if queues["kcm_resource_claim_max"]:
+        sentences.append(f"KCM resource_claim queue up to {queues['kcm_resource_claim_max']:g}.")
+    if figures["apiserver"]:
+        slowest = max(figures["apiserver"], key=lambda row: row["p99_s"] or 0.0)
+        call = slowest["resource"] + (f"/{slowest['subresource']}" if slowest["subresource"] else "")
+        sentences.append(
+            f"Slowest DRA-related API call: {slowest['verb']} {call} p99 {_ms(slowest['p99_s'])} "
+            f"({slowest['count']} calls)."
+        )
+    prepare, lag = figures["nodes"]["prepare"], figures["nodes"]["event_loop_lag"]
+    if prepare["count"] or lag["count"]:
+        sentences.append(
+            f"Nodes: kubelet PrepareResources p99 {_ms(prepare['p99_s'])}; "
+            f"NodeHost event-loop lag p99 {_ms(lag['p99_s'])}."
+        )
+    machine_text = _machine_sentence(figures)
+    if machine_text:
+        sentences.append(machine_text)
+    if figures["partial"]:
+        sentences.append(f"Partial: {figures['partial']}.")
+    return {"kind": kind, "text": " ".join(sentences)}
