@@ -44,6 +44,17 @@ def test_etcd_answers_only_the_apiservers_client_certificate(control_plane: clus
     admin.load_cert_chain(str(pki.client_cert(ADMIN)), str(pki.client_key(ADMIN)))
     assert _get(url, admin) != 200, "the cluster admin's certificate (cluster CA, not etcd's)"
     assert _get(url, cluster.etcd_ssl_context(control_plane.layout)) == 200
+    # Its plain-HTTP port on loopback serves figures, never data (a KV range is a POST
+    # to /v3/kv/range on the client port; here there is no such route).
+    metrics = f"http://127.0.0.1:{control_plane.ports.etcd_metrics}"
+    assert _get(f"{metrics}/metrics", None) == 200
+    request = urllib.request.Request(f"{metrics}/v3/kv/range", data=b'{"key": "AA==", "range_end": "AA=="}')
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            answered: int | str = int(response.status)
+    except urllib.error.HTTPError as exc:
+        answered = exc.code
+    assert answered == 404, "no key-value API on the metrics port"
 
 
 def test_keys_and_kubeconfigs_are_readable_by_us_alone(control_plane: cluster.ClusterState) -> None:
