@@ -13,6 +13,8 @@ from testbed.kubeapi import KubeClient, Obj, path_for
 from testbed.tasks import cancel_and_wait
 
 API_VERSION = "resource.k8s.io/v1"
+FETCH_ATTEMPTS = 3
+"""A prepare waits on these reads: a few quick retries, not a client's minutes of backoff."""
 
 
 class ClaimCache:
@@ -50,6 +52,8 @@ class ClaimCache:
             return cached
         self.misses += 1
         CLAIM_LOOKUPS.labels("api").inc()
-        claim = await self.client.get(path_for(API_VERSION, "resourceclaims", name, namespace))
+        claim = await self.client.request(
+            "GET", path_for(API_VERSION, "resourceclaims", name, namespace), attempts=FETCH_ATTEMPTS, timeout_s=4.0
+        )
         self._claims[(namespace, name)] = claim
         return claim

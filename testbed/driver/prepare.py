@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+
 from fake_devices.hardware import HardwareError
 from testbed.driver import cdi, metrics
 from testbed.driver.backend import DeviceBackend
@@ -41,6 +43,11 @@ LOCK_POLL_S = 0.002
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 UID = re.compile(r"[A-Za-z0-9-]+")
+CLAIM_FETCH_BUDGET_S = 10.0
+"""How long a prepare waits for the API server to answer for its claims, all at once and
+before the node lock: well within the kubelet's 45 s deadline, so an unreachable API
+server fails each claim that needs it with its own error (claims the cache holds still
+succeed), and unrelated unprepares do not wait behind it."""
 
 
 @dataclass(frozen=True)
@@ -179,12 +186,13 @@ class ClaimPreparer:
         results: dict[str, PrepareResult] = {}
         if not refs:
             return results
+        fetched = await self._fetch_all(refs)
         async with self.node_lock():
             for ref in refs:
                 if ref.uid in results:
                     continue
                 try:
-                    results[ref.uid] = PrepareResult(await self._prepare_one(ref))
+                    results[ref.uid] = PrepareResult(await self._prepare_one(ref, fetched.get(ref.uid)))
                 except ClaimFailed as exc:
                     metrics.CLAIM_ERRORS.labels(self.driver, "prepare", exc.reason).inc()
                     results[ref.uid] = PrepareResult([], f"{self.driver}: {exc}")
@@ -203,12 +211,48 @@ class ClaimPreparer:
         if len(ref.uid) > 128 or not UID.fullmatch(ref.uid):
             raise ClaimFailed("BadRequest", f"claim UID {ref.uid[:80]!r} is malformed")
 
-    async def _prepare_one(self, ref: ClaimRef) -> list[PreparedDeviceRecord]:
+    async def _fetch_all(self, refs: list[ClaimRef]) -> dict[str, Mapping[str, Any] | ClaimFailed]:
+        """Every claim not already prepared, read at once, outside the node lock, within
+        CLAIM_FETCH_BUDGET_S; a claim that could not be read maps to why."""
+
+        async def one(ref: ClaimRef) -> Mapping[str, Any] | ClaimFailed:
+            try:
+                self._check_ref(ref)
+                return await self._fetch(ref)
+            except ClaimFailed as exc:
+                return exc
+
+        done = {uid for uid, r in self.checkpoint.claims.items() if r.state is ClaimState.PREPARE_COMPLETED}
+        wanted = {ref.uid: ref for ref in refs if ref.uid not in done}
+        tasks = {uid: asyncio.create_task(one(ref)) for uid, ref in wanted.items()}
+        if not tasks:
+            return {}
+        finished, late = await asyncio.wait(tasks.values(), timeout=CLAIM_FETCH_BUDGET_S)
+        for task in late:
+            task.cancel()
+        await asyncio.gather(*late, return_exceptions=True)
+        return {
+            uid: task.result()
+            if task in finished
+            else ClaimFailed(
+                "ApiUnreachable",
+                f"claim {wanted[uid].namespace}/{wanted[uid].name}: no answer from the API server "
+                f"within {CLAIM_FETCH_BUDGET_S:g} s",
+            )
+            for uid, task in tasks.items()
+        }
+
+    async def _prepare_one(
+        self, ref: ClaimRef, fetched: Mapping[str, Any] | ClaimFailed | None
+    ) -> list[PreparedDeviceRecord]:
+        """``fetched``: the claim as read before the lock (None: read it now)."""
         self._check_ref(ref)
         done = self.checkpoint.claims.get(ref.uid)
         if done is not None and done.state is ClaimState.PREPARE_COMPLETED:
             return done.devices
-        claim = await self._fetch(ref)
+        if isinstance(fetched, ClaimFailed):
+            raise fetched
+        claim = fetched if fetched is not None else await self._fetch(ref)
         results, config_entries = self._allocation(ref, claim)
         settings: dict[str, dict[str, str]] = {}
         nic_configs: dict[str, NicConfig] = {}
@@ -261,6 +305,10 @@ class ClaimPreparer:
             if exc.not_found:
                 raise ClaimFailed("NotFound", f"claim {ref.namespace}/{ref.name} does not exist") from None
             raise ClaimFailed("ApiError", f"reading claim {ref.namespace}/{ref.name}: {exc}") from None
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise ClaimFailed(
+                "ApiUnreachable", f"reading claim {ref.namespace}/{ref.name}: {type(exc).__name__} {exc}".strip()
+            ) from None
         if claim["metadata"]["uid"] != ref.uid:
             raise ClaimFailed(
                 "UIDMismatch",

@@ -1,0 +1,77 @@
+"""An API server that does not answer fails each claim that needs it, in time, alone.
+
+A kubelet gives NodePrepareResources 45 s. Claims the driver's cache holds must still
+prepare, claims it must read fail with their own error well within that, and an
+unrelated unprepare must not wait behind the reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+import time
+from pathlib import Path
+
+import pytest
+
+from fake_devices.hardware import NodeHardware
+from fake_devices.profiles import load_profile
+from testbed.driver import prepare
+from testbed.driver.backend import LocalBackend
+from testbed.driver.claims import ClaimCache
+from testbed.driver.prepare import ClaimPreparer, ClaimRef, DriverPaths
+from testbed.kubeapi import Credentials, KubeClient
+
+GPU = "gpu.dra-testbed.io"
+
+
+def _claim(name: str, uid: str, device: str) -> dict[str, object]:
+    result = {"request": "gpu", "driver": GPU, "pool": "n", "device": device}
+    return {
+        "metadata": {"namespace": "ns", "name": name, "uid": uid},
+        "status": {"allocation": {"devices": {"results": [result]}}},
+    }
+
+
+@pytest.mark.parametrize("server", ["refuses", "never answers"])
+def test_claims_the_api_must_answer_fail_alone_and_in_time(
+    server: str, short_tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(prepare, "CLAIM_FETCH_BUDGET_S", 2.0)
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    if server == "never answers":
+        silent.listen(16)  # connections complete in the kernel; nobody ever reads them
+    port = silent.getsockname()[1]
+
+    async def scenario() -> tuple[dict[str, prepare.PrepareResult], float, float]:
+        client = KubeClient(Credentials(f"https://127.0.0.1:{port}", ssl.create_default_context()))
+        cache = ClaimCache(client, watch=False)
+        cache._claims[("ns", "cached")] = _claim("cached", "uid-cached", "gpu-0")
+        paths = DriverPaths.for_node(short_tmp_path / "kubelet", GPU, short_tmp_path / "cdi")
+        preparer = ClaimPreparer(GPU, "n", paths, LocalBackend(NodeHardware("n", load_profile("tiny"))), cache, client)
+        await preparer.repair()
+        refs = [ClaimRef("ns", "uid-cached", "cached"), ClaimRef("ns", "uid-a", "a"), ClaimRef("ns", "uid-b", "b")]
+        started = time.monotonic()
+        preparing = asyncio.create_task(preparer.prepare(refs))
+        await asyncio.sleep(0.2)  # the reads are under way
+        unprepare_started = time.monotonic()
+        errors = await preparer.unprepare([ClaimRef("ns", "uid-other", "other")])
+        unprepare_took = time.monotonic() - unprepare_started
+        assert errors == {"uid-other": ""}
+        results = await preparing
+        await client.close()
+        return results, time.monotonic() - started, unprepare_took
+
+    try:
+        results, took, unprepare_took = asyncio.run(scenario())
+    finally:
+        silent.close()
+    assert results["uid-cached"].error == "" and results["uid-cached"].devices, "the cached claim prepared"
+    for uid in ("uid-a", "uid-b"):
+        assert results[uid].devices == []
+        assert "claim ns/" in results[uid].error
+        assert "no answer from the API server" in results[uid].error or "ClientConnectorError" in results[uid].error
+    assert took < 2.0 + 1.5, f"each claim's error came in {took:.1f} s, within the budget"
+    assert unprepare_took < 1.0, f"an unrelated unprepare waited {unprepare_took:.1f} s"
