@@ -30,6 +30,7 @@ from testbed.controlplane import binaries as binaries_module
 from testbed.controlplane import cluster, leftovers, processes
 from testbed.errors import TestbedError
 from testbed.fleet import spec as fleet_spec
+from testbed.fleet.external import recorded_drivers
 from testbed.progress import ConsoleProgress
 from testbed.realnode.node import recorded_processes
 
@@ -267,6 +268,21 @@ def _kubectl() -> Path:
     "admin's credentials (3 fewer API calls per node at start-up). Overrides the fleet file's `identities`.",
 )
 @click.option(
+    "--driver-command",
+    default=None,
+    metavar="'CMD ARGS'",
+    help="Run this command as the DRA driver of every synthetic node (instead of the built-in ones), "
+    "with the environment a DaemonSet pod gets: NODE_NAME, POD_UID, KUBELET_REGISTRAR_DIRECTORY_PATH, "
+    "KUBELET_PLUGINS_DIRECTORY_PATH, CDI_DIR, KUBECONFIG, HARDWARE_DIR. Needs --driver-name.",
+)
+@click.option("--driver-name", default=None, help="The DRA driver name --driver-command registers (a.example.com).")
+@click.option(
+    "--driver-env",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Extra environment for --driver-command (repeatable).",
+)
+@click.option(
     "--kubeconfig",
     "external_kubeconfig",
     type=click.Path(path_type=Path, exists=True, dir_okay=False),
@@ -293,6 +309,9 @@ def up(
     nodes_per_host: int,
     fleet_file: Path | None,
     identities: str | None,
+    driver_command: str | None,
+    driver_name: str | None,
+    driver_env: tuple[str, ...],
     external_kubeconfig: Path | None,
 ) -> None:
     """Start a local control plane (and synthetic nodes); print the kubeconfig path last.
@@ -318,12 +337,19 @@ def up(
     fleet = None
     if fleet_file is not None and nodes:
         raise TestbedError("give --fleet or --nodes, not both", hint="put every pool in the fleet file")
+    if fleet_file is not None and driver_command is not None:
+        raise TestbedError(
+            "--driver-command goes with --nodes", hint="with --fleet, list the driver in a pool's `drivers:`"
+        )
     try:  # a bad fleet or profile fails before anything starts
         if fleet_file is not None:
             fleet = fleet_spec.load(fleet_file)
         elif nodes:
             load_profile(profile)
-            fleet = fleet_spec.single_pool(nodes, profile, nodes_per_host, devices_per_slice=devices_per_slice)
+            drivers = _command_driver(driver_command, driver_name, driver_env)
+            fleet = fleet_spec.single_pool(
+                nodes, profile, nodes_per_host, devices_per_slice=devices_per_slice, drivers=drivers
+            )
     except ProfileError as exc:
         raise TestbedError(
             str(exc), hint="pick a shipped profile (gpu8, h100x8, tiny) or a profile YAML file"
@@ -337,6 +363,52 @@ def up(
         fleet = fleet.model_copy(update={"pools": pools})
     state = environment.up(config, fleet, ConsoleProgress(), external_kubeconfig=external_kubeconfig)
     click.echo(str(state.kubeconfig))
+
+
+def _command_driver(command: str | None, name: str | None, env: tuple[str, ...]) -> list[object] | None:
+    """--driver-command/--driver-name/--driver-env as a pool's `drivers:` list."""
+    if command is None:
+        if name or env:
+            raise TestbedError("--driver-name and --driver-env go with --driver-command", hint="add --driver-command")
+        return None
+    if not name:
+        raise TestbedError(
+            "--driver-command needs --driver-name", hint="the DRA driver name it registers, e.g. gpu.example.com"
+        )
+    variables = {}
+    for item in env:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise TestbedError(f"--driver-env {item!r} is not KEY=VALUE")
+        variables[key] = value
+    return [{"name": name, "command": shlex.split(command), "env": variables}]
+
+
+@main.command()
+@cluster_options
+@click.argument("node")
+@click.argument("log_name", required=False)
+@click.option("--tail", "tail_lines", type=click.IntRange(min=1), default=None, help="Only the last N lines.")
+@reports_errors
+def logs(node: str, log_name: str | None, name: str, state_dir: Path | None, tail_lines: int | None) -> None:
+    """Print a node's log: an external driver's (by driver name) or a real-kubelet node's
+    kubelet, driver or cri. Without a name, list the node's logs."""
+    state = _running(name, state_dir)
+    nodes = state.extras.get("nodes_dir")
+    directory = Path(str(nodes)) / node / "logs" if nodes else None
+    if directory is None or not (directory.parent).is_dir():
+        raise TestbedError(f"cluster {name!r} has no node {node!r}", hint=f"see `testbed status --name {name}`")
+    available = sorted(p.stem for p in directory.glob("*.log")) if directory.is_dir() else []
+    if log_name is None:
+        if not available:
+            stderr.print(f"node {node}: no logs of its own (its built-in drivers and kubelet log in their NodeHost's)")
+        for stem in available:
+            click.echo(stem)
+        return
+    if log_name not in available:
+        raise TestbedError(f"node {node} has no log {log_name!r}", hint=f"it has: {', '.join(available) or 'none'}")
+    lines = (directory / f"{log_name}.log").read_text(errors="replace").splitlines()
+    click.echo("\n".join(lines[-tail_lines:] if tail_lines else lines))
 
 
 @main.command()
@@ -461,6 +533,19 @@ def status(name: str, state_dir: Path | None) -> None:
 
             nodes.add_row(node, cell("kubelet"), cell("driver"), cell("cri"), str(Path(records[0].log).parent))
         out.print(nodes)
+    drivers = recorded_drivers(Path(str(nodes_dir))) if nodes_dir else {}
+    if drivers:
+        table = Table(title="external drivers (a process per node; `testbed logs NODE DRIVER`)")
+        for column in ("driver", "nodes", "running", "gone"):
+            table.add_column(column)
+        by_driver: dict[str, list[bool]] = {}
+        for records in drivers.values():
+            for record in records:
+                by_driver.setdefault(record.name, []).append(record.alive())
+        for driver, states in sorted(by_driver.items()):
+            gone = states.count(False)
+            table.add_row(driver, str(len(states)), str(states.count(True)), f"[red]{gone}[/]" if gone else "0")
+        out.print(table)
     if not all(c.healthy for c in components):
         sys.exit(1)
 

@@ -15,11 +15,12 @@ from pathlib import Path
 
 from testbed import config
 from testbed.config import ControlPlaneConfig, nodes_dir
-from testbed.controlplane import cluster
+from testbed.controlplane import cluster, processes
 from testbed.controlplane.binaries import Binaries, ensure_node_binaries
 from testbed.driver import deviceclasses
 from testbed.errors import TestbedError
 from testbed.fleet import raycluster
+from testbed.fleet.external import prune_short_paths, recorded_drivers
 from testbed.fleet.fleet import Fleet
 from testbed.fleet.spec import FleetFile
 from testbed.kubeapi import KubeClient
@@ -161,6 +162,10 @@ def down(config: ControlPlaneConfig, keep_state: bool = False) -> list[str]:
     stopped = cluster.down(config, keep_state=keep_state)
     if state is not None:
         raycluster.remove_temp_dir(state.root)
+        # Processes of their own, which may outlive their NodeHost: stopped by PID.
+        drivers = [r for records in recorded_drivers(nodes_dir(state.root)).values() for r in records]
+        stopped += [f"driver {name}" for name in processes.stop(drivers)]
         if not keep_state:
             shutil.rmtree(nodes_dir(state.root), ignore_errors=True)
+            prune_short_paths()
     return stopped

@@ -6,6 +6,8 @@ Configured from the environment, as a DaemonSet passes it:
     POD_UID            this pod's UID (downward API): rolling-update socket names
     DRIVERS            drivers to serve                 gpu.dra-testbed.io,nic.dra-testbed.io
     KUBELET_DIR        the kubelet's root                                 /var/lib/kubelet
+    KUBELET_REGISTRAR_DIRECTORY_PATH   where the kubelet looks for plugins: KUBELET_DIR/plugins_registry
+    KUBELET_PLUGINS_DIRECTORY_PATH     where plugins put their DRA sockets:  KUBELET_DIR/plugins
     CDI_DIR            where CDI specs go                                     /var/run/cdi
     HARDWARE_PROFILE   emulated hardware: a shipped profile name or a YAML path   gpu8
     HARDWARE_SEED      seed for UUIDs, MACs and random faults                        0
@@ -52,6 +54,10 @@ from testbed.tasks import cancel_and_wait
 log = logging.getLogger("testbed-driver")
 
 
+def _optional_path(env: dict[str, str], name: str) -> Path | None:
+    return Path(env[name]) if env.get(name) else None
+
+
 def _slice_size(value: int) -> int | None:
     if not 0 <= value <= MAX_DEVICES:
         raise TestbedError(
@@ -66,6 +72,8 @@ class Settings:
     pod_uid: str | None
     drivers: list[str]
     kubelet_dir: Path
+    registry_dir: Path | None
+    plugins_dir: Path | None
     cdi_dir: Path
     profile: str
     seed: int
@@ -101,16 +109,18 @@ class Settings:
             pod_uid=env.get("POD_UID") or None,
             drivers=drivers,
             kubelet_dir=Path(env.get("KUBELET_DIR", "/var/lib/kubelet")),
+            registry_dir=_optional_path(env, "KUBELET_REGISTRAR_DIRECTORY_PATH"),
+            plugins_dir=_optional_path(env, "KUBELET_PLUGINS_DIRECTORY_PATH"),
             cdi_dir=Path(env.get("CDI_DIR", "/var/run/cdi")),
             profile=env.get("HARDWARE_PROFILE", "gpu8"),
             seed=integer("HARDWARE_SEED", "0"),
             health_port=integer("HEALTH_PORT", "51515"),
             health_address=env.get("HEALTH_ADDRESS", "127.0.0.1"),
             metrics_port=integer("METRICS_PORT", "8080"),
-            kubeconfig=Path(env["KUBECONFIG"]) if env.get("KUBECONFIG") else None,
+            kubeconfig=_optional_path(env, "KUBECONFIG"),
             devices_per_slice=_slice_size(integer("DEVICES_PER_SLICE", "0")),
-            call_log=Path(env["CALL_LOG"]) if env.get("CALL_LOG") else None,
-            faults_file=Path(env["FAULTS_FILE"]) if env.get("FAULTS_FILE") else None,
+            call_log=_optional_path(env, "CALL_LOG"),
+            faults_file=_optional_path(env, "FAULTS_FILE"),
         )
 
 
@@ -157,7 +167,14 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
         DriverPlugin(
             driver,
             settings.node,
-            DriverPaths.for_node(settings.kubelet_dir, driver, settings.cdi_dir, settings.pod_uid),
+            DriverPaths.for_node(
+                settings.kubelet_dir,
+                driver,
+                settings.cdi_dir,
+                settings.pod_uid,
+                settings.registry_dir,
+                settings.plugins_dir,
+            ),
             backend,
             client,
             claims,

@@ -80,11 +80,21 @@ class DriverPaths:
     pod_uid: str | None = None
 
     @classmethod
-    def for_node(cls, kubelet_dir: Path, driver: str, cdi_dir: Path, pod_uid: str | None = None) -> DriverPaths:
+    def for_node(
+        cls,
+        kubelet_dir: Path,
+        driver: str,
+        cdi_dir: Path,
+        pod_uid: str | None = None,
+        registry_dir: Path | None = None,
+        plugins_dir: Path | None = None,
+    ) -> DriverPaths:
+        """``registry_dir``/``plugins_dir``: where the kubelet's plugins_registry and
+        plugins are, when not under ``kubelet_dir``."""
         return cls(
             driver,
-            kubelet_dir / "plugins_registry",
-            kubelet_dir / "plugins" / driver,
+            registry_dir or kubelet_dir / "plugins_registry",
+            (plugins_dir or kubelet_dir / "plugins") / driver,
             cdi_dir,
             pod_uid,
         )

@@ -101,6 +101,9 @@ async def drain(client: KubeClient, node: SyntheticNode, timeout_s: float = 300.
     for driver in node.drivers:
         await driver.stop()
         await node.kubelet.wipe_slices(driver.driver)
+    await node.stop_external()
+    for external in node.external:
+        await node.kubelet.wipe_slices(external.spec.name)
     await client.delete_if_exists(path_for("v1", "pods", driver_pod_name(node.name), DRIVER_NAMESPACE))
     await node.kubelet.stop()
     await _delete_node(client, node.name)

@@ -11,6 +11,7 @@ from typing import Any
 
 from testbed.errors import TestbedError
 from testbed.files import private_dir
+from testbed.fleet.external import ExternalDriverSpec
 from testbed.fleet.identity import NodeAuthority, install_access_policy
 from testbed.fleet.nodehost import NodeHost, NodeRecipe
 from testbed.fleet.spec import FleetFile, Pool
@@ -29,6 +30,8 @@ def _recipe(pool: Pool, index: int) -> NodeRecipe:
         [t.model_dump() for t in pool.taints],
         pool.kubelet,
         pool.devices_per_slice,
+        None if pool.built_in_drivers is None else tuple(pool.built_in_drivers),
+        tuple(ExternalDriverSpec(d.name, tuple(d.command), dict(d.env)) for d in pool.external_drivers),
     )
 
 

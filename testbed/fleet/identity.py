@@ -166,12 +166,13 @@ def driver_pod(node: str) -> Obj:
 async def bind_driver_token(admin: KubeClient, drivers: KubeClient, node: str) -> None:
     """Create (or find) the node's driver pod and give ``drivers`` a token bound to it.
     The API server writes the pod's node into the token, which the own-node policy reads."""
-    drivers.use_token(await driver_token(admin, node))
+    token, _ = await driver_token(admin, node)
+    drivers.use_token(token)
 
 
-async def driver_token(admin: KubeClient, node: str) -> str:
-    """A token bound to the node's driver pod (created if need be). The Node need not
-    exist yet: the token names the pod's node either way."""
+async def driver_token(admin: KubeClient, node: str) -> tuple[str, str]:
+    """A token bound to the node's driver pod (created if need be), and the pod's UID.
+    The Node need not exist yet: the token names the pod's node either way."""
     pods = path_for("v1", "pods", namespace=DRIVER_NAMESPACE)
     try:
         pod = await admin.create(pods, driver_pod(node))
@@ -189,7 +190,7 @@ async def driver_token(admin: KubeClient, node: str) -> str:
     }
     path = path_for("v1", "serviceaccounts", DRIVER_SERVICE_ACCOUNT, DRIVER_NAMESPACE, "token")
     answer = await admin.create(path, request)
-    return str(answer["status"]["token"])
+    return str(answer["status"]["token"]), str(pod["metadata"]["uid"])
 
 
 async def install_access_policy(admin: KubeClient, timeout_s: float = 120.0) -> list[str]:

@@ -11,6 +11,7 @@ import gc
 import json
 import logging
 import os
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -23,6 +24,7 @@ from testbed.driver.claims import ClaimCache
 from testbed.driver.slices import SliceWatcher
 from testbed.files import write_atomically, write_secret
 from testbed.fleet.drain import DrainResult, drain, drain_process_node
+from testbed.fleet.external import ExternalDriverSpec
 from testbed.fleet.identity import NodeAuthority, bind_driver_token, driver_token
 from testbed.fleet.loopwatch import LoopWatch
 from testbed.fleet.synthetic_node import SyntheticNode, drivers_for
@@ -53,6 +55,18 @@ class NodeRecipe:
     kubelet: str = "fake"
     """fake: a synthetic node in this process; real: kubelet + CRI + driver processes."""
     devices_per_slice: int | None = None
+    drivers: tuple[str, ...] | None = None
+    """Built-in drivers to run (full names); None: those the profile's hardware needs."""
+    external: tuple[ExternalDriverSpec, ...] = ()
+    """Drivers run from a command, one process per node."""
+
+    @classmethod
+    def from_json(cls, entry: dict[str, Any]) -> NodeRecipe:
+        drivers = entry.pop("drivers", None)
+        external = tuple(
+            ExternalDriverSpec(e["name"], tuple(e["command"]), dict(e["env"])) for e in entry.pop("external", [])
+        )
+        return cls(**entry, drivers=None if drivers is None else tuple(drivers), external=external)
 
 
 def settle_heap() -> None:
@@ -127,7 +141,7 @@ class NodeHost:
     def _remembered(self) -> dict[str, NodeRecipe] | None:
         if self.membership is None or not self.membership.exists():
             return None
-        recipes = [NodeRecipe(**entry) for entry in json.loads(self.membership.read_text())]
+        recipes = [NodeRecipe.from_json(entry) for entry in json.loads(self.membership.read_text())]
         return {recipe.name: recipe for recipe in recipes}
 
     async def start(self, ready_timeout_s: float = 300.0, concurrency: int = START_CONCURRENCY) -> list[str]:
@@ -159,6 +173,7 @@ class NodeHost:
                 fresh.append(process_node)
                 continue
             kubelet_client, driver_client, bind_drivers = self._identity(recipe.name)
+            profile = profiles[recipe.profile]
             node = SyntheticNode(
                 recipe.name,
                 profiles[recipe.profile],
@@ -174,6 +189,9 @@ class NodeHost:
                 bind_drivers=bind_drivers,
                 runtime_client=self.client,
                 devices_per_slice=recipe.devices_per_slice,
+                drivers=list(recipe.drivers) if recipe.drivers is not None else drivers_for(profile),
+                external=list(recipe.external),
+                driver_credentials=self._external_credentials(recipe.name) if recipe.external else None,
             )
             self.nodes[recipe.name] = node
             fresh.append(node)
@@ -209,6 +227,22 @@ class NodeHost:
         self.node_clients[node] = [kubelet, drivers]
         return kubelet, drivers, lambda: bind_driver_token(admin, drivers, node)
 
+    def _external_credentials(self, node: str) -> Callable[[], Awaitable[tuple[Path, str]]]:
+        """What a command-line driver on ``node`` authenticates with, and its pod's UID:
+        with node identities, a kubeconfig holding a token bound to the node's driver pod."""
+
+        async def issue() -> tuple[Path, str]:
+            assert self.client is not None
+            if self.authority is None:
+                return self.kubeconfig, str(uuid.uuid5(uuid.NAMESPACE_URL, f"dra-testbed/{node}"))
+            token, pod_uid = await driver_token(self.client, node)
+            path = self.nodes_dir / node / "private" / "driver.kubeconfig"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_secret(path, self.authority.kubeconfig({"token": token}))
+            return path, pod_uid
+
+        return issue
+
     async def _issue_credentials(self, node: ProcessNode) -> None:
         """A real-kubelet node's kubelet and driver get kubeconfigs of their own identities."""
         if self.authority is None:
@@ -218,7 +252,7 @@ class NodeHost:
         private.mkdir(parents=True, exist_ok=True)
         node.kubelet_kubeconfig = private / "kubelet.kubeconfig"
         write_secret(node.kubelet_kubeconfig, self.authority.kubelet_kubeconfig(node.name))
-        token = await driver_token(self.client, node.name)
+        token, _ = await driver_token(self.client, node.name)
         node.driver_kubeconfig = private / "driver.kubeconfig"
         write_secret(node.driver_kubeconfig, self.authority.kubeconfig({"token": token}))
 

@@ -12,6 +12,11 @@ pools:
       - {key: dra-testbed.io/synthetic, value: "true", effect: NoSchedule}
     kubelet: fake         # fake (default) or real: kubelet v1.37 + a fake CRI + testbed-driver
                           # as processes per node (root only; ~180 MB a node: pools of ~10)
+    drivers:              # default: the built-in drivers the profile's hardware needs
+      - gpu               # built-ins by name (gpu, nic)
+      - name: fpga.example.com        # any other driver: the name it registers,
+        command: [/opt/fpga/driver, --v=2]   # the command, run once per node as a DaemonSet would,
+        env: {LOG_LEVEL: debug}       # and extra environment
     devicesPerSlice: null # at most this many devices per ResourceSlice (null: the API's limits)
 """
 
@@ -19,9 +24,9 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from fake_devices.profiles import ProfileError, load_profile
 from fake_devices.specfiles import SpecFileError, parse_yaml, validate
@@ -70,6 +75,34 @@ def _default_taints() -> list[Taint]:
     return [Taint(key="dra-testbed.io/synthetic", value="true", effect="NoSchedule")]
 
 
+BUILT_IN_DRIVERS = {"gpu": "gpu.dra-testbed.io", "nic": "nic.dra-testbed.io"}
+
+
+class ExternalDriver(_Strict):
+    """A driver the testbed did not write, run per node from a command."""
+
+    name: str
+    """The DRA driver name it registers with the kubelet and publishes slices for."""
+    command: list[str] = Field(min_length=1)
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _a_driver_name(self) -> ExternalDriver:
+        if len(self.name) > 63 or not _DNS_SUBDOMAIN.fullmatch(self.name):
+            raise ValueError(
+                f"driver name {self.name!r} must be a DNS subdomain of at most 63 characters "
+                "(lowercase letters, digits, '-' and '.'), e.g. fpga.example.com"
+            )
+        return self
+
+
+DriverEntry = Annotated[
+    Annotated[str, Tag("built-in")] | Annotated[ExternalDriver, Tag("command")],
+    Discriminator(lambda value: "built-in" if isinstance(value, str) else "command"),
+]
+"""A built-in driver's name, or an external driver: errors then speak of the one meant."""
+
+
 class Pool(_Strict):
     name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=40)
     count: int = Field(ge=0, le=100_000)
@@ -79,6 +112,40 @@ class Pool(_Strict):
     kubelet: Literal["fake", "real"] = "fake"
     devices_per_slice: int | None = Field(default=None, alias="devicesPerSlice", ge=1, le=128)
     """At most this many devices in one ResourceSlice (default: as many as the API allows)."""
+    drivers: list[DriverEntry] | None = None
+    """Built-in drivers by name and external ones by command; None: the built-ins the
+    profile's hardware needs."""
+
+    @model_validator(mode="after")
+    def _drivers_known_and_unique(self) -> Pool:
+        names = []
+        for driver in self.drivers or []:
+            if isinstance(driver, str):
+                if driver not in BUILT_IN_DRIVERS and driver not in BUILT_IN_DRIVERS.values():
+                    raise ValueError(
+                        f"drivers: {driver!r} is not a built-in driver ({', '.join(BUILT_IN_DRIVERS)}); "
+                        "give another driver as {name: ..., command: [...]}"
+                    )
+                names.append(BUILT_IN_DRIVERS.get(driver, driver))
+            else:
+                names.append(driver.name)
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"drivers: {', '.join(repeated)} listed more than once")
+        if self.kubelet == "real" and self.external_drivers:
+            raise ValueError("drivers: a command-line driver runs on fake-kubelet pools only (kubelet: fake)")
+        return self
+
+    @property
+    def built_in_drivers(self) -> list[str] | None:
+        """Full names of the built-in drivers asked for; None: the profile's."""
+        if self.drivers is None:
+            return None
+        return [BUILT_IN_DRIVERS.get(d, d) for d in self.drivers if isinstance(d, str)]
+
+    @property
+    def external_drivers(self) -> list[ExternalDriver]:
+        return [d for d in self.drivers or [] if isinstance(d, ExternalDriver)]
 
     @model_validator(mode="after")
     def _labels_kubernetes_accepts(self) -> Pool:
@@ -154,8 +221,25 @@ def load(path: Path) -> FleetFile:
 
 
 def single_pool(
-    count: int, profile: str, nodes_per_host: int, prefix: str = "node", devices_per_slice: int | None = None
+    count: int,
+    profile: str,
+    nodes_per_host: int,
+    prefix: str = "node",
+    devices_per_slice: int | None = None,
+    drivers: list[Any] | None = None,
 ) -> FleetFile:
     """What `--nodes N --profile P` means."""
-    pool = {"name": prefix, "count": count, "profile": profile, "devicesPerSlice": devices_per_slice}
-    return FleetFile.model_validate({"nodesPerHost": nodes_per_host, "pools": [pool]})
+    pool = {
+        "name": prefix,
+        "count": count,
+        "profile": profile,
+        "devicesPerSlice": devices_per_slice,
+        "drivers": drivers,
+    }
+    return validate(
+        FleetFile,
+        {"nodesPerHost": nodes_per_host, "pools": [pool]},
+        "node pool",
+        "from the command line",
+        FleetFileError,
+    )

@@ -2,12 +2,14 @@
 
 Everything a real node has, laid out as on a real node under ``<root>``:
 ``kubelet/plugins_registry``, ``kubelet/plugins/<driver>/`` (sockets, checkpoint, lock)
-and ``cdi/``. The kubelet reaches the drivers only through those sockets.
+and ``cdi/``. The kubelet reaches the drivers only through those sockets: built-in
+drivers run in this process, external ones as processes of their own (external.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
@@ -19,6 +21,8 @@ from testbed.driver.opaque_config import GPU_DRIVER, NIC_DRIVER
 from testbed.driver.plugin import DriverPlugin
 from testbed.driver.prepare import DriverPaths
 from testbed.driver.slices import SliceWatcher
+from testbed.errors import TestbedError
+from testbed.fleet.external import ExternalDriver, ExternalDriverSpec, ShortPaths, driver_environment
 from testbed.kubeapi import KubeClient
 from testbed.kubelet.kubelet import FakeKubelet
 from testbed.kubelet.node import PROFILE_LABEL, NodeSpec
@@ -26,6 +30,12 @@ from testbed.kubelet.node import PROFILE_LABEL, NodeSpec
 PLUGIN_SCAN_INTERVAL_S = 10.0
 """A synthetic node's drivers start next to its kubelet, which scans as they do; the poll
 is a safety net. A hundred nodes polling every second cost a NodeHost ~10% of its CPU."""
+CRASHES_WHILE_STARTING = 2
+"""An external driver restarted this often before it ever registered fails the node's start."""
+REGISTRATION_POLL_S = 0.2
+REGISTRATION_WATCH_S = 60.0
+"""After an external driver (re)starts, the kubelet looks for its socket this often, for
+this long: a real kubelet is told by inotify, and the 10 s poll is too slow to mimic it."""
 
 
 def drivers_for(profile: HardwareProfile) -> list[str]:
@@ -49,17 +59,25 @@ class SyntheticNode:
         bind_drivers: Callable[[], Awaitable[None]] | None = None,
         runtime_client: KubeClient | None = None,
         devices_per_slice: int | None = None,
+        drivers: list[str] | None = None,
+        external: list[ExternalDriverSpec] | None = None,
+        driver_credentials: Callable[[], Awaitable[tuple[Path, str]]] | None = None,
     ):
         """``client``: the kubelet's; ``driver_client``: the drivers'; ``runtime_client``:
         the emulated container runtime's (all the same by default). ``bind_drivers``: run
         once the Node exists and before the drivers start (it gives the drivers their
-        node-bound credentials)."""
+        node-bound credentials). ``drivers``: the built-in drivers to run (default: those
+        the profile's hardware needs); ``external``: drivers run from a command, which
+        ``driver_credentials`` gives a kubeconfig and a pod UID (default: ``client``'s)."""
         self.name = name
         self.bind_drivers = bind_drivers
         self.root = root
         self.hardware = NodeHardware(name, profile, seed)
         self.backend = LocalBackend(self.hardware)
         kubelet_dir, cdi_dir = root / "kubelet", root / "cdi"
+        self.short_paths = ShortPaths.for_node(root) if external else None
+        if self.short_paths is not None:
+            self.short_paths.link(kubelet_dir)
         self.kubelet = FakeKubelet(
             client,
             self.node_spec(name, profile.name, labels, taints),
@@ -68,6 +86,7 @@ class SyntheticNode:
             watch_pods=watch_pods,
             scan_interval_s=PLUGIN_SCAN_INTERVAL_S,
             runtime_client=runtime_client,
+            registry_dir=None if self.short_paths is None else self.short_paths.registry,
         )
         self.drivers = [
             DriverPlugin(
@@ -81,8 +100,13 @@ class SyntheticNode:
                 slice_watcher=slice_watcher,
                 devices_per_slice=devices_per_slice,
             )
-            for driver in drivers_for(profile)
+            for driver in (drivers_for(profile) if drivers is None else drivers)
         ]
+        self.external = [
+            ExternalDriver(spec, name, root, self._watch_registration(spec.name)) for spec in external or []
+        ]
+        self.driver_credentials = driver_credentials
+        self._watchers: set[asyncio.Task[None]] = set()
 
     @staticmethod
     def node_spec(
@@ -110,15 +134,76 @@ class SyntheticNode:
                 driver.publisher.assume_none_exist()
             await driver.start()
         await self.kubelet.plugins.scan()  # register now rather than at the next poll
+        if self.external:
+            kubeconfig, pod_uid = await self._external_credentials()
+            assert self.short_paths is not None
+            environment = driver_environment(self.name, self.root, pod_uid, kubeconfig, self.short_paths)
+            for external in self.external:
+                await external.start(environment)
+
+    async def _external_credentials(self) -> tuple[Path, str]:
+        if self.driver_credentials is None:
+            raise TestbedError(f"node {self.name}: no credentials to give its external drivers")
+        return await self.driver_credentials()
+
+    def _watch_registration(self, driver: str) -> Callable[[], Awaitable[None]]:
+        """After each start of ``driver``, look for its registration socket often until
+        the kubelet has registered the new instance."""
+
+        async def watch() -> None:
+            old = self.kubelet.plugins.plugin_for(driver)
+            before = None if old is None else old.identity
+
+            async def poll() -> None:
+                deadline = time.monotonic() + REGISTRATION_WATCH_S
+                while time.monotonic() < deadline:
+                    await self.kubelet.plugins.scan()
+                    plugin = self.kubelet.plugins.plugin_for(driver)
+                    if plugin is not None and plugin.identity != before:
+                        return
+                    await asyncio.sleep(REGISTRATION_POLL_S)
+
+            task = asyncio.create_task(poll(), name=f"registration-{driver}-{self.name}")
+            self._watchers.add(task)
+            task.add_done_callback(self._watchers.discard)
+
+        return watch
 
     async def wait_ready(self, timeout_s: float) -> None:
-        """Every driver registered with the kubelet and its slices published."""
+        """Every driver registered with the kubelet; the built-in ones' slices published
+        (an external driver's slices are its own business: some publish none)."""
         for driver in self.drivers:
             await self.kubelet.plugins.wait_for_driver(driver.driver, timeout_s)
             async with asyncio.timeout(timeout_s):
                 await driver.published.wait()
+        deadline = time.monotonic() + timeout_s
+        for external in self.external:
+            while self.kubelet.plugins.plugin_for(external.spec.name) is None:
+                if external.restarts >= CRASHES_WHILE_STARTING:
+                    self._not_registered(external, f"it exited {external.restarts + 1} times")
+                if time.monotonic() > deadline:
+                    self._not_registered(external, f"not within {timeout_s:.0f} s")
+                await asyncio.sleep(REGISTRATION_POLL_S)
+
+    def _not_registered(self, external: ExternalDriver, why: str) -> None:
+        raise TestbedError(
+            f"node {self.name}: driver {external.spec.name} did not register with the kubelet ({why})",
+            detail=external.log_tail(),
+            hint=f"it must create its registration socket in $KUBELET_REGISTRAR_DIRECTORY_PATH; "
+            f"its log is {external.log_path}",
+        )
+
+    async def stop_external(self) -> None:
+        for task in list(self._watchers):
+            task.cancel()
+        await asyncio.gather(*self._watchers, return_exceptions=True)
+        for external in self.external:
+            await external.stop()
+        if self.short_paths is not None:
+            self.short_paths.unlink()
 
     async def stop(self) -> None:
         for driver in self.drivers:
             await driver.stop()
+        await self.stop_external()
         await self.kubelet.stop()

@@ -26,14 +26,16 @@ class FakeKubelet:
         watch_pods: bool = True,
         scan_interval_s: float = SCAN_INTERVAL_S,
         runtime_client: KubeClient | None = None,
+        registry_dir: Path | None = None,
     ):
+        """``registry_dir``: where plugins register (default ``kubelet_dir/plugins_registry``)."""
         self.client = client
         self.spec = spec
         self.kubelet_dir = kubelet_dir
         self.cdi_dir = cdi_dir
         self.node = NodeAgent(client, spec)
         self.plugins = PluginManager(
-            kubelet_dir / "plugins_registry",
+            registry_dir or kubelet_dir / "plugins_registry",
             on_driver_gone=self.wipe_slices,
             scan_interval_s=scan_interval_s,
             on_health_change=lambda driver, devices: self.pods.health_changed(driver, devices),

@@ -45,3 +45,44 @@ def test_errors_name_the_field(text: str, message: str) -> None:
 def test_a_missing_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(spec.FleetFileError, match="does not exist"):
         spec.load(tmp_path / "nope.yaml")
+
+
+def test_pools_name_their_drivers_built_in_or_by_command() -> None:
+    fleet = spec.parse(
+        "pools: [{name: a, count: 1, drivers: [gpu, {name: fpga.example.com, command: [/bin/fpga, -v], "
+        "env: {X: '1'}}]}, {name: b, count: 1}]",
+        "f.yaml",
+    )
+    mixed, default = fleet.pools
+    assert mixed.built_in_drivers == ["gpu.dra-testbed.io"] and default.built_in_drivers is None
+    [external] = mixed.external_drivers
+    assert (external.name, external.command, external.env) == ("fpga.example.com", ["/bin/fpga", "-v"], {"X": "1"})
+
+
+@pytest.mark.parametrize(
+    ("drivers", "message"),
+    [
+        ("[tpu]", "'tpu' is not a built-in driver (gpu, nic)"),
+        ("[gpu, gpu.dra-testbed.io]", "gpu.dra-testbed.io listed more than once"),
+        ("[{name: Bad_Name, command: [x]}]", "driver name 'Bad_Name' must be a DNS subdomain"),
+        ("[{name: a.example.com, command: []}]", "List should have at least 1 item"),
+    ],
+)
+def test_bad_driver_lists_are_refused_naming_the_field(drivers: str, message: str) -> None:
+    with pytest.raises(spec.FleetFileError, match="drivers") as caught:
+        spec.parse(f"pools: [{{name: a, count: 1, drivers: {drivers}}}]", "f.yaml")
+    assert message in str(caught.value)
+
+
+def test_node_recipes_with_external_drivers_survive_a_host_restart() -> None:
+    import dataclasses
+    import json
+
+    from testbed.fleet.external import ExternalDriverSpec
+    from testbed.fleet.nodehost import NodeRecipe
+
+    recipe = NodeRecipe(
+        "a-000", "tiny", drivers=("gpu.dra-testbed.io",), external=(ExternalDriverSpec("x.io", ("x",)),)
+    )
+    again = NodeRecipe.from_json(json.loads(json.dumps(dataclasses.asdict(recipe))))
+    assert again == recipe

@@ -1,0 +1,90 @@
+"""A driver the testbed did not write, run from a command on synthetic nodes.
+
+`testbed-driver` stands in for a foreign driver: to the fleet it is just a command. It
+gets what a DaemonSet pod gets (its node, its pod's UID, the kubelet's directories, a
+token bound to the node's driver pod), serves pods through the fake kubelet, is
+restarted when killed, and is stopped when its node is drained.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+from kubernetes import client as k8s
+
+from testbed.config import nodes_dir
+from testbed.controlplane.cluster import ClusterState
+from testbed.controlplane.processes import process_start_ticks
+from testbed.fleet.external import recorded_drivers
+from testbed.fleet.fleet import Fleet
+from testbed.fleet.spec import FleetFile
+from testbed.testing import wait_for
+from tests.integration.dra_helpers import GPU, claim_spec, create_template, pod, request, unique, wait_running
+
+pytestmark = pytest.mark.controlplane
+
+STAND_IN = {
+    "name": GPU,
+    "command": [sys.executable, "-m", "testbed.driver.main"],
+    "env": {"DRIVERS": GPU, "HARDWARE_PROFILE": "tiny", "HEALTH_PORT": "-1", "METRICS_PORT": "-1"},
+}
+
+
+def test_an_external_driver_serves_its_node_and_is_restarted_and_drained(
+    control_plane: ClusterState, fleet: Fleet, kube_api: k8s.ApiClient
+) -> None:
+    del fleet  # only for its Ray and DeviceClasses
+    spec = FleetFile.model_validate(
+        {"nodesPerHost": 1, "pools": [{"name": "ext", "count": 1, "profile": "tiny", "drivers": ["nic", STAND_IN]}]}
+    )
+    where = nodes_dir(control_plane.root)
+    own = Fleet(spec, control_plane.kubeconfig, where)
+    own.start()
+    core = k8s.CoreV1Api(kube_api)
+    namespace = unique("ext")
+    core.create_namespace({"metadata": {"name": namespace}})
+    try:
+        [record] = recorded_drivers(where)["ext-000"]
+        assert record.alive() and record.name == GPU
+        environment = dict(
+            line.split("=", 1) for line in Path(f"/proc/{record.pid}/environ").read_text().split("\0") if "=" in line
+        )
+        driver_pod = core.read_namespaced_pod("dra-testbed-driver-ext-000", "dra-testbed")
+        assert environment["NODE_NAME"] == "ext-000" and environment["POD_UID"] == driver_pod.metadata.uid
+        assert "token" in Path(environment["KUBECONFIG"]).read_text(), "a token bound to the node's driver pod"
+        assert len(environment["KUBELET_REGISTRAR_DIRECTORY_PATH"]) + 64 < 105, "room for <driver>-<uid>-reg.sock"
+        slices = k8s.ResourceV1Api(kube_api).list_resource_slice(field_selector="spec.nodeName=ext-000").items
+        assert {s.spec.driver for s in slices} == {GPU, "nic.dra-testbed.io"}
+
+        create_template(kube_api, namespace, "gpu", claim_spec(request("gpu", GPU)))
+        claims = {"gpu": {"resourceClaimTemplateName": "gpu"}}
+        core.create_namespaced_pod(namespace, pod("first", claims, node="ext-000"))
+        wait_running(kube_api, namespace, "first")
+
+        os.kill(record.pid, signal.SIGKILL)
+        [again] = wait_for(
+            lambda: (r := recorded_drivers(where)["ext-000"]) and r[0].pid != record.pid and r[0].alive() and r,
+            60,
+            "the NodeHost to start the killed driver again",
+        )
+        core.create_namespaced_pod(namespace, pod("second", claims, node="ext-000"))
+        wait_running(kube_api, namespace, "second")
+        log = Path(again.log).read_text()
+        assert log.count("starting:") == 2 and "serving gpu.dra-testbed.io" in log
+        core.delete_namespaced_pod("first", namespace)
+        core.delete_namespaced_pod("second", namespace)
+        wait_for(lambda: not core.list_namespaced_pod(namespace).items, 120, "the pods to be gone")
+        checkpoint = json.loads(
+            next(where.glob("ext-000/kubelet/plugins/gpu.dra-testbed.io/checkpoint.json")).read_text()
+        )
+        assert checkpoint["claims"] == {}, "the external driver unprepared both claims"
+    finally:
+        core.delete_namespace(namespace)
+        own.stop(remove_nodes=True)
+    assert process_start_ticks(again.pid) is None, "draining the node stopped its driver"
+    assert "ext-000" not in recorded_drivers(where)
