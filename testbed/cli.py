@@ -881,6 +881,69 @@ def compare(run_a: Path, run_b: Path, fail_if: tuple[str, ...]) -> None:
         sys.exit(1)
 
 
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@cluster_options
+@click.option("--driver-name", default="", help="The name the driver must register as (default: what it says).")
+@click.option("--env", "env_items", multiple=True, metavar="KEY=VALUE", help="Extra environment for the driver.")
+@click.option("--junit", type=click.Path(path_type=Path, dir_okay=False), default=None, help="Also write JUnit XML.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@reports_errors
+def sanity(
+    name: str,
+    state_dir: Path | None,
+    driver_name: str,
+    env_items: tuple[str, ...],
+    junit: Path | None,
+    command: tuple[str, ...],
+) -> None:
+    """Check a DRA kubelet plugin as a kubelet relies on it: testbed sanity [OPTIONS] -- CMD ARGS...
+
+    Runs the command as the driver of a fresh node of its own on the running cluster
+    (the environment a DaemonSet pod gets), plays the kubelet's part on the wire, and has
+    the real scheduler allocate the claims it prepares. One line per check; exit 0 only
+    without FAIL."""
+    import asyncio
+
+    from testbed.kubeapi import KubeClient
+    from testbed.sanity.checks import Result, Status, Suite, junit_xml
+    from testbed.sanity.harness import Harness
+
+    _about(name, f"sanity of {' '.join(command)}")
+    state = _running(name, state_dir)
+    env = {}
+    for item in env_items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise TestbedError(f"--env {item!r} is not KEY=VALUE")
+        env[key] = value
+    colours = {Status.PASS: "green", Status.FAIL: "red", Status.WARN: "yellow", Status.SKIP: "dim"}
+
+    def say(result: Result) -> None:
+        stderr.print(
+            f"[{colours[result.status]}]{result.status:<4}[/] {result.name}: {escape(result.detail)} "
+            f"[dim]({result.seconds:.1f} s)[/]"
+        )
+
+    async def go() -> tuple[list[Result], str]:
+        admin = KubeClient.from_kubeconfig(state.kubeconfig)
+        harness = Harness(admin, state.kubeconfig, list(command), env, driver_name)
+        try:
+            await harness.setup()
+            stderr.print(f"driver on node {harness.node}; its log: {harness.process.log_path}", markup=False)
+            return await Suite(harness, say).run(), harness.driver_name
+        finally:
+            await harness.teardown()
+            await admin.close()
+
+    results, driver = asyncio.run(go())
+    counts = {status: sum(1 for r in results if r.status is status) for status in Status}
+    stderr.print(", ".join(f"{n} {status}" for status, n in counts.items() if n))
+    if junit is not None:
+        junit.write_text(junit_xml(results, driver or "driver"))
+    if counts[Status.FAIL]:
+        sys.exit(1)
+
+
 @main.command(context_settings={"ignore_unknown_options": True})  # so `-1` reaches COUNT and is refused there
 @click.argument("pool")
 @click.argument("count", type=click.IntRange(min=0))

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from testbed.config import runtime_root
 from testbed.controlplane import processes
+from testbed.errors import TestbedError
 from testbed.files import private_dir
 
 log = logging.getLogger(__name__)
@@ -150,6 +151,7 @@ class ExternalDriver:
     async def start(self, environment: Mapping[str, str]) -> None:
         """Start it (after stopping what an earlier NodeHost of this node left running)."""
         self._reap_leftover()
+        self._stopping = False
         for sub in ("logs", "work", "cdi", "kubelet/plugins_registry", "kubelet/plugins"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         self._environment = {**environment, **self.spec.env}
@@ -160,15 +162,22 @@ class ExternalDriver:
         with open(self.log_path, "ab") as handle:
             handle.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} starting: {' '.join(self.spec.command)}\n".encode())
             handle.flush()
-            self.process = await asyncio.create_subprocess_exec(
-                *self.spec.command,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=handle,
-                stderr=handle,
-                cwd=self.root / "work",
-                env=dict(os.environ, **self._environment),
-                start_new_session=True,
-            )
+            try:
+                self.process = await asyncio.create_subprocess_exec(
+                    *self.spec.command,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=handle,
+                    stderr=handle,
+                    cwd=self.root / "work",
+                    env=dict(os.environ, **self._environment),
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                raise TestbedError(
+                    f"node {self.node}: cannot run driver {self.spec.name}'s command {self.spec.command[0]!r}: "
+                    f"{exc.strerror or exc}",
+                    hint="give the path of an executable (and its arguments)",
+                ) from None
         self._remember()
         if self.on_start is not None:
             await self.on_start()

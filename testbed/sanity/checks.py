@@ -1,0 +1,465 @@
+"""`testbed sanity`: what a kubelet relies on from any DRA kubelet plugin, checked on the wire.
+
+Each check says PASS, FAIL or WARN (allowed, but a kubelet or an upgrade will trip on it)
+and why; SKIP when an earlier failure leaves nothing to check. The order matters: the
+checks that restart the driver come last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import time
+import uuid
+import xml.etree.ElementTree as ET
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from testbed.driver import cdi
+from testbed.driver.slices import (
+    MAX_ATTRIBUTES_AND_CAPACITIES,
+    MAX_COUNTER_SETS,
+    MAX_DEVICES,
+    MAX_DEVICES_WITH_TAINTS_OR_COUNTERS,
+)
+from testbed.errors import TestbedError
+from testbed.kubelet.plugins import DRA_SERVICES, HEALTH_SERVICES, choose_service
+from testbed.sanity.harness import CALL_TIMEOUT_S, Claim, Harness, Registration
+
+SLICES_WAIT_S = 60.0
+REPUBLISH_WAIT_S = 30.0
+"""A starting kubelet deletes its node's slices; the driver must notice and publish again."""
+UNPREPARE_PATIENCE_S = 5.0
+DEFAULT_HEALTH_TIMEOUT_S = 30
+
+
+class Status(StrEnum):
+    PASS = "PASS"
+    FAIL = "FAIL"
+    WARN = "WARN"
+    SKIP = "SKIP"
+
+
+@dataclass(frozen=True)
+class Result:
+    name: str
+    status: Status
+    detail: str
+    seconds: float = 0.0
+
+
+class Problem(Exception):
+    """A check's finding: FAIL (or WARN) with the reason."""
+
+    def __init__(self, detail: str, status: Status = Status.FAIL):
+        super().__init__(detail)
+        self.status = status
+
+
+def expect(condition: bool, detail: str, status: Status = Status.FAIL) -> None:
+    if not condition:
+        raise Problem(detail, status)
+
+
+def _devices(entry: Any) -> list[tuple[list[str], str, str, list[str]]]:
+    return [(list(d.request_names), d.pool_name, d.device_name, list(d.cdi_device_ids)) for d in entry.devices]
+
+
+class Suite:
+    def __init__(self, harness: Harness, say: Callable[[Result], None] | None = None):
+        self.harness = harness
+        self.say = say
+        self.registration: Registration | None = None
+        self.results: list[Result] = []
+        self._claim: Claim | None = None
+
+    @property
+    def claim(self) -> Claim:
+        """The claim the prepare checks share (allocated by the first of them)."""
+        if self._claim is None:
+            raise Problem("no claim was prepared", Status.SKIP)
+        return self._claim
+
+    @property
+    def service(self) -> str:
+        assert self.registration is not None
+        chosen = choose_service(self.registration.versions)
+        assert chosen is not None
+        return chosen
+
+    async def prepare(self, claims: list[Claim | tuple[str, str, str]], service: str = "") -> Any:
+        assert self.registration is not None
+        return await self.harness.call(
+            self.registration.endpoint, service or self.service, "NodePrepareResources", claims
+        )
+
+    async def unprepare(self, claims: list[Claim | tuple[str, str, str]]) -> Any:
+        assert self.registration is not None
+        return await self.harness.call(self.registration.endpoint, self.service, "NodeUnprepareResources", claims)
+
+    async def run(self) -> list[Result]:
+        checks: list[tuple[str, Callable[[], Awaitable[str]]]] = [
+            ("registration", self.check_registration),
+            ("services answer", self.check_services),
+            ("rolling-update socket names", self.check_socket_names),
+            ("resource slices within API limits", self.check_slices),
+            ("prepare an allocated claim", self.check_prepare),
+            ("idempotent prepare", self.check_idempotent),
+            ("v1 and v1beta1 agree", self.check_versions_agree),
+            ("unprepare, twice and unknown", self.check_unprepare),
+            ("firstAvailable: base request names", self.check_first_available),
+            ("per-claim errors", self.check_per_claim_errors),
+            ("health stream", self.check_health),
+            ("kubelet restart: slices back", self.check_slices_come_back),
+            ("kill -9 mid-prepare, restart, retry", self.check_kill_mid_prepare),
+            ("API server unreachable", self.check_api_unreachable),
+        ]
+        essential = {"registration", "resource slices within API limits"}
+        broken = ""
+        for name, check in checks:
+            started = time.monotonic()
+            if broken:
+                result = Result(name, Status.SKIP, f"not checked: {broken} failed")
+            else:
+                try:
+                    async with asyncio.timeout(180):
+                        detail = await check()
+                    result = Result(name, Status.PASS, detail, time.monotonic() - started)
+                except Problem as problem:
+                    result = Result(name, problem.status, str(problem), time.monotonic() - started)
+                except TestbedError as exc:
+                    last = (exc.detail or "").strip().splitlines()[-1:] or [""]
+                    reason = f"{exc}" + (f"; its log ends: {last[0][:300]}" if last[0] else "")
+                    result = Result(name, Status.FAIL, reason, time.monotonic() - started)
+                except Exception as exc:  # a check that blew up is a failure, said in one line
+                    reason = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:400]
+                    result = Result(name, Status.FAIL, reason, time.monotonic() - started)
+                if result.status is Status.FAIL and name in essential:
+                    broken = name
+            self.results.append(result)
+            if self.say is not None:
+                self.say(result)
+        return self.results
+
+    # --- registration ------------------------------------------------------------------
+
+    async def check_registration(self) -> str:
+        sock = await self.harness.registration_socket()
+        info = await self.harness.register(sock)
+        expect(info.type == "DRAPlugin", f"GetInfo type {info.type!r}, not DRAPlugin")
+        expected = self.harness.expected_name
+        expect(not expected or info.name == expected, f"registers as {info.name!r}, not {expected!r}")
+        expect(info.name != "", "GetInfo gives no driver name")
+        expect(info.endpoint.startswith("/"), f"endpoint {info.endpoint!r} is not an absolute path")
+        expect(Path(info.endpoint).is_socket(), f"endpoint {info.endpoint} is not a socket")
+        expect(
+            choose_service(info.versions) is not None,
+            f"supported versions {info.versions} name no DRA service a kubelet knows ({', '.join(DRA_SERVICES)})",
+        )
+        self.registration = info
+        return f"{info.name} at {info.endpoint}, services {', '.join(info.versions)}"
+
+    async def check_services(self) -> str:
+        assert self.registration is not None
+        known = [v for v in self.registration.versions if v in DRA_SERVICES]
+        for service in known:
+            for method in ("NodePrepareResources", "NodeUnprepareResources"):
+                response = await self.harness.call(self.registration.endpoint, service, method, [])
+                expect(len(response.claims) == 0, f"{service} {method} with no claims answered claims")
+        unknown = [v for v in self.registration.versions if v not in DRA_SERVICES and v not in HEALTH_SERVICES]
+        expect(not unknown, f"advertises services no kubelet v1.37 knows: {', '.join(unknown)}", Status.WARN)
+        return f"{', '.join(known)} answer an empty NodePrepareResources and NodeUnprepareResources"
+
+    async def check_socket_names(self) -> str:
+        assert self.registration is not None
+        uid = self.harness.pod_uid
+        named = [p for p in (self.registration.socket.name, Path(self.registration.endpoint).name) if uid in p]
+        expect(
+            len(named) == 2,
+            f"socket names do not carry POD_UID ({self.registration.socket.name}, "
+            f"{Path(self.registration.endpoint).name}): two instances cannot run side by side in a rolling update",
+            Status.WARN,
+        )
+        return "registration and DRA sockets are named after the pod"
+
+    # --- slices ----------------------------------------------------------------------------
+
+    async def check_slices(self) -> str:
+        deadline = time.monotonic() + SLICES_WAIT_S
+        while not (slices := await self.harness.slices()):
+            expect(
+                time.monotonic() < deadline,
+                f"no ResourceSlices for node {self.harness.node} after {SLICES_WAIT_S:.0f} s",
+            )
+            await asyncio.sleep(0.5)
+        problems = []
+        pools: dict[str, list[dict[str, Any]]] = {}
+        for item in slices:
+            spec, name = item["spec"], item["metadata"]["name"]
+            pools.setdefault(spec["pool"]["name"], []).append(item)
+            devices = spec.get("devices") or []
+            limited = any(d.get("taints") or d.get("consumesCounters") for d in devices)
+            most = MAX_DEVICES_WITH_TAINTS_OR_COUNTERS if limited else MAX_DEVICES
+            if len(devices) > most:
+                problems.append(f"{name}: {len(devices)} devices (at most {most})")
+            if len(spec.get("sharedCounters") or []) > MAX_COUNTER_SETS:
+                problems.append(f"{name}: more than {MAX_COUNTER_SETS} counter sets")
+            for device in devices:
+                fields = len(device.get("attributes") or {}) + len(device.get("capacity") or {})
+                if fields > MAX_ATTRIBUTES_AND_CAPACITIES:
+                    problems.append(f"{name}/{device['name']}: {fields} attributes and capacities")
+        for pool, members in pools.items():
+            newest = max(m["spec"]["pool"]["generation"] for m in members)
+            current = [m for m in members if m["spec"]["pool"]["generation"] == newest]
+            counts = {m["spec"]["pool"]["resourceSliceCount"] for m in current}
+            if counts != {len(current)}:
+                problems.append(f"pool {pool}: resourceSliceCount {sorted(counts)} but {len(current)} slices")
+        expect(not problems, "; ".join(problems[:5]))
+        devices = sum(len(s["spec"].get("devices") or []) for s in slices)
+        expect(devices > 0, "the slices hold no devices: nothing to allocate", Status.WARN)
+        await self.harness.ensure_device_class()
+        return f"{len(slices)} slices, {devices} devices, in {len(pools)} pool(s)"
+
+    # --- prepare and unprepare -----------------------------------------------------------
+
+    async def _prepared(self, claim: Claim, service: str = "") -> list[tuple[list[str], str, str, list[str]]]:
+        response = await self.prepare([claim], service)
+        expect(claim.uid in response.claims, f"no answer for claim {claim.name} (uid {claim.uid})")
+        entry = response.claims[claim.uid]
+        expect(not entry.error, f"claim {claim.name}: {entry.error}")
+        return _devices(entry)
+
+    async def check_prepare(self) -> str:
+        self._claim = await self.harness.claim(self.harness.one_device())
+        devices = await self._prepared(self.claim)
+        allocated = [
+            (r["request"], r["pool"], r["device"])
+            for r in self.claim.allocation["devices"]["results"]
+            if r["driver"] == self.harness.driver_name
+        ]
+        got = [(names[0] if names else "", pool, device) for names, pool, device, _ in devices]
+        expect(sorted(got) == sorted(allocated), f"prepared {got}, but the scheduler allocated {allocated}")
+        ids = [i for *_, d in devices for i in d]
+        expect(bool(ids), "no CDI device IDs: a container would get nothing of the device", Status.WARN)
+        self._resolve(ids)
+        return f"{got[0][2]} of pool {got[0][1]}, CDI {', '.join(ids)} resolves"
+
+    def _resolve(self, ids: list[str]) -> None:
+        """As a container runtime would: every ID names a device in a spec file in $CDI_DIR."""
+        try:
+            cdi.resolve(Path(self.harness.environment["CDI_DIR"]), ids)
+        except cdi.CdiResolutionError as exc:
+            raise Problem(f"CDI IDs {ids} do not resolve in $CDI_DIR: {exc}") from None
+
+    async def check_idempotent(self) -> str:
+        first = await self._prepared(self.claim)
+        second = await self._prepared(self.claim)
+        expect(first == second, f"a second prepare of one claim answered {second}, the first {first}")
+        return "the same devices and CDI IDs twice"
+
+    async def check_versions_agree(self) -> str:
+        assert self.registration is not None
+        services = [v for v in self.registration.versions if v in DRA_SERVICES]
+        if len(services) < 2:
+            raise Problem(f"only {', '.join(services)} advertised", Status.SKIP)
+        answers = {service: await self._prepared(self.claim, service) for service in services}
+        expect(len({repr(a) for a in answers.values()}) == 1, f"answers differ: {answers}")
+        return f"{' and '.join(services)} give the same answer"
+
+    async def check_unprepare(self) -> str:
+        for attempt in ("first", "second"):
+            response = await self.unprepare([self.claim])
+            error = response.claims[self.claim.uid].error if self.claim.uid in response.claims else "no answer"
+            expect(not error, f"{attempt} unprepare: {error}")
+        stranger = (self.harness.namespace, str(uuid.uuid4()), "never-prepared")
+        response = await self.unprepare([stranger])
+        error = response.claims[stranger[1]].error if stranger[1] in response.claims else "no answer"
+        expect(not error, f"unprepare of a claim it never prepared: {error}")
+        await self.harness.release(self.claim)
+        return "unprepare succeeds twice, and for a claim it never saw"
+
+    async def check_first_available(self) -> str:
+        claim = await self.harness.claim(self.harness.first_available())
+        try:
+            names = [n for names, *_ in await self._prepared(claim) for n in names]
+            expect(
+                names == ["dev"],
+                f"request_names {names}: a kubelet matches containers' request 'dev' exactly, so a name "
+                "with a subrequest ('dev/one') leaves the container without the device",
+            )
+        finally:
+            await self.unprepare([claim])
+            await self.harness.release(claim)
+        return "request_names ['dev'] for subrequest dev/one"
+
+    async def check_per_claim_errors(self) -> str:
+        good = await self.harness.claim(self.harness.one_device())
+        unallocated = await self.harness.claim(self.harness.one_device(), allocate=False)
+        unknown = (self.harness.namespace, str(uuid.uuid4()), "no-such-claim")
+        mismatched = (good.namespace, str(uuid.uuid4()), good.name)
+        try:
+            response = await self.prepare([good, unallocated, unknown, mismatched])
+            for label, uid in (
+                ("the allocated claim", good.uid),
+                ("an unallocated claim", unallocated.uid),
+                ("a claim that does not exist", unknown[1]),
+                ("a claim whose UID changed", mismatched[1]),
+            ):
+                expect(uid in response.claims, f"no answer for {label}")
+            expect(
+                not response.claims[good.uid].error,
+                f"the allocated claim failed beside bad ones: {response.claims[good.uid].error}",
+            )
+            silent = [
+                label
+                for label, uid in (
+                    ("unallocated", unallocated.uid),
+                    ("unknown", unknown[1]),
+                    ("UID mismatch", mismatched[1]),
+                )
+                if not response.claims[uid].error
+            ]
+            expect(not silent, f"no error for: {', '.join(silent)}")
+        finally:
+            await self.unprepare([good])
+            await self.harness.release(good)
+            await self.harness.release(unallocated)
+        return "each bad claim fails alone; the good one in the same call is prepared"
+
+    # --- health --------------------------------------------------------------------------
+
+    async def check_health(self) -> str:
+        assert self.registration is not None
+        service = next((h for h in HEALTH_SERVICES if h in self.registration.versions), "")
+        if not service:
+            raise Problem("no health service advertised (optional)", Status.SKIP)
+        first = await self.harness.health_messages(self.registration.endpoint, service, 1, 10.0)
+        expect(bool(first), "no first health snapshot within 10 s")
+        _, message = first[0]
+        reported = {(d.device.pool_name, d.device.device_name) for d in message.devices}
+        published = {
+            (s["spec"]["pool"]["name"], d["name"])
+            for s in await self.harness.slices()
+            for d in s["spec"].get("devices") or []
+        }
+        missing = sorted(published - reported)
+        expect(not missing, f"the first snapshot leaves out {len(missing)} published devices, e.g. {missing[:3]}")
+        timeout = min(
+            (d.health_check_timeout_seconds for d in message.devices if d.health_check_timeout_seconds > 0),
+            default=DEFAULT_HEALTH_TIMEOUT_S,
+        )
+        stream = await self.harness.health_messages(self.registration.endpoint, service, 2, timeout + 2)
+        expect(
+            len(stream) == 2 and stream[1][0] - stream[0][0] <= timeout,
+            f"no second snapshot within the {timeout} s timeout: a kubelet marks every device Unknown then",
+        )
+        gap = stream[1][0] - stream[0][0]
+        return f"{len(reported)} devices in the first snapshot, re-sent after {gap:.1f} s (timeout {timeout} s)"
+
+    # --- restarts ------------------------------------------------------------------------
+
+    async def check_slices_come_back(self) -> str:
+        before = len(await self.harness.slices())
+        await self.harness.admin.request(
+            "DELETE",
+            "/apis/resource.k8s.io/v1/resourceslices",
+            params={"fieldSelector": f"spec.nodeName={self.harness.node},spec.driver={self.harness.driver_name}"},
+        )
+        started = time.monotonic()
+        while len(await self.harness.slices()) < before:
+            expect(
+                time.monotonic() - started < REPUBLISH_WAIT_S,
+                f"slices deleted as a starting kubelet deletes them were not back within {REPUBLISH_WAIT_S:.0f} s: "
+                "the node has no devices until the driver next publishes",
+            )
+            await asyncio.sleep(0.25)
+        return f"{before} slices back after {time.monotonic() - started:.1f} s"
+
+    async def _reregistered(self, since: float) -> None:
+        sock = await self.harness.registration_socket(newer_than=since)
+        self.registration = await self.harness.register(sock)
+
+    async def check_kill_mid_prepare(self) -> str:
+        claim = await self.harness.claim(self.harness.one_device())
+        process = self.harness.process.process
+        assert process is not None
+        attempt = asyncio.create_task(self.prepare([claim]))
+        await asyncio.sleep(0.005)
+        killed_at = time.time()
+        os.killpg(process.pid, signal.SIGKILL)
+        await asyncio.gather(attempt, return_exceptions=True)
+        await self._reregistered(killed_at - 1)
+        try:
+            devices = await self._prepared(claim)
+            self._resolve([i for *_, d in devices for i in d])
+        finally:
+            await self.unprepare([claim])
+            await self.harness.release(claim)
+        return "the restarted driver prepared the claim the killed one was preparing"
+
+    async def check_api_unreachable(self) -> str:
+        claim = await self.harness.claim(self.harness.one_device())
+        silent = socket.socket()
+        silent.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+        normal = dict(self.harness.environment)
+        try:
+            started_at = time.time()
+            await self.harness.restart_with(
+                {**normal, "KUBECONFIG": str(self.harness.unreachable_kubeconfig(silent.getsockname()[1]))}
+            )
+            await self._reregistered(started_at - 1)
+            started = time.monotonic()
+            preparing = asyncio.create_task(self.prepare([claim]))
+            await asyncio.sleep(0.2)
+            stranger = (claim.namespace, str(uuid.uuid4()), "unrelated")
+            unprepare_started = time.monotonic()
+            await self.unprepare([stranger])
+            waited = time.monotonic() - unprepare_started
+            try:
+                response = await preparing
+            except Exception as exc:
+                raise Problem(
+                    f"NodePrepareResources failed as a whole after {time.monotonic() - started:.1f} s "
+                    f"({type(exc).__name__}): a kubelet needs each claim's own error within {CALL_TIMEOUT_S:.0f} s"
+                ) from None
+            took = time.monotonic() - started
+            expect(waited < UNPREPARE_PATIENCE_S, f"an unrelated unprepare waited {waited:.1f} s behind the prepare")
+            entry = response.claims.get(claim.uid)
+            expect(entry is not None, "no answer for the claim")
+            outcome = (
+                f"claim error after {took:.1f} s: {entry.error[:120]}"
+                if entry.error
+                else f"prepared without the API in {took:.1f} s"
+            )
+            return outcome
+        finally:
+            silent.close()
+            restarted_at = time.time()
+            await self.harness.restart_with(normal)
+            await self._reregistered(restarted_at - 1)
+            await self.unprepare([claim])
+            await self.harness.release(claim)
+
+
+def junit_xml(results: list[Result], driver: str) -> str:
+    suite = ET.Element("testsuite", name=f"dra-testbed.sanity.{driver}", tests=str(len(results)))
+    failures = 0
+    for result in results:
+        case = ET.SubElement(
+            suite, "testcase", classname=f"sanity.{driver}", name=result.name, time=f"{result.seconds:.2f}"
+        )
+        if result.status is Status.FAIL:
+            failures += 1
+            ET.SubElement(case, "failure", message=result.detail)
+        elif result.status is Status.SKIP:
+            ET.SubElement(case, "skipped", message=result.detail)
+        else:
+            ET.SubElement(case, "system-out").text = f"{result.status}: {result.detail}"
+    suite.set("failures", str(failures))
+    ET.indent(suite)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suite, encoding="unicode") + "\n"

@@ -1,0 +1,280 @@
+"""A node of its own for the driver under test, with the sanity suite as its kubelet.
+
+The driver runs from its command as on any synthetic node (external.py); the suite
+plays the kubelet's part on the wire (registration, DRA calls in either version, the
+health stream), and the real scheduler allocates the claims it prepares: each claim is
+reserved by a pod pinned to the node, which nothing ever runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import yaml
+
+from testbed.config import runtime_root
+from testbed.errors import TestbedError
+from testbed.files import private_dir, write_secret
+from testbed.fleet.external import ExternalDriver, ExternalDriverSpec, ShortPaths, driver_environment
+from testbed.fleet.identity import DRIVER_NAMESPACE, NodeAuthority, driver_pod_name, driver_token, install_access_policy
+from testbed.grpcapi import pluginregistration_pb2, pluginregistration_pb2_grpc
+from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
+from testbed.kubelet.node import NodeAgent, NodeSpec
+from testbed.kubelet.plugins import DRA_SERVICES, HEALTH_SERVICES
+
+RESOURCE = "resource.k8s.io/v1"
+REGISTRATION_TIMEOUT_S = 60.0
+ALLOCATION_TIMEOUT_S = 60.0
+CALL_TIMEOUT_S = 45.0
+"""The kubelet's deadline for a NodePrepareResources/NodeUnprepareResources call."""
+
+
+@dataclass(frozen=True)
+class Registration:
+    socket: Path
+    name: str
+    type: str
+    endpoint: str
+    versions: list[str]
+
+
+@dataclass(frozen=True)
+class Claim:
+    namespace: str
+    name: str
+    uid: str
+    allocation: Obj
+
+
+class Harness:
+    def __init__(
+        self,
+        admin: KubeClient,
+        kubeconfig: Path,
+        command: list[str],
+        env: Mapping[str, str] | None = None,
+        driver_name: str = "",
+    ):
+        """``driver_name``: what the driver must register as ("" to take what it says)."""
+        self.admin = admin
+        self.kubeconfig = kubeconfig
+        self.run_id = uuid.uuid4().hex[:6]
+        self.node = f"sanity-{self.run_id}"
+        self.namespace = self.node
+        self.device_class = f"{self.node}.dra-testbed.io"
+        self.root = private_dir(runtime_root() / "s") / self.run_id
+        self.expected_name = driver_name
+        self.driver_name = driver_name
+        self.agent = NodeAgent(admin, NodeSpec(self.node))
+        self.short = ShortPaths.for_node(self.root)
+        self.process = ExternalDriver(
+            ExternalDriverSpec(driver_name or "driver", tuple(command), dict(env or {})), self.node, self.root
+        )
+        self.environment: dict[str, str] = {}
+        self.pod_uid = ""
+        self._claims = 0
+
+    # --- set-up and tear-down ------------------------------------------------------------
+
+    async def setup(self) -> None:
+        (self.root / "kubelet").mkdir(parents=True, exist_ok=True)
+        self.short.link(self.root / "kubelet")
+        await self.admin.create(path_for("v1", "namespaces"), {"metadata": {"name": self.namespace}})
+        await self.agent.register()
+        self.agent.start()
+        credentials, self.pod_uid = await self._credentials()
+        self.environment = driver_environment(self.node, self.root, self.pod_uid, credentials, self.short)
+        await self.process.start(self.environment)
+
+    async def _credentials(self) -> tuple[Path, str]:
+        """Like a fleet's nodes: a token bound to the node's driver pod where the testbed
+        holds the cluster's CA; the admin's kubeconfig on a cluster of someone else's."""
+        authority = NodeAuthority.for_cluster(self.kubeconfig)
+        if authority is None:
+            return self.kubeconfig, str(uuid.uuid4())
+        await install_access_policy(self.admin)
+        token, pod_uid = await driver_token(self.admin, self.node)
+        path = self.root / "private" / "driver.kubeconfig"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_secret(path, authority.kubeconfig({"token": token}))
+        return path, pod_uid
+
+    async def restart_with(self, environment: Mapping[str, str]) -> None:
+        """Stop the driver and start it again with this environment."""
+        await self.process.stop()
+        await self.process.start(environment)
+
+    async def teardown(self) -> None:
+        await self.process.stop()
+        await self.agent.stop()
+        with contextlib.suppress(ApiError):
+            await self.admin.delete_if_exists(path_for("v1", "namespaces", self.namespace))
+            await self.admin.delete_if_exists(path_for(RESOURCE, "deviceclasses", self.device_class))
+            await self.admin.delete_if_exists(path_for("v1", "pods", driver_pod_name(self.node), DRIVER_NAMESPACE))
+            await self.admin.request(
+                "DELETE", path_for(RESOURCE, "resourceslices"), params={"fieldSelector": f"spec.nodeName={self.node}"}
+            )
+            await self.agent.delete()
+        self.short.unlink()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    # --- the kubelet's side of registration --------------------------------------------
+
+    async def registration_socket(self, timeout_s: float = REGISTRATION_TIMEOUT_S, newer_than: float = 0.0) -> Path:
+        """The driver's registration socket (one created after ``newer_than``, a wall time)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            found = [p for p in self.short.registry.iterdir() if p.is_socket() and p.lstat().st_ctime >= newer_than]
+            if found:
+                return sorted(found, key=lambda p: p.lstat().st_ctime)[-1]
+            if self.process.restarts >= 2 and not self.process.alive():
+                raise TestbedError(
+                    f"the driver exited {self.process.restarts + 1} times without creating a registration "
+                    f"socket in {self.short.registry}",
+                    detail=self.process.log_tail(),
+                )
+            await asyncio.sleep(0.1)
+        raise TestbedError(
+            f"the driver created no registration socket in {self.short.registry} within {timeout_s:.0f} s",
+            detail=self.process.log_tail(),
+        )
+
+    async def register(self, socket: Path) -> Registration:
+        async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
+            stub = pluginregistration_pb2_grpc.RegistrationStub(channel)
+            info = await stub.GetInfo(pluginregistration_pb2.InfoRequest(), timeout=10.0)
+            await stub.NotifyRegistrationStatus(
+                pluginregistration_pb2.RegistrationStatus(plugin_registered=True), timeout=10.0
+            )
+        if not self.driver_name:
+            self.driver_name = info.name
+        return Registration(socket, info.name, info.type, info.endpoint, list(info.supported_versions))
+
+    # --- DRA calls, as the kubelet makes them ---------------------------------------------
+
+    async def call(self, endpoint: str, service: str, method: str, claims: list[Claim | tuple[str, str, str]]) -> Any:
+        """``claims``: Claims, or (namespace, uid, name) for made-up ones."""
+        pb2, pb2_grpc = DRA_SERVICES[service]
+        refs = [(c.namespace, c.uid, c.name) if isinstance(c, Claim) else c for c in claims]
+        request = getattr(pb2, f"{method}Request")(
+            claims=[pb2.Claim(namespace=ns, uid=uid, name=name) for ns, uid, name in refs]
+        )
+        async with grpc.aio.insecure_channel(f"unix://{endpoint}") as channel:
+            return await getattr(pb2_grpc.DRAPluginStub(channel), method)(request, timeout=CALL_TIMEOUT_S)
+
+    async def health_messages(
+        self, endpoint: str, service: str, count: int, timeout_s: float
+    ) -> list[tuple[float, Any]]:
+        """The first ``count`` messages of the health stream, each with when it came."""
+        pb2, pb2_grpc = HEALTH_SERVICES[service]
+        messages: list[tuple[float, Any]] = []
+        async with grpc.aio.insecure_channel(f"unix://{endpoint}") as channel:
+            stream = pb2_grpc.DRAResourceHealthStub(channel).NodeWatchResources(pb2.NodeWatchResourcesRequest())
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout_s):
+                    async for message in stream:
+                        messages.append((time.monotonic(), message))
+                        if len(messages) >= count:
+                            break
+            stream.cancel()
+        return messages
+
+    # --- claims the real scheduler allocates ----------------------------------------------
+
+    async def ensure_device_class(self) -> None:
+        """A class of every device the driver publishes: the suite knows nothing else of them."""
+        body = {
+            "apiVersion": RESOURCE,
+            "kind": "DeviceClass",
+            "metadata": {"name": self.device_class},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{self.driver_name}"'}}]},
+        }
+        await self.admin.create_or_replace(path_for(RESOURCE, "deviceclasses"), body)
+
+    def one_device(self) -> list[Obj]:
+        return [{"name": "dev", "exactly": {"deviceClassName": self.device_class}}]
+
+    def first_available(self) -> list[Obj]:
+        """The first choice cannot be met (more devices than a node has), the second can."""
+        choices = [
+            {"name": "many", "deviceClassName": self.device_class, "allocationMode": "ExactCount", "count": 4096},
+            {"name": "one", "deviceClassName": self.device_class},
+        ]
+        return [{"name": "dev", "firstAvailable": choices}]
+
+    async def claim(self, requests: list[Obj], allocate: bool = True) -> Claim:
+        """A ResourceClaim; allocated by the scheduler for a pod pinned to the node unless
+        ``allocate`` is False."""
+        self._claims += 1
+        name = f"c{self._claims}"
+        claims = path_for(RESOURCE, "resourceclaims", namespace=self.namespace)
+        created = await self.admin.create(
+            claims, {"metadata": {"name": name}, "spec": {"devices": {"requests": requests}}}
+        )
+        if not allocate:
+            return Claim(self.namespace, name, created["metadata"]["uid"], {})
+        await self.admin.create(path_for("v1", "pods", namespace=self.namespace), self._holder(name))
+        deadline = time.monotonic() + ALLOCATION_TIMEOUT_S
+        while time.monotonic() < deadline:
+            current = await self.admin.get(path_for(RESOURCE, "resourceclaims", name, self.namespace))
+            allocation = current.get("status", {}).get("allocation")
+            if allocation:
+                return Claim(self.namespace, name, current["metadata"]["uid"], allocation)
+            await asyncio.sleep(0.2)
+        raise TestbedError(
+            f"the scheduler did not allocate claim {name} on node {self.node} within {ALLOCATION_TIMEOUT_S:.0f} s",
+            hint="does the driver publish ResourceSlices for its node with free devices?",
+        )
+
+    def _holder(self, claim: str) -> Obj:
+        return {
+            "metadata": {"name": f"holder-{claim}"},
+            "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": self.node},
+                "tolerations": [{"operator": "Exists"}],
+                "resourceClaims": [{"name": "c", "resourceClaimName": claim}],
+                "containers": [
+                    {
+                        "name": "hold",
+                        "image": "registry.invalid/sanity",
+                        "resources": {"claims": [{"name": "c"}]},
+                    }
+                ],
+                "terminationGracePeriodSeconds": 0,
+            },
+        }
+
+    async def release(self, claim: Claim) -> None:
+        """Delete the claim's pod and the claim, so its devices are free for the next check."""
+        with contextlib.suppress(ApiError):
+            # Nothing runs the pod, so nothing would confirm a graceful deletion.
+            await self.admin.delete_if_exists(
+                path_for("v1", "pods", f"holder-{claim.name}", self.namespace), {"gracePeriodSeconds": 0}
+            )
+            await self.admin.delete_if_exists(path_for(RESOURCE, "resourceclaims", claim.name, self.namespace))
+
+    async def slices(self) -> list[Obj]:
+        listing = await self.admin.get(
+            path_for(RESOURCE, "resourceslices"), {"fieldSelector": f"spec.nodeName={self.node}"}
+        )
+        return [s for s in listing["items"] if s["spec"]["driver"] == self.driver_name]
+
+    def unreachable_kubeconfig(self, port: int) -> Path:
+        """The driver's kubeconfig with an API server address nothing answers at."""
+        source = Path(self.environment["KUBECONFIG"])
+        document = yaml.safe_load(source.read_text())
+        for entry in document["clusters"]:
+            entry["cluster"]["server"] = f"https://127.0.0.1:{port}"
+        path = self.root / "private" / "unreachable.kubeconfig"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_secret(path, yaml.safe_dump(document).encode())
+        return path

@@ -1,0 +1,81 @@
+"""`testbed sanity` against the built-in drivers (every check passes) and against a
+plugin that gets things wrong (the checks say what)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from testbed.controlplane.cluster import ClusterState
+from testbed.fleet.fleet import Fleet
+from testbed.kubeapi import KubeClient
+from testbed.sanity import checks
+from testbed.sanity.checks import Result, Status, Suite
+from testbed.sanity.harness import Harness
+
+pytestmark = pytest.mark.controlplane
+
+DRIVER = [sys.executable, "-m", "testbed.driver.main"]
+
+
+def _sanity(control_plane: ClusterState, command: list[str], env: dict[str, str], name: str = "") -> list[Result]:
+    async def go() -> list[Result]:
+        admin = KubeClient.from_kubeconfig(control_plane.kubeconfig)
+        harness = Harness(admin, control_plane.kubeconfig, command, env, name)
+        try:
+            await harness.setup()
+            return await Suite(harness).run()
+        finally:
+            await harness.teardown()
+            await admin.close()
+
+    return asyncio.run(go())
+
+
+@pytest.mark.parametrize("driver", ["gpu.dra-testbed.io", "nic.dra-testbed.io"])
+def test_every_check_passes_for_the_built_in_drivers(control_plane: ClusterState, fleet: Fleet, driver: str) -> None:
+    del fleet  # for its DeviceClasses and access policy
+    env = {"DRIVERS": driver, "HARDWARE_PROFILE": "tiny", "HEALTH_PORT": "-1", "METRICS_PORT": "-1"}
+    results = _sanity(control_plane, DRIVER, env, driver)
+    assert len(results) == 14
+    assert {r.name: r.status for r in results if r.status is not Status.PASS} == {}, [
+        (r.name, r.detail) for r in results if r.status is not Status.PASS
+    ]
+
+
+def test_a_plugin_without_slices_or_pod_named_sockets_is_told_so(
+    control_plane: ClusterState, fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    del fleet
+    monkeypatch.setattr(checks, "SLICES_WAIT_S", 3.0)
+    plugin = Path(__file__).with_name("wrong_cdi_plugin.py")
+    command = [
+        "sh",
+        "-c",
+        f'exec "{sys.executable}" "{plugin}" "$KUBELET_REGISTRAR_DIRECTORY_PATH" '
+        '"$KUBELET_PLUGINS_DIRECTORY_PATH/wrong.example.com" wrong.example.com',
+    ]
+    results = {r.name: r for r in _sanity(control_plane, command, {"PYTHONPATH": str(Path.cwd())})}
+    assert results["registration"].status is Status.PASS and "v1.DRAPlugin" in results["registration"].detail
+    assert results["rolling-update socket names"].status is Status.WARN
+    slices = results["resource slices within API limits"]
+    assert slices.status is Status.FAIL and "no ResourceSlices" in slices.detail
+    assert results["prepare an allocated claim"].status is Status.SKIP
+    assert results["API server unreachable"].status is Status.SKIP
+
+
+def test_a_command_that_cannot_run_is_one_clear_error(control_plane: ClusterState) -> None:
+    where = ["--name", control_plane.name, "--state-dir", str(control_plane.root)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "testbed.cli", "sanity", *where, "--", "/no/such/driver"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode != 0
+    assert "cannot run driver" in proc.stderr and "/no/such/driver" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
