@@ -31,11 +31,13 @@ from testbed.controlplane import cluster, leftovers, processes
 from testbed.errors import TestbedError
 from testbed.fleet import spec as fleet_spec
 from testbed.fleet.external import recorded_drivers
+from testbed.fleet.fleet import FAULT_ACTIONS
 from testbed.progress import ConsoleProgress
 from testbed.realnode.node import recorded_processes
 
 if TYPE_CHECKING:
-    from testbed.scenarios.spec import Scenario
+    from testbed.scenarios.runner import FaultInjector
+    from testbed.scenarios.spec import Fault, Scenario
 
 F = TypeVar("F", bound=Callable[..., Any])
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -771,6 +773,23 @@ async def _watch_control_plane(root: Path, interval_s: float = 0.5, grace_s: flo
         await asyncio.sleep(interval_s)
 
 
+def _fault_injector(state: cluster.ClusterState) -> FaultInjector | None:
+    """What applies a scenario's faults to the cluster's fleet (None without one)."""
+    if not state.extras.get("fleet_id"):
+        return None
+    import fnmatch
+
+    fleet = environment.attach_fleet(state)
+
+    async def inject(fault: Fault) -> list[str]:
+        nodes = fnmatch.filter(sorted(fleet.host_of), fault.nodes)
+        for node in nodes:
+            await fleet.apply_fault(node, fault.action, fault.target, fault.message)
+        return nodes
+
+    return inject
+
+
 def _run_and_report(
     state: cluster.ClusterState, chosen: Scenario, name: str, output: Path | None, junit: Path | None = None
 ) -> int:
@@ -792,7 +811,8 @@ def _run_and_report(
         etcd=f"http://127.0.0.1:{state.ports.etcd_metrics}/metrics" if state.ports.etcd_metrics else "",
     )
     client = KubeClient.from_kubeconfig(state.kubeconfig)
-    work = runner.Runner(client, chosen, endpoints, ConsoleProgress())
+    injector = _fault_injector(state) if chosen.faults else None
+    work = runner.Runner(client, chosen, endpoints, ConsoleProgress(), injector)
 
     async def go() -> None:
         scenario = asyncio.create_task(work.run())
@@ -879,6 +899,37 @@ def compare(run_a: Path, run_b: Path, fail_if: tuple[str, ...]) -> None:
         for line in result.regressions:
             stderr.print(f"  {line}", markup=False)
         sys.exit(1)
+
+
+@main.command()
+@click.argument("node")
+@click.argument("action", type=click.Choice(FAULT_ACTIONS))
+@click.argument("target")
+@cluster_options
+@click.option("--message", default="", help="What the driver reports for an unhealthy device (e.g. 'XID 79').")
+@reports_errors
+def fault(node: str, action: str, target: str, name: str, state_dir: Path | None, message: str) -> None:
+    """Break a synthetic node's emulated hardware: NODE unhealthy|healthy|lost DEVICE, or
+    NODE fail-prepare N (the next N prepares fail), or NODE latency MS (every prepare).
+
+    Built-in drivers act on it at once (slices, health stream, prepare); external drivers
+    see health and lost devices in $HARDWARE_DIR/inventory.json."""
+    _about(name, f"{action} {target} on node {node}")
+    state = _running(name, state_dir)
+    fleet = environment.attach_fleet(state)
+    number = None
+    if action in ("fail-prepare", "latency"):
+        try:
+            number = float(target)
+        except ValueError:
+            number = -1.0
+        if number < 0 or (action == "fail-prepare" and not number.is_integer()):
+            what = "a count of prepares" if action == "fail-prepare" else "milliseconds"
+            raise TestbedError(f"{action} {target!r}: give {what}, a number of at least 0")
+    import asyncio
+
+    asyncio.run(fleet.apply_fault(node, action, target if number is None else f"{number:g}", message))
+    stderr.print(f"node {node}: {action} {target}" + (f" ({message})" if message else ""), markup=False)
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})

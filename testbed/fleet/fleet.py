@@ -18,6 +18,7 @@ from testbed.fleet.spec import FleetFile, Pool
 from testbed.kubeapi import KubeClient
 from testbed.progress import Progress, SilentProgress
 
+FAULT_ACTIONS = ("unhealthy", "healthy", "lost", "fail-prepare", "latency")
 FLEET_START_CONCURRENCY = 24
 """Synthetic nodes started at once across all hosts: on 2 cores more makes etcd time out."""
 
@@ -264,6 +265,34 @@ class Fleet:
     def set_health(self, node: str, device: str, healthy: bool, message: str = "") -> None:
         """Mark a device unhealthy (tainted in its slice, reported on the health stream) or healthy again."""
         self._call(node, "set_health", node, device, healthy, message)
+
+    async def apply_fault(self, node: str, action: str, target: str, message: str = "") -> None:
+        """One fault on one node's hardware (FAULT_ACTIONS): ``target`` is the device, or
+        the count of prepares to fail, or the latency in milliseconds."""
+        if node not in self.host_of:
+            raise TestbedError(f"no synthetic node {node!r} in this fleet")
+        host = self.host(node)
+        if action == "fail-prepare":
+            call = host.inject.remote(node, fail_next_prepares=int(target), message=message or None)
+        elif action == "latency":
+            call = host.inject.remote(node, latency_s=float(target) / 1000)
+        elif action == "lost":
+            call = host.lose_device.remote(node, target)
+        elif action in ("healthy", "unhealthy"):
+            call = host.set_health.remote(node, target, action == "healthy", message)
+        else:
+            raise TestbedError(f"unknown fault {action!r}", hint=f"use one of {', '.join(FAULT_ACTIONS)}")
+        try:
+            await call
+        except Exception as exc:  # the host's own error (an unknown device) comes wrapped by Ray
+            cause = getattr(exc, "cause", None)
+            if cause is None:
+                raise
+            raise TestbedError(f"node {node}: {cause}", hint="device names are in its ResourceSlices") from None
+
+    def lose_device(self, node: str, device: str) -> None:
+        """The device falls off the bus: it and its partitions leave the inventory and the slices."""
+        self._call(node, "lose_device", node, device)
 
     def inject(self, node: str, **faults: Any) -> None:
         """Hardware faults, e.g. ``fail_next_prepares=2``, ``latency_s=0.5``, ``failure_rate=0.1``."""

@@ -347,9 +347,15 @@ class NodeHost:
 
     async def inject(self, node: str, **faults: Any) -> None:
         self._node(node).hardware.inject(**faults)
+        self._node(node).publish_hardware()
 
     async def set_health(self, node: str, device: str, healthy: bool, message: str = "") -> None:
         self._node(node).hardware.set_health(device, Health.HEALTHY if healthy else Health.UNHEALTHY, message)
+        self._node(node).publish_hardware()
+
+    async def lose_device(self, node: str, device: str) -> None:
+        self._node(node).hardware.lose_device(device)
+        self._node(node).publish_hardware()
 
     async def hardware_claims(self, node: str) -> dict[str, list[str]]:
         return self._node(node).hardware.claims()

@@ -13,6 +13,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
+from fake_devices import sysfs
 from fake_devices.hardware import NodeHardware
 from fake_devices.profiles import HardwareProfile
 from testbed.driver.backend import LocalBackend
@@ -135,11 +136,18 @@ class SyntheticNode:
             await driver.start()
         await self.kubelet.plugins.scan()  # register now rather than at the next poll
         if self.external:
+            self.publish_hardware()
             kubeconfig, pod_uid = await self._external_credentials()
             assert self.short_paths is not None
             environment = driver_environment(self.name, self.root, pod_uid, kubeconfig, self.short_paths)
             for external in self.external:
                 await external.start(environment)
+
+    def publish_hardware(self) -> None:
+        """Rewrite $HARDWARE_DIR (inventory.json and the sysfs-like tree) for the node's
+        external drivers; after every change of the emulated hardware."""
+        if self.external:
+            sysfs.write(self.hardware, self.root / "hardware")
 
     async def _external_credentials(self) -> tuple[Path, str]:
         if self.driver_credentials is None:

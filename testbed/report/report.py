@@ -175,6 +175,7 @@ def build(data: RunData, leaks: dict[str, int], cluster: dict[str, Any]) -> dict
         "verdict": verdict,
         "error": data.error,
         "left_behind": data.left_behind,
+        "faults": data.faults,
         "phases": phases,
         "claim_allocation_s": _percentiles(claims),
         "metrics": metrics,
@@ -200,6 +201,17 @@ def _calls(row: dict[str, Any]) -> str:
 
 def _call(row: dict[str, Any]) -> str:
     return f"{row['verb']} {row['resource']}" + (f"/{row['subresource']}" if row.get("subresource") else "")
+
+
+def _fault_lines(report: dict[str, Any]) -> list[str]:
+    if not report.get("faults"):
+        return []
+    lines = ["## Faults injected", "", "| at | fault | nodes | error |", "|---|---|---|---|"]
+    for f in report["faults"]:
+        nodes = f.get("nodes") or []
+        shown = ", ".join(nodes[:5]) + (f" (+{len(nodes) - 5})" if len(nodes) > 5 else "")
+        lines.append(f"| {f['at_s']} s | {f['action']} {f['target']} | {shown or '-'} | {f.get('error') or ''} |")
+    return [*lines, ""]
 
 
 def phase_section(phase: dict[str, Any]) -> list[str]:
@@ -289,6 +301,7 @@ def markdown(report: dict[str, Any]) -> str:
         "## Where the time went, per phase",
         "",
         *[line for phase in report["phases"] for line in phase_section(phase)],
+        *_fault_lines(report),
         "## Leak check",
         "",
     ]

@@ -14,7 +14,7 @@ import contextlib
 import math
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,7 @@ from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
 from testbed.kubelet.node import PROFILE_LABEL, SYNTHETIC_TOLERATION
 from testbed.report.breakdown import NODEHOSTS, ONLY, Snapshot, machine_cpu
 from testbed.report.metrics import Scrape, fleet_increase, scrape
-from testbed.scenarios.spec import Phase, Scenario
+from testbed.scenarios.spec import Fault, Phase, Scenario
 
 CLEANUP_TIMEOUT_S = 30.0
 """How long a run that lost its control plane tries to delete its namespace."""
@@ -105,6 +105,8 @@ class RunData:
     """Why the run could not go on (a control-plane component gone); verdict ERROR."""
     left_behind: str = ""
     """What the run could not clean up, and how to do it by hand."""
+    faults: list[dict[str, Any]] = field(default_factory=list)
+    """The faults injected: when, on which nodes, and any error."""
 
 
 def count_devices(slices: list[Obj], device_class: str) -> int:
@@ -179,8 +181,19 @@ def claim_template(phase: Phase) -> Obj:
     }
 
 
+FaultInjector = Callable[[Fault], Awaitable[list[str]]]
+"""Applies one fault to every node its pattern names; returns those nodes."""
+
+
 class Runner:
-    def __init__(self, client: KubeClient, scenario: Scenario, endpoints: Endpoints, progress: Any = None):
+    def __init__(
+        self,
+        client: KubeClient,
+        scenario: Scenario,
+        endpoints: Endpoints,
+        progress: Any = None,
+        injector: FaultInjector | None = None,
+    ):
         self.client = client
         self.scenario = scenario
         self.endpoints = endpoints
@@ -190,6 +203,7 @@ class Runner:
         self.run_id = run_id
         self.data = RunData(scenario, f"run-{scenario.name}-{run_id}", time.time(), time.monotonic())
         self._changed = asyncio.Event()
+        self.injector = injector
 
     def _say(self, message: str) -> None:
         if self.progress is not None:
@@ -275,6 +289,28 @@ class Runner:
                 await scrape(session, url, ONLY[component]) if url else Scrape(failed="no metrics endpoint")
             )
         snapshot.nodehosts = [await scrape(session, url, ONLY[NODEHOSTS]) for url in self.endpoints.nodehosts]
+
+    async def _inject_faults(self) -> None:
+        """Each fault at its time; what happened goes into the report."""
+        for fault in sorted(self.scenario.faults, key=lambda f: f.at_seconds):
+            delay = self.data.started + fault.at_seconds - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            entry: dict[str, Any] = {
+                "at_s": round(time.monotonic() - self.data.started, 2),
+                "action": fault.action,
+                "target": fault.target,
+                "nodes_pattern": fault.nodes,
+            }
+            try:
+                if self.injector is None:
+                    raise RuntimeError("this cluster has no fleet of the testbed's to inject faults into")
+                entry["nodes"] = await self.injector(fault)
+                entry["error"] = "" if entry["nodes"] else f"no node matches {fault.nodes!r}"
+            except Exception as exc:  # reported, not fatal: the run goes on
+                entry["error"] = f"{type(exc).__name__}: {exc}"
+            self.data.faults.append(entry)
+            self._say(f"fault {fault.action} {fault.target} on {len(entry.get('nodes', []))} node(s)")
 
     # --- phases --------------------------------------------------------------------
 
@@ -373,6 +409,8 @@ class Runner:
         async with aiohttp.ClientSession() as session:
             self.data.before = await self._scrape_all(session)
             tasks = [asyncio.create_task(t) for t in (self._watch_pods(), self._watch_claims(), self._sample(session))]
+            if self.scenario.faults:
+                tasks.append(asyncio.create_task(self._inject_faults()))
             held = 0
             try:
                 for phase in self.scenario.phases:

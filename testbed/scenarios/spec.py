@@ -58,6 +58,40 @@ class Phase(_Strict):
         return self
 
 
+class Fault(_Strict):
+    """A hardware fault the run injects at a moment, on the nodes a pattern names."""
+
+    at_seconds: float = Field(alias="atSeconds", ge=0)
+    """Seconds after the run starts."""
+    nodes: str = "*"
+    """A shell-style pattern over node names, e.g. node-00*."""
+    action: Literal["unhealthy", "healthy", "lost", "fail-prepare", "latency"]
+    device: str | None = None
+    """For unhealthy, healthy and lost."""
+    count: int | None = Field(default=None, ge=0)
+    """For fail-prepare: how many prepares fail."""
+    latency_ms: float | None = Field(default=None, alias="latencyMs", ge=0)
+    """For latency: added to every prepare."""
+    message: str = ""
+
+    @model_validator(mode="after")
+    def _what_the_action_needs(self) -> Fault:
+        needs = {"fail-prepare": ("count", self.count), "latency": ("latencyMs", self.latency_ms)}
+        field, value = needs.get(self.action, ("device", self.device))
+        if value is None:
+            raise ValueError(f"action {self.action} needs {field}")
+        return self
+
+    @property
+    def target(self) -> str:
+        """What `testbed fault` takes after the action."""
+        if self.action == "fail-prepare":
+            return str(self.count)
+        if self.action == "latency":
+            return f"{self.latency_ms:g}"
+        return str(self.device)
+
+
 class Cluster(_Strict):
     """What `testbed run` starts when no cluster of that name is running."""
 
@@ -81,6 +115,7 @@ class Scenario(_Strict):
     cluster: Cluster = Field(default_factory=Cluster)
     slo_p99_seconds: float = Field(default=5.0, alias="sloP99Seconds", gt=0)
     phases: list[Phase] = Field(min_length=1)
+    faults: list[Fault] = Field(default_factory=list)
 
 
 class ScenarioError(SpecFileError):

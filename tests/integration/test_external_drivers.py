@@ -58,6 +58,14 @@ def test_an_external_driver_serves_its_node_and_is_restarted_and_drained(
         assert environment["NODE_NAME"] == "ext-000" and environment["POD_UID"] == driver_pod.metadata.uid
         assert "token" in Path(environment["KUBECONFIG"]).read_text(), "a token bound to the node's driver pod"
         assert len(environment["KUBELET_REGISTRAR_DIRECTORY_PATH"]) + 64 < 105, "room for <driver>-<uid>-reg.sock"
+        # The emulated hardware, as files it could read, follows the faults a user injects.
+        hardware = Path(environment["HARDWARE_DIR"])
+        inventory = json.loads((hardware / "inventory.json").read_text())
+        assert {"gpu-0", "nic-0"} <= {d["name"] for d in inventory["devices"]}
+        own.set_health("ext-000", "gpu-1", healthy=False, message="XID 79")
+        health = {d["name"]: d["health"] for d in json.loads((hardware / "inventory.json").read_text())["devices"]}
+        assert health["gpu-1"] == "UNHEALTHY" and health["gpu-0"] == "HEALTHY"
+        own.set_health("ext-000", "gpu-1", healthy=True)
         slices = k8s.ResourceV1Api(kube_api).list_resource_slice(field_selector="spec.nodeName=ext-000").items
         assert {s.spec.driver for s in slices} == {GPU, "nic.dra-testbed.io"}
 

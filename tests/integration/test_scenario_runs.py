@@ -84,3 +84,58 @@ def test_asking_for_more_devices_than_exist_reports_unschedulable_pods(
     assert phase["pods_running"] + phase["unschedulable"] == 7
     assert not phase["slo_met"]
     assert data.ended < 60, "it reports; it does not hang"
+
+
+def test_a_scenarios_faults_reach_the_fleet_at_their_time_and_the_report(
+    control_plane: ClusterState, fleet: Fleet
+) -> None:
+    import fnmatch
+
+    scenario = spec.Scenario.model_validate(
+        {
+            "name": "faulty",
+            "phases": [{"name": "one", "jobs": 1, "runSeconds": 2, "wait": "complete"}],
+            "faults": [
+                {"atSeconds": 0, "nodes": "tb-00*", "action": "latency", "latencyMs": 1},
+                {"atSeconds": 0.5, "nodes": "tb-00*", "action": "latency", "latencyMs": 0},
+                {"atSeconds": 0.5, "nodes": "tb-001", "action": "healthy", "device": "gpu-0"},
+                {"atSeconds": 0.6, "nodes": "tb-000", "action": "lost", "device": "no-such-device"},
+                {"atSeconds": 0.6, "nodes": "elsewhere-*", "action": "fail-prepare", "count": 1},
+            ],
+        }
+    )
+
+    async def inject(fault: spec.Fault) -> list[str]:
+        nodes = fnmatch.filter(sorted(fleet.host_of), fault.nodes)
+        for node in nodes:
+            await fleet.apply_fault(node, fault.action, fault.target, fault.message)
+        return nodes
+
+    endpoints = runner.Endpoints(
+        kcm=f"https://127.0.0.1:{control_plane.ports.controller_manager}/metrics",
+        scheduler=f"https://127.0.0.1:{control_plane.ports.scheduler}/metrics",
+        nodehosts=fleet.metrics_urls(),
+    )
+
+    async def go() -> runner.RunData:
+        client = KubeClient.from_kubeconfig(control_plane.kubeconfig)
+        try:
+            return await runner.Runner(client, scenario, endpoints, injector=inject).run()
+        finally:
+            await client.close()
+
+    data = asyncio.run(go())
+    report = reporting.build(data, {"checkpoint_entries": 0, "cdi_specs": 0}, {})
+    faults = report["faults"]
+    assert [(f["action"], f["target"]) for f in faults] == [
+        ("latency", "1"),
+        ("latency", "0"),
+        ("healthy", "gpu-0"),
+        ("lost", "no-such-device"),
+        ("fail-prepare", "1"),
+    ]
+    assert faults[0]["nodes"] == ["tb-000", "tb-001"] and faults[0]["error"] == ""
+    assert faults[1]["at_s"] >= 0.5
+    assert "no device 'no-such-device'" in faults[3]["error"]
+    assert faults[4]["error"] == "no node matches 'elsewhere-*'"
+    assert report["phases"][0]["pods_succeeded"] == 1, "the run went on"

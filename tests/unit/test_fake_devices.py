@@ -1,6 +1,7 @@
 """The emulated hardware on its own: profiles, conflicts, idempotency, faults, determinism."""
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
@@ -98,3 +99,37 @@ def test_everything_derives_from_the_seed() -> None:
 
     assert snapshot(1) == snapshot(1)
     assert snapshot(1)[0] != snapshot(2)[0] and snapshot(1)[1] != snapshot(2)[1]
+
+
+def test_the_hardware_dir_shows_devices_health_and_losses_as_files(tmp_path: Path) -> None:
+    import json
+
+    from fake_devices import sysfs
+
+    hardware = NodeHardware("n1", load_profile("tiny"), seed=0)
+    sysfs.write(hardware, tmp_path)
+    inventory = json.loads((tmp_path / "inventory.json").read_text())
+    names = {d["name"] for d in inventory["devices"]}
+    assert {"gpu-0", "gpu-1", "nic-0"} <= names and any(d["kind"] == "partition" for d in inventory["devices"])
+    gpu = next(d for d in inventory["devices"] if d["name"] == "gpu-0")
+    address = gpu["attributes"]["pciBusID"]
+    assert (tmp_path / "bus/pci/devices" / address / "vendor").read_text() == "0x10de\n"
+    nic = next(d for d in inventory["devices"] if d["name"] == "nic-0")
+    net = tmp_path / "class/net" / nic["attributes"]["ifName"]
+    assert (net / "address").read_text().strip() == nic["attributes"]["macAddress"]
+    assert (net / "operstate").read_text() == "up\n"
+
+    hardware.set_health("nic-0", Health.UNHEALTHY, "link flapping")
+    hardware.lose_device("gpu-1")
+    sysfs.write(hardware, tmp_path)
+    again = json.loads((tmp_path / "inventory.json").read_text())
+    assert again["generation"] > inventory["generation"]
+    assert {d["name"]: (d["health"], d["healthMessage"]) for d in again["devices"]}["nic-0"] == (
+        "UNHEALTHY",
+        "link flapping",
+    )
+    assert not any(d["name"].startswith("gpu-1") for d in again["devices"]), "a lost GPU takes its partitions"
+    lost = next(d for d in inventory["devices"] if d["name"] == "gpu-1")["attributes"]["pciBusID"]
+    assert not (tmp_path / "bus/pci/devices" / lost).exists()
+    assert (net / "operstate").read_text() == "down\n"
+    assert not list(tmp_path.rglob(".tmp-*")), "every file replaced atomically, no temporaries left"

@@ -91,3 +91,17 @@ def test_a_host_that_restarted_counts_from_zero_and_the_figures_say_partial() ->
 def test_a_host_that_cannot_be_scraped_is_named() -> None:
     total, partial = fleet_increase([_host(1, ops_total=1)], [Scrape(failed="http://127.0.0.1:9/metrics: refused")])
     assert total.value("ops_total", {}) == 0 and "NodeHost 0 not scraped (http://127.0.0.1:9" in partial
+
+
+def test_a_fault_needs_what_its_action_acts_on() -> None:
+    from testbed.scenarios.spec import Fault
+
+    assert Fault.model_validate({"atSeconds": 3, "action": "fail-prepare", "count": 2}).target == "2"
+    assert Fault.model_validate({"atSeconds": 3, "action": "latency", "latencyMs": 2.5}).target == "2.5"
+    for broken, needs in (
+        ({"action": "unhealthy"}, "needs device"),
+        ({"action": "fail-prepare"}, "needs count"),
+        ({"action": "latency", "device": "gpu-0"}, "needs latencyMs"),
+    ):
+        with pytest.raises(ValueError, match=needs):
+            Fault.model_validate({"atSeconds": 0, **broken})
