@@ -377,13 +377,17 @@ def _command_driver(command: str | None, name: str | None, env: tuple[str, ...])
         raise TestbedError(
             "--driver-command needs --driver-name", hint="the DRA driver name it registers, e.g. gpu.example.com"
         )
+    return [{"name": name, "command": shlex.split(command), "env": _environment(env, "--driver-env")}]
+
+
+def _environment(items: tuple[str, ...], option: str) -> dict[str, str]:
     variables = {}
-    for item in env:
+    for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise TestbedError(f"--driver-env {item!r} is not KEY=VALUE")
+            raise TestbedError(f"{option} {item!r} is not KEY=VALUE", hint=f"e.g. {option} LOG_LEVEL=debug")
         variables[key] = value
-    return [{"name": name, "command": shlex.split(command), "env": variables}]
+    return variables
 
 
 @main.command()
@@ -953,20 +957,12 @@ def sanity(
     (the environment a DaemonSet pod gets), plays the kubelet's part on the wire, and has
     the real scheduler allocate the claims it prepares. One line per check; exit 0 only
     without FAIL."""
-    import asyncio
-
-    from testbed.kubeapi import KubeClient
-    from testbed.sanity.checks import Result, Status, Suite, junit_xml
-    from testbed.sanity.harness import Harness
+    from testbed import sanity as sanity_suite
+    from testbed.sanity.checks import Result, Status, junit_xml
 
     _about(name, f"sanity of {' '.join(command)}")
     state = _running(name, state_dir)
-    env = {}
-    for item in env_items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise TestbedError(f"--env {item!r} is not KEY=VALUE")
-        env[key] = value
+    env = _environment(env_items, "--env")
     colours = {Status.PASS: "green", Status.FAIL: "red", Status.WARN: "yellow", Status.SKIP: "dim"}
 
     def say(result: Result) -> None:
@@ -975,18 +971,9 @@ def sanity(
             f"[dim]({result.seconds:.1f} s)[/]"
         )
 
-    async def go() -> tuple[list[Result], str]:
-        admin = KubeClient.from_kubeconfig(state.kubeconfig)
-        harness = Harness(admin, state.kubeconfig, list(command), env, driver_name)
-        try:
-            await harness.setup()
-            stderr.print(f"driver on node {harness.node}; its log: {harness.process.log_path}", markup=False)
-            return await Suite(harness, say).run(), harness.driver_name
-        finally:
-            await harness.teardown()
-            await admin.close()
-
-    results, driver = asyncio.run(go())
+    results, driver = sanity_suite.run(
+        state.kubeconfig, list(command), env, driver_name, lambda line: stderr.print(line, markup=False), say
+    )
     counts = {status: sum(1 for r in results if r.status is status) for status in Status}
     stderr.print(", ".join(f"{n} {status}" for status, n in counts.items() if n))
     if junit is not None:

@@ -1,8 +1,11 @@
-"""pytest fixtures: one real local control plane per test session, and clients for it.
+"""pytest fixtures: one real local control plane per test session, a fleet of synthetic
+nodes (running your driver if you say so), and clients for them.
 
 Use from any project with ``pytest_plugins = ["testbed.testing"]``. Set
 ``TESTBED_TEST_KUBECONFIG`` to run the same tests against a cluster you already have
-(a kind cluster, a `testbed up` one) instead of starting one.
+(a kind cluster, a `testbed up` one) instead of starting one: ``fleet``, ``kube_api``
+and ``kubeconfig_path`` then use it. Pods, claims and waits: ``testbed.workloads``;
+the conformance checks: ``testbed.sanity.run``.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 from kubernetes import client as k8s
@@ -25,7 +28,7 @@ from testbed.controlplane.binaries import Binaries, ensure_binaries
 from testbed.environment import install_device_classes
 from testbed.fleet import raycluster
 from testbed.fleet.fleet import Fleet
-from testbed.fleet.spec import single_pool
+from testbed.fleet.spec import FleetFile, single_pool
 from testbed.kube import api_client
 from testbed.progress import PrintProgress
 
@@ -72,31 +75,63 @@ def control_plane(kube_binaries: Binaries) -> Iterator[cluster.ClusterState]:
         cluster.down(config)
 
 
+def driver_fleet(
+    command: list[str],
+    driver_name: str,
+    env: dict[str, str] | None = None,
+    nodes: int = 2,
+    profile: str = "tiny",
+    built_in: tuple[str, ...] = (),
+    prefix: str = "dev",
+) -> FleetFile:
+    """A fleet whose nodes (dev-000, ...) run your driver (``command``, once per node, as
+    a DaemonSet would) next to the ``built_in`` drivers named (gpu, nic). For ``fleet_spec``."""
+    drivers: list[Any] = [*built_in, {"name": driver_name, "command": command, "env": env or {}}]
+    return single_pool(nodes, profile, nodes_per_host=max(1, nodes), prefix=prefix, drivers=drivers)
+
+
 @pytest.fixture(scope="session")
-def fleet(control_plane: cluster.ClusterState) -> Iterator[Fleet]:
-    """Two ``tiny`` synthetic nodes (tb-000, tb-001) on one NodeHost actor in a real local
-    Ray, with the testbed's DeviceClasses installed."""
+def fleet_spec() -> FleetFile:
+    """What the ``fleet`` fixture starts: two ``tiny`` nodes (tb-000, tb-001) with the
+    built-in drivers. Override it in your conftest.py, e.g. to run your driver::
+
+        @pytest.fixture(scope="session")
+        def fleet_spec():
+            return testbed.testing.driver_fleet(["/path/to/driver"], "gpu.example.com")
+    """
+    return single_pool(2, "tiny", nodes_per_host=2, prefix="tb")
+
+
+@pytest.fixture(scope="session")
+def fleet(fleet_spec: FleetFile, kubeconfig_path: Path, request: pytest.FixtureRequest) -> Iterator[Fleet]:
+    """The ``fleet_spec`` nodes on NodeHost actors in a real local Ray, with the testbed's
+    DeviceClasses installed; on the session's control plane, or on the cluster that
+    ``TESTBED_TEST_KUBECONFIG`` names (which it leaves as it found it)."""
     import ray
 
-    install_device_classes(control_plane.kubeconfig)
-    record, address = raycluster.start_head(control_plane.root, control_plane.layout.log("ray"))
+    external = bool(os.environ.get("TESTBED_TEST_KUBECONFIG"))
+    if external:
+        root, name = Path(tempfile.mkdtemp(prefix="tbf-")), "pytest-fleet"
+    else:
+        state: cluster.ClusterState = request.getfixturevalue("control_plane")
+        root, name = state.root, state.name
+    install_device_classes(kubeconfig_path)
+    record, address = raycluster.start_head(root, root / "logs" / "ray.log")
     running = None
     try:
-        raycluster.connect(address, control_plane.name, control_plane.root)
-        running = Fleet(
-            single_pool(2, "tiny", nodes_per_host=2, prefix="tb"),
-            control_plane.kubeconfig,
-            nodes_dir(control_plane.root),
-        )
+        raycluster.connect(address, name, root)
+        running = Fleet(fleet_spec, kubeconfig_path, nodes_dir(root))
         running.start(PrintProgress())
         yield running
     finally:
         if running is not None:
             with contextlib.suppress(Exception):
-                running.stop()
+                running.stop(remove_nodes=external)
         ray.shutdown()  # before the head goes, or Ray's client ends this process
-        raycluster.stop_head(record, control_plane.root)
-        shutil.rmtree(nodes_dir(control_plane.root), ignore_errors=True)
+        raycluster.stop_head(record, root)
+        shutil.rmtree(nodes_dir(root), ignore_errors=True)
+        if external:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -1,1 +1,39 @@
 """`testbed sanity`: a conformance suite for any DRA kubelet plugin (what csi-sanity is for CSI)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from testbed.kubeapi import KubeClient
+from testbed.sanity.checks import Result, Status, Suite
+from testbed.sanity.harness import Harness
+
+__all__ = ["Result", "Status", "run"]
+
+
+def run(
+    kubeconfig: Path,
+    command: list[str],
+    env: Mapping[str, str] | None = None,
+    driver_name: str = "",
+    say: Callable[[str], None] | None = None,
+    on_result: Callable[[Result], None] | None = None,
+) -> tuple[list[Result], str]:
+    """Every check against ``command`` run as the driver of a node of its own on the
+    cluster of ``kubeconfig``; the results and the name the driver registered."""
+
+    async def go() -> tuple[list[Result], str]:
+        admin = KubeClient.from_kubeconfig(kubeconfig)
+        harness = Harness(admin, kubeconfig, command, env, driver_name)
+        try:
+            await harness.setup()
+            if say is not None:
+                say(f"driver on node {harness.node}; its log: {harness.process.log_path}")
+            return await Suite(harness, on_result).run(), harness.driver_name
+        finally:
+            await harness.teardown()
+            await admin.close()
+
+    return asyncio.run(go())

@@ -21,7 +21,7 @@ from fake_devices.hardware import HardwareError
 from testbed.driver.backend import RayBackend
 from testbed.fleet.fleet import Fleet
 from testbed.testing import wait_for
-from tests.integration.dra_helpers import (
+from testbed.workloads import (
     GPU,
     NIC,
     PARTITION,

@@ -39,7 +39,7 @@ from testbed.grpcapi import (
     pluginregistration_pb2_grpc,
 )
 from testbed.kubeapi import KubeClient
-from tests.integration.dra_helpers import allocated_claim
+from testbed.workloads import allocated_claim
 
 pytestmark = pytest.mark.controlplane
 GPU = "gpu.dra-testbed.io"

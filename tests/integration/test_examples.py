@@ -3,7 +3,9 @@ kubectl, on the synthetic nodes, and its pods run (the Job completes)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,7 @@ from testbed.controlplane.binaries import Binaries
 from testbed.controlplane.cluster import ClusterState
 from testbed.fleet.fleet import Fleet
 from testbed.testing import wait_for
-from tests.integration.dra_helpers import unique, wait_gone
+from testbed.workloads import unique, wait_gone
 
 pytestmark = pytest.mark.controlplane
 EXAMPLES = Path(__file__).parents[2] / "examples"
@@ -64,3 +66,19 @@ def test_the_example_applies_and_runs(
             wait_gone(kube_api, namespace, pod)
     finally:
         core.delete_namespace(namespace)
+
+
+def test_the_driver_dev_example_runs_its_driver_and_sanity(control_plane: ClusterState, fleet: Fleet) -> None:
+    """examples/driver-dev as a driver developer runs it, on this session's cluster."""
+    del fleet  # the example starts a fleet of its own beside this one
+    example = Path(__file__).parents[2] / "examples" / "driver-dev"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        cwd=example,
+        env={**os.environ, "TESTBED_TEST_KUBECONFIG": str(control_plane.kubeconfig)},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "2 passed" in proc.stdout

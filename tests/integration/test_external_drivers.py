@@ -24,7 +24,7 @@ from testbed.fleet.external import recorded_drivers
 from testbed.fleet.fleet import Fleet
 from testbed.fleet.spec import FleetFile
 from testbed.testing import wait_for
-from tests.integration.dra_helpers import GPU, claim_spec, create_template, pod, request, unique, wait_running
+from testbed.workloads import GPU, claim_spec, create_template, pod, request, unique, wait_running
 
 pytestmark = pytest.mark.controlplane
 

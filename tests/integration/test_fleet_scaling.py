@@ -14,7 +14,7 @@ from testbed.fleet.fleet import Fleet
 from testbed.fleet.spec import FleetFile
 from testbed.kubelet.node import SYNTHETIC_TOLERATION
 from testbed.testing import wait_for
-from tests.integration.dra_helpers import GPU, claim_spec, create_template, request, unique
+from testbed.workloads import GPU, claim_spec, create_template, request, unique
 
 pytestmark = pytest.mark.controlplane
 

@@ -11,7 +11,7 @@ from testbed.controlplane.cluster import ClusterState
 from testbed.fleet.fleet import Fleet
 from testbed.fleet.spec import single_pool
 from testbed.testing import wait_for
-from tests.integration.dra_helpers import (
+from testbed.workloads import (
     GPU,
     claim_spec,
     create_template,

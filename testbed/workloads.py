@@ -1,7 +1,7 @@
-"""Manifests and waits shared by the end-to-end DRA tests.
+"""Pods, claims and waits for tests of DRA drivers on the testbed (ours and yours).
 
-Waits are generous (minutes): they bound a failure, they do not pace a success, and CI
-machines are busier than a laptop.
+Manifests are plain dicts for the kubernetes client. Waits are generous (minutes): they
+bound a failure, they do not pace a success, and CI machines are busier than a laptop.
 """
 
 from __future__ import annotations
@@ -45,27 +45,18 @@ def claim_spec(
 
 
 def create_template(api: k8s.ApiClient, namespace: str, name: str, spec: dict[str, Any]) -> None:
-    k8s.ResourceV1Api(api).create_namespaced_resource_claim_template(
-        namespace,
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaimTemplate",
-            "metadata": {"name": name},
-            "spec": {"spec": spec},
-        },
-    )
+    body: Any = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {"spec": spec},
+    }
+    k8s.ResourceV1Api(api).create_namespaced_resource_claim_template(namespace, body)
 
 
 def create_claim(api: k8s.ApiClient, namespace: str, name: str, spec: dict[str, Any]) -> None:
-    k8s.ResourceV1Api(api).create_namespaced_resource_claim(
-        namespace,
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": name},
-            "spec": spec,
-        },
-    )
+    body: Any = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name}, "spec": spec}
+    k8s.ResourceV1Api(api).create_namespaced_resource_claim(namespace, body)
 
 
 def pod(
@@ -101,9 +92,14 @@ def pod(
 
 def wait_running(api: k8s.ApiClient, namespace: str, name: str, timeout_s: float = 180) -> Any:
     core = k8s.CoreV1Api(api)
+
+    def running() -> Any:
+        found: Any = core.read_namespaced_pod(name, namespace)
+        return found.status.phase == "Running" and found
+
     try:
         return wait_for(
-            lambda: (p := core.read_namespaced_pod(name, namespace)).status.phase == "Running" and p,
+            running,
             timeout_s,
             f"pod {namespace}/{name} to run",
         )
@@ -112,12 +108,13 @@ def wait_running(api: k8s.ApiClient, namespace: str, name: str, timeout_s: float
 
 
 def container_env(p: Any) -> dict[str, dict[str, str]]:
-    return json.loads(p.metadata.annotations[ENV_ANNOTATION])
+    env: dict[str, dict[str, str]] = json.loads(p.metadata.annotations[ENV_ANNOTATION])
+    return env
 
 
 def events(api: k8s.ApiClient, namespace: str, pod_name: str) -> list[tuple[str, str]]:
-    items = k8s.CoreV1Api(api).list_namespaced_event(namespace).items
-    return [(e.reason, e.message) for e in items if e.involved_object.name == pod_name]
+    items: list[Any] = k8s.CoreV1Api(api).list_namespaced_event(namespace).items
+    return [(str(e.reason), str(e.message)) for e in items if e.involved_object.name == pod_name]
 
 
 def wait_gone(api: k8s.ApiClient, namespace: str, name: str, timeout_s: float = 180) -> None:
@@ -127,19 +124,19 @@ def wait_gone(api: k8s.ApiClient, namespace: str, name: str, timeout_s: float = 
         try:
             core.read_namespaced_pod(name, namespace)
         except ApiException as exc:
-            return exc.status == 404
+            return bool(exc.status == 404)
         return False
 
     wait_for(gone, timeout_s, f"pod {namespace}/{name} to be removed")
 
 
 def allocated_devices(api: k8s.ApiClient, namespace: str, claim_name: str) -> list[Any]:
-    claim = k8s.ResourceV1Api(api).read_namespaced_resource_claim(claim_name, namespace)
+    claim: Any = k8s.ResourceV1Api(api).read_namespaced_resource_claim(claim_name, namespace)
     return list(claim.status.allocation.devices.results)
 
 
 def pod_claim_name(p: Any, pod_claim: str) -> str:
-    return next(s.resource_claim_name for s in p.status.resource_claim_statuses if s.name == pod_claim)
+    return str(next(s.resource_claim_name for s in p.status.resource_claim_statuses if s.name == pod_claim))
 
 
 def allocated_claim(
@@ -152,15 +149,13 @@ def allocated_claim(
 ) -> str:
     """A claim with an allocation written directly (pool None: left unallocated)."""
     resource = k8s.ResourceV1Api(api)
-    claim = resource.create_namespaced_resource_claim(
-        namespace,
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": name},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": GPU}}]}},
-        },
-    )
+    body: Any = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": GPU}}]}},
+    }
+    claim: Any = resource.create_namespaced_resource_claim(namespace, body)
     if pool is not None:
         allocation: dict[str, Any] = {
             "devices": {"results": [{"request": "gpu", "driver": GPU, "pool": pool, "device": device}]}

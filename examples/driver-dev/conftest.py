@@ -1,0 +1,33 @@
+"""Your driver on synthetic nodes, in your own tests: the testbed's pytest plugin.
+
+`fleet_spec` says which nodes the `fleet` fixture starts and which driver they run.
+Replace DRIVER_COMMAND with your driver's command line (and DRIVER_NAME with the name
+it registers); `testbed-driver` stands in for it here.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from testbed.fleet.spec import FleetFile
+
+pytest_plugins = ["testbed.testing"]
+
+DRIVER_NAME = "gpu.dra-testbed.io"
+DRIVER_COMMAND = [sys.executable, "-m", "testbed.driver.main"]
+DRIVER_ENV = {
+    # What testbed-driver needs besides what every driver gets (NODE_NAME, KUBECONFIG, ...).
+    "DRIVERS": DRIVER_NAME,
+    "HARDWARE_PROFILE": "tiny",
+    "HEALTH_PORT": "-1",
+    "METRICS_PORT": "-1",
+}
+
+
+@pytest.fixture(scope="session")
+def fleet_spec() -> FleetFile:
+    from testbed.testing import driver_fleet  # after pytest has loaded the plugin
+
+    return driver_fleet(DRIVER_COMMAND, DRIVER_NAME, DRIVER_ENV, nodes=2, profile="tiny")

@@ -1,0 +1,36 @@
+"""What a driver developer checks first: pods get the driver's devices on synthetic
+nodes, and the driver passes `testbed sanity`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from conftest import DRIVER_COMMAND, DRIVER_ENV, DRIVER_NAME
+from kubernetes import client as k8s
+
+from testbed import sanity
+from testbed.fleet.fleet import Fleet
+from testbed.workloads import claim_spec, container_env, create_template, pod, request, unique, wait_running
+
+
+def test_a_pod_gets_a_device_of_my_driver(fleet: Fleet, kube_api: k8s.ApiClient) -> None:
+    core = k8s.CoreV1Api(kube_api)
+    namespace = unique("mine")
+    core.create_namespace({"metadata": {"name": namespace}})
+    try:
+        create_template(kube_api, namespace, "one", claim_spec(request("dev", "gpu.dra-testbed.io")))
+        mine = sorted(fleet.host_of)[0]  # one of this fleet's nodes (the cluster may have others)
+        core.create_namespaced_pod(namespace, pod("user", {"dev": {"resourceClaimTemplateName": "one"}}, node=mine))
+        running = wait_running(kube_api, namespace, "user")
+        assert running.spec.node_name == mine
+        assert container_env(running)["main"], "the container got the device's CDI environment"
+    finally:
+        core.delete_namespace(namespace)
+
+
+def test_my_driver_passes_sanity(kubeconfig_path: Path, fleet: Fleet) -> None:
+    del fleet  # for the DeviceClasses and the access policy the suite's node uses
+    results, name = sanity.run(kubeconfig_path, DRIVER_COMMAND, DRIVER_ENV, DRIVER_NAME)
+    assert name == DRIVER_NAME
+    failed = [(r.name, r.detail) for r in results if r.status is sanity.Status.FAIL]
+    assert not failed, failed
