@@ -48,6 +48,8 @@ bench: install
 	$(PY) benchmarks/bench_kubelets.py
 	$(PY) benchmarks/bench_fleet.py --nodes $(FLEET_NODES) --profile $(FLEET_PROFILE) --nodes-per-host 100
 	$(PY) benchmarks/bench_fleet.py --nodes $(FLEET_NODES) --profile $(FLEET_PROFILE) --nodes-per-host 100 --identities shared
+	$(PY) benchmarks/bench_fleet.py --nodes 100 --profile tiny --nodes-per-host 50
+	$(PY) benchmarks/bench_fleet.py --nodes 100 --profile tiny --nodes-per-host 50 --external-driver
 
 lint: $(INSTALLED)
 	$(VENV)/bin/ruff check .

@@ -1,7 +1,10 @@
 """Fleet scale: N synthetic nodes up (all Ready, all slices published), and their memory.
 
     python benchmarks/bench_fleet.py [--nodes 1000] [--profile h100x8] [--nodes-per-host 50]
-                                     [--identities per-node|shared]
+                                     [--identities per-node|shared] [--external-driver]
+
+--external-driver runs the GPU driver as a process per node from its command (as a
+driver developer's own driver runs), to compare its cost with the built-in one.
 
 Memory per node is the NodeHost actors' total RSS, less what the same number of empty
 NodeHosts take, divided by N (targets: <= 60 s for 1,000 h100x8 nodes; <= 2 MB per node
@@ -13,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -85,6 +89,11 @@ def main() -> int:
     parser.add_argument(
         "--identities", choices=["per-node", "shared"], default="per-node", help="run the two to see their cost"
     )
+    parser.add_argument(
+        "--external-driver",
+        action="store_true",
+        help="the GPU driver as a process per node (testbed-driver from its command) instead of built in",
+    )
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="tbf-"))
     config = ControlPlaneConfig.from_env(name="bench-fleet", state_dir=scratch / "c")
@@ -95,7 +104,12 @@ def main() -> int:
         cpu_before = {name: cpu_seconds(pid) for name, pid in components.items()}
         started = time.monotonic()
         try:
-            spec = single_pool(args.nodes, args.profile, args.nodes_per_host)
+            drivers = None
+            if args.external_driver:
+                gpu = "gpu.dra-testbed.io"
+                env = {"DRIVERS": gpu, "HARDWARE_PROFILE": args.profile, "HEALTH_PORT": "-1", "METRICS_PORT": "-1"}
+                drivers = ["nic", {"name": gpu, "command": [sys.executable, "-m", "testbed.driver.main"], "env": env}]
+            spec = single_pool(args.nodes, args.profile, args.nodes_per_host, drivers=drivers)
             fleet = start_fleet(state, spec.model_copy(update={"identities": args.identities}), ConsoleProgress())
         except TestbedError as exc:
             # Where it breaks is a figure too: how far it got, and what gave.
@@ -110,6 +124,9 @@ def main() -> int:
         cpu = {name: cpu_seconds(pid) - cpu_before.get(name, 0.0) for name, pid in components.items()}
         hosts = processes_matching("ray::NodeHost")
         cpu["NodeHosts"] = sum(cpu_seconds(pid) for pid in hosts)  # they began with the fleet
+        drivers_pids = processes_matching("testbed.driver.main")
+        if drivers_pids:
+            cpu["external drivers"] = sum(cpu_seconds(pid) for pid in drivers_pids)
         hosts_rss = rss_mb(hosts)
         empty = [
             ray.remote(NodeHost).options(num_cpus=0).remote(str(state.kubeconfig), str(scratch), [])
@@ -121,7 +138,9 @@ def main() -> int:
         per_node = (hosts_rss - empty_rss) / args.nodes
         print(
             f"\nfleet benchmark: {args.nodes} x {args.profile}, {len(fleet.hosts)} NodeHosts "
-            f"({args.nodes_per_host} nodes each), identities {args.identities}, {os.cpu_count()} cores"
+            f"({args.nodes_per_host} nodes each), identities {args.identities}, "
+            f"GPU driver {'external (a process per node)' if args.external_driver else 'built in'}, "
+            f"{os.cpu_count()} cores"
         )
         print(
             f"  all nodes Ready and slices published in {elapsed:.1f} s "
@@ -132,6 +151,12 @@ def main() -> int:
             f"other Ray processes {ray_base:.0f} MB"
         )
         print(f"  memory per synthetic node beyond the Ray base: {per_node:.2f} MB (target <= 2 MB)")
+        if drivers_pids:
+            driver_rss = rss_mb(drivers_pids)
+            print(
+                f"  external driver processes: {len(drivers_pids)}, RSS {driver_rss:.0f} MB "
+                f"({driver_rss / len(drivers_pids):.1f} MB each)"
+            )
         busiest = sorted(cpu.items(), key=lambda kv: -kv[1])
         print(
             "  CPU seconds during start-up: "

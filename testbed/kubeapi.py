@@ -146,7 +146,10 @@ def path_for(
 class KubeClient:
     """One aiohttp session; share it among everything in a process or actor."""
 
-    def __init__(self, credentials: Credentials, connection_limit: int = 64):
+    def __init__(self, credentials: Credentials, connection_limit: int = 64, borrow: KubeClient | None = None):
+        """``borrow``: send requests over that client's connections (it must present no
+        client certificate), each with this client's own bearer token: many token
+        identities in one process then cost no TLS connections of their own."""
         self.credentials = credentials
         headers = {"Accept": "application/json", "User-Agent": "dra-testbed"}
         if credentials.token:
@@ -154,12 +157,15 @@ class KubeClient:
         self._headers = headers
         self._limit = connection_limit
         self._session: aiohttp.ClientSession | None = None
+        self._lender = borrow
 
     @classmethod
     def from_kubeconfig(cls, path: Path | None = None, connection_limit: int = 64) -> KubeClient:
         return cls(default_credentials(path), connection_limit)
 
     def _http(self) -> aiohttp.ClientSession:
+        if self._lender is not None:
+            return self._lender._http()
         if self._session is None or self._session.closed:
             # Idle connections kept a minute: a fleet's lease renewals come every 10 s, and a
             # new TLS connection per request showed up as a third of a NodeHost's CPU.
@@ -180,8 +186,14 @@ class KubeClient:
         if self._session is not None:
             self._session.headers["Authorization"] = self._headers["Authorization"]
 
+    def _own(self, headers: Mapping[str, str]) -> dict[str, str]:
+        """A request's headers: on borrowed connections, with this client's token."""
+        if self._lender is None or "Authorization" not in self._headers:
+            return dict(headers)
+        return {"Authorization": self._headers["Authorization"], **headers}
+
     async def close(self) -> None:
-        if self._session is not None:
+        if self._session is not None:  # a borrower has none: the lender closes its connections
             await self._session.close()
 
     async def request(
@@ -231,7 +243,7 @@ class KubeClient:
             path,
             data=data,
             params=params,
-            headers=headers,
+            headers=self._own(headers),
             timeout=aiohttp.ClientTimeout(total=timeout_s),
         ) as response:
             text = await response.text()
@@ -245,7 +257,7 @@ class KubeClient:
     async def get_text(self, path: str, timeout_s: float = 10.0) -> str:
         """A plain-text endpoint such as /metrics; one attempt, errors as ApiError."""
         async with self._http().get(
-            path, headers={"Accept": "text/plain"}, timeout=aiohttp.ClientTimeout(total=timeout_s)
+            path, headers=self._own({"Accept": "text/plain"}), timeout=aiohttp.ClientTimeout(total=timeout_s)
         ) as response:
             text = await response.text()
             if response.status >= 400:
@@ -329,7 +341,10 @@ class KubeClient:
                     timeoutSeconds=str(timeout_s),
                 )
                 async with self._http().get(
-                    path, params=query, headers=watch_headers, timeout=aiohttp.ClientTimeout(total=timeout_s + 30)
+                    path,
+                    params=query,
+                    headers=self._own(watch_headers),
+                    timeout=aiohttp.ClientTimeout(total=timeout_s + 30),
                 ) as response:
                     if response.status >= 400:
                         raise _api_error(response.status, await response.text())

@@ -121,9 +121,16 @@ class NodeAuthority:
         encoded = {"client-certificate-data": cert, "client-key-data": key}
         return self.kubeconfig({k: base64.b64encode(v).decode() for k, v in encoded.items()})
 
-    def driver_client(self) -> KubeClient:
-        """A client for a node's drivers; it gets its token from `bind_driver_token`."""
-        return KubeClient(Credentials(self.server, self._context()), connection_limit=NODE_CONNECTIONS)
+    def token_connections(self, limit: int) -> KubeClient:
+        """Connections without a client certificate, for ``driver_client``s to share."""
+        return KubeClient(Credentials(self.server, self._context()), connection_limit=limit)
+
+    def driver_client(self, connections: KubeClient | None = None) -> KubeClient:
+        """A client for a node's drivers; it gets its token from `bind_driver_token`.
+        ``connections``: send over those (``token_connections``) instead of its own."""
+        return KubeClient(
+            Credentials(self.server, self._context()), connection_limit=NODE_CONNECTIONS, borrow=connections
+        )
 
 
 NODE_DRIVER_LABEL = "dra-testbed.io/synthetic-node-driver"

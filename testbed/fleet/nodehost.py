@@ -117,6 +117,8 @@ class NodeHost:
         self.process_nodes: dict[str, ProcessNode] = {}
         """Real-kubelet nodes: their kubelet, runtime and driver run as processes."""
         self.client: KubeClient | None = None
+        self.token_connections: KubeClient | None = None
+        """Shared by every node's drivers: their tokens ride on the same TLS connections."""
         self.claims: ClaimCache | None = None
         self.slice_watcher: SliceWatcher | None = None
         self.metrics = MetricsServer()
@@ -146,6 +148,8 @@ class NodeHost:
 
     async def start(self, ready_timeout_s: float = 300.0, concurrency: int = START_CONCURRENCY) -> list[str]:
         self.client = KubeClient.from_kubeconfig(self.kubeconfig, HOST_CONNECTIONS)
+        if self.authority is not None:
+            self.token_connections = self.authority.token_connections(HOST_CONNECTIONS)
         self.claims = ClaimCache(self.client)
         self.claims.start()
         self.slice_watcher = SliceWatcher.for_host(self.client)
@@ -223,7 +227,8 @@ class NodeHost:
         if self.authority is None:
             return self.client, self.client, None
         admin = self.client
-        kubelet, drivers = self.authority.kubelet_client(node), self.authority.driver_client()
+        kubelet = self.authority.kubelet_client(node)
+        drivers = self.authority.driver_client(self.token_connections)
         self.node_clients[node] = [kubelet, drivers]
         return kubelet, drivers, lambda: bind_driver_token(admin, drivers, node)
 
@@ -336,6 +341,8 @@ class NodeHost:
             await self.claims.stop()
         if self.client is not None:
             await self.client.close()
+        if self.token_connections is not None:
+            await self.token_connections.close()
 
     def _node(self, name: str) -> SyntheticNode:
         try:
