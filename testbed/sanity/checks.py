@@ -102,6 +102,11 @@ class Suite:
         assert self.registration is not None
         return await self.harness.call(self.registration.endpoint, self.service, "NodeUnprepareResources", claims)
 
+    async def _done_with(self, claim: Claim) -> None:
+        """Unprepared, and its pod and claim deleted: its devices are free for the next check."""
+        await self.unprepare([claim])
+        await self.harness.release(claim)
+
     async def run(self) -> list[Result]:
         checks: list[tuple[str, Callable[[], Awaitable[str]]]] = [
             ("registration", self.check_registration),
@@ -293,8 +298,7 @@ class Suite:
                 "with a subrequest ('dev/one') leaves the container without the device",
             )
         finally:
-            await self.unprepare([claim])
-            await self.harness.release(claim)
+            await self._done_with(claim)
         return "request_names ['dev'] for subrequest dev/one"
 
     async def check_per_claim_errors(self) -> str:
@@ -326,8 +330,7 @@ class Suite:
             ]
             expect(not silent, f"no error for: {', '.join(silent)}")
         finally:
-            await self.unprepare([good])
-            await self.harness.release(good)
+            await self._done_with(good)
             await self.harness.release(unallocated)
         return "each bad claim fails alone; the good one in the same call is prepared"
 
@@ -398,8 +401,7 @@ class Suite:
             devices = await self._prepared(claim)
             self._resolve([i for *_, d in devices for i in d])
         finally:
-            await self.unprepare([claim])
-            await self.harness.release(claim)
+            await self._done_with(claim)
         return "the restarted driver prepared the claim the killed one was preparing"
 
     async def check_api_unreachable(self) -> str:
@@ -442,8 +444,7 @@ class Suite:
             restarted_at = time.time()
             await self.harness.restart_with(normal)
             await self._reregistered(restarted_at - 1)
-            await self.unprepare([claim])
-            await self.harness.release(claim)
+            await self._done_with(claim)
 
 
 def junit_xml(results: list[Result], driver: str) -> str:
