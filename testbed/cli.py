@@ -399,6 +399,7 @@ def _environment(items: tuple[str, ...], option: str) -> dict[str, str]:
 def logs(node: str, log_name: str | None, name: str, state_dir: Path | None, tail_lines: int | None) -> None:
     """Print a node's log: an external driver's (by driver name) or a real-kubelet node's
     kubelet, driver or cri. Without a name, list the node's logs."""
+    _about(name, f"logs of node {node}")
     state = _running(name, state_dir)
     nodes = state.extras.get("nodes_dir")
     directory = Path(str(nodes)) / node / "logs" if nodes else None

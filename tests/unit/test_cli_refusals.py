@@ -97,8 +97,17 @@ def test_run_help_lists_every_shipped_scenario() -> None:
         (["down"], "cluster 'named': stopping"),
         (["scale", "node", "3"], "cluster 'named': scaling pool node to 3 nodes"),
         (["check"], "cluster 'named': checking"),
+        (["logs", "node-000"], "cluster 'named': logs of node node-000"),
+        (["fault", "node-000", "lost", "gpu-0"], "cluster 'named': lost gpu-0 on node node-000"),
     ],
 )
 def test_commands_that_act_on_a_cluster_name_it_first(args: list[str], first: str, tmp_path: Path) -> None:
     result = CliRunner().invoke(cli.main, [*args, "--name", "named", "--state-dir", str(tmp_path / "c")])
     assert result.output.splitlines()[0] == first, result.output
+
+
+def test_sanity_names_its_cluster_and_command_first(tmp_path: Path) -> None:
+    where = ["--name", "named", "--state-dir", str(tmp_path / "c")]
+    result = CliRunner().invoke(cli.main, ["sanity", *where, "--", "/bin/drv", "--v=2"])
+    assert result.output.splitlines()[0] == "cluster 'named': sanity of /bin/drv --v=2", result.output
+    assert "cluster 'named' is not running" in result.output and result.exit_code != 0
