@@ -90,7 +90,11 @@ def build(data: RunData, leaks: dict[str, int], cluster: dict[str, Any]) -> dict
         if index + 1 < len(data.snapshots):
             phases[-1]["breakdown"] = breakdown.phase(data.snapshots[index], data.snapshots[index + 1])
             phases[-1]["bottleneck"] = bottleneck.explain(phases[-1], data.nodes)
-    claims = [allocated - added for added, allocated in data.claims.values() if allocated is not None]
+    claims = [
+        allocated - added
+        for uid, (added, allocated) in data.claims.items()
+        if allocated is not None and uid not in data.claims_untimed
+    ]
     duration = max(data.ended, 1e-9)
     kcm_adds = data.after.get("kcm", Scrape()).value(
         "workqueue_adds_total", {"name": "resource_claim"}
@@ -190,8 +194,12 @@ def build(data: RunData, leaks: dict[str, int], cluster: dict[str, Any]) -> dict
 def _fmt(value: Any, unit: str = "s") -> str:
     if value is None:
         return "n/a"
+    if unit == "s" and isinstance(value, (int, float)) and value < 0.0001:
+        return "< 0.1 ms"  # below what a watch-observed time can tell apart
     if unit == "s" and isinstance(value, float) and value < 1:
         return f"{value * 1000:.1f} ms"
+    if unit == "s" and isinstance(value, float):
+        return f"{value:.2f} s"
     return f"{value:g} {unit}".strip() if isinstance(value, (int, float)) else str(value)
 
 
@@ -201,6 +209,36 @@ def _calls(row: dict[str, Any]) -> str:
 
 def _call(row: dict[str, Any]) -> str:
     return f"{row['verb']} {row['resource']}" + (f"/{row['subresource']}" if row.get("subresource") else "")
+
+
+def _cluster_lines(report: dict[str, Any]) -> list[str]:
+    """The cluster the run ran on, as a table: its pools and the knobs it was started with."""
+    cluster = report.get("cluster") or {}
+    rows = [
+        ("name", cluster.get("name", "")),
+        ("synthetic nodes", report.get("nodes", "")),
+        ("ResourceSlices", report.get("slices", "")),
+    ]
+    for pool in cluster.get("pools", []):
+        extra = f", {pool['devicesPerSlice']} devices per slice" if pool.get("devicesPerSlice") else ""
+        rows.append(
+            (
+                f"pool {pool['name']}",
+                f"{pool['count']} x {pool['profile']} ({pool.get('kubelet', 'fake')} kubelet{extra})",
+            )
+        )
+    if cluster.get("identities"):
+        rows.append(("identities", cluster["identities"]))
+    rows += [(key, value) for key, value in (cluster.get("settings") or {}).items() if value is not None]
+    return ["| cluster | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows), ""]
+
+
+def _queue_line(deepest: dict[str, Any]) -> str:
+    depths = deepest["max_depths"]
+    if not any(depths.values()):
+        return "No queue built up: the KCM resource_claim workqueue and the scheduler's pending pods stayed at 0."
+    listed = ", ".join(f"{k} {v:g}" for k, v in depths.items())
+    return f"Deepest queue: {deepest['component']} (max depths: {listed})."
 
 
 def _fault_lines(report: dict[str, Any]) -> list[str]:
@@ -250,9 +288,9 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         report["description"],
         "",
-        f"Started {report['started']}, {report['duration_s']} s, namespace `{report['namespace']}`. "
-        f"Cluster: {report['cluster']}.",
+        f"Started {report['started']}, {report['duration_s']} s, namespace `{report['namespace']}`.",
         "",
+        *_cluster_lines(report),
         *([f"**Error:** {report['error']}", ""] if report.get("error") else []),
         *([f"**Left behind:** {report['left_behind']}", ""] if report.get("left_behind") else []),
         *(
@@ -295,8 +333,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"| NodeHost GC pause p99 | {_fmt(m['testbed']['gc_pause_p99_s'])} |",
         "",
         "",
-        f"Deepest queue: {m['deepest_queue']['component']} "
-        f"(max depths: {', '.join(f'{k} {v:g}' for k, v in m['deepest_queue']['max_depths'].items())}).",
+        _queue_line(m["deepest_queue"]),
         "",
         "## Where the time went, per phase",
         "",
@@ -321,43 +358,57 @@ def plots(report: dict[str, Any], data: RunData, directory: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     written = []
-    figure, axis = plt.subplots(figsize=(7, 4))
+    figure, axis = plt.subplots(figsize=(8, 4.5))
     for phase in report["phases"]:
         values = sorted(
-            p.running - p.added for p in data.pods.values() if p.phase == phase["name"] and p.running is not None
+            max(p.running - p.added, 1e-4)  # a log axis has no zero
+            for p in data.pods.values()
+            if p.phase == phase["name"] and p.running is not None
         )
-        if values:
-            axis.plot(values, [(i + 1) / len(values) for i in range(len(values))], label=phase["name"])
-    axis.axvline(data.scenario.slo_p99_seconds, color="red", linestyle="--", label="SLO")
-    axis.set_xlabel("pod startup (created -> Running), s")
+        if values:  # markers too: a phase of one pod is one point, not an invisible line
+            fractions = [(i + 1) / len(values) for i in range(len(values))]
+            axis.plot(values, fractions, marker="o" if len(values) < 30 else "", markersize=4, label=phase["name"])
+    axis.axvline(data.scenario.slo_p99_seconds, color="red", linestyle="--", label="SLO p99")
+    axis.set_xscale("log")  # 50 ms and 5 s on one readable axis
+    axis.set_xlabel("pod startup (created -> Running), s (log scale)")
     axis.set_ylabel("fraction of pods")
+    axis.set_ylim(0, 1.02)
+    axis.grid(True, which="both", alpha=0.3)
     axis.set_title(f"{report['scenario']}: pod startup latency")
-    axis.legend()
+    axis.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
     figure.tight_layout()
     written.append(directory / "latency_cdf.png")
     figure.savefig(written[-1], dpi=100)
     plt.close(figure)
 
-    figure, axis = plt.subplots(figsize=(7, 4))
+    figure, axis = plt.subplots(figsize=(9, 4.5))
     times = [t for t, _, _, _ in data.timeline]
     axis.plot(times, [r for _, r, _, _ in data.timeline], label="pods running")
-    axis.set_xlabel("time, s")
+    axis.set_xlabel("time since the run started, s")
     axis.set_ylabel("pods running")
     second = axis.twinx()
     second.plot(times, [d for _, _, d, _ in data.timeline], color="orange", label="KCM resource_claim queue depth")
     second.plot(times, [q for _, _, _, q in data.timeline], color="green", label="scheduler pending pods")
     second.set_ylabel("queue depth")
-    for phase in report["phases"]:
-        axis.axvline(
-            next(p.started for p in data.phases if p.name == phase["name"]),
+    for result in data.phases:
+        axis.axvline(result.started, color="grey", linestyle=":")
+        axis.annotate(
+            result.name,
+            (result.started, 1.0),
+            xycoords=("data", "axes fraction"),
+            rotation=90,
+            va="top",
+            ha="right",
+            fontsize="small",
             color="grey",
-            linestyle=":",
         )
     axis.set_title(f"{report['scenario']}: timeline (dotted: phase starts)")
-    second.set_ylim(bottom=0)
+    deepest = max((max(d, q) for _, _, d, q in data.timeline), default=0)
+    second.set_ylim(0, max(deepest, 1) * 1.1)  # an empty queue is a flat line at 0, not at mid-height
     axis.set_ylim(bottom=0)
-    figure.legend(loc="lower center", ncol=2)
-    figure.tight_layout(rect=(0, 0.08, 1, 1))
+    handles = axis.get_legend_handles_labels()[0] + second.get_legend_handles_labels()[0]
+    axis.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=3, fontsize="small")
+    figure.tight_layout()
     written.append(directory / "timeline.png")
     figure.savefig(written[-1], dpi=100)
     plt.close(figure)

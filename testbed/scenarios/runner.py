@@ -91,6 +91,8 @@ class RunData:
     phases: list[PhaseResult] = field(default_factory=list)
     pods: dict[str, PodRecord] = field(default_factory=dict)
     claims: dict[str, tuple[float, float | None]] = field(default_factory=dict)
+    claims_untimed: set[str] = field(default_factory=set)
+    """Claims first seen already allocated (a watch that re-listed): not timed."""
     timeline: list[tuple[float, int, float, float]] = field(default_factory=list)
     """(seconds since start, pods running, KCM resource_claim queue depth, scheduler pending pods)."""
     snapshots: list[Snapshot] = field(default_factory=list)
@@ -236,8 +238,11 @@ class Runner:
         path = path_for("resource.k8s.io/v1", "resourceclaims", namespace=self.data.namespace)
         async for _, claim in self.client.watch(path):
             uid = claim["metadata"]["uid"]
+            allocated_now = bool(claim.get("status", {}).get("allocation"))
+            if uid not in self.data.claims and allocated_now:
+                self.data.claims_untimed.add(uid)  # its creation was not seen: nothing to time from
             added, allocated = self.data.claims.get(uid, (time.monotonic(), None))
-            if allocated is None and claim.get("status", {}).get("allocation"):
+            if allocated is None and allocated_now:
                 allocated = time.monotonic()
             self.data.claims[uid] = (added, allocated)
 

@@ -267,3 +267,39 @@ def test_compare_refuses_unknown_figures_bad_ratios_and_missing_reports(tmp_path
             compare.parse_thresholds((bad,))
     with pytest.raises(TestbedError, match="no report at"):
         compare.load(tmp_path)
+
+
+def test_report_md_reads_well_cluster_table_quiet_queues_and_no_zero_artefacts() -> None:
+    from testbed.report.report import _fmt, _queue_line, markdown
+
+    assert _fmt(0.0) == "< 0.1 ms" and _fmt(0.00004) == "< 0.1 ms" and _fmt(0.0123) == "12.3 ms"
+    assert _fmt(23.38614) == "23.39 s" and _fmt(None) == "n/a"
+    quiet = {"component": "x", "max_depths": {"KCM": 0, "scheduler": 0}}
+    assert _queue_line(quiet).startswith("No queue built up")
+    busy = {"component": "kube-scheduler (pending pods)", "max_depths": {"KCM": 2, "kube-scheduler (pending pods)": 40}}
+    assert _queue_line(busy).startswith("Deepest queue: kube-scheduler (pending pods)")
+
+    phase = _phase(
+        _phase_figures(),
+        slo_met=True,
+        pod_startup_s={"p50": 0.05, "p90": 0.1, "p99": 0.2},
+        queues={"scheduler_pending_max": 1, "kcm_resource_claim_max": 0},
+    )
+    phase.update(jobs=100, pods_succeeded=100, pods_removed=0, stalled=False)
+    phase["bottleneck"] = bottleneck.explain(phase, 100)
+    report = _report([phase], verdict="PASS", description="", namespace="ns", duration_s=30.0)
+    report["cluster"]["pools"] = [{"name": "gpu", "count": 100, "profile": "gpu8", "kubelet": "fake"}]
+    report["claim_allocation_s"] = {"count": 0, "p50": None, "p90": None, "p99": None, "max": None}
+    report["leaks"]["claims_prepared_at_end"] = 0
+    report["metrics"] = {
+        "kcm_resource_claim": {"adds_per_s": 0, "max_depth": 0, "work_duration_p99_s": None},
+        "scheduler": {"pod_scheduling_sli_duration_p99_s": None, "scheduling_algorithm_duration_p99_s": None},
+        "kubelet": {"prepare_p99_s": None, "unprepare_p99_s": None},
+        "plugin": {"NodePrepareResources_p99_s": None, "NodeUnprepareResources_p99_s": None},
+        "testbed": {"event_loop_lag_p99_s": None, "gc_pause_p99_s": None},
+        "deepest_queue": quiet,
+    }
+    text = markdown(report)
+    assert "| pool gpu | 100 x gpu8 (fake kubelet) |" in text and "{'name'" not in text, "a table, not a dict"
+    assert "No queue built up" in text and "Deepest queue" not in text
+    assert "### fill: no bottleneck" in text
