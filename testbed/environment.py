@@ -144,6 +144,12 @@ def fleet_metrics_urls(state: cluster.ClusterState) -> list[str]:
     return urls
 
 
+def joined_ray(state: cluster.ClusterState) -> str:
+    """The address of the Ray cluster the fleet joined ("" for a head of its own)."""
+    fleet = state.extras.get("fleet") or {}
+    return str(((fleet.get("ray") if isinstance(fleet, dict) else None) or {}).get("address") or "")
+
+
 def down(config: ControlPlaneConfig, keep_state: bool = False) -> list[str]:
     """Stop Ray (and with it the NodeHosts), then the control plane. The synthetic nodes
     are not asked to stop one by one: their directories go with the cluster's."""
@@ -155,6 +161,12 @@ def down(config: ControlPlaneConfig, keep_state: bool = False) -> list[str]:
             attach_fleet(state).stop(remove_nodes=True)
         except Exception as exc:  # Ray or the cluster already gone: nothing left to drain
             log.warning("could not remove the synthetic nodes from %s: %s", state.extras[cluster.EXTERNAL], exc)
+    elif state is not None and state.extras.get("fleet_id") and joined_ray(state):
+        # A Ray cluster the user runs outlives this one: its NodeHosts must not.
+        try:
+            attach_fleet(state).stop()
+        except Exception as exc:  # that Ray gone too: nothing of ours left in it
+            log.warning("could not stop the NodeHosts in the Ray cluster at %s: %s", joined_ray(state), exc)
     if "ray" in sys.modules:
         import ray
 

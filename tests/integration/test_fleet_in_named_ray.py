@@ -1,0 +1,55 @@
+"""A fleet in a Ray cluster the user runs (fleet file `ray.address`): `testbed down`
+takes its NodeHosts out of that Ray, which outlives the testbed's cluster."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from testbed.fleet import raycluster
+
+pytestmark = pytest.mark.controlplane
+
+NAME = "namedray"
+
+
+def _named_actors(address: str, env: dict[str, str]) -> list[str]:
+    """The NodeHosts in the testbed cluster's Ray namespace, asked from a process of its own."""
+    query = (
+        "import ray, sys\n"
+        "from ray.util import list_named_actors\n"
+        f"ray.init(address={address!r}, namespace={raycluster.namespace(NAME)!r}, logging_level='ERROR')\n"
+        "print(' '.join(n for n in list_named_actors() if n.startswith('nodehost-')))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", query], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout.split()
+
+
+def test_down_takes_the_nodehosts_out_of_a_ray_cluster_it_joined(short_tmp_path: Path) -> None:
+    users_ray = short_tmp_path / "users-ray"
+    users_ray.mkdir()
+    record, address = raycluster.start_head(users_ray, users_ray / "ray.log")
+    env = {**os.environ, **raycluster.auth_env(users_ray), **raycluster.LOOPBACK_ENV}
+    fleet_file = short_tmp_path / "fleet.yaml"
+    fleet_file.write_text(f"ray: {{address: '{address}'}}\npools: [{{name: nr, count: 1, profile: tiny}}]\n")
+    where = ["--name", NAME, "--state-dir", str(short_tmp_path / "state")]
+    base = [sys.executable, "-m", "testbed.cli"]
+    try:
+        up = subprocess.run(
+            [*base, "up", "--fleet", str(fleet_file), *where], env=env, capture_output=True, text=True, timeout=600
+        )
+        assert up.returncode == 0, up.stderr[-3000:]
+        assert len(_named_actors(address, env)) == 1, "the fleet's NodeHost runs in the user's Ray"
+
+        down = subprocess.run([*base, "down", *where], env=env, capture_output=True, text=True, timeout=300)
+        assert down.returncode == 0, down.stderr[-3000:]
+        assert _named_actors(address, env) == [], "no NodeHost left behind in a Ray cluster that outlives ours"
+        assert record.alive(), "the user's Ray itself keeps running"
+    finally:
+        subprocess.run([*base, "down", *where], env=env, capture_output=True, timeout=300)
+        raycluster.stop_head(record, users_ray)
