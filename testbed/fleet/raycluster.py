@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from testbed.controlplane import processes
 from testbed.controlplane.processes import ProcessRecord
@@ -135,6 +136,11 @@ def connect(address: str, cluster_name: str, cluster_root: Path | None = None) -
 
     if ray.is_initialized():
         return
+    options: dict[str, Any] = {
+        "namespace": namespace(cluster_name),
+        "logging_level": logging.WARNING,
+        "log_to_driver": False,
+    }
     if cluster_root is not None and auth_token_path(cluster_root).exists():
         os.environ.update(auth_env(cluster_root))
         from ray._raylet import Config  # type: ignore[attr-defined]
@@ -146,12 +152,29 @@ def connect(address: str, cluster_name: str, cluster_root: Path | None = None) -
         from ray._private import ray_constants
 
         ray_constants.ENABLE_RAY_CLUSTER = False
-    ray.init(
-        address=address,
-        namespace=namespace(cluster_name),
-        logging_level=logging.WARNING,
-        log_to_driver=False,
-    )
+        ray.init(address=address, **options)
+        return
+    # A Ray cluster the user runs: a refusal shows only as a line a second on stderr from
+    # Ray's C++ core, then a bare ConnectionError; turn it into one line with the way out.
+    sys.stderr.flush()
+    with tempfile.TemporaryFile() as captured:
+        saved = os.dup(2)
+        os.dup2(captured.fileno(), 2)
+        try:
+            ray.init(address=address, **options)
+        except ConnectionError as exc:
+            captured.seek(0)
+            said = captured.read().decode(errors="replace")
+            if "InvalidAuthToken" in said or "Authentication token" in said:
+                raise TestbedError(
+                    f"the Ray cluster at {address} refused this client: it needs its authentication token",
+                    hint="set RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) to that cluster's token, as for `ray` itself",
+                ) from None
+            last = said.strip().splitlines()[-1:] or [str(exc)]
+            raise TestbedError(f"could not join the Ray cluster at {address}: {last[0][:300]}") from None
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
 
 
 def stop_head(record: ProcessRecord, cluster_root: Path) -> None:

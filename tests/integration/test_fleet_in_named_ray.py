@@ -1,5 +1,6 @@
-"""A fleet in a Ray cluster the user runs (fleet file `ray.address`): `testbed down`
-takes its NodeHosts out of that Ray, which outlives the testbed's cluster."""
+"""A fleet in a Ray cluster the user runs (fleet file `ray.address`): joining it without
+its token is one clear error, and `testbed down` takes the NodeHosts out of that Ray,
+which outlives the testbed's cluster."""
 
 from __future__ import annotations
 
@@ -40,6 +41,12 @@ def test_down_takes_the_nodehosts_out_of_a_ray_cluster_it_joined(short_tmp_path:
     where = ["--name", NAME, "--state-dir", str(short_tmp_path / "state")]
     base = [sys.executable, "-m", "testbed.cli"]
     try:
+        tokenless = {k: v for k, v in env.items() if not k.startswith("RAY_AUTH")}
+        command = [*base, "up", "--fleet", str(fleet_file), *where]
+        refused = subprocess.run(command, env=tokenless, capture_output=True, text=True, timeout=600)
+        assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+        assert "needs its authentication token" in refused.stderr and "RAY_AUTH_TOKEN" in refused.stderr
+
         up = subprocess.run(
             [*base, "up", "--fleet", str(fleet_file), *where], env=env, capture_output=True, text=True, timeout=600
         )
