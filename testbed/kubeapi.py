@@ -87,6 +87,25 @@ def _field(entry: Mapping[str, Any], name: str, base: Path) -> bytes | None:
     return None
 
 
+def flattened_kubeconfig(path: Path) -> bytes:
+    """The kubeconfig with every file it names inlined (as `kubectl config view --flatten`
+    does): content that works on any machine, for processes that may run elsewhere."""
+    document = yaml.safe_load(path.read_text())
+    base = path.parent
+    for section, key, fields in (
+        ("clusters", "cluster", ("certificate-authority",)),
+        ("users", "user", ("client-certificate", "client-key")),
+    ):
+        for entry in document.get(section) or []:
+            body = entry.get(key) or {}
+            for name in fields:
+                if name in body and f"{name}-data" not in body:
+                    body[f"{name}-data"] = base64.b64encode((base / str(body.pop(name))).read_bytes()).decode()
+            if section == "users" and "tokenFile" in body and "token" not in body:
+                body["token"] = (base / str(body.pop("tokenFile"))).read_text().strip()
+    return yaml.safe_dump(document, sort_keys=False).encode()
+
+
 def credentials_from_kubeconfig(path: Path, context_name: str | None = None) -> Credentials:
     document = yaml.safe_load(path.read_text())
     context_name = context_name or document["current-context"]

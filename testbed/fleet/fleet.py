@@ -15,7 +15,7 @@ from testbed.fleet.external import ExternalDriverSpec
 from testbed.fleet.identity import NodeAuthority, install_access_policy
 from testbed.fleet.nodehost import NodeHost, NodeRecipe
 from testbed.fleet.spec import FleetFile, Pool
-from testbed.kubeapi import KubeClient
+from testbed.kubeapi import KubeClient, flattened_kubeconfig
 from testbed.progress import Progress, SilentProgress
 
 FAULT_ACTIONS = ("unhealthy", "healthy", "lost", "fail-prepare", "latency")
@@ -41,6 +41,8 @@ class Fleet:
         """``nodes_dir``: where each node's directory tree (and sockets) goes."""
         self.spec = spec
         self.kubeconfig = kubeconfig
+        self.kubeconfig_content = flattened_kubeconfig(kubeconfig)
+        """What NodeHosts get: content, not a path, since a host may run on another machine."""
         self.nodes_dir = nodes_dir
         self.detached = detached
         self.hosts: dict[str, Any] = {}
@@ -89,7 +91,7 @@ class Fleet:
         self.hosts[name] = (
             ray.remote(NodeHost)
             .options(name=name, **options)
-            .remote(str(self.kubeconfig), str(self.nodes_dir), recipes, self.spec.seed, name, self.authority)
+            .remote(self.kubeconfig_content, str(self.nodes_dir), recipes, self.spec.seed, name, self.authority)
         )
         return name
 

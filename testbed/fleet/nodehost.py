@@ -22,7 +22,7 @@ from fake_devices.profiles import HardwareProfile, load_profile
 from testbed.controlplane.binaries import ensure_node_binaries
 from testbed.driver.claims import ClaimCache
 from testbed.driver.slices import SliceWatcher
-from testbed.files import write_atomically, write_secret
+from testbed.files import private_dir, write_atomically, write_secret
 from testbed.fleet.drain import DrainResult, drain, drain_process_node
 from testbed.fleet.external import ExternalDriverSpec
 from testbed.fleet.identity import NodeAuthority, bind_driver_token, driver_token
@@ -41,6 +41,7 @@ HOST_CONNECTIONS = 16
 handshake; 64 per host made handshakes a tenth of a starting NodeHost's CPU, and the
 API server, not the connection count, is what limits a fleet's start."""
 
+CREDENTIALS_DIR = ".credentials"
 MEMBERSHIP_DIR = ".hosts"
 """Under the nodes dir: which nodes each NodeHost runs now, for a host Ray restarts."""
 
@@ -92,7 +93,7 @@ def _restarted_by_ray() -> bool:
 class NodeHost:
     def __init__(
         self,
-        kubeconfig: str,
+        kubeconfig: str | bytes,
         nodes_dir: str,
         nodes: list[NodeRecipe],
         seed: int = 0,
@@ -103,13 +104,14 @@ class NodeHost:
         actor's name; with it the host remembers its nodes on disk, so a host that Ray
         restarts after the fleet was scaled comes back with the nodes it had, not the
         ones it was created with. ``authority``: run each node under its own identity
-        (see identity.py); None: every node uses the host's credentials."""
+        (see identity.py); None: every node uses the host's credentials. ``kubeconfig``:
+        a path, or the content (flattened): a host on another machine writes it there."""
         self.authority = authority
         self.node_clients: dict[str, list[KubeClient]] = {}
         """A node's own clients (kubelet, drivers), closed when the node goes."""
         logging.basicConfig(level=logging.WARNING)
-        self.kubeconfig = Path(kubeconfig)
         self.nodes_dir = Path(nodes_dir)
+        self.kubeconfig = self._own_copy(kubeconfig, name) if isinstance(kubeconfig, bytes) else Path(kubeconfig)
         self.recipes = {recipe.name: recipe for recipe in nodes}
         self.seed = seed
         self.membership = self.nodes_dir / MEMBERSHIP_DIR / f"{name}.json" if name else None
@@ -134,6 +136,14 @@ class NodeHost:
             self._restart = asyncio.get_event_loop().create_task(self.start())
         else:
             self._remember()
+
+    def _own_copy(self, content: bytes, name: str) -> Path:
+        """The host's kubeconfig on the machine it runs on (0600, in a 0700 directory)."""
+        private_dir(self.nodes_dir.parent)
+        private_dir(self.nodes_dir)
+        path = private_dir(self.nodes_dir / CREDENTIALS_DIR) / f"{name or os.getpid()}.kubeconfig"
+        write_secret(path, content)
+        return path
 
     def _remember(self) -> None:
         if self.membership is not None:

@@ -47,3 +47,38 @@ def test_the_driver_pod_is_bound_to_its_node_and_recognised_as_the_driver() -> N
     assert is_driver_pod(pod)
     workload = {"metadata": {"namespace": "team-a", "labels": pod["metadata"]["labels"]}}
     assert not is_driver_pod(workload)  # the label alone, in another namespace, is not the driver
+
+
+def test_a_kubeconfig_naming_files_travels_as_content(tmp_path: Path) -> None:
+    """What a NodeHost on another machine gets: the files the kubeconfig names, inlined."""
+    import base64
+
+    from testbed.kubeapi import flattened_kubeconfig
+
+    (tmp_path / "ca.crt").write_bytes(b"CA")
+    (tmp_path / "certs").mkdir()
+    (tmp_path / "certs/me.crt").write_bytes(b"CERT")
+    (tmp_path / "certs/me.key").write_bytes(b"KEY")
+    (tmp_path / "token").write_text("s3cret\n")
+    (tmp_path / "kubeconfig").write_text(
+        yaml.safe_dump(
+            {
+                "clusters": [{"name": "c", "cluster": {"server": "https://x:6443", "certificate-authority": "ca.crt"}}],
+                "users": [
+                    {"name": "u", "user": {"client-certificate": "certs/me.crt", "client-key": "certs/me.key"}},
+                    {"name": "t", "user": {"tokenFile": "token"}},
+                ],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "c",
+            }
+        )
+    )
+    document = yaml.safe_load(flattened_kubeconfig(tmp_path / "kubeconfig"))
+    cluster = document["clusters"][0]["cluster"]
+    assert "certificate-authority" not in cluster and base64.b64decode(cluster["certificate-authority-data"]) == b"CA"
+    me, token = (u["user"] for u in document["users"])
+    assert (
+        base64.b64decode(me["client-certificate-data"]) == b"CERT" and base64.b64decode(me["client-key-data"]) == b"KEY"
+    )
+    assert token == {"token": "s3cret"}
+    assert cluster["server"] == "https://x:6443" and document["current-context"] == "c"
