@@ -179,6 +179,13 @@ def _kubectl() -> Path:
 @cluster_options
 @click.option("--port", type=click.IntRange(1, 65535), default=None, help="kube-apiserver port (default: a free one).")
 @click.option(
+    "--advertise-address",
+    default="127.0.0.1",
+    show_default=True,
+    help="An IP address of this machine for kube-apiserver to listen on and name in its certificate, "
+    "so NodeHosts on other machines can reach it.",
+)
+@click.option(
     "--kcm-qps",
     type=click.FloatRange(min=0, min_open=True),
     default=75.0,
@@ -296,6 +303,7 @@ def up(
     name: str,
     state_dir: Path | None,
     port: int | None,
+    advertise_address: str,
     kcm_qps: float,
     kcm_burst: int,
     scheduler_qps: float,
@@ -326,6 +334,7 @@ def up(
         name=name,
         state_dir=state_dir,
         apiserver_port=port,
+        advertise_address=advertise_address,
         kcm_qps=kcm_qps,
         kcm_burst=kcm_burst,
         scheduler_qps=scheduler_qps,
@@ -336,6 +345,7 @@ def up(
         startup_timeout_s=timeout,
         extra_feature_gates=cfg.parse_feature_gates(feature_gates, "--feature-gates"),
     )
+    cfg.check_advertise_address(advertise_address)
     fleet = None
     if fleet_file is not None and nodes:
         raise TestbedError("give --fleet or --nodes, not both", hint="put every pool in the fleet file")

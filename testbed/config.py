@@ -94,6 +94,27 @@ def check_cluster_name(name: str) -> None:
         )
 
 
+def check_advertise_address(address: str) -> None:
+    """An IP address of this machine that the API server can listen on."""
+    import ipaddress
+    import socket
+
+    try:
+        family = socket.AF_INET6 if ipaddress.ip_address(address).version == 6 else socket.AF_INET
+    except ValueError:
+        raise TestbedError(
+            f"advertise address {address!r} is not an IP address", hint="give one of this machine's IP addresses"
+        ) from None
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((address, 0))
+        except OSError as exc:
+            raise TestbedError(
+                f"advertise address {address} is not an address of this machine ({exc.strerror})",
+                hint="`ip -brief address` lists them; leave the option out to stay on 127.0.0.1",
+            ) from None
+
+
 def _xdg(var: str, fallback: str) -> Path:
     value = os.environ.get(var)
     return Path(value) if value else Path.home() / fallback
@@ -160,6 +181,9 @@ class ControlPlaneConfig:
     state_dir: Path | None = None
     apiserver_port: int | None = None
     """None picks a free port."""
+    advertise_address: str = "127.0.0.1"
+    """Where the API server listens and what its certificate names, for NodeHosts on other
+    machines; loopback unless asked (check_advertise_address)."""
     kcm_qps: float = 75.0
     kcm_burst: int = 150
     """The cluster-admin guide found 75/150 the floor for pod startup within SLO."""

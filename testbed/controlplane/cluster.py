@@ -54,6 +54,8 @@ class ClusterState:
     timings: dict[str, float] = field(default_factory=dict)
     extras: dict[str, object] = field(default_factory=dict)
     """What layers above the control plane record (the Ray address, the fleet)."""
+    advertise_address: str = "127.0.0.1"
+    """Where the API server listens (and what its kubeconfigs name)."""
 
     @property
     def layout(self) -> Layout:
@@ -65,7 +67,8 @@ class ClusterState:
 
     @property
     def apiserver_url(self) -> str:
-        return f"https://127.0.0.1:{self.ports.apiserver}"
+        host = f"[{self.advertise_address}]" if ":" in self.advertise_address else self.advertise_address
+        return f"https://{host}:{self.ports.apiserver}"
 
     def save(self) -> None:
         document = {
@@ -78,6 +81,7 @@ class ClusterState:
             "started_at": self.started_at,
             "timings": self.timings,
             "extras": self.extras,
+            "advertise_address": self.advertise_address,
         }
         temporary = self.layout.state_file.with_suffix(".tmp")
         temporary.write_text(json.dumps(document, indent=2))
@@ -100,6 +104,7 @@ class ClusterState:
                 started_at=float(data["started_at"]),
                 timings=dict(data.get("timings", {})),
                 extras=dict(data.get("extras", {})),
+                advertise_address=str(data.get("advertise_address", "127.0.0.1")),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise TestbedError(
@@ -262,9 +267,9 @@ def _prepare_directory(config: ControlPlaneConfig, progress: Progress) -> Path:
 
 
 def _choose_ports(config: ControlPlaneConfig) -> Ports:
-    if config.apiserver_port is not None and processes.port_in_use(config.apiserver_port):
+    if config.apiserver_port is not None and processes.port_in_use(config.apiserver_port, config.advertise_address):
         raise TestbedError(
-            f"port {config.apiserver_port} on 127.0.0.1 is already in use",
+            f"port {config.apiserver_port} on {config.advertise_address} is already in use",
             hint="pick another with --port, or leave --port out to get a free one",
         )
     etcd_client, etcd_peer, apiserver, controller_manager, scheduler, etcd_metrics = processes.free_ports(6)
@@ -368,7 +373,9 @@ def up(
 
     layout = Layout(root)
     ports = _choose_ports(config)
-    state = ClusterState(name=config.name, root=root, ports=ports, binaries=binaries.source)
+    state = ClusterState(
+        name=config.name, root=root, ports=ports, binaries=binaries.source, advertise_address=config.advertise_address
+    )
     running: dict[str, tuple[object, ProcessRecord]] = {}
 
     def launch(name: str, command: list[str]) -> None:
@@ -378,7 +385,7 @@ def up(
         state.save()
 
     try:
-        pki.generate(layout.root / "pki")
+        pki.generate(layout.root / "pki", config.advertise_address)
         for who in pki.CLIENTS:
             components.write_kubeconfig(layout, who, state.apiserver_url, config.name)
         state.save()
@@ -418,7 +425,7 @@ def up(
         state.save()
         progress.step(
             f"control plane {config.name!r} ready in {t_ready - t_binaries:.1f}s "
-            f"(apiserver https://127.0.0.1:{ports.apiserver}, logs in {layout.logs})"
+            f"(apiserver {state.apiserver_url}, logs in {layout.logs})"
         )
         return state
     except BaseException:

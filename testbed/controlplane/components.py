@@ -158,8 +158,8 @@ def apiserver_command(binaries: Binaries, layout: Layout, ports: Ports, config: 
         f"--etcd-cafile={pki.etcd_ca_cert}",
         f"--etcd-certfile={pki.etcd_client_cert}",
         f"--etcd-keyfile={pki.etcd_client_key}",
-        "--bind-address=127.0.0.1",
-        "--advertise-address=127.0.0.1",
+        f"--bind-address={config.advertise_address}",
+        f"--advertise-address={config.advertise_address}",
         # A loopback advertise address is refused while the endpoint reconciler runs;
         # nothing on a local control plane reaches the apiserver through its Service.
         "--endpoint-reconciler-type=none",

@@ -182,8 +182,9 @@ def _new_ca(cert_path: Path, key_path: Path, common_name: str) -> tuple[ec.Ellip
     return key, name
 
 
-def generate(directory: Path) -> PKIPaths:
-    """Create every key and certificate the control plane needs, in ``directory``."""
+def generate(directory: Path, advertise_address: str = "127.0.0.1") -> PKIPaths:
+    """Create every key and certificate the control plane needs, in ``directory``; the
+    API server's certificate also names ``advertise_address``."""
     directory.mkdir(parents=True, exist_ok=True)
     paths = PKIPaths(directory)
 
@@ -218,6 +219,7 @@ def generate(directory: Path) -> PKIPaths:
         x509.DNSName("kubernetes.default.svc"),
         x509.DNSName("kubernetes.default.svc.cluster.local"),
         x509.IPAddress(ipaddress.ip_address(SERVICE_CLUSTER_IP)),
+        *([x509.IPAddress(ipaddress.ip_address(advertise_address))] if advertise_address != "127.0.0.1" else []),
     ]
     server, client = ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH
     issue(paths.serving_cert, paths.serving_key, _name("kube-apiserver"), [server], apiserver_names)

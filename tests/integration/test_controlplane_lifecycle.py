@@ -156,3 +156,31 @@ def test_ctrl_c_during_start_up_stops_everything(cli_env: dict[str, str]) -> Non
     assert proc.returncode == 130, err
     assert "interrupted" in err
     wait_for(lambda: not any(r.alive() for r in records), 10, "started processes to be gone")
+
+
+def test_an_advertised_address_is_where_the_api_server_listens_and_what_its_certificate_names(
+    kube_binaries: Binaries, tmp_path: Path
+) -> None:
+    """127.0.0.2 stands in for another interface of this machine (all of 127/8 is local)."""
+    import asyncio
+
+    from testbed.kubeapi import KubeClient
+
+    config = ControlPlaneConfig(name="advertised", state_dir=tmp_path / "c", advertise_address="127.0.0.2")
+    state = cluster.up(config, binaries=kube_binaries)
+    try:
+        assert state.apiserver_url.startswith("https://127.0.0.2:")
+        assert cluster.ClusterState.load(state.root).apiserver_url == state.apiserver_url  # type: ignore[union-attr]
+
+        async def version() -> str:
+            client = KubeClient.from_kubeconfig(state.kubeconfig)  # verifies the serving cert against the CA
+            try:
+                return str((await client.get("/version"))["gitVersion"])
+            finally:
+                await client.close()
+
+        assert asyncio.run(version()) == "v1.37.1"
+        with socket.socket() as probe:
+            assert probe.connect_ex(("127.0.0.1", state.ports.apiserver)) != 0, "not on 127.0.0.1 as well"
+    finally:
+        cluster.down(config)

@@ -27,6 +27,8 @@ from testbed import cli
         (["up", "--nodes", "1", "--driver-command", "/bin/drv"], "--driver-command needs --driver-name"),
         (["up", "--nodes", "1", "--driver-name", "a.example.com"], "go with --driver-command"),
         (["up", "--nodes", "1", "--driver-command", "x", "--driver-name", "A_B"], "driver name 'A_B' must be a DNS"),
+        (["up", "--advertise-address", "not-an-ip"], "advertise address 'not-an-ip' is not an IP address"),
+        (["up", "--advertise-address", "198.51.100.7"], "advertise address 198.51.100.7 is not an address of this"),
         (["scale", "node", "-1"], "'COUNT': -1 is not in the range x>=0"),
         (["run", "smoke", "--set", "phases.99.qps=1"], "'phases.99' needs an index below 3"),
         (["run", "smoke", "--set", "phases.x.qps=1"], "'phases.x' needs an index below 3"),
