@@ -292,6 +292,25 @@ class Fleet:
                 raise
             raise TestbedError(f"node {node}: {cause}", hint="device names are in its ResourceSlices") from None
 
+    def leaks(self, namespace: str | None = None, claim_uids: set[str] | None = None) -> dict[str, Any]:
+        """Prepared state the fleet's nodes still hold for these claims, each NodeHost
+        reading its own nodes wherever it runs. A host that does not answer is named
+        under ``unchecked``: its nodes are not counted as clean."""
+        import ray
+
+        uids = None if claim_uids is None else sorted(claim_uids)
+        calls = {name: host.leaks.remote(namespace, uids) for name, host in self.hosts.items()}
+        totals: dict[str, Any] = {"checkpoint_entries": 0, "cdi_specs": 0, "unchecked": []}
+        for name, call in calls.items():
+            try:
+                found = ray.get(call, timeout=60)
+            except Exception as exc:  # a host gone with its machine, or busy past the deadline
+                totals["unchecked"].append(f"{name} ({type(exc).__name__})")
+                continue
+            for key in ("checkpoint_entries", "cdi_specs"):
+                totals[key] += found[key]
+        return totals
+
     def lose_device(self, node: str, device: str) -> None:
         """The device falls off the bus: it and its partitions leave the inventory and the slices."""
         self._call(node, "lose_device", node, device)

@@ -21,6 +21,7 @@ from fake_devices.hardware import Health
 from fake_devices.profiles import HardwareProfile, load_profile
 from testbed.controlplane.binaries import ensure_node_binaries
 from testbed.driver.claims import ClaimCache
+from testbed.driver.leftovers import prepared_state
 from testbed.driver.slices import SliceWatcher
 from testbed.files import private_dir, write_atomically, write_secret
 from testbed.fleet.drain import DrainResult, drain, drain_process_node
@@ -373,6 +374,11 @@ class NodeHost:
     async def lose_device(self, node: str, device: str) -> None:
         self._node(node).hardware.lose_device(device)
         self._node(node).publish_hardware()
+
+    async def leaks(self, namespace: str | None, claim_uids: list[str] | None) -> dict[str, int]:
+        """Prepared state its nodes still hold for these claims, read on this host."""
+        roots = [n.root for n in self.nodes.values()] + [n.root for n in self.process_nodes.values()]
+        return prepared_state(roots, namespace, None if claim_uids is None else set(claim_uids))
 
     async def hardware_claims(self, node: str) -> dict[str, list[str]]:
         return self._node(node).hardware.claims()

@@ -156,7 +156,7 @@ def build(data: RunData, leaks: dict[str, int], cluster: dict[str, Any]) -> dict
     metrics["fleet_partial"] = data.fleet_partial
     prepared_now = fleet_after.value("dra_testbed_prepared_claims", {})
     leak_report = {**leaks, "claims_prepared_at_end": prepared_now}
-    leak_report["ok"] = not any(leak_report[k] for k in ("checkpoint_entries", "cdi_specs"))
+    leak_report["ok"] = not any(leak_report.get(k) for k in ("checkpoint_entries", "cdi_specs", "unchecked"))
     verdict = (
         "ERROR"
         if data.error
@@ -344,8 +344,10 @@ def markdown(report: dict[str, Any]) -> str:
     ]
     leaks = report["leaks"]
     lines.append(
-        f"{'clean' if leaks['ok'] else 'LEAKS'}: {leaks['checkpoint_entries']} checkpoint entries, "
-        f"{leaks['cdi_specs']} CDI specs, {leaks['claims_prepared_at_end']:g} claims prepared at the end."
+        f"{'clean' if leaks['ok'] else 'LEAKS' if not leaks.get('unchecked') else 'NOT ALL CHECKED'}: "
+        f"{leaks['checkpoint_entries']} checkpoint entries, {leaks['cdi_specs']} CDI specs, "
+        f"{leaks['claims_prepared_at_end']:g} claims prepared at the end."
+        + (f" Not checked: {', '.join(leaks['unchecked'])}." if leaks.get("unchecked") else "")
     )
     lines += ["", "Plots: `latency_cdf.png`, `timeline.png`, `time_spent.png`.", ""]
     return "\n".join(lines)

@@ -21,6 +21,7 @@ from typing import Any
 
 import aiohttp
 
+from testbed.driver.leftovers import prepared_state
 from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
 from testbed.kubelet.node import PROFILE_LABEL, SYNTHETIC_TOLERATION
 from testbed.report.breakdown import NODEHOSTS, ONLY, Snapshot, machine_cpu
@@ -451,20 +452,6 @@ class Runner:
 def nodes_dir_leaks(
     nodes_dir: Path, namespace: str | None = None, claim_uids: set[str] | None = None
 ) -> dict[str, int]:
-    """What a finished run must not leave on the synthetic nodes' disks: checkpoint
-    entries and CDI specs of ITS claims (its namespace, the claim UIDs it saw). A
-    user's own pods on the fleet are not the run's leaks. With neither given, all."""
-    import json
-
-    everything = namespace is None and claim_uids is None
-    uids = set(claim_uids or ())
-    entries = 0
-    for checkpoint in nodes_dir.glob("*/kubelet/plugins/*/checkpoint.json"):
-        with contextlib.suppress(OSError, ValueError):
-            for uid, entry in json.loads(checkpoint.read_text()).get("claims", {}).items():
-                if everything or uid in uids or entry.get("namespace") == namespace:
-                    uids.add(uid)
-                    entries += 1
-    # CDI spec files are named <driver>-<claim UID>.json
-    specs = sum(1 for spec in nodes_dir.glob("*/cdi/*.json") if everything or spec.stem[-36:] in uids)
-    return {"checkpoint_entries": entries, "cdi_specs": specs}
+    """What a finished run must not leave on the synthetic nodes' disks, when they are on
+    this machine (a fleet's NodeHosts answer for their own nodes: Fleet.leaks)."""
+    return prepared_state([p for p in nodes_dir.iterdir() if p.is_dir()], namespace, claim_uids)

@@ -39,6 +39,11 @@ def _run(control_plane: ClusterState, fleet: Fleet, scenario: spec.Scenario) -> 
 def test_smoke_passes_and_writes_a_complete_report(control_plane: ClusterState, fleet: Fleet, tmp_path: Path) -> None:
     data = _run(control_plane, fleet, spec.load("smoke"))
     leaks = runner.nodes_dir_leaks(nodes_dir(control_plane.root))
+    # The NodeHosts, each reading its own nodes, say the same (as they must where the
+    # nodes are on other machines).
+    asked = fleet.leaks(data.namespace, set(data.claims))
+    assert asked == {"checkpoint_entries": 0, "cdi_specs": 0, "unchecked": []}
+    assert fleet.leaks() == {**leaks, "unchecked": []}
     report = reporting.build(data, leaks, {"nodes": 2})
     directory = reporting.write(report, data, tmp_path / "report")
     assert report["verdict"] == "PASS", report["phases"]

@@ -64,3 +64,16 @@ def test_the_leak_check_counts_only_what_the_run_created(tmp_path: Path) -> None
         (cdi / f"gpu.dra-testbed.io-{uid}.json").write_text("{}")
     assert runner.nodes_dir_leaks(tmp_path, "run-ns", {ours}) == {"checkpoint_entries": 1, "cdi_specs": 2}
     assert runner.nodes_dir_leaks(tmp_path) == {"checkpoint_entries": 2, "cdi_specs": 3}
+
+
+def test_nodes_that_could_not_be_checked_are_not_clean() -> None:
+    from testbed.report import report as reporting
+    from testbed.scenarios import runner, spec
+
+    scenario = spec.Scenario.model_validate({"name": "s", "phases": [{"name": "p", "jobs": 0}]})
+    data = runner.RunData(scenario, "ns", 0.0, 0.0)
+    unchecked = {"checkpoint_entries": 0, "cdi_specs": 0, "unchecked": ["nodehost-x-1 (GetTimeoutError)"]}
+    report = reporting.build(data, unchecked, {})
+    assert report["leaks"]["ok"] is False and report["verdict"] != "PASS"
+    assert "Not checked: nodehost-x-1 (GetTimeoutError)." in reporting.markdown(report)
+    assert reporting.build(data, {"checkpoint_entries": 0, "cdi_specs": 0}, {})["leaks"]["ok"] is True
