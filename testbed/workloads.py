@@ -13,8 +13,8 @@ from typing import Any
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from testbed.keys import CONTAINER_ENV_ANNOTATION
 from testbed.kubelet.node import SYNTHETIC_TOLERATION
-from testbed.kubelet.pods import ENV_ANNOTATION
 from testbed.testing import wait_for
 
 GPU = "gpu.dra-testbed.io"
@@ -108,7 +108,7 @@ def wait_running(api: k8s.ApiClient, namespace: str, name: str, timeout_s: float
 
 
 def container_env(p: Any) -> dict[str, dict[str, str]]:
-    env: dict[str, dict[str, str]] = json.loads(p.metadata.annotations[ENV_ANNOTATION])
+    env: dict[str, dict[str, str]] = json.loads(p.metadata.annotations[CONTAINER_ENV_ANNOTATION])
     return env
 
 

@@ -18,6 +18,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from testbed.errors import TestbedError
+from testbed.keys import CONTAINER_ENV_ANNOTATION, SYNTHETIC
 from testbed.kube import build, present
 
 API_VERSION = "resource.k8s.io/v1"
@@ -224,7 +225,7 @@ class PodCheck:
 
 def ready_synthetic_nodes(api: k8s.ApiClient) -> list[str]:
     """Names of the synthetic nodes (either kubelet) that are Ready."""
-    nodes = k8s.CoreV1Api(api).list_node(label_selector="dra-testbed.io/synthetic=true", _request_timeout=10).items
+    nodes = k8s.CoreV1Api(api).list_node(label_selector=f"{SYNTHETIC}=true", _request_timeout=10).items
     return [
         present(n.metadata, "node.metadata").name or ""
         for n in nodes
@@ -233,7 +234,7 @@ def ready_synthetic_nodes(api: k8s.ApiClient) -> list[str]:
 
 
 def synthetic_nodes(api: k8s.ApiClient) -> list[str]:
-    nodes = k8s.CoreV1Api(api).list_node(label_selector="dra-testbed.io/synthetic=true").items
+    nodes = k8s.CoreV1Api(api).list_node(label_selector=f"{SYNTHETIC}=true").items
     return [present(n.metadata, "node.metadata").name or "" for n in nodes]
 
 
@@ -263,7 +264,7 @@ def run_dra_pod_check(api: k8s.ApiClient, timeout_s: float = 60.0, node: str | N
             build(k8s.V1ResourceClaimTemplate, _claim_template("gpu", "gpu.dra-testbed.io")),
         )
         manifest = _pod("gpu")
-        manifest["spec"]["tolerations"] = [{"key": "dra-testbed.io/synthetic", "operator": "Exists"}]
+        manifest["spec"]["tolerations"] = [{"key": SYNTHETIC, "operator": "Exists"}]
         if node:
             manifest["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
         started = time.monotonic()
@@ -283,7 +284,7 @@ def run_dra_pod_check(api: k8s.ApiClient, timeout_s: float = 60.0, node: str | N
             time.sleep(0.2)
             pod = core.read_namespaced_pod("user", namespace)
         annotations = present(pod.metadata, "pod.metadata").annotations or {}
-        env = json.loads(annotations.get("dra-testbed.io/container-env", "{}")).get("c", {})
+        env = json.loads(annotations.get(CONTAINER_ENV_ANNOTATION, "{}")).get("c", {})
         statuses = present(present(pod.status, "pod.status").resource_claim_statuses, "claim statuses")
         claim = resource.read_namespaced_resource_claim(
             present(statuses[0].resource_claim_name, "claim name"), namespace

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fake_devices.hardware import Device, DeviceHealth, Health, SharedPool
+from testbed.keys import SLICE_NODE_LABEL, UNHEALTHY_TAINT_KEY
 from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
 from testbed.tasks import cancel_and_wait
 
@@ -26,7 +27,6 @@ MAX_DEVICES_WITH_TAINTS_OR_COUNTERS = 64
 MAX_COUNTER_SETS = 8
 MAX_ATTRIBUTES_AND_CAPACITIES = 32
 STANDARD_ATTRIBUTES = {"pciBusID", "pcieRoot"}
-UNHEALTHY_TAINT_KEY = "dra-testbed.io/unhealthy"
 RELIST_S = 600.0
 """At most this long (at least half) between a publisher's checks of what the API holds."""
 
@@ -116,10 +116,6 @@ def desired_slices(
     return specs
 
 
-NODE_LABEL = "dra-testbed.io/node"
-"""On every slice the testbed's drivers publish: one watch can serve a host's nodes."""
-
-
 def slice_object(driver: str, node: str, spec: SliceSpec, generation: int, count: int) -> Obj:
     body: Obj = {
         "driver": driver,
@@ -133,7 +129,7 @@ def slice_object(driver: str, node: str, spec: SliceSpec, generation: int, count
     return {
         "apiVersion": API_VERSION,
         "kind": "ResourceSlice",
-        "metadata": {"name": spec.name, "labels": {NODE_LABEL: node}},
+        "metadata": {"name": spec.name, "labels": {SLICE_NODE_LABEL: node}},
         "spec": body,
     }
 
@@ -288,7 +284,7 @@ class SliceWatcher:
 
     @classmethod
     def for_host(cls, client: KubeClient) -> SliceWatcher:
-        return cls(client, {"labelSelector": NODE_LABEL})
+        return cls(client, {"labelSelector": SLICE_NODE_LABEL})
 
     def add(self, publisher: SlicePublisher) -> None:
         self._publishers.setdefault(publisher.node, []).append(publisher)
@@ -311,7 +307,7 @@ class SliceWatcher:
         path = path_for(API_VERSION, "resourceslices")
         async for kind, obj in self.client.watch(path, self.params, metadata_only=True):
             metadata = obj.get("metadata", {})
-            node = metadata.get("labels", {}).get(NODE_LABEL)
+            node = metadata.get("labels", {}).get(SLICE_NODE_LABEL)
             targets = self._publishers.get(node, []) if node else [p for ps in self._publishers.values() for p in ps]
             for publisher in targets:
                 publisher.observe(kind, metadata)

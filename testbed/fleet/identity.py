@@ -30,6 +30,7 @@ from cryptography.x509.oid import NameOID
 
 from testbed.controlplane.pki import client_certificate
 from testbed.errors import TestbedError
+from testbed.keys import DRIVER_POD_LABEL
 from testbed.kubeapi import ApiError, Credentials, KubeClient, Obj, load_pem_pair, path_for
 
 DRIVER_NAMESPACE = "dra-testbed"
@@ -133,14 +134,13 @@ class NodeAuthority:
         )
 
 
-NODE_DRIVER_LABEL = "dra-testbed.io/synthetic-node-driver"
 """Marks a synthetic node's driver pod. Not deploy/'s DaemonSet selector: that DaemonSet
 would adopt such pods, and delete them from the synthetic nodes it keeps off."""
 
 
 def is_driver_pod(pod: Obj) -> bool:
     meta = pod["metadata"]
-    return bool(meta.get("namespace") == DRIVER_NAMESPACE and NODE_DRIVER_LABEL in (meta.get("labels") or {}))
+    return bool(meta.get("namespace") == DRIVER_NAMESPACE and DRIVER_POD_LABEL in (meta.get("labels") or {}))
 
 
 def driver_pod_name(node: str) -> str:
@@ -155,7 +155,7 @@ def driver_pod(node: str) -> Obj:
         "metadata": {
             "name": driver_pod_name(node),
             "namespace": DRIVER_NAMESPACE,
-            "labels": {NODE_DRIVER_LABEL: node[:63], "app.kubernetes.io/part-of": "dra-testbed"},
+            "labels": {DRIVER_POD_LABEL: node[:63], "app.kubernetes.io/part-of": "dra-testbed"},
         },
         "spec": {
             "nodeName": node,

@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_val
 
 from fake_devices.profiles import ProfileError, load_profile
 from fake_devices.specfiles import SpecFileError, parse_yaml, validate
+from testbed.keys import SYNTHETIC
 
 
 class _Strict(BaseModel):
@@ -72,7 +73,7 @@ class Taint(_Strict):
 
 
 def _default_taints() -> list[Taint]:
-    return [Taint(key="dra-testbed.io/synthetic", value="true", effect="NoSchedule")]
+    return [Taint(key=SYNTHETIC, value="true", effect="NoSchedule")]
 
 
 BUILT_IN_DRIVERS = {"gpu": "gpu.dra-testbed.io", "nic": "nic.dra-testbed.io"}

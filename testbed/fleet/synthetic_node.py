@@ -24,9 +24,10 @@ from testbed.driver.prepare import DriverPaths
 from testbed.driver.slices import SliceWatcher
 from testbed.errors import TestbedError
 from testbed.fleet.external import ExternalDriver, ExternalDriverSpec, ShortPaths, driver_environment
+from testbed.keys import PROFILE_LABEL
 from testbed.kubeapi import KubeClient
 from testbed.kubelet.kubelet import FakeKubelet
-from testbed.kubelet.node import PROFILE_LABEL, NodeSpec
+from testbed.kubelet.node import NodeSpec
 
 PLUGIN_SCAN_INTERVAL_S = 10.0
 """A synthetic node's drivers start next to its kubelet, which scans as they do; the poll

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from testbed import config
+from testbed.keys import SYNTHETIC
 from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
 from testbed.tasks import cancel_and_wait
 
@@ -23,11 +24,10 @@ log = logging.getLogger(__name__)
 
 LEASE_DURATION_S = 40
 LEASE_RENEW_S = 10.0
-SYNTHETIC_TAINT = {"key": "dra-testbed.io/synthetic", "value": "true", "effect": "NoSchedule"}
-PROFILE_LABEL = "dra-testbed.io/profile"
+SYNTHETIC_TAINT = {"key": SYNTHETIC, "value": "true", "effect": "NoSchedule"}
 """Every synthetic node carries its hardware profile here; real nodes do not."""
 SYNTHETIC_TOLERATION = {
-    "key": "dra-testbed.io/synthetic",
+    "key": SYNTHETIC,
     "operator": "Exists",
     "effect": "NoSchedule",
 }
@@ -62,7 +62,7 @@ def node_object(spec: NodeSpec) -> Obj:
         "kubernetes.io/hostname": spec.name,
         "kubernetes.io/os": "linux",
         "kubernetes.io/arch": "amd64",
-        "dra-testbed.io/synthetic": "true",
+        SYNTHETIC: "true",
         **spec.labels,
     }
     return {

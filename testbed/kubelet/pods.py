@@ -35,6 +35,7 @@ from pathlib import Path
 
 from testbed.driver import cdi
 from testbed.files import write_atomically
+from testbed.keys import CONTAINER_ENV_ANNOTATION, RUN_SECONDS_ANNOTATION
 from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
 from testbed.kubelet import metrics
 from testbed.kubelet.node import NodeSpec, now_rfc3339
@@ -43,8 +44,6 @@ from testbed.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
-ENV_ANNOTATION = "dra-testbed.io/container-env"
-RUN_SECONDS_ANNOTATION = "dra-testbed.io/run-seconds"
 BACKOFF_START_S = 0.2
 BACKOFF_MAX_S = 5.0
 STATUS_SYNC_S = 60.0
@@ -386,7 +385,7 @@ class PodManager:
         if any(env.values()):  # a pod without devices has nothing to report: no extra write
             await self.runtime_client.patch(
                 path_for("v1", "pods", meta["name"], meta["namespace"]),
-                {"metadata": {"annotations": {ENV_ANNOTATION: json.dumps(env, sort_keys=True)}}},
+                {"metadata": {"annotations": {CONTAINER_ENV_ANNOTATION: json.dumps(env, sort_keys=True)}}},
             )
         # A restarted kubelet finds its pods running: their start time stays what it was.
         previous = pod.get("status", {})

@@ -22,8 +22,9 @@ from typing import Any
 import aiohttp
 
 from testbed.driver.leftovers import prepared_state
+from testbed.keys import PHASE_LABEL, PROFILE_LABEL, RUN_LABEL
 from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
-from testbed.kubelet.node import PROFILE_LABEL, SYNTHETIC_TOLERATION
+from testbed.kubelet.node import SYNTHETIC_TOLERATION
 from testbed.report.breakdown import NODEHOSTS, ONLY, Snapshot, machine_cpu
 from testbed.report.metrics import Scrape, fleet_increase, scrape
 from testbed.scenarios.spec import Fault, Phase, Scenario
@@ -130,7 +131,7 @@ def count_devices(slices: list[Obj], device_class: str) -> int:
 
 def job_manifest(name: str, phase: Phase, run_id: str) -> Obj:
     command = ["sleep", f"{phase.run_seconds:g}"] if phase.run_seconds is not None else ["run-until-deleted"]
-    labels = {"dra-testbed.io/run": run_id, "dra-testbed.io/phase": phase.name}
+    labels = {RUN_LABEL: run_id, PHASE_LABEL: phase.name}
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -221,7 +222,7 @@ class Runner:
             uid = pod["metadata"]["uid"]
             record = self.data.pods.get(uid)
             if record is None:
-                phase = pod["metadata"].get("labels", {}).get("dra-testbed.io/phase", "")
+                phase = pod["metadata"].get("labels", {}).get(PHASE_LABEL, "")
                 record = self.data.pods[uid] = PodRecord(phase, now)
             status = pod.get("status", {}).get("phase")
             if status == "Running" and record.running is None:

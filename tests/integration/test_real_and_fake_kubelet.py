@@ -25,9 +25,9 @@ import pytest
 from testbed.controlplane.binaries import Binaries, ensure_node_binaries
 from testbed.controlplane.cluster import ClusterState
 from testbed.environment import install_device_classes
+from testbed.keys import CONTAINER_ENV_ANNOTATION
 from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
 from testbed.kubelet.node import SYNTHETIC_TOLERATION, NodeSpec
-from testbed.kubelet.pods import ENV_ANNOTATION
 from testbed.realnode.node import ProcessNode, unsupported_reason
 
 pytestmark = [
@@ -116,7 +116,9 @@ class Side:
         the fake kubelet's record of what it resolved."""
         pod = await self.read_pod(name)
         if self.kind == "fake":
-            env: dict[str, str] = json.loads(pod["metadata"].get("annotations", {}).get(ENV_ANNOTATION, "{}"))["main"]
+            env: dict[str, str] = json.loads(
+                pod["metadata"].get("annotations", {}).get(CONTAINER_ENV_ANNOTATION, "{}")
+            )["main"]
             return env
         records = [r for r in self.node.containers() if r["podUID"] == pod["metadata"]["uid"] and not r.get("error")]
         return dict(records[-1]["env"]) if records else {}

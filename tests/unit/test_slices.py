@@ -2,7 +2,8 @@
 
 from fake_devices.hardware import DeviceHealth, Health, build_inventory
 from fake_devices.profiles import load_profile
-from testbed.driver.slices import UNHEALTHY_TAINT_KEY, desired_slices
+from testbed.driver.slices import desired_slices
+from testbed.keys import UNHEALTHY_TAINT_KEY
 
 GPU, NIC = "gpu.dra-testbed.io", "nic.dra-testbed.io"
 
