@@ -69,6 +69,15 @@ class Credentials:
     token: str | None = None
 
 
+@dataclass(frozen=True)
+class ClaimRef:
+    """A ResourceClaim as a kubelet names it to a driver: what every DRA call carries."""
+
+    namespace: str
+    uid: str
+    name: str
+
+
 def load_pem_pair(context: ssl.SSLContext, cert: bytes, key: bytes) -> None:
     """ssl only loads key pairs from files: write them to a private temp dir briefly."""
     with tempfile.TemporaryDirectory(prefix="testbed-kube-") as scratch:

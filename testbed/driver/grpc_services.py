@@ -24,7 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from fake_devices.hardware import Health
 from testbed.driver import metrics
 from testbed.driver.backend import DeviceBackend
-from testbed.driver.prepare import ClaimPreparer, ClaimRef
+from testbed.driver.prepare import ClaimPreparer
 from testbed.grpcapi import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,
@@ -37,6 +37,7 @@ from testbed.grpcapi import (
     pluginregistration_pb2,
     pluginregistration_pb2_grpc,
 )
+from testbed.kubeapi import ClaimRef
 
 log = logging.getLogger(__name__)
 

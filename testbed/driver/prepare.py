@@ -36,7 +36,7 @@ from testbed.driver.checkpoint import (
 )
 from testbed.driver.claims import ClaimCache
 from testbed.driver.opaque_config import NIC_DRIVER, ConfigError, NicConfig, configs_for_request
-from testbed.kubeapi import ApiError, KubeClient, path_for
+from testbed.kubeapi import ApiError, ClaimRef, KubeClient, path_for
 
 log = logging.getLogger(__name__)
 LOCK_POLL_S = 0.002
@@ -48,13 +48,6 @@ CLAIM_FETCH_BUDGET_S = 10.0
 before the node lock: well within the kubelet's 45 s deadline, so an unreachable API
 server fails each claim that needs it with its own error (claims the cache holds still
 succeed), and unrelated unprepares do not wait behind it."""
-
-
-@dataclass(frozen=True)
-class ClaimRef:
-    namespace: str
-    uid: str
-    name: str
 
 
 @dataclass(frozen=True)

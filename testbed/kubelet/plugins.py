@@ -41,6 +41,7 @@ from testbed.grpcapi import (
     pluginregistration_pb2,
     pluginregistration_pb2_grpc,
 )
+from testbed.kubeapi import ClaimRef
 from testbed.kubelet.health import DeviceHealthStatus, DeviceReport, HealthCache, timeout_from_wire, truncate_message
 from testbed.tasks import cancel_and_wait
 
@@ -326,7 +327,7 @@ class PluginManager:
 
     # --- calls ---------------------------------------------------------------------------
 
-    async def _call(self, driver: str, method: str, claims: list[tuple[str, str, str]]) -> Any:
+    async def _call(self, driver: str, method: str, claims: list[ClaimRef]) -> Any:
         """One batched call of ``method`` (NodePrepareResources or NodeUnprepareResources)
         on the driver's current instance, in the DRA version chosen at registration."""
         plugin = self.plugin_for(driver)
@@ -334,19 +335,20 @@ class PluginManager:
             raise PluginCallError(f"DRA driver {driver} is not registered on this node")
         pb2 = plugin.pb2
         request_type = getattr(pb2, f"{method}Request")
-        request = request_type(claims=[pb2.Claim(namespace=ns, uid=uid, name=name) for ns, uid, name in claims])
+        request = request_type(claims=[pb2.Claim(namespace=c.namespace, uid=c.uid, name=c.name) for c in claims])
         try:
             return await getattr(plugin.stub(), method)(request, timeout=CALL_TIMEOUT_S)
         except grpc.aio.AioRpcError as exc:
             raise PluginCallError(f"{method} on {driver}: {exc.code().name}: {exc.details()}") from exc
 
-    async def prepare(self, driver: str, claims: list[tuple[str, str, str]]) -> dict[str, ClaimAnswer]:
-        """claims: (namespace, uid, name). Every claim must be answered, as the API says."""
+    async def prepare(self, driver: str, claims: list[ClaimRef]) -> dict[str, ClaimAnswer]:
+        """Every claim must be answered, as the API says."""
         response = await self._call(driver, "NodePrepareResources", claims)
         answers: dict[str, ClaimAnswer] = {}
-        for _, uid, name in claims:
+        for claim in claims:
+            uid = claim.uid
             if uid not in response.claims:
-                answers[uid] = ClaimAnswer(error=f"{driver} returned no result for claim {name}")
+                answers[uid] = ClaimAnswer(error=f"{driver} returned no result for claim {claim.name}")
                 continue
             entry = response.claims[uid]
             devices = [
@@ -356,9 +358,9 @@ class PluginManager:
             answers[uid] = ClaimAnswer(devices, entry.error)
         return answers
 
-    async def unprepare(self, driver: str, claims: list[tuple[str, str, str]]) -> dict[str, str]:
+    async def unprepare(self, driver: str, claims: list[ClaimRef]) -> dict[str, str]:
         response = await self._call(driver, "NodeUnprepareResources", claims)
         return {
-            uid: (response.claims[uid].error if uid in response.claims else f"{driver} returned no result")
-            for _, uid, _ in claims
+            c.uid: (response.claims[c.uid].error if c.uid in response.claims else f"{driver} returned no result")
+            for c in claims
         }

@@ -36,7 +36,7 @@ from pathlib import Path
 from testbed.driver import cdi
 from testbed.files import write_atomically
 from testbed.keys import CONTAINER_ENV_ANNOTATION, RUN_SECONDS_ANNOTATION
-from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
+from testbed.kubeapi import ApiError, ClaimRef, KubeClient, Obj, path_for
 from testbed.kubelet import metrics
 from testbed.kubelet.node import NodeSpec, now_rfc3339
 from testbed.kubelet.plugins import PluginCallError, PluginManager, PreparedDevice
@@ -338,7 +338,9 @@ class PodManager:
         devices: dict[str, list[PreparedDevice]] = {}
         errors: list[str] = []
         for driver, driver_claims in by_driver.items():
-            refs = [(c["metadata"]["namespace"], c["metadata"]["uid"], c["metadata"]["name"]) for c in driver_claims]
+            refs = [
+                ClaimRef(c["metadata"]["namespace"], c["metadata"]["uid"], c["metadata"]["name"]) for c in driver_claims
+            ]
             try:
                 results = await self.plugins.prepare(driver, refs)
             except PluginCallError as exc:
@@ -580,7 +582,7 @@ class PodManager:
             unprepared = set()
             for driver in sorted({d for c in done for d in c.drivers}):
                 mine = [c for c in done if driver in c.drivers]
-                refs = [(c.namespace, c.uid, c.name) for c in mine]
+                refs = [ClaimRef(c.namespace, c.uid, c.name) for c in mine]
                 try:
                     errors = await self.plugins.unprepare(driver, refs)
                 except PluginCallError as exc:

@@ -28,6 +28,7 @@ from testbed.driver.slices import (
     MAX_DEVICES_WITH_TAINTS_OR_COUNTERS,
 )
 from testbed.errors import TestbedError
+from testbed.kubeapi import ClaimRef
 from testbed.kubelet.plugins import DRA_SERVICES, HEALTH_SERVICES, choose_service
 from testbed.sanity.harness import CALL_TIMEOUT_S, Claim, Harness, Registration
 
@@ -92,13 +93,13 @@ class Suite:
         assert chosen is not None
         return chosen
 
-    async def prepare(self, claims: list[Claim | tuple[str, str, str]], service: str = "") -> Any:
+    async def prepare(self, claims: list[Claim | ClaimRef], service: str = "") -> Any:
         assert self.registration is not None
         return await self.harness.call(
             self.registration.endpoint, service or self.service, "NodePrepareResources", claims
         )
 
-    async def unprepare(self, claims: list[Claim | tuple[str, str, str]]) -> Any:
+    async def unprepare(self, claims: list[Claim | ClaimRef]) -> Any:
         assert self.registration is not None
         return await self.harness.call(self.registration.endpoint, self.service, "NodeUnprepareResources", claims)
 
@@ -281,9 +282,9 @@ class Suite:
             response = await self.unprepare([self.claim])
             error = response.claims[self.claim.uid].error if self.claim.uid in response.claims else "no answer"
             expect(not error, f"{attempt} unprepare: {error}")
-        stranger = (self.harness.namespace, str(uuid.uuid4()), "never-prepared")
+        stranger = ClaimRef(self.harness.namespace, str(uuid.uuid4()), "never-prepared")
         response = await self.unprepare([stranger])
-        error = response.claims[stranger[1]].error if stranger[1] in response.claims else "no answer"
+        error = response.claims[stranger.uid].error if stranger.uid in response.claims else "no answer"
         expect(not error, f"unprepare of a claim it never prepared: {error}")
         await self.harness.release(self.claim)
         return "unprepare succeeds twice, and for a claim it never saw"
@@ -304,15 +305,15 @@ class Suite:
     async def check_per_claim_errors(self) -> str:
         good = await self.harness.claim(self.harness.one_device())
         unallocated = await self.harness.claim(self.harness.one_device(), allocate=False)
-        unknown = (self.harness.namespace, str(uuid.uuid4()), "no-such-claim")
-        mismatched = (good.namespace, str(uuid.uuid4()), good.name)
+        unknown = ClaimRef(self.harness.namespace, str(uuid.uuid4()), "no-such-claim")
+        mismatched = ClaimRef(good.namespace, str(uuid.uuid4()), good.name)
         try:
             response = await self.prepare([good, unallocated, unknown, mismatched])
             for label, uid in (
                 ("the allocated claim", good.uid),
                 ("an unallocated claim", unallocated.uid),
-                ("a claim that does not exist", unknown[1]),
-                ("a claim whose UID changed", mismatched[1]),
+                ("a claim that does not exist", unknown.uid),
+                ("a claim whose UID changed", mismatched.uid),
             ):
                 expect(uid in response.claims, f"no answer for {label}")
             expect(
@@ -323,8 +324,8 @@ class Suite:
                 label
                 for label, uid in (
                     ("unallocated", unallocated.uid),
-                    ("unknown", unknown[1]),
-                    ("UID mismatch", mismatched[1]),
+                    ("unknown", unknown.uid),
+                    ("UID mismatch", mismatched.uid),
                 )
                 if not response.claims[uid].error
             ]
@@ -418,7 +419,7 @@ class Suite:
             started = time.monotonic()
             preparing = asyncio.create_task(self.prepare([claim]))
             await asyncio.sleep(0.2)
-            stranger = (claim.namespace, str(uuid.uuid4()), "unrelated")
+            stranger = ClaimRef(claim.namespace, str(uuid.uuid4()), "unrelated")
             unprepare_started = time.monotonic()
             await self.unprepare([stranger])
             waited = time.monotonic() - unprepare_started

@@ -27,7 +27,7 @@ from testbed.files import private_dir, write_secret
 from testbed.fleet.external import ExternalDriver, ExternalDriverSpec, ShortPaths, driver_environment
 from testbed.fleet.identity import DRIVER_NAMESPACE, NodeAuthority, driver_pod_name, driver_token, install_access_policy
 from testbed.grpcapi import pluginregistration_pb2, pluginregistration_pb2_grpc
-from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
+from testbed.kubeapi import ApiError, ClaimRef, KubeClient, Obj, path_for
 from testbed.kubelet.node import NodeAgent, NodeSpec
 from testbed.kubelet.plugins import DRA_SERVICES, HEALTH_SERVICES
 
@@ -53,6 +53,10 @@ class Claim:
     name: str
     uid: str
     allocation: Obj
+
+    @property
+    def ref(self) -> ClaimRef:
+        return ClaimRef(self.namespace, self.uid, self.name)
 
 
 class Harness:
@@ -161,12 +165,12 @@ class Harness:
 
     # --- DRA calls, as the kubelet makes them ---------------------------------------------
 
-    async def call(self, endpoint: str, service: str, method: str, claims: list[Claim | tuple[str, str, str]]) -> Any:
-        """``claims``: Claims, or (namespace, uid, name) for made-up ones."""
+    async def call(self, endpoint: str, service: str, method: str, claims: list[Claim | ClaimRef]) -> Any:
+        """``claims``: Claims, or references to made-up ones."""
         pb2, pb2_grpc = DRA_SERVICES[service]
-        refs = [(c.namespace, c.uid, c.name) if isinstance(c, Claim) else c for c in claims]
+        refs = [c.ref if isinstance(c, Claim) else c for c in claims]
         request = getattr(pb2, f"{method}Request")(
-            claims=[pb2.Claim(namespace=ns, uid=uid, name=name) for ns, uid, name in refs]
+            claims=[pb2.Claim(namespace=r.namespace, uid=r.uid, name=r.name) for r in refs]
         )
         async with grpc.aio.insecure_channel(f"unix://{endpoint}") as channel:
             return await getattr(pb2_grpc.DRAPluginStub(channel), method)(request, timeout=CALL_TIMEOUT_S)

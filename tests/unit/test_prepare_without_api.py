@@ -20,8 +20,8 @@ from fake_devices.profiles import load_profile
 from testbed.driver import prepare
 from testbed.driver.backend import LocalBackend
 from testbed.driver.claims import ClaimCache
-from testbed.driver.prepare import ClaimPreparer, ClaimRef, DriverPaths
-from testbed.kubeapi import Credentials, KubeClient
+from testbed.driver.prepare import ClaimPreparer, DriverPaths
+from testbed.kubeapi import ClaimRef, Credentials, KubeClient
 
 GPU = "gpu.dra-testbed.io"
 
