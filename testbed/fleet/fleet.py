@@ -290,7 +290,10 @@ class Fleet:
             cause = getattr(exc, "cause", None)
             if cause is None:
                 raise
-            raise TestbedError(f"node {node}: {cause}", hint="device names are in its ResourceSlices") from None
+            said = str(cause)  # the host's own words name the node already
+            raise TestbedError(
+                said if node in said else f"node {node}: {said}", hint="device names are in its ResourceSlices"
+            ) from None
 
     def leaks(self, namespace: str | None = None, claim_uids: set[str] | None = None) -> dict[str, Any]:
         """Prepared state the fleet's nodes still hold for these claims, each NodeHost
