@@ -1,0 +1,298 @@
+"""KWOK and the testbed side by side on one control plane: what emulating a node costs.
+
+    python benchmarks/bench_peers.py [--nodes 500] [--pods 200] [--qps 20] [--idle-seconds 30]
+
+KWOK (sigs.k8s.io/kwok, built from the Go module proxy once and cached) runs nodes that go
+Ready and keep a Lease, and pods that run once bound (benchmarks/kwok/config.yaml). Each
+KWOK node gets the 8-GPU ResourceSlice the testbed's gpu8 profile publishes, written by
+this script, as a fake GPU operator does: KWOK calls no driver, so its pods' claims are
+allocated and never prepared. Then the testbed starts as many gpu8 synthetic nodes, and
+both run the same workload: pods without a claim, then pods with a GPU claim, at a rate.
+KWOK first, then the testbed, one round each; the control plane is the same process for
+both, so its warm-up favours the second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench_fleet import cpu_seconds, processes_matching
+
+from fake_devices.hardware import build_inventory
+from fake_devices.profiles import load_profile
+from testbed.config import ControlPlaneConfig, cache_root
+from testbed.controlplane import cluster
+from testbed.driver.slices import desired_slices, slice_object
+from testbed.environment import install_device_classes, start_fleet
+from testbed.errors import TestbedError
+from testbed.fleet.spec import single_pool
+from testbed.keys import PROFILE_LABEL, SLICE_NODE_LABEL, SYNTHETIC
+from testbed.kubeapi import KubeClient, path_for
+from testbed.progress import ConsoleProgress
+from testbed.report import report as reporting
+from testbed.scenarios import runner, spec
+
+KWOK_VERSION = "v0.8.0"
+KWOK_CONFIG = Path(__file__).with_name("kwok") / "config.yaml"
+KWOK_ANNOTATION = "kwok.x-k8s.io/node"
+GPU = "gpu.dra-testbed.io"
+
+
+def kwok_binary() -> Path:
+    """The pinned KWOK, built from the Go module proxy on first use."""
+    target = cache_root() / f"kwok-{KWOK_VERSION}"
+    binary = target / "kwok"
+    if binary.exists():
+        return binary
+    if shutil.which("go") is None:
+        raise TestbedError("bench-peers needs Go to build KWOK once", hint="install Go 1.24+ and run it again")
+    print(f"building KWOK {KWOK_VERSION} from the Go module proxy (once) ...", flush=True)
+    env = {**os.environ, "GOBIN": str(target), "CGO_ENABLED": "0"}
+    subprocess.run(["go", "install", f"sigs.k8s.io/kwok/cmd/kwok@{KWOK_VERSION}"], env=env, check=True)
+    return binary
+
+
+def kwok_node(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {KWOK_ANNOTATION: "fake"},
+            "labels": {"kubernetes.io/hostname": name, PROFILE_LABEL: "kwok-gpu8", SYNTHETIC: "true"},
+        },
+        "spec": {"taints": [{"key": SYNTHETIC, "value": "true", "effect": "NoSchedule"}]},
+    }
+
+
+async def _bounded(calls: list[Any], limit: int = 24) -> None:
+    gate = asyncio.Semaphore(limit)
+
+    async def one(call: Any) -> None:
+        async with gate:
+            await call
+
+    await asyncio.gather(*(one(c) for c in calls))
+
+
+async def _ready_nodes(client: KubeClient, selector: str) -> int:
+    nodes = await client.get(path_for("v1", "nodes"), {"labelSelector": selector})
+    return sum(
+        1
+        for n in nodes["items"]
+        for c in n.get("status", {}).get("conditions", [])
+        if c["type"] == "Ready" and c["status"] == "True"
+    )
+
+
+async def kwok_nodes_up(client: KubeClient, count: int) -> float:
+    """Nodes KWOK makes Ready, each with a gpu8 slice; seconds until all are Ready."""
+    names = [f"kwok-{i:04d}" for i in range(count)]
+    started = time.monotonic()
+    await _bounded([client.create(path_for("v1", "nodes"), kwok_node(n)) for n in names])
+    profile = load_profile("gpu8")
+    slices = []
+    for name in names:
+        devices, pools = build_inventory(profile, name, seed=0)
+        specs = desired_slices(GPU, name, devices, pools, [])
+        slices += [slice_object(GPU, name, s, 1, len(specs)) for s in specs]
+    await _bounded([client.create(path_for("resource.k8s.io/v1", "resourceslices"), s) for s in slices])
+    while await _ready_nodes(client, f"{PROFILE_LABEL}=kwok-gpu8") < count:
+        await asyncio.sleep(0.5)
+    return time.monotonic() - started
+
+
+async def kwok_nodes_down(client: KubeClient) -> None:
+    slices = path_for("resource.k8s.io/v1", "resourceslices")
+    await client.request("DELETE", slices, params={"labelSelector": SLICE_NODE_LABEL})
+    await client.request("DELETE", path_for("v1", "nodes"), params={"labelSelector": f"{PROFILE_LABEL}=kwok-gpu8"})
+
+
+def workload(pods: int, qps: float) -> spec.Scenario:
+    return spec.Scenario.model_validate(
+        {
+            "name": "peers",
+            "phases": [
+                {"name": "no-claim", "jobs": pods, "qps": qps, "requests": [], "stallSeconds": 60},
+                {"name": "gpu-claim", "jobs": pods, "qps": qps, "stallSeconds": 60},
+            ],
+        }
+    )
+
+
+def run_workload(state: cluster.ClusterState, scenario: spec.Scenario, nodehosts: list[str]) -> dict[str, Any]:
+    endpoints = runner.Endpoints(
+        kcm=f"https://127.0.0.1:{state.ports.controller_manager}/metrics",
+        scheduler=f"https://127.0.0.1:{state.ports.scheduler}/metrics",
+        nodehosts=nodehosts,
+        etcd=f"http://127.0.0.1:{state.ports.etcd_metrics}/metrics",
+    )
+
+    async def go() -> runner.RunData:
+        client = KubeClient.from_kubeconfig(state.kubeconfig)
+        try:
+            return await runner.Runner(client, scenario, endpoints).run()
+        finally:
+            await client.close()
+
+    data = asyncio.run(go())
+    return reporting.build(data, {"checkpoint_entries": 0, "cdi_specs": 0}, {})
+
+
+def idle_cpu(pids: list[int], seconds: float) -> float:
+    """Cores the processes used while nothing happened."""
+    before = sum(cpu_seconds(p) for p in pids)
+    time.sleep(seconds)  # measuring idleness: nothing to wait for but time
+    return (sum(cpu_seconds(p) for p in pids) - before) / seconds
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, default=500)
+    parser.add_argument("--pods", type=int, default=200)
+    parser.add_argument("--qps", type=float, default=20.0)
+    parser.add_argument("--idle-seconds", type=float, default=30.0)
+    args = parser.parse_args()
+    kwok = kwok_binary()
+    scratch = Path(tempfile.mkdtemp(prefix="tbp-"))
+    config = ControlPlaneConfig.from_env(name="bench-peers", state_dir=scratch / "c")
+    state = cluster.up(config)
+    figures: dict[str, dict[str, Any]] = {}
+    kwok_process = None
+    try:
+        install_device_classes(state.kubeconfig)
+        components = {r.name: r.pid for r in state.processes}
+        scenario = workload(args.pods, args.qps)
+
+        # --- KWOK ---
+        log = open(scratch / "kwok.log", "wb")  # noqa: SIM115 - the child writes to it until stopped
+        kwok_process = subprocess.Popen(
+            [
+                str(kwok),
+                f"--kubeconfig={state.kubeconfig}",
+                f"--config={KWOK_CONFIG}",
+                "--manage-all-nodes=false",
+                f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
+                "--cidr=10.200.0.0/16",
+                "--node-ip=10.201.0.1",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        before = {n: cpu_seconds(p) for n, p in components.items()} | {"emulation": cpu_seconds(kwok_process.pid)}
+
+        async def up() -> float:
+            client = KubeClient.from_kubeconfig(state.kubeconfig)
+            try:
+                return await kwok_nodes_up(client, args.nodes)
+            finally:
+                await client.close()
+
+        ready_s = asyncio.run(up())
+        start_cpu = {n: cpu_seconds(p) - before[n] for n, p in components.items()}
+        start_cpu["emulation"] = cpu_seconds(kwok_process.pid) - before["emulation"]
+        idle = idle_cpu([kwok_process.pid], args.idle_seconds)
+        report = run_workload(state, scenario, [])
+        figures["KWOK"] = {"ready_s": ready_s, "idle_cores": idle, "start_cpu": start_cpu, "report": report}
+
+        async def down() -> None:
+            client = KubeClient.from_kubeconfig(state.kubeconfig)
+            try:
+                await kwok_nodes_down(client)
+            finally:
+                await client.close()
+
+        asyncio.run(down())
+        kwok_process.terminate()
+        kwok_process.wait(timeout=30)
+        kwok_process = None
+
+        # --- the testbed ---
+        before = {n: cpu_seconds(p) for n, p in components.items()}
+        started = time.monotonic()
+        fleet = start_fleet(state, single_pool(args.nodes, "gpu8", 100), ConsoleProgress())
+        ready_s = time.monotonic() - started
+        start_cpu = {n: cpu_seconds(p) - before[n] for n, p in components.items()}
+        hosts = processes_matching("ray::NodeHost")
+        start_cpu["emulation"] = sum(cpu_seconds(p) for p in hosts)
+        emulation = (
+            hosts + processes_matching("/ray/") + processes_matching("raylet") + processes_matching("gcs_server")
+        )
+        idle = idle_cpu(sorted(set(emulation)), args.idle_seconds)
+        report = run_workload(state, scenario, fleet.metrics_urls())
+        figures["testbed"] = {"ready_s": ready_s, "idle_cores": idle, "start_cpu": start_cpu, "report": report}
+    finally:
+        if kwok_process is not None:
+            kwok_process.terminate()
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+        from testbed import environment
+
+        environment.down(config)
+        shutil.rmtree(scratch, ignore_errors=True)
+    print_table(args, figures)
+    return 0
+
+
+def print_table(args: argparse.Namespace, figures: dict[str, dict[str, Any]]) -> None:
+    kwok, bed = figures["KWOK"], figures["testbed"]
+
+    def phase(side: dict[str, Any], name: str) -> dict[str, Any]:
+        return next(p for p in side["report"]["phases"] if p["name"] == name)
+
+    rows: list[tuple[str, float | None, float | None, bool, str]] = [
+        (f"{args.nodes} gpu8 nodes Ready with slices, s", kwok["ready_s"], bed["ready_s"], True, "<= 1.3x"),
+        (
+            "idle emulation CPU per 100 nodes, cores",
+            kwok["idle_cores"] * 100 / args.nodes,
+            bed["idle_cores"] * 100 / args.nodes,
+            True,
+            "<= 2x",
+        ),
+    ]  # (measure, KWOK, testbed, higher is worse, target)
+    for name, target in (("no-claim", "<= 1.1x"), ("gpu-claim", "<= 1.2x")):
+        first, second = phase(kwok, name), phase(bed, name)
+        rows += [
+            (
+                f"{name}: startup p50, s",
+                first["pod_startup_s"]["p50"],
+                second["pod_startup_s"]["p50"],
+                True,
+                target,
+            ),
+            (f"{name}: startup p99, s", first["pod_startup_s"]["p99"], second["pod_startup_s"]["p99"], True, ""),
+            (f"{name}: pods/s", first["pods_per_s"], second["pods_per_s"], False, ">= 0.9x"),
+        ]
+    print(
+        f"\npeers benchmark: {args.nodes} nodes, {args.pods} pods per phase at {args.qps:g}/s, {os.cpu_count()} cores"
+    )
+    print(f"  {'measure':<44}{'KWOK':>10}{'testbed':>10}{'ratio':>8}  target (testbed/KWOK)")
+
+    def shown(value: float | None) -> str:
+        return "n/a" if value is None else f"{value:.4g}"
+
+    for label, first, second, _, target in rows:
+        ratio = f"{second / first:.2f}x" if first and second else "n/a"
+        print(f"  {label:<44}{shown(first):>10}{shown(second):>10}{ratio:>8}  {target}")
+    for side_name, side in figures.items():
+        cpu = ", ".join(f"{n} {s:.1f}" for n, s in sorted(side["start_cpu"].items(), key=lambda kv: -kv[1]))
+        print(f"  {side_name} start-up CPU-seconds: {cpu}")
+        for p in side["report"]["phases"]:
+            spent = p.get("breakdown", {}).get("cpu_seconds", {})
+            listed = ", ".join(f"{n} {s:g}" for n, s in spent.items() if s is not None)
+            print(f"  {side_name} {p['name']} CPU-seconds: {listed}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
