@@ -3,6 +3,7 @@
 #                CLUSTER=kind: the same on a kind cluster, the driver as a DaemonSet (needs Docker + kind)
 #   make test    unit + integration tests against the real local control plane
 #   make bench   benchmark figures (COLD=1 re-runs a cold build; FLEET_NODES/FLEET_PROFILE size the fleet run)
+#   make bench-peers  KWOK and the testbed side by side on one control plane (PEER_NODES; builds KWOK once)
 #   make lint    ruff + mypy
 #   make clean   remove the virtualenv and caches of this checkout (not the built binaries)
 
@@ -15,8 +16,9 @@ PYTEST_ARGS ?=
 RUNS ?= 5
 FLEET_NODES ?= 1000
 FLEET_PROFILE ?= gpu8
+PEER_NODES ?= 500
 
-.PHONY: install binaries e2e test unit bench lint format protos clean clean-binaries
+.PHONY: install binaries e2e test unit bench bench-peers lint format protos clean clean-binaries
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +52,9 @@ bench: install
 	$(PY) benchmarks/bench_fleet.py --nodes $(FLEET_NODES) --profile $(FLEET_PROFILE) --nodes-per-host 100 --identities shared
 	$(PY) benchmarks/bench_fleet.py --nodes 100 --profile tiny --nodes-per-host 50
 	$(PY) benchmarks/bench_fleet.py --nodes 100 --profile tiny --nodes-per-host 50 --external-driver
+
+bench-peers: install
+	$(PY) benchmarks/bench_peers.py --nodes $(PEER_NODES)
 
 lint: $(INSTALLED)
 	$(VENV)/bin/ruff check .
