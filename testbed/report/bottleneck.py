@@ -77,12 +77,16 @@ def _scheduler_sentences(figures: dict[str, Any], pending: float, nodes: int) ->
     sentences = [text + "."]
     dra = {p["extension_point"]: p for p in scheduler["plugins"] if p["plugin"] == "DynamicResources"}
     if "Filter" in dra and dra["Filter"]["p99_s"] is not None:
-        per_node = dra["Filter"]["p99_s"]
-        sentences.append(
-            f"DynamicResources Filter p99 {_ms(per_node)} per node (timed in 1 cycle in "
-            f"{100 // scheduler['plugin_sample_percent']}) x {nodes} nodes = {_ms(per_node * nodes)} of filtering "
-            "work per pod, shared by the scheduler's parallel workers."
+        # Per node, sampled; the scheduler filters only until it has enough feasible nodes
+        # (percentageOfNodesToScore), in parallel: the whole step is the framework's figure.
+        text = (
+            f"DynamicResources Filter p99 {_ms(dra['Filter']['p99_s'])} per node checked (timed in 1 cycle in "
+            f"{100 // scheduler['plugin_sample_percent']}; {nodes} nodes in the cluster)"
         )
+        whole = next((p for p in scheduler["extension_points"] if p["extension_point"] == "Filter"), None)
+        if whole is not None and whole["p50_s"] is not None:
+            text += f"; the whole Filter step per pod p50 {_ms(whole['p50_s'])}, p99 {_ms(whole['p99_s'])}"
+        sentences.append(text + ".")
     other = [
         f"{p['extension_point']} {_ms(p['p99_s'])}"
         for name, p in sorted(dra.items())

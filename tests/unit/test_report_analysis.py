@@ -172,7 +172,7 @@ def test_a_scheduler_bound_phase_is_named_with_the_figures_behind_it() -> None:
     assert result["kind"] == "scheduler-bound"
     text = result["text"]
     assert "pending pods up to 60" in text and "scheduling SLI p99 8.00 s" in text
-    assert "DynamicResources Filter p99" in text and "x 200 nodes" in text
+    assert "DynamicResources Filter p99" in text and "per node checked" in text and "200 nodes in the cluster" in text
     assert "2 cores were 80% busy" in text and "kube-apiserver 30" in text
 
 
