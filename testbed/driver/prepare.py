@@ -225,8 +225,11 @@ class ClaimPreparer:
             except ClaimFailed as exc:
                 return exc
 
-        done = {uid for uid, r in self.checkpoint.claims.items() if r.state is ClaimState.PREPARE_COMPLETED}
-        wanted = {ref.uid: ref for ref in refs if ref.uid not in done}
+        def prepared(uid: str) -> bool:
+            record = self.checkpoint.claims.get(uid)
+            return record is not None and record.state is ClaimState.PREPARE_COMPLETED
+
+        wanted = {ref.uid: ref for ref in refs if not prepared(ref.uid)}
         tasks = {uid: asyncio.create_task(one(ref)) for uid, ref in wanted.items()}
         if not tasks:
             return {}
