@@ -130,12 +130,7 @@ def workload(pods: int, qps: float) -> spec.Scenario:
 
 
 def run_workload(state: cluster.ClusterState, scenario: spec.Scenario, nodehosts: list[str]) -> dict[str, Any]:
-    endpoints = runner.Endpoints(
-        kcm=f"https://127.0.0.1:{state.ports.controller_manager}/metrics",
-        scheduler=f"https://127.0.0.1:{state.ports.scheduler}/metrics",
-        nodehosts=nodehosts,
-        etcd=f"http://127.0.0.1:{state.ports.etcd_metrics}/metrics",
-    )
+    endpoints = runner.Endpoints.local(state.ports, nodehosts)
 
     async def go() -> runner.RunData:
         client = KubeClient.from_kubeconfig(state.kubeconfig)

@@ -829,12 +829,8 @@ def _run_and_report(
     from testbed.report import report as reporting
     from testbed.scenarios import runner
 
-    endpoints = runner.Endpoints(
-        kcm=f"https://127.0.0.1:{state.ports.controller_manager}/metrics",
-        scheduler=f"https://127.0.0.1:{state.ports.scheduler}/metrics",
-        nodehosts=environment.fleet_metrics_urls(state),
-        refresh=lambda: environment.fleet_metrics_urls(state),
-        etcd=f"http://127.0.0.1:{state.ports.etcd_metrics}/metrics" if state.ports.etcd_metrics else "",
+    endpoints = runner.Endpoints.local(
+        state.ports, environment.fleet_metrics_urls(state), lambda: environment.fleet_metrics_urls(state)
     )
     client = KubeClient.from_kubeconfig(state.kubeconfig)
     injector = _fault_injector(state) if chosen.faults else None

@@ -21,6 +21,7 @@ from typing import Any
 
 import aiohttp
 
+from testbed.controlplane.components import Ports
 from testbed.driver.leftovers import prepared_state
 from testbed.keys import PHASE_LABEL, PROFILE_LABEL, RUN_LABEL
 from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
@@ -77,6 +78,17 @@ class Endpoints:
     """etcd's plain /metrics URL; "" where it serves none the run can read."""
     apiserver: bool = True
     """Scrape the API server's /metrics with the run's own credentials."""
+
+    @classmethod
+    def local(cls, ports: Ports, nodehosts: list[str], refresh: Callable[[], list[str]] | None = None) -> Endpoints:
+        """Where a control plane the testbed started serves its metrics (all on 127.0.0.1)."""
+        return cls(
+            kcm=f"https://127.0.0.1:{ports.controller_manager}/metrics",
+            scheduler=f"https://127.0.0.1:{ports.scheduler}/metrics",
+            nodehosts=nodehosts,
+            refresh=refresh,
+            etcd=f"http://127.0.0.1:{ports.etcd_metrics}/metrics" if ports.etcd_metrics else "",
+        )
 
 
 @dataclass

@@ -19,12 +19,7 @@ pytestmark = pytest.mark.controlplane
 
 
 def _run(control_plane: ClusterState, fleet: Fleet, scenario: spec.Scenario) -> runner.RunData:
-    endpoints = runner.Endpoints(
-        kcm=f"https://127.0.0.1:{control_plane.ports.controller_manager}/metrics",
-        scheduler=f"https://127.0.0.1:{control_plane.ports.scheduler}/metrics",
-        nodehosts=fleet.metrics_urls(),
-        etcd=f"http://127.0.0.1:{control_plane.ports.etcd_metrics}/metrics",
-    )
+    endpoints = runner.Endpoints.local(control_plane.ports, fleet.metrics_urls())
 
     async def go() -> runner.RunData:
         client = KubeClient.from_kubeconfig(control_plane.kubeconfig)
@@ -116,11 +111,7 @@ def test_a_scenarios_faults_reach_the_fleet_at_their_time_and_the_report(
             await fleet.apply_fault(node, fault.action, fault.target, fault.message)
         return nodes
 
-    endpoints = runner.Endpoints(
-        kcm=f"https://127.0.0.1:{control_plane.ports.controller_manager}/metrics",
-        scheduler=f"https://127.0.0.1:{control_plane.ports.scheduler}/metrics",
-        nodehosts=fleet.metrics_urls(),
-    )
+    endpoints = runner.Endpoints.local(control_plane.ports, fleet.metrics_urls())
 
     async def go() -> runner.RunData:
         client = KubeClient.from_kubeconfig(control_plane.kubeconfig)
