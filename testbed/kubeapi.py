@@ -236,12 +236,17 @@ class KubeClient:
         metadata_only: bool = False,
     ) -> Obj:
         """One call, retried with backoff while the server is overloaded (429, 5xx, timeouts),
-        as client-go does. A retried create may answer 409: callers treat that as done."""
+        as client-go does. A create whose earlier attempt went unanswered and that then meets
+        409 AlreadyExists made the object itself (the answer was lost, e.g. etcd restarting):
+        it returns that object rather than failing."""
         delay = RETRY_FIRST_DELAY_S
         for attempt in range(1, attempts + 1):
             try:
                 return await self._request_once(method, path, body, params, content_type, timeout_s, metadata_only)
             except ApiError as exc:
+                name = body.get("metadata", {}).get("name") if isinstance(body, dict) else None
+                if exc.conflict and method == "POST" and attempt > 1 and name:
+                    return await self._request_once("GET", f"{path}/{name}", None, None, content_type, timeout_s)
                 if exc.status not in RETRIABLE_STATUS or attempt == attempts:
                     raise
             except (TimeoutError, aiohttp.ClientConnectionError):
