@@ -1,7 +1,10 @@
-"""Where the driver reads ResourceClaims: a watch-fed cache, falling back to the API.
+"""Where the driver reads ResourceClaims: a GET per claim it prepares, as the upstream
+kubelet-plugin helper does, or optionally a watch-fed cache falling back to GETs.
 
-One cache serves every driver instance in a process (or Ray actor), so a fleet holds one
-claim watch per process, not one per node.
+ResourceClaims have no field that selects a node, so a claim watch receives every claim
+of the cluster and its every change: in a fleet of hosts, or a DaemonSet of drivers, that
+cost grows with the cluster times the watchers, while a GET costs one read per prepare.
+The watch suits one driver that must not wait on the API server (a benchmark of prepare).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ FETCH_ATTEMPTS = 3
 
 
 class ClaimCache:
-    def __init__(self, client: KubeClient, watch: bool = True):
+    def __init__(self, client: KubeClient, watch: bool = False):
         self.client = client
         self._claims: dict[tuple[str, str], Obj] = {}
         self._task: asyncio.Task[None] | None = None
@@ -55,5 +58,6 @@ class ClaimCache:
         claim = await self.client.request(
             "GET", path_for(API_VERSION, "resourceclaims", name, namespace), attempts=FETCH_ATTEMPTS, timeout_s=4.0
         )
-        self._claims[(namespace, name)] = claim
+        if self._watch:  # without the watch nothing would ever evict it
+            self._claims[(namespace, name)] = claim
         return claim

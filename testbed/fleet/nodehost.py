@@ -1,7 +1,10 @@
 """NodeHost: a Ray actor that hosts many synthetic nodes in one asyncio process.
 
-One API client and one claim cache serve all its nodes. The host also exposes the
-hardware's fault switches, so scenarios and tests can break devices on purpose.
+Each node's kubelet watches its own pods, as a kubelet does (``spec.nodeName=<node>``):
+the API server sends a host only the events of its nodes, so a host's cost does not grow
+with the rest of the cluster. The drivers read each claim they prepare, as the upstream
+kubelet-plugin helper does, rather than every host watching every claim. The host also
+exposes the hardware's fault switches, so scenarios and tests can break devices on purpose.
 """
 
 from __future__ import annotations
@@ -26,13 +29,12 @@ from testbed.driver.slices import SliceWatcher
 from testbed.files import private_dir, write_atomically, write_secret
 from testbed.fleet.drain import DrainResult, drain, drain_process_node
 from testbed.fleet.external import ExternalDriverSpec
-from testbed.fleet.identity import NodeAuthority, bind_driver_token, driver_token
+from testbed.fleet.identity import NODE_CONNECTIONS, NodeAuthority, bind_driver_token, driver_token
 from testbed.fleet.loopwatch import LoopWatch
 from testbed.fleet.synthetic_node import SyntheticNode, drivers_for
-from testbed.kubeapi import KubeClient, path_for
+from testbed.kubeapi import KubeClient
 from testbed.metrics_server import MetricsServer
 from testbed.realnode.node import ProcessNode
-from testbed.tasks import cancel_and_wait
 
 START_CONCURRENCY = 8
 """Nodes a host brings up at once; the fleet lowers it when there are many hosts."""
@@ -126,7 +128,6 @@ class NodeHost:
         self.slice_watcher: SliceWatcher | None = None
         self.metrics = MetricsServer()
         self.loop_watch = LoopWatch()
-        self._pod_watch: asyncio.Task[None] | None = None
         self._restart: asyncio.Task[list[str]] | None = None
         self.ready_count = 0
         if _restarted_by_ray():
@@ -161,11 +162,9 @@ class NodeHost:
         self.client = KubeClient.from_kubeconfig(self.kubeconfig, HOST_CONNECTIONS)
         if self.authority is not None:
             self.token_connections = self.authority.token_connections(HOST_CONNECTIONS)
-        self.claims = ClaimCache(self.client)
-        self.claims.start()
+        self.claims = ClaimCache(self.client, watch=False)
         self.slice_watcher = SliceWatcher.for_host(self.client)
         self.slice_watcher.start()
-        self._pod_watch = asyncio.create_task(self._watch_pods(), name="nodehost-pods")
         self.loop_watch.start()
         await self.add_nodes(list(self.recipes.values()), ready_timeout_s, concurrency)
         await self.metrics.start()
@@ -198,7 +197,6 @@ class NodeHost:
                 self.seed,
                 labels=recipe.labels,
                 taints=recipe.taints,
-                watch_pods=False,
                 slice_watcher=self.slice_watcher,
                 driver_client=driver_client,
                 bind_drivers=bind_drivers,
@@ -233,10 +231,14 @@ class NodeHost:
 
     def _identity(self, node: str) -> tuple[KubeClient, KubeClient, Callable[[], Awaitable[None]] | None]:
         """The node's kubelet client, its drivers' client, and what binds the drivers'
-        token once the Node exists; the host's own client for both without an authority."""
+        token once the Node exists. Without an authority the kubelet still has connections
+        of its own (its pod watch holds one) under the host's credentials, and the drivers
+        use the host's client."""
         assert self.client is not None
         if self.authority is None:
-            return self.client, self.client, None
+            kubelet = KubeClient(self.client.credentials, connection_limit=NODE_CONNECTIONS)
+            self.node_clients[node] = [kubelet]
+            return kubelet, self.client, None
         admin = self.client
         kubelet = self.authority.kubelet_client(node)
         drivers = self.authority.driver_client(self.token_connections)
@@ -312,15 +314,6 @@ class NodeHost:
         if self.membership is not None:
             self.membership.unlink(missing_ok=True)
 
-    async def _watch_pods(self) -> None:
-        """One watch for every node this host runs, not one per node."""
-        assert self.client is not None
-        path = path_for("v1", "pods")
-        async for kind, pod in self.client.watch(path, {"fieldSelector": "spec.nodeName!="}):
-            node = self.nodes.get(pod["spec"].get("nodeName", ""))
-            if node is not None:
-                node.kubelet.pods.observe(kind, pod)
-
     async def ready(self) -> list[str]:
         """The nodes, once started (waits for a restart to finish)."""
         if self._restart is not None:
@@ -339,7 +332,6 @@ class NodeHost:
         return self.metrics.port
 
     async def stop(self) -> None:
-        await cancel_and_wait(self._pod_watch)
         await self.metrics.stop()
         await self.loop_watch.stop()
         await asyncio.gather(*(node.stop() for node in self.nodes.values()), return_exceptions=True)
