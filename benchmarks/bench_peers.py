@@ -1,6 +1,10 @@
 """KWOK and the testbed side by side on one control plane: what emulating a node costs.
 
     python benchmarks/bench_peers.py [--nodes 500] [--pods 200] [--qps 20] [--idle-seconds 30]
+                                     [--reports DIR]
+
+``--reports DIR`` keeps each side's full run report (DIR/kwok, DIR/testbed): the per-phase
+breakdown says where the time went when a ratio is off.
 
 KWOK (sigs.k8s.io/kwok, built from the Go module proxy once and cached) runs nodes that go
 Ready and keep a Lease, and pods that run once bound (benchmarks/kwok/config.yaml). Each
@@ -129,7 +133,9 @@ def workload(pods: int, qps: float) -> spec.Scenario:
     )
 
 
-def run_workload(state: cluster.ClusterState, scenario: spec.Scenario, nodehosts: list[str]) -> dict[str, Any]:
+def run_workload(
+    state: cluster.ClusterState, scenario: spec.Scenario, nodehosts: list[str], keep: Path | None
+) -> dict[str, Any]:
     endpoints = runner.Endpoints.local(state.ports, nodehosts)
 
     async def go() -> runner.RunData:
@@ -140,7 +146,10 @@ def run_workload(state: cluster.ClusterState, scenario: spec.Scenario, nodehosts
             await client.close()
 
     data = asyncio.run(go())
-    return reporting.build(data, {"checkpoint_entries": 0, "cdi_specs": 0}, {})
+    report = reporting.build(data, {"checkpoint_entries": 0, "cdi_specs": 0}, {})
+    if keep is not None:
+        print(f"  report: {reporting.write(report, data, keep)}")
+    return report
 
 
 def idle_cpu(pids: list[int], seconds: float) -> float:
@@ -156,6 +165,7 @@ def main() -> int:
     parser.add_argument("--pods", type=int, default=200)
     parser.add_argument("--qps", type=float, default=20.0)
     parser.add_argument("--idle-seconds", type=float, default=30.0)
+    parser.add_argument("--reports", type=Path, help="keep each side's run report under this directory")
     args = parser.parse_args()
     kwok = kwok_binary()
     scratch = Path(tempfile.mkdtemp(prefix="tbp-"))
@@ -196,7 +206,7 @@ def main() -> int:
         start_cpu = {n: cpu_seconds(p) - before[n] for n, p in components.items()}
         start_cpu["emulation"] = cpu_seconds(kwok_process.pid) - before["emulation"]
         idle = idle_cpu([kwok_process.pid], args.idle_seconds)
-        report = run_workload(state, scenario, [])
+        report = run_workload(state, scenario, [], args.reports and args.reports / "kwok")
         figures["KWOK"] = {"ready_s": ready_s, "idle_cores": idle, "start_cpu": start_cpu, "report": report}
 
         async def down() -> None:
@@ -223,7 +233,7 @@ def main() -> int:
             hosts + processes_matching("/ray/") + processes_matching("raylet") + processes_matching("gcs_server")
         )
         idle = idle_cpu(sorted(set(emulation)), args.idle_seconds)
-        report = run_workload(state, scenario, fleet.metrics_urls())
+        report = run_workload(state, scenario, fleet.metrics_urls(), args.reports and args.reports / "testbed")
         figures["testbed"] = {"ready_s": ready_s, "idle_cores": idle, "start_cpu": start_cpu, "report": report}
     finally:
         if kwok_process is not None:

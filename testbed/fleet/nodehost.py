@@ -200,7 +200,6 @@ class NodeHost:
                 slice_watcher=self.slice_watcher,
                 driver_client=driver_client,
                 bind_drivers=bind_drivers,
-                runtime_client=self.client,
                 devices_per_slice=recipe.devices_per_slice,
                 drivers=list(recipe.drivers) if recipe.drivers is not None else drivers_for(profile),
                 external=list(recipe.external),

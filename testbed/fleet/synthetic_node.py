@@ -58,14 +58,13 @@ class SyntheticNode:
         slice_watcher: SliceWatcher | None = None,
         driver_client: KubeClient | None = None,
         bind_drivers: Callable[[], Awaitable[None]] | None = None,
-        runtime_client: KubeClient | None = None,
         devices_per_slice: int | None = None,
         drivers: list[str] | None = None,
         external: list[ExternalDriverSpec] | None = None,
         driver_credentials: Callable[[], Awaitable[tuple[Path, str]]] | None = None,
     ):
-        """``client``: the kubelet's; ``driver_client``: the drivers'; ``runtime_client``:
-        the emulated container runtime's (all the same by default). ``bind_drivers``: run
+        """``client``: the kubelet's; ``driver_client``: the drivers' (the kubelet's by
+        default). ``bind_drivers``: run
         once the Node exists and before the drivers start (it gives the drivers their
         node-bound credentials). ``drivers``: the built-in drivers to run (default: those
         the profile's hardware needs); ``external``: drivers run from a command, which
@@ -85,7 +84,6 @@ class SyntheticNode:
             kubelet_dir,
             cdi_dir,
             scan_interval_s=PLUGIN_SCAN_INTERVAL_S,
-            runtime_client=runtime_client,
             registry_dir=None if self.short_paths is None else self.short_paths.registry,
         )
         self.drivers = [

@@ -25,7 +25,6 @@ class FakeKubelet:
         cdi_dir: Path,
         watch_pods: bool = True,
         scan_interval_s: float = SCAN_INTERVAL_S,
-        runtime_client: KubeClient | None = None,
         registry_dir: Path | None = None,
     ):
         """``registry_dir``: where plugins register (default ``kubelet_dir/plugins_registry``)."""
@@ -47,7 +46,6 @@ class FakeKubelet:
             cdi_dir,
             watch_pods=watch_pods,
             checkpoint=kubelet_dir / CHECKPOINT_FILE,
-            runtime_client=runtime_client,
         )
         self._startup_wipe: asyncio.Task[None] | None = None
 

@@ -4,8 +4,9 @@ For each pod: wait until every claim is allocated and reserved for it; call
 NodePrepareResources once per driver for the claims not yet prepared on this node
 (claims shared by several pods are prepared once and unprepared when the last user is
 gone); resolve each container's CDI device IDs against the spec files as a runtime
-would (an unknown ID fails the start); record the environment a container would see in
-the ``dra-testbed.io/container-env`` annotation; set the pod Running. A pod whose
+would (an unknown ID fails the start); set the pod Running, with the environment a
+container would see (the runtime's report) in the ``dra-testbed.io/container-env``
+annotation of that same status write. A pod whose
 containers run ``sleep N`` (and do not restart) or that carries
 ``dra-testbed.io/run-seconds`` succeeds after that long. As kubelet v1.37 does:
 - a container gets the CDI devices of the claim requests it names, matched EXACTLY
@@ -99,13 +100,8 @@ class PodManager:
         cdi_dir: Path,
         watch_pods: bool = True,
         checkpoint: Path | None = None,
-        runtime_client: KubeClient | None = None,
     ):
-        """``runtime_client``: writes the container-env annotation, which is what the
-        emulated container runtime reports (a kubelet writes no annotations, and the
-        node identity may not); the kubelet's own client by default."""
         self.client = client
-        self.runtime_client = runtime_client or client
         self.checkpoint = checkpoint
         self.node = node
         self.plugins = plugins
@@ -384,11 +380,6 @@ class PodManager:
 
     async def _set_running(self, pod: Obj, env: Mapping[str, Mapping[str, str]]) -> None:
         meta = pod["metadata"]
-        if any(env.values()):  # a pod without devices has nothing to report: no extra write
-            await self.runtime_client.patch(
-                path_for("v1", "pods", meta["name"], meta["namespace"]),
-                {"metadata": {"annotations": {CONTAINER_ENV_ANNOTATION: json.dumps(env, sort_keys=True)}}},
-            )
         # A restarted kubelet finds its pods running: their start time stays what it was.
         previous = pod.get("status", {})
         stamp = previous.get("startTime") if previous.get("phase") == "Running" else None
@@ -411,11 +402,14 @@ class PodManager:
             ],
             "containerStatuses": self._running_container_statuses(pod, stamp),
         }
-        await self.client.patch(
-            path_for("v1", "pods", meta["name"], meta["namespace"], "status"),
-            {"status": status},
-            "strategic",
-        )
+        body: Obj = {"status": status}
+        if any(env.values()):
+            # The runtime's report rides in the one write that makes the pod Running, so
+            # watchers see one change, as with a real kubelet, not an annotation and then
+            # the status. pods/status keeps annotations, and NodeRestriction lets a node
+            # change them there (labels only are refused).
+            body["metadata"] = {"annotations": {CONTAINER_ENV_ANNOTATION: json.dumps(env, sort_keys=True)}}
+        await self.client.patch(path_for("v1", "pods", meta["name"], meta["namespace"], "status"), body, "strategic")
 
     def _running_container_statuses(self, pod: Obj, stamp: str) -> list[Obj]:
         uid = pod["metadata"]["uid"]
@@ -554,9 +548,7 @@ class PodManager:
             ],
         }
         await self.client.patch(
-            path_for("v1", "pods", meta["name"], meta["namespace"], "status"),
-            {"status": status},
-            "strategic",
+            path_for("v1", "pods", meta["name"], meta["namespace"], "status"), {"status": status}, "strategic"
         )
 
     async def _release(self, pod_uid: str) -> None:
