@@ -197,14 +197,16 @@ class ResourceHealthService:
         self.kinds = kinds
         self.pool = pool
         self.timeout_s = timeout_s
-        self._mine: tuple[int, frozenset[str]] | None = None
+        self._last: tuple[int, Any] | None = None
+        """The last snapshot and its generation: a heartbeat re-sends it unchanged (a
+        kubelet stamps each report with the time it arrives)."""
 
     async def _snapshot(self) -> tuple[int, Any]:
         generation, health = await self.backend.health()
-        if self._mine is None or self._mine[0] != generation:  # heartbeats reuse the device list
-            _, devices, _ = await self.backend.inventory()
-            self._mine = (generation, frozenset(d.name for d in devices if d.kind in self.kinds))
-        mine = self._mine[1]
+        if self._last is not None and self._last[0] == generation:
+            return self._last
+        _, devices, _ = await self.backend.inventory()
+        mine = frozenset(d.name for d in devices if d.kind in self.kinds)
         status = {Health.HEALTHY: self.pb2.HEALTHY, Health.UNHEALTHY: self.pb2.UNHEALTHY}
         response = self.pb2.NodeWatchResourcesResponse()
         for entry in health:
@@ -216,7 +218,8 @@ class ResourceHealthService:
                     health_check_timeout_seconds=self.timeout_s,
                     message=entry.message,
                 )
-        return generation, response
+        self._last = (generation, response)
+        return self._last
 
     async def NodeWatchResources(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         generation, snapshot = await self._snapshot()

@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 CALL_TIMEOUT_S = 45.0
 WIPE_SLICES_AFTER_S = 30.0
 SCAN_INTERVAL_S = 1.0
+STAMP_SETTLED_NS = 1_000_000_000
 """A kubelet reacts to inotify; polling every second is close enough for one node. Whoever
 starts a driver next to a kubelet can call ``scan()`` at once, and then poll less often."""
 DRA_SERVICES: dict[str, tuple[Any, Any]] = {
@@ -142,6 +143,8 @@ class PluginManager:
         self._wipe_tasks: dict[str, asyncio.Task[None]] = {}
         self._task: asyncio.Task[None] | None = None
         self.changed = asyncio.Event()
+        self._scanned_stamp: int | None = None
+        """The registry directory's mtime when a scan last found nothing left to do."""
 
     def start(self) -> None:
         self.registry_dir.mkdir(parents=True, exist_ok=True)
@@ -176,12 +179,22 @@ class PluginManager:
     async def _watch(self) -> None:
         while True:
             try:
-                await self.scan()
+                if not self._unchanged():
+                    await self.scan()
             except Exception:
                 log.exception("plugin watcher scan of %s failed", self.registry_dir)
             await asyncio.sleep(self.scan_interval_s)
 
+    def _unchanged(self) -> bool:
+        """A socket created, removed or replaced moves the directory's mtime: one stat
+        stands in for a listing of it while nothing changed (a kubelet is told by inotify)."""
+        try:
+            return self.registry_dir.stat().st_mtime_ns == self._scanned_stamp
+        except FileNotFoundError:
+            return False
+
     async def scan(self) -> None:
+        stamp = self.registry_dir.stat().st_mtime_ns
         present = {p for p in self.registry_dir.iterdir() if not p.name.startswith(".") and p.is_socket()}
         replaced = {s for s, p in self._by_socket.items() if s in present and _identity(s) != p.identity}
         for sock in set(self._by_socket) - present | replaced:
@@ -189,6 +202,10 @@ class PluginManager:
         for sock in sorted(present - set(self._by_socket) - self._rejected):
             await self._register(sock)
         self._rejected &= present
+        # Trusted only when settled: a stamp under a second old may share its clock tick
+        # with a change made just after the listing, and a failed GetInfo is retried.
+        settled = time.time_ns() - stamp > STAMP_SETTLED_NS
+        self._scanned_stamp = stamp if settled and present - self._rejected <= set(self._by_socket) else None
 
     def _notify(self) -> None:
         self.changed.set()
