@@ -13,7 +13,6 @@ import json
 import os
 import random
 import ssl
-import tempfile
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,13 +78,15 @@ class ClaimRef:
 
 
 def load_pem_pair(context: ssl.SSLContext, cert: bytes, key: bytes) -> None:
-    """ssl only loads key pairs from files: write them to a private temp dir briefly."""
-    with tempfile.TemporaryDirectory(prefix="testbed-kube-") as scratch:
-        cert_path, key_path = Path(scratch, "c.pem"), Path(scratch, "k.pem")
-        cert_path.write_bytes(cert)
-        key_path.write_bytes(key)
-        key_path.chmod(0o600)
-        context.load_cert_chain(str(cert_path), str(key_path))
+    """ssl loads key pairs only from a path: give it an anonymous in-memory file, which no
+    other process can open and which is gone once closed (no key on disk, even briefly;
+    a temp dir per node cost a starting NodeHost a tenth of its CPU)."""
+    fd = os.memfd_create("testbed-kube-pair", os.MFD_CLOEXEC)
+    try:
+        os.write(fd, cert + b"\n" + key)
+        context.load_cert_chain(f"/proc/self/fd/{fd}")
+    finally:
+        os.close(fd)
 
 
 def _field(entry: Mapping[str, Any], name: str, base: Path) -> bytes | None:
@@ -346,6 +347,10 @@ class KubeClient:
         seen) after the re-list, so no consumer keeps serving something that is gone.
         ``metadata_only``: objects arrive as their metadata alone (PartialObjectMetadata)."""
         base = dict(params or {})
+        # The first list at "any" version, as client-go's reflector asks: the API server
+        # answers from its watch cache without a read from etcd, and the watch that follows
+        # from that version brings anything newer.
+        listing_params = {"resourceVersion": "0", **base}
         resource_version = ""
         known: dict[str, Obj] = {}  # by UID: what a consumer has been told exists
         watch_headers = {"Accept": METADATA_ONLY} if metadata_only else {}
@@ -354,10 +359,10 @@ class KubeClient:
                 if not resource_version:
                     if metadata_only:
                         listing = await self._request_once(
-                            "GET", path, None, base, "application/json", 30.0, accept=METADATA_ONLY_LIST
+                            "GET", path, None, listing_params, "application/json", 30.0, accept=METADATA_ONLY_LIST
                         )
                     else:
-                        listing = await self.get(path, base)
+                        listing = await self.get(path, listing_params)
                     items = listing.get("items") or []  # a metadata-only list may say null
                     listed = {item["metadata"]["uid"]: item for item in items}
                     for uid in [u for u in known if u not in listed]:
