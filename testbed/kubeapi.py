@@ -172,6 +172,13 @@ def path_for(
     return "/".join(parts)
 
 
+@dataclass
+class WatchPosition:
+    """How far a watch has got: the resourceVersion of its last list, event or bookmark."""
+
+    resource_version: str = ""
+
+
 class KubeClient:
     """One aiohttp session; share it among everything in a process or actor."""
 
@@ -340,18 +347,23 @@ class KubeClient:
         params: Mapping[str, str] | None = None,
         timeout_s: int = 300,
         metadata_only: bool = False,
+        position: WatchPosition | None = None,
     ) -> AsyncIterator[tuple[str, Obj]]:
         """List then watch, yielding ("ADDED"|"MODIFIED"|"DELETED", obj) forever,
         re-listing when the watch expires (410) and reconnecting after errors.
         An object deleted while the watch was down is yielded as DELETED (its last state
         seen) after the re-list, so no consumer keeps serving something that is gone.
-        ``metadata_only``: objects arrive as their metadata alone (PartialObjectMetadata)."""
+        ``metadata_only``: objects arrive as their metadata alone (PartialObjectMetadata).
+        ``position``: where the watch has got to, kept up to date (lists, events and
+        bookmarks); a watch given a position that is set starts there, without a list
+        (it lists only if that version has expired)."""
         base = dict(params or {})
         # The first list at "any" version, as client-go's reflector asks: the API server
         # answers from its watch cache without a read from etcd, and the watch that follows
         # from that version brings anything newer.
         listing_params = {"resourceVersion": "0", **base}
-        resource_version = ""
+        position = position if position is not None else WatchPosition()
+        resource_version = position.resource_version
         known: dict[str, Obj] = {}  # by UID: what a consumer has been told exists
         watch_headers = {"Accept": METADATA_ONLY} if metadata_only else {}
         while True:
@@ -370,7 +382,7 @@ class KubeClient:
                     for uid, item in listed.items():
                         known[uid] = item
                         yield "ADDED", item
-                    resource_version = listing["metadata"]["resourceVersion"]
+                    resource_version = position.resource_version = listing["metadata"]["resourceVersion"]
                 query = dict(
                     base,
                     watch="1",
@@ -391,9 +403,9 @@ class KubeClient:
                         kind, obj = event["type"], event["object"]
                         if kind == "ERROR":
                             if obj.get("code") == 410:
-                                resource_version = ""
+                                resource_version = position.resource_version = ""
                             break
-                        resource_version = obj["metadata"]["resourceVersion"]
+                        resource_version = position.resource_version = obj["metadata"]["resourceVersion"]
                         if kind == "BOOKMARK":
                             continue
                         if kind == "DELETED":
@@ -403,7 +415,7 @@ class KubeClient:
                         yield kind, obj
             except ApiError as exc:
                 if exc.status == 410:
-                    resource_version = ""
+                    resource_version = position.resource_version = ""
                     continue
                 await asyncio.sleep(1.0)
             except (TimeoutError, aiohttp.ClientError, ValueError):  # ValueError: a bad or oversized line

@@ -208,6 +208,8 @@ class NodeHost:
             self.nodes[recipe.name] = node
             fresh.append(node)
         self._remember()
+        assert self.slice_watcher is not None
+        await self.slice_watcher.watch_nodes(self.nodes)  # a real-kubelet node's driver watches its own
         # Bounded: a burst of every node at once makes etcd time out, and retries waste more.
         gate = asyncio.Semaphore(concurrency)
 
@@ -306,6 +308,8 @@ class NodeHost:
             return result
 
         results = await asyncio.gather(*(retire(name) for name in names))
+        if self.slice_watcher is not None:
+            await self.slice_watcher.watch_nodes(self.nodes)  # a real-kubelet node's driver watches its own
         return [asdict(r) for r in results]
 
     async def forget(self) -> None:

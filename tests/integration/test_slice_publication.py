@@ -10,7 +10,7 @@ from fake_devices.hardware import Health, NodeHardware
 from fake_devices.profiles import load_profile
 from testbed.controlplane.cluster import ClusterState
 from testbed.driver import slices
-from testbed.driver.slices import SlicePublisher, desired_slices
+from testbed.driver.slices import SlicePublisher, SliceWatcher, desired_slices
 from testbed.kubeapi import ApiError, KubeClient
 
 pytestmark = pytest.mark.controlplane
@@ -115,6 +115,62 @@ def test_the_publisher_lists_only_when_it_must_and_heals_what_others_changed(
                     await asyncio.sleep(0.2)
         finally:
             await publisher.remove_all()
+            await client.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_host_watches_the_slices_of_its_own_nodes_across_a_change_of_them(control_plane: ClusterState) -> None:
+    """A NodeHost's one slice watch selects its nodes: another host's slices never reach
+    it, and after it takes on a node the watch goes on where it was, so a slice deleted
+    behind a publisher's back is still seen and republished."""
+    first, second, elsewhere = "host-node-a", "host-node-b", "other-host-node"
+    hardware = {name: NodeHardware(name, load_profile("tiny")) for name in (first, second, elsewhere)}
+
+    def specs(node: str):  # type: ignore[no-untyped-def]
+        h = hardware[node]
+        return desired_slices(GPU, node, h.devices(), h.pools(), h.health())
+
+    class Spy(SlicePublisher):
+        def __init__(self, client: KubeClient, node: str) -> None:
+            super().__init__(client, GPU, node)
+            self.events: list[str] = []
+
+        def observe(self, kind: str, metadata: dict[str, object]) -> None:
+            self.events.append(kind)
+            super().observe(kind, metadata)
+
+    async def scenario() -> None:
+        client = KubeClient.from_kubeconfig(control_plane.kubeconfig)
+        watcher = SliceWatcher.for_host(client)
+        publishers = {name: Spy(client, name) for name in (first, second, elsewhere)}
+        try:
+            await watcher.watch_nodes([first])
+            watcher.start()
+            for name in (first, elsewhere):
+                watcher.add(publishers[name])  # the other host's node is known, never watched
+                publishers[name].assume_none_exist()
+                assert await publishers[name].publish(specs(name))
+            async with asyncio.timeout(30):
+                while "ADDED" not in publishers[first].events:
+                    await asyncio.sleep(0.05)
+
+            await watcher.watch_nodes([first, second])  # the host takes on a node
+            watcher.add(publishers[second])
+            publishers[second].assume_none_exist()
+            assert await publishers[second].publish(specs(second))
+            [victim] = [s["metadata"]["name"] for s in await publishers[first].existing(consistent=True)][:1]
+            await client.delete_if_exists(f"/apis/resource.k8s.io/v1/resourceslices/{victim}")
+            async with asyncio.timeout(30):  # seen by the watch, not by a periodic list (10 min away)
+                while victim not in {s["metadata"]["name"] for s in await publishers[first].existing(True)}:
+                    await publishers[first].publish(specs(first))
+                    await asyncio.sleep(0.1)
+            assert "DELETED" in publishers[first].events
+            assert publishers[elsewhere].events == []
+        finally:
+            await watcher.stop()
+            for publisher in publishers.values():
+                await publisher.remove_all()
             await client.close()
 
     asyncio.run(scenario())
