@@ -11,6 +11,7 @@ from typing import Any
 
 from testbed.errors import TestbedError
 from testbed.files import private_dir
+from testbed.fingerprint import code_version, strangers
 from testbed.fleet.external import ExternalDriverSpec
 from testbed.fleet.identity import NodeAuthority, install_access_policy
 from testbed.fleet.nodehost import NodeHost, NodeRecipe
@@ -132,6 +133,7 @@ class Fleet:
 
         # Total start concurrency is what the control plane can absorb, not per host.
         concurrency = max(1, FLEET_START_CONCURRENCY // max(1, len(placement)))
+        self._check_code([name for name in placement if name in self._unstarted])
         calls = {
             (
                 self.hosts[name].start.remote(timeout_s, concurrency)
@@ -158,6 +160,29 @@ class Fleet:
                 raise TestbedError(f"synthetic nodes not ready within {timeout_s:.0f}s")
             ready = sum(ray.get([self.hosts[name].progress.remote() for name in placement])) - before
             progress.update(f"{ready}/{total} nodes ready")
+
+    def _check_code(self, names: list[str]) -> None:
+        """New hosts run the same testbed as this process, or none of them starts nodes: a
+        host with other code would speak other protocols to its drivers and kubelets."""
+        import ray
+
+        if not names:
+            return
+        try:
+            reports = ray.get([self.hosts[name].code_version.remote() for name in names], timeout=300)
+        except ray.exceptions.RayError as exc:
+            raise TestbedError(
+                "a NodeHost could not start on its Ray host",
+                hint="install dra-testbed and its dependencies on every Ray host (the same checkout or build)",
+                detail=str(exc),
+            ) from exc
+        mine = code_version()
+        different = strangers(mine, {report["where"]: report["version"] for report in reports})
+        if different:
+            raise TestbedError(
+                f"Ray hosts run another dra-testbed than this machine ({mine}): {'; '.join(different)}",
+                hint="install this same checkout or build on every Ray host, then run it again",
+            )
 
     def scale(self, pool_name: str, count: int, progress: Progress | None = None, timeout_s: float = 900.0) -> None:
         """Grow or shrink a pool while pods run. Shrinking drains the pool's highest-numbered

@@ -14,6 +14,7 @@ import gc
 import json
 import logging
 import os
+import platform
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
@@ -27,6 +28,7 @@ from testbed.driver.claims import ClaimCache
 from testbed.driver.leftovers import prepared_state
 from testbed.driver.slices import SliceWatcher
 from testbed.files import private_dir, write_atomically, write_secret
+from testbed.fingerprint import code_version
 from testbed.fleet.drain import DrainResult, drain, drain_process_node
 from testbed.fleet.external import ExternalDriverSpec
 from testbed.fleet.identity import NODE_CONNECTIONS, NodeAuthority, bind_driver_token, driver_token
@@ -380,6 +382,10 @@ class NodeHost:
 
     async def pid(self) -> int:
         return os.getpid()
+
+    async def code_version(self) -> dict[str, str]:
+        """Which testbed this host runs, and where: every host must run the fleet's."""
+        return {"version": code_version(), "where": f"{platform.node()} (pid {os.getpid()})"}
 
     async def describe(self) -> dict[str, Any]:
         """For `testbed status`: how many nodes, how many ready, where it runs."""

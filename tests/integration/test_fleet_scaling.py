@@ -10,6 +10,8 @@ from kubernetes import client as k8s
 
 from testbed.config import nodes_dir
 from testbed.controlplane.cluster import ClusterState
+from testbed.errors import TestbedError
+from testbed.fingerprint import code_version
 from testbed.fleet.fleet import Fleet
 from testbed.fleet.spec import FleetFile
 from testbed.kubelet.node import SYNTHETIC_TOLERATION
@@ -105,3 +107,24 @@ def test_a_pool_scales_down_and_up_while_pods_run(
         core.delete_namespace(namespace)
         own.stop(remove_nodes=True)
     assert not core.list_node(label_selector=f"pool={label}").items, "a fleet that leaves takes its Nodes"
+
+
+def test_hosts_running_another_testbed_start_no_nodes(
+    control_plane: ClusterState, fleet: Fleet, kube_api: k8s.ApiClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """This process pretends to be another checkout: the real hosts report theirs, and the
+    fleet refuses before any node exists, naming both."""
+    del fleet  # only for its Ray
+    monkeypatch.setattr("testbed.fleet.fleet.code_version", lambda: "000000000000 (Python 3.11)")
+    label = unique("cv")
+    spec = FleetFile.model_validate({"pools": [{"name": label, "count": 1, "profile": "tiny"}]})
+    other = Fleet(spec, control_plane.kubeconfig, nodes_dir(control_plane.root))
+    try:
+        with pytest.raises(TestbedError) as refused:
+            other.start()
+        assert "another dra-testbed than this machine (000000000000" in refused.value.message
+        assert code_version() in refused.value.message  # what the host runs
+        nodes = k8s.CoreV1Api(kube_api).list_node(field_selector=f"metadata.name={label}-000").items
+        assert nodes == []
+    finally:
+        other.stop()
