@@ -134,7 +134,7 @@ def workload(pods: int, qps: float) -> spec.Scenario:
 
 
 def run_workload(
-    state: cluster.ClusterState, scenario: spec.Scenario, nodehosts: list[str], keep: Path | None
+    state: cluster.ClusterState, scenario: spec.Scenario, nodehosts: runner.NodeHostMetrics | None, keep: Path | None
 ) -> dict[str, Any]:
     endpoints = runner.Endpoints.local(state.ports, nodehosts)
 
@@ -206,7 +206,7 @@ def main() -> int:
         start_cpu = {n: cpu_seconds(p) - before[n] for n, p in components.items()}
         start_cpu["emulation"] = cpu_seconds(kwok_process.pid) - before["emulation"]
         idle = idle_cpu([kwok_process.pid], args.idle_seconds)
-        report = run_workload(state, scenario, [], args.reports and args.reports / "kwok")
+        report = run_workload(state, scenario, None, args.reports and args.reports / "kwok")
         figures["KWOK"] = {"ready_s": ready_s, "idle_cores": idle, "start_cpu": start_cpu, "report": report}
 
         async def down() -> None:
@@ -233,7 +233,7 @@ def main() -> int:
             hosts + processes_matching("/ray/") + processes_matching("raylet") + processes_matching("gcs_server")
         )
         idle = idle_cpu(sorted(set(emulation)), args.idle_seconds)
-        report = run_workload(state, scenario, fleet.metrics_urls(), args.reports and args.reports / "testbed")
+        report = run_workload(state, scenario, fleet.metrics_texts, args.reports and args.reports / "testbed")
         figures["testbed"] = {"ready_s": ready_s, "idle_cores": idle, "start_cpu": start_cpu, "report": report}
     finally:
         if kwok_process is not None:

@@ -829,9 +829,7 @@ def _run_and_report(
     from testbed.report import report as reporting
     from testbed.scenarios import runner
 
-    endpoints = runner.Endpoints.local(
-        state.ports, environment.fleet_metrics_urls(state), lambda: environment.fleet_metrics_urls(state)
-    )
+    endpoints = runner.Endpoints.local(state.ports, environment.fleet_metrics(state))
     client = KubeClient.from_kubeconfig(state.kubeconfig)
     injector = _fault_injector(state) if chosen.faults else None
     work = runner.Runner(client, chosen, endpoints, ConsoleProgress(), injector)

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import shutil
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from testbed import config
@@ -101,8 +102,6 @@ def start_fleet(state: cluster.ClusterState, spec: FleetFile, progress: Progress
     state.extras["fleet_id"] = fleet.id
     state.save()
     fleet.start(progress)
-    state.extras["metrics_urls"] = fleet.metrics_urls()
-    state.save()
     return fleet
 
 
@@ -125,23 +124,25 @@ def scale_pool(state: cluster.ClusterState, pool: str, count: int, progress: Pro
     fleet = attach_fleet(state)
     fleet.scale(pool, count, progress)
     state.extras["fleet"] = fleet.spec.model_dump(mode="json", by_alias=True)
-    state.extras["metrics_urls"] = fleet.metrics_urls()
     state.save()
     return fleet
 
 
-def fleet_metrics_urls(state: cluster.ClusterState) -> list[str]:
-    """Asked of the live NodeHosts: a host Ray restarted serves on a new port."""
+def fleet_metrics(state: cluster.ClusterState) -> Callable[[], Awaitable[list[tuple[str, str]]]] | None:
+    """Where a run reads the NodeHosts' metrics: through their actors (None: no fleet). A
+    fleet that cannot be reached gives a failed scrape, so the report says so."""
     if not state.extras.get("fleet_id"):
-        return []
+        return None
     try:
-        urls = attach_fleet(state).metrics_urls()
+        return attach_fleet(state).metrics_texts
     except TestbedError as exc:
-        log.warning("NodeHost metrics: using the ports recorded at start-up (%s)", exc.message)
-        return [str(u) for u in state.extras.get("metrics_urls", [])]  # type: ignore[attr-defined]
-    state.extras["metrics_urls"] = urls
-    state.save()
-    return urls
+        reason = f"the fleet cannot be reached: {exc.message}"
+        log.warning("NodeHost metrics: %s", reason)
+
+        async def unreachable() -> list[tuple[str, str]]:
+            return [("", reason)]
+
+        return unreachable
 
 
 def joined_ray(state: cluster.ClusterState) -> str:

@@ -248,7 +248,21 @@ class Fleet:
         known = ", ".join(p.name for p in self.spec.pools)
         raise TestbedError(f"the fleet has no pool {name!r}", hint=f"its pools: {known}")
 
+    async def metrics_texts(self, timeout_s: float = 10.0) -> list[tuple[str, str]]:
+        """Each NodeHost's metrics, asked of the actor wherever it runs (no port of a
+        remote host need be reachable from here): (text, "") or ("", why not)."""
+        import ray
+
+        async def one(name: str, host: Any) -> tuple[str, str]:
+            try:
+                return await asyncio.wait_for(host.metrics_text.remote(), timeout_s), ""
+            except (ray.exceptions.RayError, TimeoutError) as exc:
+                return "", f"NodeHost {name}: {type(exc).__name__} {exc}".strip()
+
+        return list(await asyncio.gather(*(one(name, host) for name, host in self.hosts.items())))
+
     def metrics_urls(self) -> list[str]:
+        """Where each NodeHost serves /metrics on its own machine (for a Prometheus there)."""
         import ray
 
         ports = ray.get([host.metrics_port.remote() for host in self.hosts.values()])

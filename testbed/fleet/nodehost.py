@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import REGISTRY, generate_latest
+
 from fake_devices.hardware import Health
 from fake_devices.profiles import HardwareProfile, load_profile
 from testbed.controlplane.binaries import ensure_node_binaries
@@ -331,6 +333,10 @@ class NodeHost:
     async def progress(self) -> int:
         """Nodes ready so far (for the fleet's progress while it starts)."""
         return self.ready_count
+
+    async def metrics_text(self) -> str:
+        """What this host's /metrics serves, for a run that cannot reach its port."""
+        return generate_latest(REGISTRY).decode()
 
     async def metrics_port(self) -> int:
         """Where this host's drivers and kubelets export their metrics (one registry)."""

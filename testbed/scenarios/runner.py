@@ -67,26 +67,28 @@ class PhaseResult:
     """Cut short (Ctrl-C, the control plane gone): what it did not get to is not measured."""
 
 
+NodeHostMetrics = Callable[[], Awaitable[list[tuple[str, str]]]]
+"""Each NodeHost's metrics text, asked of the actor wherever it runs, or why it could not
+be had ("" when it could): Fleet.metrics_texts."""
+
+
 @dataclass
 class Endpoints:
     kcm: str
     scheduler: str
-    nodehosts: list[str]
-    refresh: Callable[[], list[str]] | None = None
-    """Asks the NodeHosts again where they serve (a host Ray restarted has a new port)."""
+    nodehosts: NodeHostMetrics | None = None
     etcd: str = ""
     """etcd's plain /metrics URL; "" where it serves none the run can read."""
     apiserver: bool = True
     """Scrape the API server's /metrics with the run's own credentials."""
 
     @classmethod
-    def local(cls, ports: Ports, nodehosts: list[str], refresh: Callable[[], list[str]] | None = None) -> Endpoints:
+    def local(cls, ports: Ports, nodehosts: NodeHostMetrics | None = None) -> Endpoints:
         """Where a control plane the testbed started serves its metrics (all on 127.0.0.1)."""
         return cls(
             kcm=f"https://127.0.0.1:{ports.controller_manager}/metrics",
             scheduler=f"https://127.0.0.1:{ports.scheduler}/metrics",
             nodehosts=nodehosts,
-            refresh=refresh,
             etcd=f"http://127.0.0.1:{ports.etcd_metrics}/metrics" if ports.etcd_metrics else "",
         )
 
@@ -271,13 +273,10 @@ class Runner:
             await asyncio.sleep(1.0)
 
     async def _scrape_all(self, session: aiohttp.ClientSession, end: bool = False) -> dict[str, Scrape]:
-        """At the end, the NodeHosts' figures become what each counted during the run
-        (asked again where they serve: a host Ray restarted serves on a new port)."""
+        """At the end, the NodeHosts' figures become what each counted during the run."""
         if self.data.error:  # the components are gone: their figures with them
             return {}
-        if end and self.endpoints.refresh is not None:
-            self.endpoints.nodehosts = self.endpoints.refresh()
-        hosts = [await scrape(session, url) for url in self.endpoints.nodehosts]
+        hosts = await self._nodehost_scrapes()
         fleet = Scrape()  # at the start: nothing counted yet
         if end:
             fleet, self.data.fleet_partial = fleet_increase(self._fleet_start, hosts)
@@ -307,7 +306,15 @@ class Runner:
             snapshot.components[component] = (
                 await scrape(session, url, ONLY[component]) if url else Scrape(failed="no metrics endpoint")
             )
-        snapshot.nodehosts = [await scrape(session, url, ONLY[NODEHOSTS]) for url in self.endpoints.nodehosts]
+        snapshot.nodehosts = await self._nodehost_scrapes(ONLY[NODEHOSTS])
+
+    async def _nodehost_scrapes(self, only: tuple[str, ...] = ()) -> list[Scrape]:
+        """One per NodeHost; a host that did not answer is a failed scrape, never an empty one."""
+        if self.endpoints.nodehosts is None:
+            return []
+        return [
+            Scrape(failed=why) if why else Scrape.parse(text, only) for text, why in await self.endpoints.nodehosts()
+        ]
 
     async def _inject_faults(self) -> None:
         """Each fault at its time; what happened goes into the report."""

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.controlplane
 
 
 def _run(control_plane: ClusterState, fleet: Fleet, scenario: spec.Scenario) -> runner.RunData:
-    endpoints = runner.Endpoints.local(control_plane.ports, fleet.metrics_urls())
+    endpoints = runner.Endpoints.local(control_plane.ports, fleet.metrics_texts)
 
     async def go() -> runner.RunData:
         client = KubeClient.from_kubeconfig(control_plane.kubeconfig)
@@ -111,7 +111,7 @@ def test_a_scenarios_faults_reach_the_fleet_at_their_time_and_the_report(
             await fleet.apply_fault(node, fault.action, fault.target, fault.message)
         return nodes
 
-    endpoints = runner.Endpoints.local(control_plane.ports, fleet.metrics_urls())
+    endpoints = runner.Endpoints.local(control_plane.ports, fleet.metrics_texts)
 
     async def go() -> runner.RunData:
         client = KubeClient.from_kubeconfig(control_plane.kubeconfig)
