@@ -15,11 +15,14 @@ from testbed.fingerprint import code_version, strangers
 from testbed.fleet.external import ExternalDriverSpec
 from testbed.fleet.identity import NodeAuthority, install_access_policy
 from testbed.fleet.nodehost import NodeHost, NodeRecipe
-from testbed.fleet.spec import FleetFile, Pool
+from testbed.fleet.spec import FleetFile, Placement, Pool
 from testbed.kubeapi import KubeClient, flattened_kubeconfig
 from testbed.progress import Progress, SilentProgress
 
 FAULT_ACTIONS = ("unhealthy", "healthy", "lost", "fail-prepare", "latency")
+RAY_BUILT_IN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
+RAY_LABELS = ("node:", "accelerator_type:")
+"""Resources Ray gives every node by itself: not what a placement would ask for."""
 FLEET_START_CONCURRENCY = 24
 """Synthetic nodes started at once across all hosts: on 2 cores more makes etcd time out."""
 
@@ -35,6 +38,20 @@ def _recipe(pool: Pool, index: int) -> NodeRecipe:
         None if pool.built_in_drivers is None else tuple(pool.built_in_drivers),
         tuple(ExternalDriverSpec(d.name, tuple(d.command), dict(d.env)) for d in pool.external_drivers),
     )
+
+
+def host_options(placement: Placement | None, detached: bool) -> dict[str, Any]:
+    """How Ray is asked to run a NodeHost. It takes no CPU of Ray's accounting (it is
+    mostly waiting), and a host that dies is started again with the same nodes."""
+    options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 10000, "max_restarts": -1}
+    if detached:
+        options["lifetime"] = "detached"
+    if placement is not None:
+        if placement.resources:
+            options["resources"] = dict(placement.resources)
+        if placement.strategy == "SPREAD":
+            options["scheduling_strategy"] = "SPREAD"
+    return options
 
 
 class Fleet:
@@ -54,6 +71,9 @@ class Fleet:
         """Several fleets can share one Ray; actor names carry this."""
         self._next_host = 0
         self._unstarted: set[str] = set()
+        self.host_pool: dict[str, str] = {}
+        """Host name -> the pool it alone serves ("" for hosts shared by pools without a
+        placement of their own)."""
         self.authority = NodeAuthority.for_cluster(kubeconfig) if spec.identities == "per-node" else None
         """Issues each node its identity; None: nodes use the fleet's credentials."""
 
@@ -76,19 +96,23 @@ class Fleet:
         members = ray.get([host.ready.remote() for host in fleet.hosts.values()], timeout=300)
         for name, nodes in zip(names, members, strict=True):
             fleet.host_of.update(dict.fromkeys(nodes, name))
+            fleet.host_pool[name] = fleet._placement_key(nodes[0]) if nodes else ""
         fleet._next_host = int(names[-1][len(prefix) :]) + 1
         return fleet
 
-    def _new_host(self, recipes: list[NodeRecipe]) -> str:
+    def _placement_key(self, node: str) -> str:
+        """The pool whose hosts ``node`` must run on ("" : the shared hosts)."""
+        pool = next((p for p in self.spec.pools if node.rpartition("-")[0] == p.name), None)
+        return pool.name if pool is not None and pool.placement is not None else ""
+
+    def _new_host(self, recipes: list[NodeRecipe], key: str) -> str:
         import ray
 
-        options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 10000, "max_restarts": -1}
-        # max_restarts: a NodeHost that dies is started again by Ray with the same nodes.
-        if self.detached:
-            options["lifetime"] = "detached"
+        options = host_options(self.pool(key).placement if key else None, self.detached)
         name = f"nodehost-{self.id}-{self._next_host}"
         self._next_host += 1
         self._unstarted.add(name)
+        self.host_pool[name] = key
         self.hosts[name] = (
             ray.remote(NodeHost)
             .options(name=name, **options)
@@ -117,10 +141,10 @@ class Fleet:
         private_dir(self.nodes_dir.parent)
         private_dir(self.nodes_dir)
         recipes = [_recipe(pool, i) for pool in self.spec.pools for i in range(pool.count)]
-        size = self.spec.nodes_per_host
         progress = progress or SilentProgress()
+        self._check_resources()
         self._install_access_policy(progress)
-        placement = {self._new_host(recipes[i : i + size]): recipes[i : i + size] for i in range(0, len(recipes), size)}
+        placement = self._place(recipes)
         with progress.task(f"starting {len(recipes)} synthetic nodes on {len(placement)} NodeHost actors"):
             self._bring_up(placement, progress, timeout_s)
         pools = ", ".join(f"{p.name}: {p.count} x {p.profile}" for p in self.spec.pools)
@@ -217,19 +241,42 @@ class Fleet:
         pool.count = count
 
     def _place(self, recipes: list[NodeRecipe]) -> dict[str, list[NodeRecipe]]:
-        """Fill the hosts that have room, then start new ones."""
+        """Fill the hosts that have room, then start new ones; a pool with a placement of
+        its own only ever shares hosts with itself."""
         load = Counter(self.host_of.values())
         placement: dict[str, list[NodeRecipe]] = {}
-        queue = list(recipes)
-        for name in self.hosts:
-            room = self.spec.nodes_per_host - load[name]
-            if room > 0 and queue:
-                placement[name], queue = queue[:room], queue[room:]
+        by_key: dict[str, list[NodeRecipe]] = {}
+        for recipe in recipes:
+            by_key.setdefault(self._placement_key(recipe.name), []).append(recipe)
         size = self.spec.nodes_per_host
-        for i in range(0, len(queue), size):
-            group = queue[i : i + size]
-            placement[self._new_host(group)] = group
+        for key, queue in by_key.items():
+            for name in self.hosts:
+                room = size - load[name] - len(placement.get(name, []))
+                if self.host_pool.get(name, "") == key and room > 0 and queue:
+                    placement.setdefault(name, []).extend(queue[:room])
+                    queue = queue[room:]
+            for i in range(0, len(queue), size):
+                group = queue[i : i + size]
+                placement[self._new_host(group, key)] = group
         return placement
+
+    def _check_resources(self) -> None:
+        """A pool asking for Ray resources no Ray node offers would wait forever: refuse."""
+        import ray
+
+        asked = {name for pool in self.spec.pools if pool.placement for name in pool.placement.resources}
+        if not asked:
+            return
+        offered: dict[str, float] = ray.cluster_resources()  # type: ignore[no-untyped-call]
+        missing = sorted(asked - set(offered))
+        if missing:
+            custom = sorted(k for k in offered if k not in RAY_BUILT_IN_RESOURCES and not k.startswith(RAY_LABELS))
+            raise TestbedError(
+                f"no Ray node offers {', '.join(missing)} (a pool's placement.resources asks for it); "
+                f"this Ray cluster offers {', '.join(custom) or 'no custom resources'}",
+                hint="start the Ray nodes meant for that pool with `ray start --resources` and name the "
+                "cluster in the fleet file (ray.address), or drop placement.resources",
+            )
 
     def _retire_empty_hosts(self) -> None:
         import ray

@@ -104,6 +104,25 @@ DriverEntry = Annotated[
 """A built-in driver's name, or an external driver: errors then speak of the one meant."""
 
 
+class Placement(_Strict):
+    """Where a pool's NodeHosts run in the Ray cluster; a pool with one has hosts of its
+    own, never shared with another pool's nodes."""
+
+    resources: dict[str, float] = Field(default_factory=dict)
+    """Ray resources each of the pool's NodeHosts takes, e.g. {big-hosts: 1}: custom
+    resources that some Ray nodes offer (`ray start --resources`)."""
+    strategy: Literal["DEFAULT", "SPREAD"] = "DEFAULT"
+    """SPREAD: the pool's NodeHosts over as many Ray nodes as possible; DEFAULT: as Ray
+    places them (it fills a node before the next)."""
+
+    @model_validator(mode="after")
+    def _positive(self) -> Placement:
+        bad = sorted(name for name, amount in self.resources.items() if amount <= 0)
+        if bad:
+            raise ValueError(f"resources: {', '.join(bad)} must be more than 0")
+        return self
+
+
 class Pool(_Strict):
     name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=40)
     count: int = Field(ge=0, le=100_000)
@@ -116,6 +135,8 @@ class Pool(_Strict):
     drivers: list[DriverEntry] | None = None
     """Built-in drivers by name and external ones by command; None: the built-ins the
     profile's hardware needs."""
+    placement: Placement | None = None
+    """Where its NodeHosts run (None: with the other pools', as Ray places them)."""
 
     @model_validator(mode="after")
     def _drivers_known_and_unique(self) -> Pool:

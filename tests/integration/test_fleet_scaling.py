@@ -128,3 +128,36 @@ def test_hosts_running_another_testbed_start_no_nodes(
         assert nodes == []
     finally:
         other.stop()
+
+
+def test_a_pool_with_a_placement_has_hosts_of_its_own_and_asks_only_for_what_ray_offers(
+    control_plane: ClusterState, fleet: Fleet
+) -> None:
+    del fleet  # only for its Ray
+    own, shared = unique("pl"), unique("sh")
+    spec = FleetFile.model_validate(
+        {
+            "nodesPerHost": 4,
+            "pools": [
+                {"name": own, "count": 1, "profile": "tiny", "placement": {"strategy": "SPREAD"}},
+                {"name": shared, "count": 1, "profile": "tiny"},
+            ],
+        }
+    )
+    placed = Fleet(spec, control_plane.kubeconfig, nodes_dir(control_plane.root))
+    try:
+        placed.start()
+        assert placed.host_of[f"{own}-000"] != placed.host_of[f"{shared}-000"], "room on the host, but not its pool"
+        placed.scale(own, 2)  # grows on its own host, which has room
+        assert placed.host_of[f"{own}-001"] == placed.host_of[f"{own}-000"]
+    finally:
+        placed.stop(remove_nodes=True)
+
+    wanting = FleetFile.model_validate(
+        {"pools": [{"name": unique("rs"), "count": 1, "profile": "tiny", "placement": {"resources": {"big-hosts": 1}}}]}
+    )
+    refused = Fleet(wanting, control_plane.kubeconfig, nodes_dir(control_plane.root))
+    with pytest.raises(TestbedError) as error:
+        refused.start()
+    assert "no Ray node offers big-hosts" in error.value.message
+    assert refused.hosts == {}, "refused before any NodeHost was asked for"

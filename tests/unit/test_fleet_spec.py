@@ -35,6 +35,14 @@ def test_defaults_keep_ordinary_workloads_off_synthetic_nodes() -> None:
         ("ray: {address: somewhere}\npools: [{name: a, count: 1}]", r"ray\.address: String should match"),
         ("nodesPerHost: 0\npools: [{name: a, count: 1}]", r"nodesPerHost: Input should be greater than or equal to 1"),
         ("pools: [{name: a, count: 1, colour: red}]", r"pools\[0\]\.colour: Extra inputs are not permitted"),
+        (
+            "pools: [{name: a, count: 1, placement: {strategy: STRICT_SPREAD}}]",
+            r"pools\[0\]\.placement\.strategy: Input should be 'DEFAULT' or 'SPREAD'",
+        ),
+        (
+            "pools: [{name: a, count: 1, placement: {resources: {big: 0}}}]",
+            r"pools\[0\]\.placement: .*resources: big must be more than 0",
+        ),
     ],
 )
 def test_errors_name_the_field(text: str, message: str) -> None:
@@ -86,3 +94,17 @@ def test_node_recipes_with_external_drivers_survive_a_host_restart() -> None:
     )
     again = NodeRecipe.from_json(json.loads(json.dumps(dataclasses.asdict(recipe))))
     assert again == recipe
+
+
+def test_a_pools_placement_becomes_how_ray_runs_its_hosts() -> None:
+    from testbed.fleet.fleet import host_options
+
+    fleet = spec.parse(
+        "pools: [{name: a, count: 1, placement: {resources: {big-hosts: 1}, strategy: SPREAD}}, {name: b, count: 1}]",
+        "f.yaml",
+    )
+    spread = host_options(fleet.pools[0].placement, detached=True)
+    assert spread["resources"] == {"big-hosts": 1.0} and spread["scheduling_strategy"] == "SPREAD"
+    assert spread["lifetime"] == "detached" and spread["num_cpus"] == 0
+    plain = host_options(fleet.pools[1].placement, detached=False)
+    assert "resources" not in plain and "scheduling_strategy" not in plain and "lifetime" not in plain
