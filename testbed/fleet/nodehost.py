@@ -33,7 +33,7 @@ from testbed.files import private_dir, write_atomically, write_secret
 from testbed.fingerprint import code_version
 from testbed.fleet.drain import DrainResult, drain, drain_process_node
 from testbed.fleet.external import ExternalDriverSpec
-from testbed.fleet.identity import NODE_CONNECTIONS, NodeAuthority, bind_driver_token, driver_token
+from testbed.fleet.identity import NodeAuthority, bind_driver_token, driver_token
 from testbed.fleet.loopwatch import LoopWatch
 from testbed.fleet.synthetic_node import SyntheticNode, drivers_for
 from testbed.kubeapi import KubeClient
@@ -126,6 +126,7 @@ class NodeHost:
         self.process_nodes: dict[str, ProcessNode] = {}
         """Real-kubelet nodes: their kubelet, runtime and driver run as processes."""
         self.client: KubeClient | None = None
+        self.watch_client: KubeClient | None = None
         self.token_connections: KubeClient | None = None
         """Shared by every node's drivers: their tokens ride on the same TLS connections."""
         self.claims: ClaimCache | None = None
@@ -164,6 +165,9 @@ class NodeHost:
 
     async def start(self, ready_timeout_s: float = 300.0, concurrency: int = START_CONCURRENCY) -> list[str]:
         self.client = KubeClient.from_kubeconfig(self.kubeconfig, HOST_CONNECTIONS)
+        # Each kubelet's pod watch holds a connection; under shared credentials they come
+        # from here, unbounded, and the nodes' requests keep the host's few connections.
+        self.watch_client = KubeClient(self.client.credentials, connection_limit=0)
         if self.authority is not None:
             self.token_connections = self.authority.token_connections(HOST_CONNECTIONS)
         self.claims = ClaimCache(self.client, watch=False)
@@ -208,6 +212,7 @@ class NodeHost:
                 drivers=list(recipe.drivers) if recipe.drivers is not None else drivers_for(profile),
                 external=list(recipe.external),
                 driver_credentials=self._external_credentials(recipe.name) if recipe.external else None,
+                watch_client=self.watch_client if self.authority is None else None,
             )
             self.nodes[recipe.name] = node
             fresh.append(node)
@@ -236,14 +241,10 @@ class NodeHost:
 
     def _identity(self, node: str) -> tuple[KubeClient, KubeClient, Callable[[], Awaitable[None]] | None]:
         """The node's kubelet client, its drivers' client, and what binds the drivers'
-        token once the Node exists. Without an authority the kubelet still has connections
-        of its own (its pod watch holds one) under the host's credentials, and the drivers
-        use the host's client."""
+        token once the Node exists; the host's own client for both without an authority."""
         assert self.client is not None
         if self.authority is None:
-            kubelet = KubeClient(self.client.credentials, connection_limit=NODE_CONNECTIONS)
-            self.node_clients[node] = [kubelet]
-            return kubelet, self.client, None
+            return self.client, self.client, None
         admin = self.client
         kubelet = self.authority.kubelet_client(node)
         drivers = self.authority.driver_client(self.token_connections)
@@ -355,6 +356,8 @@ class NodeHost:
             await self.claims.stop()
         if self.client is not None:
             await self.client.close()
+        if self.watch_client is not None:
+            await self.watch_client.close()
         if self.token_connections is not None:
             await self.token_connections.close()
 

@@ -62,9 +62,11 @@ class SyntheticNode:
         drivers: list[str] | None = None,
         external: list[ExternalDriverSpec] | None = None,
         driver_credentials: Callable[[], Awaitable[tuple[Path, str]]] | None = None,
+        watch_client: KubeClient | None = None,
     ):
         """``client``: the kubelet's; ``driver_client``: the drivers' (the kubelet's by
-        default). ``bind_drivers``: run
+        default); ``watch_client``: what the kubelet's pod watch holds a connection on
+        (the kubelet's by default). ``bind_drivers``: run
         once the Node exists and before the drivers start (it gives the drivers their
         node-bound credentials). ``drivers``: the built-in drivers to run (default: those
         the profile's hardware needs); ``external``: drivers run from a command, which
@@ -85,6 +87,7 @@ class SyntheticNode:
             cdi_dir,
             scan_interval_s=PLUGIN_SCAN_INTERVAL_S,
             registry_dir=None if self.short_paths is None else self.short_paths.registry,
+            watch_client=watch_client,
         )
         self.drivers = [
             DriverPlugin(

@@ -26,8 +26,10 @@ class FakeKubelet:
         watch_pods: bool = True,
         scan_interval_s: float = SCAN_INTERVAL_S,
         registry_dir: Path | None = None,
+        watch_client: KubeClient | None = None,
     ):
-        """``registry_dir``: where plugins register (default ``kubelet_dir/plugins_registry``)."""
+        """``registry_dir``: where plugins register (default ``kubelet_dir/plugins_registry``).
+        ``watch_client``: what the pod watch holds its connection on (default ``client``)."""
         self.client = client
         self.spec = spec
         self.kubelet_dir = kubelet_dir
@@ -46,6 +48,7 @@ class FakeKubelet:
             cdi_dir,
             watch_pods=watch_pods,
             checkpoint=kubelet_dir / CHECKPOINT_FILE,
+            watch_client=watch_client,
         )
         self._startup_wipe: asyncio.Task[None] | None = None
 

@@ -100,8 +100,10 @@ class PodManager:
         cdi_dir: Path,
         watch_pods: bool = True,
         checkpoint: Path | None = None,
+        watch_client: KubeClient | None = None,
     ):
         self.client = client
+        self.watch_client = watch_client or client
         self.checkpoint = checkpoint
         self.node = node
         self.plugins = plugins
@@ -154,7 +156,7 @@ class PodManager:
 
     async def _watch(self) -> None:
         path = path_for("v1", "pods")
-        async for kind, pod in self.client.watch(path, {"fieldSelector": f"spec.nodeName={self.node.name}"}):
+        async for kind, pod in self.watch_client.watch(path, {"fieldSelector": f"spec.nodeName={self.node.name}"}):
             self.observe(kind, pod)
 
     def observe(self, kind: str, pod: Obj) -> None:

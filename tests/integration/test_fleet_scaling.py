@@ -161,3 +161,33 @@ def test_a_pool_with_a_placement_has_hosts_of_its_own_and_asks_only_for_what_ray
         refused.start()
     assert "no Ray node offers big-hosts" in error.value.message
     assert refused.hosts == {}, "refused before any NodeHost was asked for"
+
+
+def test_nodes_under_shared_credentials_run_pods_with_claims(
+    control_plane: ClusterState, fleet: Fleet, kube_api: k8s.ApiClient
+) -> None:
+    """identities: shared: the kubelets' requests go over the host's connections and their
+    pod watches over connections of their own, all as the fleet's admin."""
+    del fleet  # only for its Ray and DeviceClasses
+    label = unique("sd")
+    spec = FleetFile.model_validate(
+        {"identities": "shared", "pools": [{"name": label, "count": 1, "profile": "tiny", "labels": {"pool": label}}]}
+    )
+    shared = Fleet(spec, control_plane.kubeconfig, nodes_dir(control_plane.root))
+    assert shared.authority is None
+    core = k8s.CoreV1Api(kube_api)
+    namespace = unique("shared")
+    core.create_namespace({"metadata": {"name": namespace}})
+    try:
+        shared.start()
+        create_template(kube_api, namespace, "one-gpu", claim_spec(request("gpu", GPU)))
+        k8s.AppsV1Api(kube_api).create_namespaced_deployment(namespace, _deployment("work", label, 1))
+
+        def running() -> list[str]:
+            pods = core.list_namespaced_pod(namespace).items
+            return [p.spec.node_name for p in pods if p.status.phase == "Running"]
+
+        wait_for(lambda: running() == [f"{label}-000"], 120, "the GPU pod running on the shared-credentials node")
+    finally:
+        core.delete_namespace(namespace)
+        shared.stop(remove_nodes=True)
