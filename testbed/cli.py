@@ -29,6 +29,7 @@ from testbed import environment
 from testbed.controlplane import binaries as binaries_module
 from testbed.controlplane import cluster, leftovers, processes
 from testbed.errors import TestbedError
+from testbed.fingerprint import code_version
 from testbed.fleet import spec as fleet_spec
 from testbed.fleet.external import recorded_drivers
 from testbed.fleet.fleet import FAULT_ACTIONS
@@ -134,18 +135,21 @@ def _print_fleet(state: cluster.ClusterState, out: Console) -> None:
         out.print(f"NodeHosts: {exc.message}", markup=False)
         return
     table = Table(title=f"NodeHosts (Ray at {state.extras.get('ray_address')})")
-    for column in ("NodeHost", "nodes ready / held", "pid", "Ray node", "restarted"):
+    for column in ("NodeHost", "nodes ready / held", "pid", "Ray node", "restarted", "testbed code"):
         table.add_column(column)
+    here = code_version()
     for name, host in sorted(hosts.items()):
         if "error" in host:
-            table.add_row(name, f"[red]{host['error']}[/]", "-", "-", "-")
+            table.add_row(name, f"[red]{host['error']}[/]", "-", "-", "-", "-")
             continue
+        code = str(host.get("code", "?"))
         table.add_row(
             name,
             f"{host['ready']} / {host['nodes']}",
             str(host["pid"]),
             str(host["ray_node"])[:12],
             "yes" if host["restarted"] else "no",
+            "as here" if code == here else f"[red]{code}, here {here}[/]",
         )
     out.print(table)
 

@@ -397,7 +397,7 @@ class NodeHost:
         return {"version": code_version(), "where": f"{platform.node()} (pid {os.getpid()})"}
 
     async def describe(self) -> dict[str, Any]:
-        """For `testbed status`: how many nodes, how many ready, where it runs."""
+        """For `testbed status`: how many nodes, how many ready, where it runs, which code."""
         node_id = ""
         try:
             import ray
@@ -412,6 +412,7 @@ class NodeHost:
             "pid": os.getpid(),
             "ray_node": node_id,
             "restarted": _restarted_by_ray(),
+            "code": code_version(),
         }
 
     async def node_dir(self, node: str) -> str:

@@ -52,6 +52,9 @@ def test_down_takes_the_nodehosts_out_of_a_ray_cluster_it_joined(short_tmp_path:
         )
         assert up.returncode == 0, up.stderr[-3000:]
         assert len(_named_actors(address, env)) == 1, "the fleet's NodeHost runs in the user's Ray"
+        status = subprocess.run([*base, "status", *where], env=env, capture_output=True, text=True, timeout=120)
+        assert status.returncode == 0, status.stderr[-3000:]
+        assert f"Ray at {address}" in status.stdout and "as here" in status.stdout, status.stdout
 
         down = subprocess.run([*base, "down", *where], env=env, capture_output=True, text=True, timeout=300)
         assert down.returncode == 0, down.stderr[-3000:]
