@@ -29,7 +29,7 @@ from fake_devices.profiles import load_profile
 from testbed.config import ControlPlaneConfig
 from testbed.controlplane import cluster
 from testbed.driver.backend import LocalBackend
-from testbed.driver.claims import ClaimCache
+from testbed.driver.claims import ClaimReader
 from testbed.driver.plugin import DriverPlugin
 from testbed.driver.prepare import DriverPaths
 from testbed.environment import install_device_classes
@@ -79,14 +79,14 @@ def rpc_latency(
 
     async def run() -> tuple[list[float], list[float]]:
         client = KubeClient.from_kubeconfig(state.kubeconfig)
-        cache = ClaimCache(client)  # a GET per prepared claim, as the standalone driver reads
+        claims = ClaimReader(client)
         plugin = DriverPlugin(
             GPU,
             node,
             DriverPaths.for_node(scratch / "kubelet", GPU, scratch / "cdi"),
             LocalBackend(NodeHardware(node, load_profile("gpu8"))),
             client,
-            cache,
+            claims,
             publish_slices=False,
             durable=durable,
         )

@@ -41,7 +41,7 @@ from grpc_health.v1 import health_pb2_grpc
 from fake_devices.hardware import Health, NodeHardware
 from fake_devices.profiles import ProfileError, load_profile
 from testbed.driver.backend import LocalBackend
-from testbed.driver.claims import ClaimCache
+from testbed.driver.claims import ClaimReader
 from testbed.driver.grpc_services import LivenessService
 from testbed.driver.plugin import DriverPlugin
 from testbed.driver.prepare import DriverPaths
@@ -154,8 +154,7 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
     except ProfileError as exc:
         raise TestbedError(str(exc), hint="set HARDWARE_PROFILE to gpu8, h100x8, tiny or a YAML path") from None
     client = KubeClient.from_kubeconfig(settings.kubeconfig)
-    claims = ClaimCache(client)
-    claims.start()
+    claims = ClaimReader(client)
     hardware = NodeHardware(settings.node, profile, settings.seed)
     backend = LocalBackend(hardware)
     faults = (
@@ -214,7 +213,6 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
             await liveness.stop(1)
         for plugin in plugins:
             await plugin.stop()
-        await claims.stop()
         await client.close()
 
 

@@ -57,7 +57,7 @@ SLICE_WRITES = Counter(
 )
 CLAIM_LOOKUPS = Counter(
     "dra_testbed_claim_lookups_total",
-    "Where NodePrepareResources found its ResourceClaims: the watch-fed cache or the API server",
+    "ResourceClaims NodePrepareResources read (source: api, one GET per claim)",
     ["source"],
 )
 

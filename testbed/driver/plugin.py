@@ -18,7 +18,7 @@ from grpc_health.v1 import health_pb2_grpc
 
 from testbed.driver import metrics
 from testbed.driver.backend import DeviceBackend
-from testbed.driver.claims import ClaimCache
+from testbed.driver.claims import ClaimReader
 from testbed.driver.grpc_services import CallLog, LivenessService, RegistrationService, add_services
 from testbed.driver.prepare import ClaimPreparer, DriverPaths
 from testbed.driver.slices import DRIVER_KINDS, SlicePublisher, SliceWatcher, desired_slices
@@ -43,7 +43,7 @@ class DriverPlugin:
         paths: DriverPaths,
         backend: DeviceBackend,
         client: KubeClient,
-        claims: ClaimCache,
+        claims: ClaimReader,
         liveness_port: int | None = None,
         publish_slices: bool = True,
         durable: bool = True,

@@ -34,7 +34,7 @@ from testbed.driver.checkpoint import (
     ClaimState,
     PreparedDeviceRecord,
 )
-from testbed.driver.claims import ClaimCache
+from testbed.driver.claims import ClaimReader
 from testbed.driver.opaque_config import NIC_DRIVER, ConfigError, NicConfig, configs_for_request
 from testbed.kubeapi import ApiError, ClaimRef, KubeClient, path_for
 
@@ -117,7 +117,7 @@ class ClaimPreparer:
         node: str,
         paths: DriverPaths,
         backend: DeviceBackend,
-        claims: ClaimCache,
+        claims: ClaimReader,
         client: KubeClient | None = None,
         durable: bool = True,
     ):
@@ -306,7 +306,7 @@ class ClaimPreparer:
 
     async def _fetch(self, ref: ClaimRef) -> Mapping[str, Any]:
         try:
-            claim = await self.claims.get(ref.namespace, ref.name, ref.uid)
+            claim = await self.claims.get(ref.namespace, ref.name)
         except ApiError as exc:
             if exc.not_found:
                 raise ClaimFailed("NotFound", f"claim {ref.namespace}/{ref.name} does not exist") from None

@@ -26,7 +26,7 @@ from prometheus_client import REGISTRY, generate_latest
 from fake_devices.hardware import Health
 from fake_devices.profiles import HardwareProfile, load_profile
 from testbed.controlplane.binaries import ensure_node_binaries
-from testbed.driver.claims import ClaimCache
+from testbed.driver.claims import ClaimReader
 from testbed.driver.leftovers import prepared_state
 from testbed.driver.slices import SliceWatcher
 from testbed.files import private_dir, write_atomically, write_secret
@@ -129,7 +129,7 @@ class NodeHost:
         self.watch_client: KubeClient | None = None
         self.token_connections: KubeClient | None = None
         """Shared by every node's drivers: their tokens ride on the same TLS connections."""
-        self.claims: ClaimCache | None = None
+        self.claims: ClaimReader | None = None
         self.slice_watcher: SliceWatcher | None = None
         self.metrics = MetricsServer()
         self.loop_watch = LoopWatch()
@@ -170,7 +170,7 @@ class NodeHost:
         self.watch_client = KubeClient(self.client.credentials, connection_limit=0)
         if self.authority is not None:
             self.token_connections = self.authority.token_connections(HOST_CONNECTIONS)
-        self.claims = ClaimCache(self.client, watch=False)
+        self.claims = ClaimReader(self.client)
         self.slice_watcher = SliceWatcher.for_host(self.client)
         self.slice_watcher.start()
         self.loop_watch.start()
@@ -352,8 +352,6 @@ class NodeHost:
             await self._close_clients(name)
         if self.slice_watcher is not None:
             await self.slice_watcher.stop()
-        if self.claims is not None:
-            await self.claims.stop()
         if self.client is not None:
             await self.client.close()
         if self.watch_client is not None:

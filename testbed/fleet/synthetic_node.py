@@ -17,7 +17,7 @@ from fake_devices import sysfs
 from fake_devices.hardware import NodeHardware
 from fake_devices.profiles import HardwareProfile
 from testbed.driver.backend import LocalBackend
-from testbed.driver.claims import ClaimCache
+from testbed.driver.claims import ClaimReader
 from testbed.driver.opaque_config import GPU_DRIVER, NIC_DRIVER
 from testbed.driver.plugin import DriverPlugin
 from testbed.driver.prepare import DriverPaths
@@ -51,7 +51,7 @@ class SyntheticNode:
         profile: HardwareProfile,
         root: Path,
         client: KubeClient,
-        claims: ClaimCache,
+        claims: ClaimReader,
         seed: int = 0,
         labels: Mapping[str, str] | None = None,
         taints: list[dict[str, str]] | None = None,

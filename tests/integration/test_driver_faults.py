@@ -23,7 +23,7 @@ from fake_devices.hardware import Health, NodeHardware
 from fake_devices.profiles import load_profile
 from testbed.controlplane.cluster import ClusterState
 from testbed.driver.backend import LocalBackend
-from testbed.driver.claims import ClaimCache
+from testbed.driver.claims import ClaimReader
 from testbed.driver.plugin import DriverPlugin
 from testbed.driver.prepare import DriverPaths
 from testbed.grpcapi import (
@@ -75,7 +75,7 @@ class Harness:
             self.paths,
             LocalBackend(self.hardware),
             self.client,
-            ClaimCache(self.client, watch=False),
+            ClaimReader(self.client),
             liveness_port=0 if liveness else None,
             publish_slices=publish,
         )

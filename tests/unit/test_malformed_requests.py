@@ -13,7 +13,7 @@ import pytest
 from fake_devices.hardware import NodeHardware
 from fake_devices.profiles import load_profile
 from testbed.driver.backend import LocalBackend
-from testbed.driver.claims import ClaimCache
+from testbed.driver.claims import ClaimReader
 from testbed.driver.grpc_services import MalformedRequests
 from testbed.driver.plugin import DriverPlugin
 from testbed.driver.prepare import DriverPaths
@@ -30,7 +30,7 @@ def test_garbage_requests_log_one_line_and_the_driver_keeps_answering(
         client = KubeClient(Credentials("https://127.0.0.1:9", ssl.create_default_context()))  # never called
         paths = DriverPaths.for_node(short_tmp_path / "kubelet", GPU, short_tmp_path / "cdi")
         hardware = LocalBackend(NodeHardware("n", load_profile("tiny")))
-        plugin = DriverPlugin(GPU, "n", paths, hardware, client, ClaimCache(client, watch=False), publish_slices=False)
+        plugin = DriverPlugin(GPU, "n", paths, hardware, client, ClaimReader(client), publish_slices=False)
         await plugin.start()
         codes = []
         try:

@@ -19,9 +19,9 @@ from fake_devices.hardware import NodeHardware
 from fake_devices.profiles import load_profile
 from testbed.driver import prepare
 from testbed.driver.backend import LocalBackend
-from testbed.driver.claims import ClaimCache
+from testbed.driver.claims import ClaimReader
 from testbed.driver.prepare import ClaimPreparer, DriverPaths
-from testbed.kubeapi import ClaimRef, Credentials, KubeClient
+from testbed.kubeapi import ClaimRef, Credentials, KubeClient, Obj
 
 GPU = "gpu.dra-testbed.io"
 
@@ -47,8 +47,16 @@ def test_claims_the_api_must_answer_fail_alone_and_in_time(
 
     async def scenario() -> tuple[dict[str, prepare.PrepareResult], float, float]:
         client = KubeClient(Credentials(f"https://127.0.0.1:{port}", ssl.create_default_context()))
-        cache = ClaimCache(client, watch=False)
-        cache._claims[("ns", "cached")] = _claim("cached", "uid-cached", "gpu-0")
+
+        class OneReadable(ClaimReader):
+            """The API server answers for this one claim only (as if it had come back)."""
+
+            async def get(self, namespace: str, name: str) -> Obj:
+                if name == "cached":
+                    return _claim("cached", "uid-cached", "gpu-0")
+                return await super().get(namespace, name)
+
+        cache = OneReadable(client)
         paths = DriverPaths.for_node(short_tmp_path / "kubelet", GPU, short_tmp_path / "cdi")
         preparer = ClaimPreparer(GPU, "n", paths, LocalBackend(NodeHardware("n", load_profile("tiny"))), cache, client)
         await preparer.repair()
