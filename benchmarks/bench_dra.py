@@ -25,13 +25,10 @@ from kubernetes import client as k8s
 from kubernetes import watch
 
 from fake_devices.hardware import NodeHardware
-from fake_devices.profiles import load_profile
 from testbed.config import ControlPlaneConfig
 from testbed.controlplane import cluster
-from testbed.driver.backend import LocalBackend
-from testbed.driver.claims import ClaimReader
-from testbed.driver.plugin import DriverPlugin
-from testbed.driver.prepare import DriverPaths
+from testbed.drivers import driver_on_node, load_profile
+from testbed.drivers.backend import LocalBackend
 from testbed.environment import install_device_classes
 from testbed.fleet import raycluster
 from testbed.fleet.fleet import Fleet
@@ -40,6 +37,8 @@ from testbed.grpcapi import dra_v1_pb2, dra_v1_pb2_grpc
 from testbed.kube import api_client
 from testbed.kubeapi import KubeClient
 from testbed.kubelet.node import SYNTHETIC_TOLERATION
+from testbed.kubeletplugin.claims import ClaimReader
+from testbed.kubeletplugin.prepare import DriverPaths
 
 GPU = "gpu.dra-testbed.io"
 
@@ -80,7 +79,7 @@ def rpc_latency(
     async def run() -> tuple[list[float], list[float]]:
         client = KubeClient.from_kubeconfig(state.kubeconfig)
         claims = ClaimReader(client)
-        plugin = DriverPlugin(
+        plugin = driver_on_node(
             GPU,
             node,
             DriverPaths.for_node(scratch / "kubelet", GPU, scratch / "cdi"),

@@ -108,7 +108,7 @@ def main() -> int:
             if args.external_driver:
                 gpu = "gpu.dra-testbed.io"
                 env = {"DRIVERS": gpu, "HARDWARE_PROFILE": args.profile, "HEALTH_PORT": "-1", "METRICS_PORT": "-1"}
-                drivers = ["nic", {"name": gpu, "command": [sys.executable, "-m", "testbed.driver.main"], "env": env}]
+                drivers = ["nic", {"name": gpu, "command": [sys.executable, "-m", "testbed.drivers.main"], "env": env}]
             spec = single_pool(args.nodes, args.profile, args.nodes_per_host, drivers=drivers)
             fleet = start_fleet(state, spec.model_copy(update={"identities": args.identities}), ConsoleProgress())
         except TestbedError as exc:
@@ -124,7 +124,7 @@ def main() -> int:
         cpu = {name: cpu_seconds(pid) - cpu_before.get(name, 0.0) for name, pid in components.items()}
         hosts = processes_matching("ray::NodeHost")
         cpu["NodeHosts"] = sum(cpu_seconds(pid) for pid in hosts)  # they began with the fleet
-        drivers_pids = processes_matching("testbed.driver.main")
+        drivers_pids = processes_matching("testbed.drivers.main")
         if drivers_pids:
             cpu["external drivers"] = sum(cpu_seconds(pid) for pid in drivers_pids)
         hosts_rss = rss_mb(hosts)

@@ -32,15 +32,15 @@ from typing import Any
 from bench_fleet import cpu_seconds, processes_matching
 
 from fake_devices.hardware import build_inventory
-from fake_devices.profiles import load_profile
 from testbed.config import ControlPlaneConfig, cache_root
 from testbed.controlplane import cluster
-from testbed.driver.slices import desired_slices, slice_object
+from testbed.drivers import KINDS, load_profile
 from testbed.environment import install_device_classes, start_fleet
 from testbed.errors import TestbedError
 from testbed.fleet.spec import single_pool
 from testbed.keys import PROFILE_LABEL, SLICE_NODE_LABEL, SYNTHETIC
 from testbed.kubeapi import KubeClient, path_for
+from testbed.kubeletplugin.slices import desired_slices, slice_object
 from testbed.progress import ConsoleProgress
 from testbed.report import report as reporting
 from testbed.scenarios import runner, spec
@@ -106,7 +106,7 @@ async def kwok_nodes_up(client: KubeClient, count: int) -> float:
     profile = load_profile("gpu8")
     slices = []
     for name in names:
-        devices, pools = build_inventory(profile, name, seed=0)
+        devices, pools = KINDS[GPU].select(*build_inventory(profile, name, seed=0))
         specs = desired_slices(GPU, name, devices, pools, [])
         slices += [slice_object(GPU, name, s, 1, len(specs)) for s in specs]
     await _bounded([client.create(path_for("resource.k8s.io/v1", "resourceslices"), s) for s in slices])

@@ -10,23 +10,21 @@ from collections.abc import Mapping
 from typing import Any
 
 from fake_devices.hardware import (
-    Device,
     DeviceHealth,
     Health,
     NodeHardware,
     PreparedDevice,
-    SharedPool,
 )
-from fake_devices.profiles import load_profile
+from fake_devices.kinds import Device, SharedPool
+from fake_devices.profiles import HardwareProfile
 
 
 class HardwareHost:
     """Owns ``NodeHardware`` for each node it was given; every call names the node."""
 
-    def __init__(self, nodes: Mapping[str, str], seed: int = 0):
-        """``nodes`` maps node name -> hardware profile name or path."""
-        profiles = {p: load_profile(p) for p in set(nodes.values())}
-        self._nodes = {node: NodeHardware(node, profiles[p], seed) for node, p in nodes.items()}
+    def __init__(self, nodes: Mapping[str, HardwareProfile], seed: int = 0):
+        """``nodes`` maps node name -> its hardware profile."""
+        self._nodes = {node: NodeHardware(node, profile, seed) for node, profile in nodes.items()}
 
     def _node(self, node: str) -> NodeHardware:
         try:

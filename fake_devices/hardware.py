@@ -1,8 +1,8 @@
 """The emulated hardware of one node: its devices, who uses them, their health, faults.
 
-Devices are described in neutral terms: attributes, capacities, and what they draw from
-a shared pool (a GPU's memory slices and multiprocessors). A whole GPU draws all of its
-pool and a partition draws its placement, so two devices conflict exactly when their
+Devices are described in neutral terms (``kinds.Device``): attributes, capacities, and
+what they draw from a shared pool (a GPU's memory slices and multiprocessors). A whole
+GPU draws all of its pool and a partition draws its placement, so two devices conflict exactly when their
 draws together exceed the pool. A driver can publish this so a scheduler works the
 conflicts out by itself; the hardware still refuses a double use, as real hardware would.
 
@@ -17,38 +17,16 @@ import hashlib
 import random
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 
+from fake_devices.kinds import Device, NodeSlots, SharedPool
 from fake_devices.profiles import HardwareProfile
-
-AttributeValue = str | int | bool
 
 
 class Health(StrEnum):
     HEALTHY = "HEALTHY"
     UNHEALTHY = "UNHEALTHY"
-
-
-@dataclass(frozen=True)
-class SharedPool:
-    """Capacity that several devices draw from (one per partitionable GPU)."""
-
-    name: str
-    capacity: Mapping[str, int]
-
-
-@dataclass(frozen=True)
-class Device:
-    name: str
-    kind: str
-    """"gpu", "partition" or "nic"."""
-    attributes: Mapping[str, AttributeValue]
-    capacity: Mapping[str, int]
-    pool: str | None = None
-    draws: Mapping[str, int] = field(default_factory=dict)
-    parent: str | None = None
-    """For a partition, the whole GPU it is carved from."""
 
 
 @dataclass(frozen=True)
@@ -70,124 +48,20 @@ class HardwareError(Exception):
     """A device operation failed as real hardware might (busy, lost, injected fault)."""
 
 
-def _digest(*parts: object) -> bytes:
-    return hashlib.sha256("/".join(str(p) for p in parts).encode()).digest()
-
-
-def stable_uuid(seed: int, node: str, kind: str, index: int) -> str:
-    h = _digest(seed, node, kind, index).hex()
-    return f"{kind.upper()}-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
-
-
-def stable_mac(seed: int, node: str, index: int) -> str:
-    raw = bytearray(_digest(seed, node, "mac", index)[:6])
-    raw[0] = (raw[0] & 0xFC) | 0x02  # locally administered, unicast
-    return ":".join(f"{b:02x}" for b in raw)
-
-
 def build_inventory(profile: HardwareProfile, node: str, seed: int) -> tuple[list[Device], list[SharedPool]]:
-    """The devices of one node: GPUs (whole and partitions) and NICs on shared PCIe roots."""
+    """The devices of one node, section by section."""
+    slots = NodeSlots(node, seed, profile.numa_nodes)
     devices: list[Device] = []
     pools: list[SharedPool] = []
-    gpus_per_numa = max(1, -(-profile.gpu_count // profile.numa_nodes))
-    nics_per_numa = max(1, -(-profile.nic_count // profile.numa_nodes))
-
-    def bus(index: int) -> int:
-        return 0x20 + index * 0x0C  # 16 devices stay below 0xff
-
-    def root(index: int) -> str:
-        return f"pci0000:{bus(index) - 1:02x}"
-
-    if profile.gpus is not None:
-        spec = profile.gpus
-        for i in range(spec.count):
-            bus_id = f"0000:{bus(i):02x}:00.0"
-            common: dict[str, AttributeValue] = {
-                "index": i,
-                "uuid": stable_uuid(seed, node, "gpu", i),
-                "productName": spec.product_name,
-                "architecture": spec.architecture,
-                "driverVersion": spec.driver_version,
-                "numaNode": i // gpus_per_numa,
-                "pciBusID": bus_id,
-                "pcieRoot": root(i),
-            }
-            whole = f"gpu-{i}"
-            pool_name: str | None = None
-            pool_capacity: dict[str, int] = {}
-            if spec.partitions:
-                pool_name = f"{whole}-counters"
-                pool_capacity = {
-                    "memory": spec.memory_gib << 30,
-                    "multiprocessors": spec.multiprocessors,
-                }
-                pool_capacity |= {f"memory-slice-{s}": 1 for s in range(spec.memory_slices)}
-                pools.append(SharedPool(pool_name, pool_capacity))
-            devices.append(
-                Device(
-                    name=whole,
-                    kind="gpu",
-                    attributes={**common, "type": "gpu"},
-                    capacity={
-                        "memory": spec.memory_gib << 30,
-                        "multiprocessors": spec.multiprocessors,
-                    },
-                    pool=pool_name,
-                    draws=dict(pool_capacity),
-                )
-            )
-            for partition in spec.partitions:
-                for start in partition.placements:
-                    slices = {f"memory-slice-{s}": 1 for s in range(start, start + partition.memory_slices)}
-                    devices.append(
-                        Device(
-                            name=f"{whole}-{partition.name.replace('.', '')}-{start}",
-                            kind="partition",
-                            attributes={
-                                **common,
-                                "type": "partition",
-                                "profile": partition.name,
-                                "placementStart": start,
-                                "placementSize": partition.memory_slices,
-                                "uuid": stable_uuid(seed, node, f"mig{i}-{partition.name}", start),
-                                "parentUUID": str(common["uuid"]),
-                            },
-                            capacity={
-                                "memory": partition.memory_gib << 30,
-                                "multiprocessors": partition.multiprocessors,
-                            },
-                            pool=pool_name,
-                            draws={
-                                "memory": partition.memory_gib << 30,
-                                "multiprocessors": partition.multiprocessors,
-                                **slices,
-                            },
-                            parent=whole,
-                        )
-                    )
-    if profile.nics is not None:
-        nic = profile.nics
-        for i in range(nic.count):
-            devices.append(
-                Device(
-                    name=f"nic-{i}",
-                    kind="nic",
-                    attributes={
-                        "index": i,
-                        "type": "nic",
-                        "model": nic.model,
-                        "ifName": f"eth{i + 1}",
-                        "macAddress": stable_mac(seed, node, i),
-                        "rdma": nic.rdma,
-                        "linkSpeedGbps": nic.link_speed_gbps,
-                        "numaNode": i // nics_per_numa,
-                        "pciBusID": f"0000:{bus(i) + 1:02x}:00.0",
-                        "pcieRoot": root(i),
-                    },
-                    capacity={"virtualFunctions": nic.virtual_functions},
-                )
-            )
+    for spec in profile.devices.values():
+        built, shared = spec.build(slots)
+        devices += built
+        pools += shared
     return devices, pools
+
+
+def _digest(*parts: object) -> bytes:
+    return hashlib.sha256("/".join(str(p) for p in parts).encode()).digest()
 
 
 @dataclass
@@ -364,14 +238,7 @@ class NodeHardware:
         return [self._prepared(n, settings.get(n)) for n in sorted(names)]
 
     def _prepared(self, name: str, settings: Mapping[str, str] | None) -> PreparedDevice:
-        device = self._devices[name]
-        key = name.upper().replace("-", "_")
-        if device.kind == "nic":
-            env = {f"{key}_IFNAME": str(device.attributes["ifName"])}
-        else:
-            env = {f"{key}_UUID": str(device.attributes["uuid"])}
-        env.update(settings or {})
-        return PreparedDevice(name, env)
+        return PreparedDevice(name, {**self._devices[name].env, **(settings or {})})
 
     async def unprepare(self, claim_uid: str) -> bool:
         """Release the claim's devices. Unknown claims are fine (already released)."""

@@ -1,107 +1,94 @@
 """Hardware profiles: what one node carries, as validated YAML.
 
-Shipped profiles live next to this file in ``profiles/``; a path to any YAML file with
-the same fields works too. Errors name the field, e.g. ``gpus.partitions[1].placements``.
+A profile has a few node-wide fields and one section per kind of device; which sections
+exist is up to whoever loads profiles (``ProfileLoader``). Shipped profiles live next to
+this file in ``profiles/`` (and in any other directory a loader is given); a path to any
+YAML file with the same fields works too. Errors name the field, e.g.
+``gpus.partitions[1].placements``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from fake_devices.specfiles import SpecFileError, parse_yaml, validate
+from fake_devices.kinds import DeviceSpec
+from fake_devices.specfiles import SpecFileError, field_path, parse_yaml, validate
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
 
 
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class HardwareProfile(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
-
-class PartitionProfile(Strict):
-    """A MIG-style partition shape: which memory slices it covers and what it gets."""
-
-    name: str = Field(pattern=r"^[0-9]+g\.[0-9]+gb$", description="e.g. 1g.10gb")
-    memory_slices: int = Field(alias="memorySlices", ge=1)
-    multiprocessors: int = Field(ge=1)
-    memory_gib: int = Field(alias="memoryGiB", ge=1)
-    placements: list[int] = Field(min_length=1, description="first memory slice of each placement")
-
-
-class GpuSpec(Strict):
-    count: int = Field(ge=0, le=16)
-    product_name: str = Field(alias="productName", max_length=64)
-    architecture: str = Field(max_length=64)
-    driver_version: str = Field(alias="driverVersion", pattern=r"^[0-9]+\.[0-9]+\.[0-9]+$")
-    memory_gib: int = Field(alias="memoryGiB", ge=1)
-    multiprocessors: int = Field(ge=1)
-    memory_slices: int = Field(default=8, alias="memorySlices", ge=1, le=16)
-    partitions: list[PartitionProfile] = Field(default_factory=list)
-
-    @model_validator(mode="after")
-    def _placements_fit(self) -> GpuSpec:
-        for i, partition in enumerate(self.partitions):
-            for start in partition.placements:
-                if start < 0 or start + partition.memory_slices > self.memory_slices:
-                    raise ValueError(
-                        f"partitions[{i}] ({partition.name}) placement {start} needs slices "
-                        f"{start}..{start + partition.memory_slices - 1}, but the GPU has "
-                        f"{self.memory_slices} (memorySlices)"
-                    )
-        return self
-
-
-class NicSpec(Strict):
-    count: int = Field(ge=0, le=16)
-    model: str = Field(max_length=64)
-    link_speed_gbps: int = Field(alias="linkSpeedGbps", ge=1)
-    rdma: bool = True
-    virtual_functions: int = Field(default=0, alias="virtualFunctions", ge=0, le=256)
-
-
-class HardwareProfile(Strict):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
     description: str = ""
     numa_nodes: int = Field(default=1, alias="numaNodes", ge=1, le=8)
-    gpus: GpuSpec | None = None
-    nics: NicSpec | None = None
+    devices: dict[str, DeviceSpec] = Field(default_factory=dict)
+    """Section name -> its validated spec (a subclass of DeviceSpec)."""
 
-    @property
-    def gpu_count(self) -> int:
-        return self.gpus.count if self.gpus else 0
-
-    @property
-    def nic_count(self) -> int:
-        return self.nics.count if self.nics else 0
+    def count(self, section: str) -> int:
+        spec = self.devices.get(section)
+        return spec.count if spec is not None else 0
 
 
 class ProfileError(SpecFileError):
     pass
 
 
-def parse_profile(text: str, source: str) -> HardwareProfile:
-    try:
-        data = parse_yaml(text, source)
-    except SpecFileError as exc:
-        raise ProfileError(str(exc)) from None
-    return validate(HardwareProfile, data, "hardware profile", source, ProfileError)
+class ProfileLoader:
+    """Reads profiles whose device sections are the given kinds'."""
 
+    def __init__(self, sections: Iterable[type[DeviceSpec]], directories: Iterable[Path] = ()):
+        self.sections: Mapping[str, type[DeviceSpec]] = {s.section: s for s in sections}
+        self.directories = [PROFILE_DIR, *directories]
+        functions = [s.pci_function for s in self.sections.values()]
+        if len(set(functions)) != len(functions):
+            raise ValueError(f"device kinds share a PCI bus: {dict(zip(self.sections, functions, strict=True))}")
 
-def shipped_profiles() -> list[str]:
-    return sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
-
-
-def load_profile(name_or_path: str) -> HardwareProfile:
-    """A shipped profile by name (``gpu8``), or any YAML file by path."""
-    path = Path(name_or_path)
-    if not path.suffix:
-        path = PROFILE_DIR / f"{name_or_path}.yaml"
-        if not path.exists():
+    def parse(self, text: str, source: str) -> HardwareProfile:
+        try:
+            data = parse_yaml(text, source)
+        except SpecFileError as exc:
+            raise ProfileError(str(exc)) from None
+        if not isinstance(data, dict):
+            raise ProfileError(f"invalid hardware profile {source}: expected a mapping, got {type(data).__name__}")
+        common = {k: v for k, v in data.items() if k not in self.sections}
+        unknown = sorted(set(common) - {"name", "description", "numaNodes"})
+        if unknown:
             raise ProfileError(
-                f"no hardware profile named {name_or_path!r}; shipped profiles: "
-                f"{', '.join(shipped_profiles())} (or give a path to a YAML file)"
+                f"invalid hardware profile {source}:\n  {unknown[0]}: not a field of a profile; "
+                f"device sections: {', '.join(self.sections)}; other fields: name, description, numaNodes"
             )
-    elif not path.exists():
-        raise ProfileError(f"hardware profile file {path} does not exist")
-    return parse_profile(path.read_text(), str(path))
+        devices: dict[str, Any] = {}
+        problems: list[str] = []
+        for section, model in self.sections.items():
+            if section in data:
+                try:
+                    devices[section] = model.model_validate(data[section])
+                except ValidationError as exc:
+                    problems += [f"  {field_path((section, *e['loc']))}: {e['msg']}" for e in exc.errors()]
+        if problems:
+            raise ProfileError("\n".join([f"invalid hardware profile {source}:", *problems]))
+        return validate(HardwareProfile, {**common, "devices": devices}, "hardware profile", source, ProfileError)
+
+    def shipped(self) -> list[str]:
+        return sorted({p.stem for d in self.directories for p in d.glob("*.yaml")})
+
+    def load(self, name_or_path: str) -> HardwareProfile:
+        """A shipped profile by name (``gpu8``), or any YAML file by path."""
+        path = Path(name_or_path)
+        if not path.suffix:
+            found = [d / f"{name_or_path}.yaml" for d in self.directories if (d / f"{name_or_path}.yaml").exists()]
+            if not found:
+                raise ProfileError(
+                    f"no hardware profile named {name_or_path!r}; shipped profiles: "
+                    f"{', '.join(self.shipped())} (or give a path to a YAML file)"
+                )
+            path = found[0]
+        elif not path.exists():
+            raise ProfileError(f"hardware profile file {path} does not exist")
+        return self.parse(path.read_text(), str(path))

@@ -26,12 +26,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from fake_devices.hardware import Device, Health, NodeHardware
+from fake_devices.hardware import Health, NodeHardware
+from fake_devices.kinds import Device
 
-PCI_IDS = {
-    "gpu": ("0x10de", "0x2330", "0x030200"),  # vendor, device, class: a 3D controller
-    "nic": ("0x15b3", "0x1021", "0x020000"),  # an Ethernet controller
-}
 MTU = 9000
 
 
@@ -65,15 +62,15 @@ def inventory(hardware: NodeHardware) -> dict[str, Any]:
 
 
 def tree(hardware: NodeHardware) -> dict[str, str]:
-    """Relative path -> content of the sysfs-like files (whole devices only: partitions
-    are not PCI functions)."""
+    """Relative path -> content of the sysfs-like files: a PCI entry per device that is a
+    PCI function (partitions are not), a network interface per device with an ``ifName``."""
     sick = {h.device for h in hardware.health() if h.health is Health.UNHEALTHY}
     files: dict[str, str] = {}
     for device in hardware.devices():
-        if device.kind not in PCI_IDS:
+        if device.pci_ids is None:
             continue
         address = str(device.attributes["pciBusID"])
-        vendor, product, pci_class = PCI_IDS[device.kind]
+        vendor, product, pci_class = device.pci_ids
         base = f"bus/pci/devices/{address}"
         files |= {
             f"{base}/vendor": vendor,
@@ -81,7 +78,7 @@ def tree(hardware: NodeHardware) -> dict[str, str]:
             f"{base}/class": pci_class,
             f"{base}/numa_node": str(device.attributes.get("numaNode", -1)),
         }
-        if device.kind == "nic":
+        if "ifName" in device.attributes:
             files |= _net(device, address, up=device.name not in sick)
     return {path: content + "\n" for path, content in files.items()}
 
@@ -89,9 +86,9 @@ def tree(hardware: NodeHardware) -> dict[str, str]:
 def _net(device: Device, address: str, up: bool) -> dict[str, str]:
     base = f"class/net/{device.attributes['ifName']}"
     return {
-        f"{base}/address": str(device.attributes["macAddress"]),
+        f"{base}/address": str(device.attributes.get("macAddress", "")),
         f"{base}/mtu": str(MTU),
-        f"{base}/speed": str(int(device.attributes["linkSpeedGbps"]) * 1000),
+        f"{base}/speed": str(int(device.attributes.get("linkSpeedGbps", 0)) * 1000),
         f"{base}/operstate": "up" if up else "down",
         f"{base}/device/pci_address": address,
     }

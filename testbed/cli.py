@@ -23,11 +23,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from fake_devices.profiles import ProfileError, load_profile
+from fake_devices.profiles import ProfileError
 from testbed import config as cfg
 from testbed import environment
 from testbed.controlplane import binaries as binaries_module
 from testbed.controlplane import cluster, leftovers, processes
+from testbed.drivers import load_profile
 from testbed.errors import TestbedError
 from testbed.fingerprint import code_version
 from testbed.fleet import spec as fleet_spec
@@ -98,8 +99,7 @@ def main() -> None:
 
 def _fleet_of(state: cluster.ClusterState) -> fleet_spec.FleetFile | None:
     """The fleet `testbed up` recorded for this cluster, if any."""
-    recorded = state.extras.get("fleet")
-    return fleet_spec.FleetFile.model_validate(recorded) if recorded else None
+    return fleet_spec.FleetFile.model_validate(state.fleet.spec) if state.fleet else None
 
 
 def _print_fleet(state: cluster.ClusterState, out: Console) -> None:
@@ -134,7 +134,7 @@ def _print_fleet(state: cluster.ClusterState, out: Console) -> None:
     except TestbedError as exc:
         out.print(f"NodeHosts: {exc.message}", markup=False)
         return
-    table = Table(title=f"NodeHosts (Ray at {state.extras.get('ray_address')})")
+    table = Table(title=f"NodeHosts (Ray at {state.fleet.ray_address if state.fleet else None})")
     for column in ("NodeHost", "nodes ready / held", "pid", "Ray node", "restarted", "testbed code"):
         table.add_column(column)
     here = code_version()
@@ -415,8 +415,8 @@ def logs(node: str, log_name: str | None, name: str, state_dir: Path | None, tai
     kubelet, driver or cri. Without a name, list the node's logs."""
     _about(name, f"logs of node {node}")
     state = _running(name, state_dir)
-    nodes = state.extras.get("nodes_dir")
-    directory = Path(str(nodes)) / node / "logs" if nodes else None
+    nodes = state.fleet.nodes_dir if state.fleet else ""
+    directory = Path(nodes) / node / "logs" if nodes else None
     if directory is None or not (directory.parent).is_dir():
         raise TestbedError(f"cluster {name!r} has no node {node!r}", hint=f"see `testbed status --name {name}`")
     available = sorted(p.stem for p in directory.glob("*.log")) if directory.is_dir() else []
@@ -489,7 +489,7 @@ def list_clusters() -> None:
         if state is None:
             continue
         running = state.ready and any(p.alive() for p in state.processes)
-        if state.extras.get(cluster.EXTERNAL):
+        if state.attached_to:
             running = state.ready
         fleet = _fleet_of(state)
         nodes = fleet.count if fleet else 0
@@ -525,8 +525,8 @@ def status(name: str, state_dir: Path | None) -> None:
         if not c.healthy or c.restarts:
             out.print(f"last lines of {c.log}:", markup=False)
             out.print(escape(processes.log_tail(c.log, 5)), markup=False)
-    if state.extras.get(cluster.EXTERNAL):
-        out.print(f"attached to the cluster of {state.extras[cluster.EXTERNAL]} (no control plane of its own)")
+    if state.attached_to:
+        out.print(f"attached to the cluster of {state.attached_to} (no control plane of its own)")
     else:
         out.print(f"apiserver: {state.apiserver_url}")
     out.print(f"kubeconfig: {state.kubeconfig}")
@@ -538,10 +538,10 @@ def status(name: str, state_dir: Path | None) -> None:
             f"left behind by runs while the API server was gone, deleted once it answers: {', '.join(waiting)}",
             markup=False,
         )
-    if state.extras.get("fleet_id"):
+    if state.fleet and state.fleet.fleet_id:
         _print_fleet(state, out)
-    nodes_dir = state.extras.get("nodes_dir")
-    process_nodes = recorded_processes(Path(str(nodes_dir))) if nodes_dir else {}
+    nodes_dir = state.fleet.nodes_dir if state.fleet else ""
+    process_nodes = recorded_processes(Path(nodes_dir)) if nodes_dir else {}
     if process_nodes:
         nodes = Table(title="real-kubelet nodes (processes on this machine)")
         for column in ("node", "kubelet", "driver", "runtime", "logs"):
@@ -795,7 +795,7 @@ async def _watch_control_plane(root: Path, interval_s: float = 0.5, grace_s: flo
 def _leak_check(state: cluster.ClusterState, namespace: str, claim_uids: set[str]) -> dict[str, Any]:
     """Asked of the NodeHosts, each of its own nodes (wherever they run); a fleet that
     cannot be asked is reported unchecked, not clean."""
-    if state.extras.get("fleet_id"):
+    if state.fleet_id:
         try:
             return environment.attach_fleet(state).leaks(namespace, claim_uids)
         except TestbedError as exc:
@@ -805,7 +805,7 @@ def _leak_check(state: cluster.ClusterState, namespace: str, claim_uids: set[str
 
 def _fault_injector(state: cluster.ClusterState) -> FaultInjector | None:
     """What applies a scenario's faults to the cluster's fleet (None without one)."""
-    if not state.extras.get("fleet_id"):
+    if not state.fleet_id:
         return None
     import fnmatch
 
@@ -873,9 +873,8 @@ def _run_and_report(
             f"namespace {work.data.namespace}: the cluster's supervisor deletes it once the API server "
             f"answers again (`testbed status` lists it until then)"
         )
-    fleet = state.extras.get("fleet") or {}
-    settings = state.extras.get("settings") or {}
-    report = reporting.build(work.data, leaks, {"name": name, **fleet, "settings": settings})  # type: ignore[dict-item]
+    fleet = state.fleet.spec if state.fleet else {}
+    report = reporting.build(work.data, leaks, {"name": name, **fleet, "settings": state.settings})
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     directory = reporting.write(
         report, work.data, output or cfg.state_root() / "runs" / f"{name}-{chosen.name}-{stamp}"
@@ -956,7 +955,14 @@ def fault(node: str, action: str, target: str, name: str, state_dir: Path | None
 @click.option("--driver-name", default="", help="The name the driver must register as (default: what it says).")
 @click.option("--env", "env_items", multiple=True, metavar="KEY=VALUE", help="Extra environment for the driver.")
 @click.option("--junit", type=click.Path(path_type=Path, dir_okay=False), default=None, help="Also write JUnit XML.")
-@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.option(
+    "--node",
+    "node",
+    default="",
+    help="Check the driver already serving this synthetic node instead of running a command "
+    "(with --driver-name when the node runs several); checks that restart it are skipped.",
+)
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @reports_errors
 def sanity(
     name: str,
@@ -964,20 +970,31 @@ def sanity(
     driver_name: str,
     env_items: tuple[str, ...],
     junit: Path | None,
+    node: str,
     command: tuple[str, ...],
 ) -> None:
     """Check a DRA kubelet plugin as a kubelet relies on it: testbed sanity [OPTIONS] -- CMD ARGS...
 
     Runs the command as the driver of a fresh node of its own on the running cluster
-    (the environment a DaemonSet pod gets), plays the kubelet's part on the wire, and has
-    the real scheduler allocate the claims it prepares. One line per check; exit 0 only
-    without FAIL."""
+    (the environment a DaemonSet pod gets), or checks the driver of a running node
+    (--node N), plays the kubelet's part on the wire, and has the real scheduler
+    allocate the claims it prepares. One line per check; exit 0 only without FAIL."""
     from testbed import sanity as sanity_suite
     from testbed.sanity.checks import Result, Status, junit_xml
 
-    _about(name, f"sanity of {' '.join(command)}")
+    if bool(node) == bool(command):
+        raise TestbedError(
+            "give the driver's command (after --) or --node N, one of the two",
+            hint="testbed sanity -- ./my-driver --flag   or   testbed sanity --node NODE --driver-name NAME",
+        )
+    _about(name, f"sanity of {' '.join(command) or f'the driver of node {node}'}")
     state = _running(name, state_dir)
     env = _environment(env_items, "--env")
+    running = None
+    if node:
+        if state.fleet is None or not state.fleet.nodes_dir:
+            raise TestbedError(f"cluster {name!r} has no fleet, so no node {node!r}")
+        running = sanity_suite.RunningNode(node, Path(state.fleet.nodes_dir) / node)
     colours = {Status.PASS: "green", Status.FAIL: "red", Status.WARN: "yellow", Status.SKIP: "dim"}
 
     def say(result: Result) -> None:
@@ -987,7 +1004,7 @@ def sanity(
         )
 
     results, driver = sanity_suite.run(
-        state.kubeconfig, list(command), env, driver_name, lambda line: stderr.print(line, markup=False), say
+        state.kubeconfig, list(command), env, driver_name, lambda line: stderr.print(line, markup=False), say, running
     )
     counts = {status: sum(1 for r in results if r.status is status) for status in Status}
     stderr.print(", ".join(f"{n} {status}" for status, n in counts.items() if n))

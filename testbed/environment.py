@@ -18,7 +18,7 @@ from testbed import config
 from testbed.config import ControlPlaneConfig, nodes_dir
 from testbed.controlplane import cluster, processes
 from testbed.controlplane.binaries import Binaries, ensure_node_binaries
-from testbed.driver import deviceclasses
+from testbed.drivers import deviceclasses
 from testbed.errors import TestbedError
 from testbed.fleet import raycluster
 from testbed.fleet.external import prune_short_paths, recorded_drivers
@@ -60,7 +60,7 @@ def up(
         progress.step(f"using the cluster of {external_kubeconfig}; no control plane started")
     else:
         state = cluster.up(config, progress, binaries)
-    state.extras["settings"] = config.tunables()
+    state.settings = config.tunables()
     state.save()
     try:
         names = install_device_classes(state.kubeconfig)
@@ -91,15 +91,14 @@ def start_fleet(state: cluster.ClusterState, spec: FleetFile, progress: Progress
         with progress.task("starting Ray on 127.0.0.1"):
             record, address = raycluster.start_head(state.root, state.layout.log("ray"))
         state.processes.insert(0, record)
-    state.extras["ray_address"] = address
-    state.extras["fleet"] = spec.model_dump(mode="json", by_alias=True)
+    fleet_record = state.fleet = cluster.FleetRecord(spec.model_dump(mode="json", by_alias=True), address)
     state.save()
     raycluster.connect(address, state.name, None if spec.ray.address else state.root)
     nodes = config.nodes_dir(state.root)
-    state.extras["nodes_dir"] = str(nodes)
+    fleet_record.nodes_dir = str(nodes)
     state.save()
     fleet = Fleet(spec, state.kubeconfig, nodes, detached=True)
-    state.extras["fleet_id"] = fleet.id
+    fleet_record.fleet_id = fleet.id
     state.save()
     fleet.start(progress)
     return fleet
@@ -107,23 +106,23 @@ def start_fleet(state: cluster.ClusterState, spec: FleetFile, progress: Progress
 
 def attach_fleet(state: cluster.ClusterState) -> Fleet:
     """The fleet `testbed up` left running in the cluster's Ray."""
-    fleet_id = state.extras.get("fleet_id")
-    address = state.extras.get("ray_address")
-    if not fleet_id or not address:
+    record = state.fleet
+    if record is None or not record.fleet_id or not record.ray_address:
         raise TestbedError(
             f"cluster {state.name!r} has no fleet",
             hint="start one with `testbed up --nodes N --profile P` or `--fleet FILE`",
         )
-    raycluster.check_reachable(str(address))
-    raycluster.connect(str(address), state.name, state.root)
-    spec = FleetFile.model_validate(state.extras["fleet"])
-    return Fleet.attach(spec, state.kubeconfig, Path(str(state.extras["nodes_dir"])), str(fleet_id))
+    raycluster.check_reachable(record.ray_address)
+    raycluster.connect(record.ray_address, state.name, state.root)
+    spec = FleetFile.model_validate(record.spec)
+    return Fleet.attach(spec, state.kubeconfig, Path(record.nodes_dir), record.fleet_id)
 
 
 def scale_pool(state: cluster.ClusterState, pool: str, count: int, progress: Progress) -> Fleet:
     fleet = attach_fleet(state)
     fleet.scale(pool, count, progress)
-    state.extras["fleet"] = fleet.spec.model_dump(mode="json", by_alias=True)
+    assert state.fleet is not None  # attach_fleet found it
+    state.fleet.spec = fleet.spec.model_dump(mode="json", by_alias=True)
     state.save()
     return fleet
 
@@ -131,7 +130,7 @@ def scale_pool(state: cluster.ClusterState, pool: str, count: int, progress: Pro
 def fleet_metrics(state: cluster.ClusterState) -> Callable[[], Awaitable[list[tuple[str, str]]]] | None:
     """Where a run reads the NodeHosts' metrics: through their actors (None: no fleet). A
     fleet that cannot be reached gives a failed scrape, so the report says so."""
-    if not state.extras.get("fleet_id"):
+    if not state.fleet_id:
         return None
     try:
         return attach_fleet(state).metrics_texts
@@ -145,29 +144,23 @@ def fleet_metrics(state: cluster.ClusterState) -> Callable[[], Awaitable[list[tu
         return unreachable
 
 
-def joined_ray(state: cluster.ClusterState) -> str:
-    """The address of the Ray cluster the fleet joined ("" for a head of its own)."""
-    fleet = state.extras.get("fleet") or {}
-    return str(((fleet.get("ray") if isinstance(fleet, dict) else None) or {}).get("address") or "")
-
-
 def down(config: ControlPlaneConfig, keep_state: bool = False) -> list[str]:
     """Stop Ray (and with it the NodeHosts), then the control plane. The synthetic nodes
     are not asked to stop one by one: their directories go with the cluster's."""
     root = config.cluster_dir
     state = cluster.ClusterState.load(root) if root.exists() else None
-    if state is not None and state.extras.get(cluster.EXTERNAL) and state.extras.get("fleet_id"):
+    if state is not None and state.attached_to and state.fleet_id:
         # The cluster stays: take the synthetic nodes out of it, in drain order.
         try:
             attach_fleet(state).stop(remove_nodes=True)
         except Exception as exc:  # Ray or the cluster already gone: nothing left to drain
-            log.warning("could not remove the synthetic nodes from %s: %s", state.extras[cluster.EXTERNAL], exc)
-    elif state is not None and state.extras.get("fleet_id") and joined_ray(state):
+            log.warning("could not remove the synthetic nodes from %s: %s", state.attached_to, exc)
+    elif state is not None and state.fleet is not None and state.fleet_id and state.fleet.joined_ray:
         # A Ray cluster the user runs outlives this one: its NodeHosts must not.
         try:
             attach_fleet(state).stop()
         except Exception as exc:  # that Ray gone too: nothing of ours left in it
-            log.warning("could not stop the NodeHosts in the Ray cluster at %s: %s", joined_ray(state), exc)
+            log.warning("could not stop the NodeHosts in the Ray cluster at %s: %s", state.fleet.joined_ray, exc)
     if "ray" in sys.modules:
         import ray
 

@@ -16,7 +16,7 @@ from testbed.fleet.spec import FleetFile
 pytest_plugins = ["testbed.testing"]
 
 DRIVER_NAME = "gpu.dra-testbed.io"
-DRIVER_COMMAND = [sys.executable, "-m", "testbed.driver.main"]
+DRIVER_COMMAND = [sys.executable, "-m", "testbed.drivers.main"]
 DRIVER_ENV = {
     # What testbed-driver needs besides what every driver gets (NODE_NAME, KUBECONFIG, ...).
     "DRIVERS": DRIVER_NAME,

@@ -16,8 +16,9 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from testbed.config import ControlPlaneConfig
 from testbed.controlplane import components, pki, processes, supervisor
@@ -37,9 +38,24 @@ OWNERSHIP_MARKER = ".dra-testbed-cluster"
 """Written first into every cluster directory the testbed uses. Only a directory holding
 it is ever cleared or deleted: a user's own directory that happens to contain ``logs/``
 or ``state.json`` is never touched."""
-EXTERNAL = "external_kubeconfig"
-"""In ``extras`` of a cluster the testbed attached to rather than started."""
 POLL_INTERVAL_S = 0.1
+
+
+@dataclass
+class FleetRecord:
+    """Where a cluster's fleet runs, for the commands that come later (status, scale,
+    run, down); filled in as `testbed up` gets that far."""
+
+    spec: dict[str, Any]
+    """The fleet file, as JSON (its current pool sizes after a scale)."""
+    ray_address: str = ""
+    nodes_dir: str = ""
+    fleet_id: str = ""
+
+    @property
+    def joined_ray(self) -> str:
+        """The address of a Ray cluster the user runs ("" for a head of the testbed's own)."""
+        return str((self.spec.get("ray") or {}).get("address") or "")
 
 
 @dataclass
@@ -52,10 +68,18 @@ class ClusterState:
     ready: bool = False
     started_at: float = field(default_factory=time.time)
     timings: dict[str, float] = field(default_factory=dict)
-    extras: dict[str, object] = field(default_factory=dict)
-    """What layers above the control plane record (the Ray address, the fleet)."""
+    settings: dict[str, Any] = field(default_factory=dict)
+    """The tunables it was started with, for reports."""
+    fleet: FleetRecord | None = None
+    attached_to: str = ""
+    """The kubeconfig of a cluster the testbed attached to rather than started."""
     advertise_address: str = "127.0.0.1"
     """Where the API server listens (and what its kubeconfigs name)."""
+
+    @property
+    def fleet_id(self) -> str:
+        """The running fleet's ("" until one started)."""
+        return self.fleet.fleet_id if self.fleet is not None else ""
 
     @property
     def layout(self) -> Layout:
@@ -80,7 +104,9 @@ class ClusterState:
             "ready": self.ready,
             "started_at": self.started_at,
             "timings": self.timings,
-            "extras": self.extras,
+            "settings": self.settings,
+            "fleet": asdict(self.fleet) if self.fleet is not None else None,
+            "attached_to": self.attached_to,
             "advertise_address": self.advertise_address,
         }
         temporary = self.layout.state_file.with_suffix(".tmp")
@@ -103,7 +129,9 @@ class ClusterState:
                 ready=bool(data["ready"]),
                 started_at=float(data["started_at"]),
                 timings=dict(data.get("timings", {})),
-                extras=dict(data.get("extras", {})),
+                settings=dict(data.get("settings", {})),
+                fleet=FleetRecord(**data["fleet"]) if data.get("fleet") else None,
+                attached_to=str(data.get("attached_to", "")),
                 advertise_address=str(data.get("advertise_address", "127.0.0.1")),
             )
         except (ValueError, KeyError, TypeError) as exc:
@@ -351,7 +379,7 @@ def attach(config: ControlPlaneConfig, kubeconfig: Path, progress: Progress | No
         ports=Ports(0, 0, 0, 0, 0),
         binaries=f"none: an existing cluster ({kubeconfig})",
         ready=True,
-        extras={EXTERNAL: str(kubeconfig)},
+        attached_to=str(kubeconfig),
     )
     state.save()
     return state
@@ -468,7 +496,7 @@ def status(config: ControlPlaneConfig) -> tuple[ClusterState | None, list[Compon
     state = ClusterState.load(config.cluster_dir) if config.cluster_dir.exists() else None
     if state is None:
         return None, []
-    checks = {} if state.extras.get(EXTERNAL) else health_checks(state)  # an attached cluster is not ours to check
+    checks = {} if state.attached_to else health_checks(state)  # an attached cluster is not ours to check
     report = []
     supervised = state.supervision
     for record in state.processes:

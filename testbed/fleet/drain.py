@@ -100,7 +100,7 @@ async def drain(client: KubeClient, node: SyntheticNode, timeout_s: float = 300.
     evicted = await _empty(client, node.name, timeout_s, lambda: len(node.kubelet.pods.claims))
     for driver in node.drivers:
         await driver.stop()
-        await node.kubelet.wipe_slices(driver.driver)
+        await node.kubelet.wipe_slices(driver.name)
     await node.stop_external()
     for external in node.external:
         await node.kubelet.wipe_slices(external.spec.name)

@@ -24,19 +24,20 @@ from typing import Any
 from prometheus_client import REGISTRY, generate_latest
 
 from fake_devices.hardware import Health
-from fake_devices.profiles import HardwareProfile, load_profile
+from fake_devices.profiles import HardwareProfile
 from testbed.controlplane.binaries import ensure_node_binaries
-from testbed.driver.claims import ClaimReader
-from testbed.driver.leftovers import prepared_state
-from testbed.driver.slices import SliceWatcher
+from testbed.drivers import drivers_for, load_profile
 from testbed.files import private_dir, write_atomically, write_secret
 from testbed.fingerprint import code_version
 from testbed.fleet.drain import DrainResult, drain, drain_process_node
 from testbed.fleet.external import ExternalDriverSpec
 from testbed.fleet.identity import NodeAuthority, bind_driver_token, driver_token
 from testbed.fleet.loopwatch import LoopWatch
-from testbed.fleet.synthetic_node import SyntheticNode, drivers_for
+from testbed.fleet.synthetic_node import SyntheticNode
 from testbed.kubeapi import KubeClient
+from testbed.kubeletplugin.claims import ClaimReader
+from testbed.kubeletplugin.leftovers import prepared_state
+from testbed.kubeletplugin.slices import SliceWatcher
 from testbed.metrics_server import MetricsServer
 from testbed.realnode.node import ProcessNode
 

@@ -28,8 +28,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
-from fake_devices.profiles import ProfileError, load_profile
+from fake_devices.profiles import ProfileError
 from fake_devices.specfiles import SpecFileError, parse_yaml, validate
+from testbed.drivers import load_profile
 from testbed.keys import SYNTHETIC
 
 

@@ -16,18 +16,17 @@ from pathlib import Path
 from fake_devices import sysfs
 from fake_devices.hardware import NodeHardware
 from fake_devices.profiles import HardwareProfile
-from testbed.driver.backend import LocalBackend
-from testbed.driver.claims import ClaimReader
-from testbed.driver.opaque_config import GPU_DRIVER, NIC_DRIVER
-from testbed.driver.plugin import DriverPlugin
-from testbed.driver.prepare import DriverPaths
-from testbed.driver.slices import SliceWatcher
+from testbed.drivers import driver_on_node, drivers_for
+from testbed.drivers.backend import LocalBackend
 from testbed.errors import TestbedError
 from testbed.fleet.external import ExternalDriver, ExternalDriverSpec, ShortPaths, driver_environment
 from testbed.keys import PROFILE_LABEL
 from testbed.kubeapi import KubeClient
 from testbed.kubelet.kubelet import FakeKubelet
 from testbed.kubelet.node import NodeSpec
+from testbed.kubeletplugin.claims import ClaimReader
+from testbed.kubeletplugin.prepare import DriverPaths
+from testbed.kubeletplugin.slices import SliceWatcher
 
 PLUGIN_SCAN_INTERVAL_S = 10.0
 """A synthetic node's drivers start next to its kubelet, which scans as they do; the poll
@@ -38,10 +37,6 @@ REGISTRATION_POLL_S = 0.2
 REGISTRATION_WATCH_S = 60.0
 """After an external driver (re)starts, the kubelet looks for its socket this often, for
 this long: a real kubelet is told by inotify, and the 10 s poll is too slow to mimic it."""
-
-
-def drivers_for(profile: HardwareProfile) -> list[str]:
-    return [d for d, present in ((GPU_DRIVER, profile.gpu_count), (NIC_DRIVER, profile.nic_count)) if present]
 
 
 class SyntheticNode:
@@ -90,7 +85,7 @@ class SyntheticNode:
             watch_client=watch_client,
         )
         self.drivers = [
-            DriverPlugin(
+            driver_on_node(
                 driver,
                 name,
                 DriverPaths.for_node(kubelet_dir, driver, cdi_dir),
@@ -181,7 +176,7 @@ class SyntheticNode:
         """Every driver registered with the kubelet; the built-in ones' slices published
         (an external driver's slices are its own business: some publish none)."""
         for driver in self.drivers:
-            await self.kubelet.plugins.wait_for_driver(driver.driver, timeout_s)
+            await self.kubelet.plugins.wait_for_driver(driver.name, timeout_s)
             async with asyncio.timeout(timeout_s):
                 await driver.published.wait()
         deadline = time.monotonic() + timeout_s

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import Histogram
 
-from testbed.driver.metrics import DURATION_BUCKETS
+from testbed.kubeletplugin.metrics import DURATION_BUCKETS
 
 OPERATIONS = Histogram(
     "dra_operations_duration_seconds",

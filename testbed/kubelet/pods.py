@@ -34,13 +34,13 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from testbed.driver import cdi
 from testbed.files import write_atomically
 from testbed.keys import CONTAINER_ENV_ANNOTATION, RUN_SECONDS_ANNOTATION
 from testbed.kubeapi import ApiError, ClaimRef, KubeClient, Obj, path_for
 from testbed.kubelet import metrics
 from testbed.kubelet.node import NodeSpec, now_rfc3339
 from testbed.kubelet.plugins import PluginCallError, PluginManager, PreparedDevice
+from testbed.kubeletplugin import cdi
 from testbed.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -83,6 +83,10 @@ class PreparedClaim:
     users: set[str] = field(default_factory=set)
     prepared: bool = False
     """False while (or after) a prepare failed: it is unprepared all the same."""
+
+    @property
+    def ref(self) -> ClaimRef:
+        return ClaimRef(self.namespace, self.uid, self.name)
 
 
 class StartFailed(Exception):
@@ -576,7 +580,7 @@ class PodManager:
             unprepared = set()
             for driver in sorted({d for c in done for d in c.drivers}):
                 mine = [c for c in done if driver in c.drivers]
-                refs = [ClaimRef(c.namespace, c.uid, c.name) for c in mine]
+                refs = [c.ref for c in mine]
                 try:
                     errors = await self.plugins.unprepare(driver, refs)
                 except PluginCallError as exc:

@@ -328,7 +328,7 @@ class ProcessNode:
             "DEVICES_PER_SLICE": str(self.devices_per_slice or 0),
         }
         self._driver_started = time.time()
-        await self._spawn("driver", [sys.executable, "-m", "testbed.driver.main"], env)
+        await self._spawn("driver", [sys.executable, "-m", "testbed.drivers.main"], env)
 
     async def start_kubelet(self) -> None:
         if self.kind == "fake":

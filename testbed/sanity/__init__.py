@@ -8,9 +8,9 @@ from pathlib import Path
 
 from testbed.kubeapi import KubeClient
 from testbed.sanity.checks import Result, Status, Suite
-from testbed.sanity.harness import Harness
+from testbed.sanity.harness import Harness, RunningNode
 
-__all__ = ["Result", "Status", "run"]
+__all__ = ["Result", "RunningNode", "Status", "run"]
 
 
 def run(
@@ -20,17 +20,21 @@ def run(
     driver_name: str = "",
     say: Callable[[str], None] | None = None,
     on_result: Callable[[Result], None] | None = None,
+    running: RunningNode | None = None,
 ) -> tuple[list[Result], str]:
     """Every check against ``command`` run as the driver of a node of its own on the
-    cluster of ``kubeconfig``; the results and the name the driver registered."""
+    cluster of ``kubeconfig`` (or against the driver already serving ``running``); the
+    results and the name the driver registered."""
 
     async def go() -> tuple[list[Result], str]:
         admin = KubeClient.from_kubeconfig(kubeconfig)
-        harness = Harness(admin, kubeconfig, command, env, driver_name)
+        harness = Harness(admin, kubeconfig, command, env, driver_name, running)
         try:
             await harness.setup()
-            if say is not None:
+            if say is not None and harness.process is not None:
                 say(f"driver on node {harness.node}; its log: {harness.process.log_path}")
+            elif say is not None:
+                say(f"the running driver of node {harness.node}: checks that restart it are skipped")
             return await Suite(harness, on_result).run(), harness.driver_name
         finally:
             await harness.teardown()

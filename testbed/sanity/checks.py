@@ -20,16 +20,16 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from testbed.driver import cdi
-from testbed.driver.slices import (
+from testbed.errors import TestbedError
+from testbed.kubeapi import ClaimRef
+from testbed.kubelet.plugins import DRA_SERVICES, HEALTH_SERVICES, choose_service
+from testbed.kubeletplugin import cdi
+from testbed.kubeletplugin.slices import (
     MAX_ATTRIBUTES_AND_CAPACITIES,
     MAX_COUNTER_SETS,
     MAX_DEVICES,
     MAX_DEVICES_WITH_TAINTS_OR_COUNTERS,
 )
-from testbed.errors import TestbedError
-from testbed.kubeapi import ClaimRef
-from testbed.kubelet.plugins import DRA_SERVICES, HEALTH_SERVICES, choose_service
 from testbed.sanity.harness import CALL_TIMEOUT_S, Claim, Harness, Registration
 
 SLICES_WAIT_S = 60.0
@@ -184,6 +184,8 @@ class Suite:
     async def check_socket_names(self) -> str:
         assert self.registration is not None
         uid = self.harness.pod_uid
+        if not uid:
+            raise Problem("the node's driver pod is not known, so neither is its UID", Status.SKIP)
         named = [p for p in (self.registration.socket.name, Path(self.registration.endpoint).name) if uid in p]
         expect(
             len(named) == 2,
@@ -388,7 +390,16 @@ class Suite:
         sock = await self.harness.registration_socket(newer_than=since)
         self.registration = await self.harness.register(sock)
 
+    def _needs_restarts(self) -> None:
+        if not self.harness.restartable:
+            raise Problem(
+                "the driver of a running node is not the suite's to restart: give its command instead of --node",
+                Status.SKIP,
+            )
+
     async def check_kill_mid_prepare(self) -> str:
+        self._needs_restarts()
+        assert self.harness.process is not None
         claim = await self.harness.claim(self.harness.one_device())
         process = self.harness.process.process
         assert process is not None
@@ -406,6 +417,7 @@ class Suite:
         return "the restarted driver prepared the claim the killed one was preparing"
 
     async def check_api_unreachable(self) -> str:
+        self._needs_restarts()
         claim = await self.harness.claim(self.harness.one_device())
         silent = socket.socket()
         silent.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused

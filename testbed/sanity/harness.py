@@ -1,9 +1,10 @@
-"""A node of its own for the driver under test, with the sanity suite as its kubelet.
+"""A node for the driver under test, with the sanity suite as its kubelet.
 
-The driver runs from its command as on any synthetic node (external.py); the suite
-plays the kubelet's part on the wire (registration, DRA calls in either version, the
-health stream), and the real scheduler allocates the claims it prepares: each claim is
-reserved by a pod pinned to the node, which nothing ever runs.
+The driver runs from its command on a node of its own, as on any synthetic node
+(external.py), or is the one already serving a running node (``RunningNode``); the
+suite plays the kubelet's part on the wire (registration, DRA calls in either version,
+the health stream), and the real scheduler allocates the claims it prepares: each claim
+is reserved by a pod pinned to the node (on a node of its own, nothing ever runs it).
 """
 
 from __future__ import annotations
@@ -48,6 +49,16 @@ class Registration:
 
 
 @dataclass(frozen=True)
+class RunningNode:
+    """A node whose driver is already serving it (`testbed sanity --node`): the suite
+    checks that driver as it runs and never restarts it."""
+
+    name: str
+    root: Path
+    """The node's directory: ``kubelet/plugins_registry`` and ``cdi/`` under it."""
+
+
+@dataclass(frozen=True)
 class Claim:
     namespace: str
     name: str
@@ -67,29 +78,49 @@ class Harness:
         command: list[str],
         env: Mapping[str, str] | None = None,
         driver_name: str = "",
+        running: RunningNode | None = None,
     ):
-        """``driver_name``: what the driver must register as ("" to take what it says)."""
+        """``driver_name``: what the driver must register as ("" to take what it says).
+        ``running``: check the driver of that node instead of running ``command``."""
         self.admin = admin
         self.kubeconfig = kubeconfig
         self.run_id = uuid.uuid4().hex[:6]
-        self.node = f"sanity-{self.run_id}"
-        self.namespace = self.node
-        self.device_class = f"{self.node}.dra-testbed.io"
-        self.root = private_dir(runtime_root() / "s") / self.run_id
+        self.namespace = f"sanity-{self.run_id}"
+        self.node = running.name if running is not None else self.namespace
+        self.device_class = f"sanity-{self.run_id}.dra-testbed.io"
+        self.running = running
+        self.root = running.root if running is not None else private_dir(runtime_root() / "s") / self.run_id
         self.expected_name = driver_name
         self.driver_name = driver_name
         self.agent = NodeAgent(admin, NodeSpec(self.node))
         self.short = ShortPaths.for_node(self.root)
-        self.process = ExternalDriver(
-            ExternalDriverSpec(driver_name or "driver", tuple(command), dict(env or {})), self.node, self.root
+        self.registry = self.root / "kubelet" / "plugins_registry" if running is not None else self.short.registry
+        self.process = (
+            None
+            if running is not None
+            else ExternalDriver(
+                ExternalDriverSpec(driver_name or "driver", tuple(command), dict(env or {})), self.node, self.root
+            )
         )
-        self.environment: dict[str, str] = {}
+        self.environment: dict[str, str] = {"CDI_DIR": str(self.root / "cdi")} if running is not None else {}
         self.pod_uid = ""
         self._claims = 0
+
+    @property
+    def restartable(self) -> bool:
+        """Whether the suite runs the driver, and so may kill and restart it."""
+        return self.process is not None
+
+    def log_tail(self) -> str:
+        return self.process.log_tail() if self.process is not None else ""
 
     # --- set-up and tear-down ------------------------------------------------------------
 
     async def setup(self) -> None:
+        if self.running is not None:
+            await self._attach()
+            return
+        assert self.process is not None
         (self.root / "kubelet").mkdir(parents=True, exist_ok=True)
         self.short.link(self.root / "kubelet")
         await self.admin.create(path_for("v1", "namespaces"), {"metadata": {"name": self.namespace}})
@@ -98,6 +129,23 @@ class Harness:
         credentials, self.pod_uid = await self._credentials()
         self.environment = driver_environment(self.node, self.root, self.pod_uid, credentials, self.short)
         await self.process.start(self.environment)
+
+    async def _attach(self) -> None:
+        try:
+            await self.admin.get(path_for("v1", "nodes", self.node))
+        except ApiError as exc:
+            if not exc.not_found:
+                raise
+            raise TestbedError(f"there is no node {self.node!r}", hint="see `testbed status` for the nodes") from None
+        if not self.registry.is_dir():
+            raise TestbedError(
+                f"node {self.node} has no plugin registry at {self.registry}",
+                hint="--node takes a synthetic node of this cluster's fleet, on this machine",
+            )
+        await self.admin.create(path_for("v1", "namespaces"), {"metadata": {"name": self.namespace}})
+        with contextlib.suppress(ApiError):  # the pod a driver's token is bound to, when nodes have identities
+            pod = await self.admin.get(path_for("v1", "pods", driver_pod_name(self.node), DRIVER_NAMESPACE))
+            self.pod_uid = pod["metadata"]["uid"]
 
     async def _credentials(self) -> tuple[Path, str]:
         """Like a fleet's nodes: a token bound to the node's driver pod where the testbed
@@ -114,10 +162,16 @@ class Harness:
 
     async def restart_with(self, environment: Mapping[str, str]) -> None:
         """Stop the driver and start it again with this environment."""
+        assert self.process is not None, "a running node's driver is not the suite's to restart"
         await self.process.stop()
         await self.process.start(environment)
 
     async def teardown(self) -> None:
+        if self.process is None:  # a running node: take away only what the suite made
+            with contextlib.suppress(ApiError):
+                await self.admin.delete_if_exists(path_for("v1", "namespaces", self.namespace))
+                await self.admin.delete_if_exists(path_for(RESOURCE, "deviceclasses", self.device_class))
+            return
         await self.process.stop()
         await self.agent.stop()
         with contextlib.suppress(ApiError):
@@ -137,19 +191,42 @@ class Harness:
         """The driver's registration socket (one created after ``newer_than``, a wall time)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            found = [p for p in self.short.registry.iterdir() if p.is_socket() and p.lstat().st_ctime >= newer_than]
+            found = [p for p in self.registry.iterdir() if p.is_socket() and p.lstat().st_ctime >= newer_than]
+            if found and self.running is not None:
+                return await self._socket_of_running_driver(found)
             if found:
                 return sorted(found, key=lambda p: p.lstat().st_ctime)[-1]
-            if self.process.restarts >= 2 and not self.process.alive():
+            if self.process is not None and self.process.restarts >= 2 and not self.process.alive():
                 raise TestbedError(
                     f"the driver exited {self.process.restarts + 1} times without creating a registration "
-                    f"socket in {self.short.registry}",
+                    f"socket in {self.registry}",
                     detail=self.process.log_tail(),
                 )
             await asyncio.sleep(0.1)
         raise TestbedError(
-            f"the driver created no registration socket in {self.short.registry} within {timeout_s:.0f} s",
-            detail=self.process.log_tail(),
+            f"the driver created no registration socket in {self.registry} within {timeout_s:.0f} s",
+            detail=self.log_tail(),
+        )
+
+    async def _socket_of_running_driver(self, sockets: list[Path]) -> Path:
+        """Of a running node's registration sockets, the one of the driver asked for (the
+        only one when none was named)."""
+        names: dict[str, Path] = {}
+        for sock in sorted(sockets, key=lambda p: p.lstat().st_ctime):
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                async with grpc.aio.insecure_channel(f"unix://{sock}") as channel:
+                    info = await pluginregistration_pb2_grpc.RegistrationStub(channel).GetInfo(
+                        pluginregistration_pb2.InfoRequest(), timeout=10.0
+                    )
+                    names[info.name] = sock
+        if self.expected_name in names:
+            return names[self.expected_name]
+        if not self.expected_name and len(names) == 1:
+            return next(iter(names.values()))
+        raise TestbedError(
+            f"node {self.node} has drivers {', '.join(sorted(names)) or '(none answering)'}"
+            + (f", not {self.expected_name}" if self.expected_name else ""),
+            hint="name the one to check with --driver-name",
         )
 
     async def register(self, socket: Path) -> Registration:

@@ -22,21 +22,18 @@ from typing import Any
 import aiohttp
 
 from testbed.controlplane.components import Ports
-from testbed.driver.leftovers import prepared_state
+from testbed.drivers import class_kinds
 from testbed.keys import PHASE_LABEL, PROFILE_LABEL, RUN_LABEL
 from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
 from testbed.kubelet.node import SYNTHETIC_TOLERATION
+from testbed.kubeletplugin.leftovers import prepared_state
 from testbed.report.breakdown import NODEHOSTS, ONLY, Snapshot, machine_cpu
 from testbed.report.metrics import Scrape, fleet_increase, scrape
 from testbed.scenarios.spec import Fault, Phase, Scenario
 
 CLEANUP_TIMEOUT_S = 30.0
 """How long a run that lost its control plane tries to delete its namespace."""
-CLASS_KINDS = {
-    "gpu.dra-testbed.io": ("gpu.dra-testbed.io", "gpu"),
-    "gpu-partition.dra-testbed.io": ("gpu.dra-testbed.io", "partition"),
-    "nic.dra-testbed.io": ("nic.dra-testbed.io", "nic"),
-}
+CLASS_KINDS = class_kinds()
 
 
 @dataclass

@@ -18,7 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fake_devices.actor import hardware_host_actor
 from fake_devices.hardware import HardwareError
-from testbed.driver.backend import RayBackend
+from testbed.drivers import load_profile
+from testbed.drivers.backend import RayBackend
 from testbed.fleet.fleet import Fleet
 from testbed.testing import wait_for
 from testbed.workloads import (
@@ -313,9 +314,10 @@ def test_nodehost_metrics_carry_the_kubelet_and_plugin_histograms(
 
 def test_hardware_in_its_own_ray_actor_backs_a_driver(fleet: Fleet) -> None:
     """The shape kind mode uses: the driver elsewhere, the emulated hardware in Ray."""
-    first = hardware_host_actor().remote({"hw-a": "tiny"}, 7)
-    twin = hardware_host_actor().remote({"hw-a": "tiny"}, 7)
-    other_seed = hardware_host_actor().remote({"hw-a": "tiny"}, 8)
+    tiny = load_profile("tiny")
+    first = hardware_host_actor().remote({"hw-a": tiny}, 7)
+    twin = hardware_host_actor().remote({"hw-a": tiny}, 7)
+    other_seed = hardware_host_actor().remote({"hw-a": tiny}, 8)
     backend = RayBackend(first, "hw-a")
 
     async def scenario() -> None:

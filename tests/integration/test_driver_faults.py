@@ -20,12 +20,9 @@ from hypothesis import strategies as st
 from kubernetes import client as k8s
 
 from fake_devices.hardware import Health, NodeHardware
-from fake_devices.profiles import load_profile
 from testbed.controlplane.cluster import ClusterState
-from testbed.driver.backend import LocalBackend
-from testbed.driver.claims import ClaimReader
-from testbed.driver.plugin import DriverPlugin
-from testbed.driver.prepare import DriverPaths
+from testbed.drivers import driver_on_node, load_profile
+from testbed.drivers.backend import LocalBackend
 from testbed.grpcapi import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,
@@ -39,6 +36,8 @@ from testbed.grpcapi import (
     pluginregistration_pb2_grpc,
 )
 from testbed.kubeapi import KubeClient
+from testbed.kubeletplugin.claims import ClaimReader
+from testbed.kubeletplugin.prepare import DriverPaths
 from testbed.workloads import allocated_claim
 
 pytestmark = pytest.mark.controlplane
@@ -69,7 +68,7 @@ class Harness:
         self.client = KubeClient.from_kubeconfig(kubeconfig)
         self.hardware = hardware or NodeHardware(node, load_profile("tiny"))
         self.paths = DriverPaths.for_node(root / "kubelet", GPU, root / "cdi", pod_uid)
-        self.plugin = DriverPlugin(
+        self.plugin = driver_on_node(
             GPU,
             node,
             self.paths,

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.controlplane
 
 STAND_IN = {
     "name": GPU,
-    "command": [sys.executable, "-m", "testbed.driver.main"],
+    "command": [sys.executable, "-m", "testbed.drivers.main"],
     "env": {"DRIVERS": GPU, "HARDWARE_PROFILE": "tiny", "HEALTH_PORT": "-1", "METRICS_PORT": "-1"},
 }
 

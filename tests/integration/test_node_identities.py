@@ -142,7 +142,7 @@ def test_a_real_kubelet_node_runs_its_kubelet_and_driver_under_their_own_identit
     state = cluster.ClusterState.load(config.cluster_dir)
     assert state is not None
     try:
-        node_dir = Path(str(state.extras["nodes_dir"])) / "ref-000"
+        node_dir = Path(state.fleet.nodes_dir) / "ref-000"
         kubelet = next(p for p in recorded_processes(node_dir.parent)["ref-000"] if p.name == "kubelet")
         command = " ".join(kubelet.command)
         assert f"--kubeconfig={node_dir / 'private' / 'kubelet.kubeconfig'}" in command

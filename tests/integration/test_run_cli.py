@@ -14,10 +14,10 @@ import pytest
 from kubernetes import client as k8s
 
 from fake_devices.hardware import build_inventory
-from fake_devices.profiles import load_profile
 from testbed.controlplane.cluster import ClusterState
-from testbed.driver.slices import DRIVER_KINDS, desired_slices
+from testbed.drivers import KINDS, drivers_for, load_profile
 from testbed.fleet.fleet import Fleet
+from testbed.kubeletplugin.slices import desired_slices
 from testbed.testing import wait_for
 
 pytestmark = pytest.mark.controlplane
@@ -114,9 +114,11 @@ def test_run_with_up_starts_the_scenarios_cluster_and_stops_it(short_tmp_path: P
     assert "stopping cluster 'runup' (started by --up)" in proc.stderr
     # The knobs reached the cluster: the scheduler's setting is recorded, and one device per slice.
     assert report["cluster"]["settings"]["percentageOfNodesToScore"] == 50
-    devices, pools = build_inventory(load_profile("tiny"), "n", seed=0)
-    per_node = sum(len(desired_slices(driver, "n", devices, pools, [], devices_per_slice=1)) for driver in DRIVER_KINDS)
-    assert report["slices"] == 2 * per_node > 2 * len(DRIVER_KINDS)
+    profile = load_profile("tiny")
+    inventory = build_inventory(profile, "n", seed=0)
+    drivers = drivers_for(profile)
+    per_node = sum(len(desired_slices(d, "n", *KINDS[d].select(*inventory), [], devices_per_slice=1)) for d in drivers)
+    assert report["slices"] == 2 * per_node > 2 * len(drivers)
     suite = ET.parse(junit).getroot()
     assert [case.get("name") for case in suite.iter("testcase")] == ["gpus", "partitions", "aligned", "leak-check"]
     assert suite.get("failures") == "0"

@@ -7,25 +7,33 @@ import asyncio
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from testbed.controlplane.cluster import ClusterState
+from testbed.drivers import KINDS, drivers_for, load_profile
 from testbed.fleet.fleet import Fleet
 from testbed.kubeapi import KubeClient
 from testbed.sanity import checks
 from testbed.sanity.checks import Result, Status, Suite
-from testbed.sanity.harness import Harness
+from testbed.sanity.harness import Harness, RunningNode
 
 pytestmark = pytest.mark.controlplane
 
-DRIVER = [sys.executable, "-m", "testbed.driver.main"]
+DRIVER = [sys.executable, "-m", "testbed.drivers.main"]
 
 
-def _sanity(control_plane: ClusterState, command: list[str], env: dict[str, str], name: str = "") -> list[Result]:
+def _sanity(
+    control_plane: ClusterState,
+    command: list[str],
+    env: dict[str, str],
+    name: str = "",
+    running: RunningNode | None = None,
+) -> list[Result]:
     async def go() -> list[Result]:
         admin = KubeClient.from_kubeconfig(control_plane.kubeconfig)
-        harness = Harness(admin, control_plane.kubeconfig, command, env, name)
+        harness = Harness(admin, control_plane.kubeconfig, command, env, name, running)
         try:
             await harness.setup()
             return await Suite(harness).run()
@@ -36,15 +44,44 @@ def _sanity(control_plane: ClusterState, command: list[str], env: dict[str, str]
     return asyncio.run(go())
 
 
-@pytest.mark.parametrize("driver", ["gpu.dra-testbed.io", "nic.dra-testbed.io"])
+@pytest.mark.parametrize("driver", list(KINDS))
 def test_every_check_passes_for_the_built_in_drivers(control_plane: ClusterState, fleet: Fleet, driver: str) -> None:
     del fleet  # for its DeviceClasses and access policy
-    env = {"DRIVERS": driver, "HARDWARE_PROFILE": "tiny", "HEALTH_PORT": "-1", "METRICS_PORT": "-1"}
+    [profile] = [p for p in ("tiny", "fpga4") if drivers_for(load_profile(p)).count(driver)][:1]
+    env = {"DRIVERS": driver, "HARDWARE_PROFILE": profile, "HEALTH_PORT": "-1", "METRICS_PORT": "-1"}
     results = _sanity(control_plane, DRIVER, env, driver)
     assert len(results) == 14
     assert {r.name: r.status for r in results if r.status is not Status.PASS} == {}, [
         (r.name, r.detail) for r in results if r.status is not Status.PASS
     ]
+
+
+def test_a_running_nodes_driver_is_checked_without_restarting_it(control_plane: ClusterState, fleet: Fleet) -> None:
+    node = sorted(fleet.host_of)[0]
+    running = RunningNode(node, fleet.nodes_dir / node)
+    results = {r.name: r for r in _sanity(control_plane, [], {}, "gpu.dra-testbed.io", running)}
+    restarts = {"kill -9 mid-prepare, restart, retry", "API server unreachable"}
+    assert {results[name].status for name in restarts} == {Status.SKIP}
+    # built-in drivers on synthetic nodes run in-process and never roll: their sockets need no pod UID
+    assert results.pop("rolling-update socket names").status in (Status.SKIP, Status.WARN)
+    assert {name: r.detail for name, r in results.items() if r.status is not Status.PASS and name not in restarts} == {}
+    assert "gpu.dra-testbed.io" in results["registration"].detail
+    [ready] = [c for c in fleet_node(control_plane, node)["status"]["conditions"] if c["type"] == "Ready"]
+    assert ready["status"] == "True", "the node kept serving through the suite"
+    unnamed = _sanity(control_plane, [], {}, "", running)[0]
+    assert unnamed.status is Status.FAIL, unnamed
+    assert f"node {node} has drivers gpu.dra-testbed.io, nic.dra-testbed.io" in unnamed.detail
+
+
+def fleet_node(control_plane: ClusterState, node: str) -> dict[str, Any]:
+    async def go() -> dict[str, Any]:
+        client = KubeClient.from_kubeconfig(control_plane.kubeconfig)
+        try:
+            return await client.get(f"/api/v1/nodes/{node}")
+        finally:
+            await client.close()
+
+    return asyncio.run(go())
 
 
 def test_a_plugin_without_slices_or_pod_named_sockets_is_told_so(

@@ -7,11 +7,11 @@ import asyncio
 import pytest
 
 from fake_devices.hardware import Health, NodeHardware
-from fake_devices.profiles import load_profile
 from testbed.controlplane.cluster import ClusterState
-from testbed.driver import slices
-from testbed.driver.slices import SlicePublisher, SliceWatcher, desired_slices
+from testbed.drivers import KINDS, load_profile
 from testbed.kubeapi import ApiError, KubeClient
+from testbed.kubeletplugin import slices
+from testbed.kubeletplugin.slices import SlicePublisher, SliceWatcher, desired_slices
 
 pytestmark = pytest.mark.controlplane
 GPU = "gpu.dra-testbed.io"
@@ -28,7 +28,9 @@ def test_publication_is_idempotent_bumps_generation_and_removes_stale_slices(
         publisher = SlicePublisher(client, GPU, node)
 
         def specs():  # type: ignore[no-untyped-def]
-            return desired_slices(GPU, node, hardware.devices(), hardware.pools(), hardware.health())
+            return desired_slices(
+                GPU, node, *KINDS[GPU].select(hardware.devices(), hardware.pools()), hardware.health()
+            )
 
         try:
             assert await publisher.publish(specs())
@@ -75,7 +77,9 @@ def test_the_publisher_lists_only_when_it_must_and_heals_what_others_changed(
         publisher = SlicePublisher(client, GPU, node)
 
         def specs():  # type: ignore[no-untyped-def]
-            return desired_slices(GPU, node, hardware.devices(), hardware.pools(), hardware.health())
+            return desired_slices(
+                GPU, node, *KINDS[GPU].select(hardware.devices(), hardware.pools()), hardware.health()
+            )
 
         try:
             publisher.assume_none_exist()  # a new node: no LIST before the first write
@@ -129,7 +133,7 @@ def test_a_host_watches_the_slices_of_its_own_nodes_across_a_change_of_them(cont
 
     def specs(node: str):  # type: ignore[no-untyped-def]
         h = hardware[node]
-        return desired_slices(GPU, node, h.devices(), h.pools(), h.health())
+        return desired_slices(GPU, node, *KINDS[GPU].select(h.devices(), h.pools()), h.health())
 
     class Spy(SlicePublisher):
         def __init__(self, client: KubeClient, node: str) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed.driver.checkpoint import Checkpoint, CheckpointCorrupt, ClaimRecord, ClaimState
+from testbed.kubeletplugin.checkpoint import Checkpoint, CheckpointCorrupt, ClaimRecord, ClaimState
 
 
 def _record(uid: str, state: ClaimState = ClaimState.PREPARE_COMPLETED) -> ClaimRecord:

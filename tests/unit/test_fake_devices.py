@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from fake_devices.hardware import HardwareError, Health, NodeHardware
-from fake_devices.profiles import ProfileError, load_profile, parse_profile, shipped_profiles
+from fake_devices.profiles import ProfileError
+from testbed.drivers import PROFILES, load_profile
 
 
 def run(coroutine):  # type: ignore[no-untyped-def]
@@ -14,7 +15,7 @@ def run(coroutine):  # type: ignore[no-untyped-def]
 
 
 def test_shipped_profiles_and_their_shapes() -> None:
-    assert {"gpu8", "h100x8", "tiny"} <= set(shipped_profiles())
+    assert {"gpu8", "h100x8", "tiny"} <= set(PROFILES.shipped())
     h100 = NodeHardware("n", load_profile("h100x8"))
     kinds = [d.kind for d in h100.devices()]
     assert kinds.count("gpu") == 8 and kinds.count("nic") == 8 and kinds.count("partition") == 8 * 12
@@ -28,10 +29,10 @@ def test_profile_errors_name_the_field() -> None:
         "  memoryGiB: 4, placements: [0, 2]}]}\n"
     )
     with pytest.raises(ProfileError, match=r"gpus: .*placement 2 needs slices 2\.\.2, but the GPU has 2"):
-        parse_profile(bad, "bad.yaml")
+        PROFILES.parse(bad, "bad.yaml")
     with pytest.raises(ProfileError, match=r"nics\.linkSpeedGbps: Field required"):
-        parse_profile("name: x\nnics: {count: 1, model: m}\n", "nic.yaml")
-    with pytest.raises(ProfileError, match="shipped profiles: gpu8, h100x8, tiny"):
+        PROFILES.parse("name: x\nnics: {count: 1, model: m}\n", "nic.yaml")
+    with pytest.raises(ProfileError, match="shipped profiles: fpga4, gpu8, h100x8, tiny"):
         load_profile("h200x9")
 
 

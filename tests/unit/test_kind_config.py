@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 
 from testbed.config import BETA_DRA_GATES, GATE_APIS
+from testbed.drivers import deviceclasses
 
 ROOT = Path(__file__).resolve().parents[2]
 KIND_CONFIG = ROOT / "kind-configs" / "dra-testbed.yaml"
@@ -45,8 +46,9 @@ def test_kind_config_enables_cdi_and_sets_the_controller_manager_qps_floor() -> 
 
 
 def test_deployed_device_classes_are_the_ones_testbed_up_installs() -> None:
-    shipped = (ROOT / "testbed" / "driver" / "deviceclasses.yaml").read_text()
-    assert (ROOT / "deploy" / "deviceclasses.yaml").read_text() == shipped, "copy testbed/driver/deviceclasses.yaml"
+    assert (ROOT / "deploy" / "deviceclasses.yaml").read_text() == deviceclasses.render(), (
+        "regenerate it: python -m testbed.drivers.deviceclasses > deploy/deviceclasses.yaml"
+    )
 
 
 def test_driver_image_requirements_match_the_project_pins() -> None:
@@ -91,7 +93,7 @@ class NotInTheImage:
             return None
         raise ModuleNotFoundError(f"{top} (from {dists}) is not installed in the driver image", name=top)
 sys.meta_path.insert(0, NotInTheImage())
-import testbed.driver.main
+import testbed.drivers.main
 """
 
 
@@ -113,7 +115,7 @@ def test_the_image_runs_the_console_script_the_daemonset_names() -> None:
     )
     [container] = daemonset["spec"]["template"]["spec"]["containers"]
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert container["command"] == ["testbed-driver"] and scripts["testbed-driver"] == "testbed.driver.main:main"
+    assert container["command"] == ["testbed-driver"] and scripts["testbed-driver"] == "testbed.drivers.main:main"
     assert 'ENTRYPOINT ["testbed-driver"]' in dockerfile
     assert re.search(r"^ARG BASE=python:3\.11-slim-bookworm@sha256:[0-9a-f]{64}$", dockerfile, re.M)
     strategy = daemonset["spec"]["updateStrategy"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from testbed.driver.grpc_services import wire_request_names
 from testbed.kubelet.health import (
     DEFAULT_TIMEOUT_S,
     DeviceHealthStatus,
@@ -11,6 +10,7 @@ from testbed.kubelet.health import (
     timeout_from_wire,
     truncate_message,
 )
+from testbed.kubeletplugin.grpc_services import wire_request_names
 
 H, U, UNKNOWN = DeviceHealthStatus.HEALTHY, DeviceHealthStatus.UNHEALTHY, DeviceHealthStatus.UNKNOWN
 

@@ -11,13 +11,12 @@ import grpc
 import pytest
 
 from fake_devices.hardware import NodeHardware
-from fake_devices.profiles import load_profile
-from testbed.driver.backend import LocalBackend
-from testbed.driver.claims import ClaimReader
-from testbed.driver.grpc_services import MalformedRequests
-from testbed.driver.plugin import DriverPlugin
-from testbed.driver.prepare import DriverPaths
+from testbed.drivers import driver_on_node, load_profile
+from testbed.drivers.backend import LocalBackend
 from testbed.kubeapi import Credentials, KubeClient
+from testbed.kubeletplugin.claims import ClaimReader
+from testbed.kubeletplugin.grpc_services import MalformedRequests
+from testbed.kubeletplugin.prepare import DriverPaths
 
 GPU = "gpu.dra-testbed.io"
 PREPARE = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources"
@@ -30,7 +29,7 @@ def test_garbage_requests_log_one_line_and_the_driver_keeps_answering(
         client = KubeClient(Credentials("https://127.0.0.1:9", ssl.create_default_context()))  # never called
         paths = DriverPaths.for_node(short_tmp_path / "kubelet", GPU, short_tmp_path / "cdi")
         hardware = LocalBackend(NodeHardware("n", load_profile("tiny")))
-        plugin = DriverPlugin(GPU, "n", paths, hardware, client, ClaimReader(client), publish_slices=False)
+        plugin = driver_on_node(GPU, "n", paths, hardware, client, ClaimReader(client), publish_slices=False)
         await plugin.start()
         codes = []
         try:

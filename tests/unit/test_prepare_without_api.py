@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 
 from fake_devices.hardware import NodeHardware
-from fake_devices.profiles import load_profile
-from testbed.driver import prepare
-from testbed.driver.backend import LocalBackend
-from testbed.driver.claims import ClaimReader
-from testbed.driver.prepare import ClaimPreparer, DriverPaths
+from testbed.drivers import KINDS, load_profile
+from testbed.drivers.backend import LocalBackend
 from testbed.kubeapi import ClaimRef, Credentials, KubeClient, Obj
+from testbed.kubeletplugin import prepare
+from testbed.kubeletplugin.claims import ClaimReader
+from testbed.kubeletplugin.prepare import ClaimPreparer, DriverPaths
 
 GPU = "gpu.dra-testbed.io"
 
@@ -58,7 +58,8 @@ def test_claims_the_api_must_answer_fail_alone_and_in_time(
 
         cache = OneReadable(client)
         paths = DriverPaths.for_node(short_tmp_path / "kubelet", GPU, short_tmp_path / "cdi")
-        preparer = ClaimPreparer(GPU, "n", paths, LocalBackend(NodeHardware("n", load_profile("tiny"))), cache, client)
+        driver = KINDS[GPU].make(LocalBackend(NodeHardware("n", load_profile("tiny"))), client)
+        preparer = ClaimPreparer(driver, "n", paths, cache)
         await preparer.repair()
         refs = [ClaimRef("ns", "uid-cached", "cached"), ClaimRef("ns", "uid-a", "a"), ClaimRef("ns", "uid-b", "b")]
         started = time.monotonic()

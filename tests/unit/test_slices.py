@@ -1,15 +1,15 @@
 """ResourceSlice content from the inventory, within the API's limits."""
 
 from fake_devices.hardware import DeviceHealth, Health, build_inventory
-from fake_devices.profiles import load_profile
-from testbed.driver.slices import desired_slices
+from testbed.drivers import KINDS, load_profile
 from testbed.keys import UNHEALTHY_TAINT_KEY
+from testbed.kubeletplugin.slices import desired_slices
 
 GPU, NIC = "gpu.dra-testbed.io", "nic.dra-testbed.io"
 
 
 def _slices(profile: str, driver: str, health: list[DeviceHealth] | None = None):  # type: ignore[no-untyped-def]
-    devices, pools = build_inventory(load_profile(profile), "n1", seed=0)
+    devices, pools = KINDS[driver].select(*build_inventory(load_profile(profile), "n1", seed=0))
     return desired_slices(driver, "n1", devices, pools, health or [])
 
 
@@ -56,7 +56,7 @@ def test_an_unhealthy_device_carries_a_noschedule_taint() -> None:
 
 
 def test_devices_per_slice_spreads_the_same_devices_over_more_slices() -> None:
-    devices, pools = build_inventory(load_profile("h100x8"), "n1", seed=0)
+    devices, pools = KINDS[GPU].select(*build_inventory(load_profile("h100x8"), "n1", seed=0))
     default = desired_slices(GPU, "n1", devices, pools, [])
     small = desired_slices(GPU, "n1", devices, pools, [], devices_per_slice=10)
     names = sorted(d["name"] for s in default for d in s.devices)
@@ -71,7 +71,7 @@ def test_devices_per_slice_spreads_the_same_devices_over_more_slices() -> None:
 def test_the_standalone_driver_takes_its_slice_size_from_the_environment() -> None:
     import pytest
 
-    from testbed.driver.main import Settings
+    from testbed.drivers.main import Settings
     from testbed.errors import TestbedError
 
     assert Settings.from_env({"NODE_NAME": "n1"}).devices_per_slice is None

@@ -16,7 +16,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from fake_devices.hardware import Device, DeviceHealth, Health, SharedPool
+from fake_devices.hardware import DeviceHealth, Health
+from fake_devices.kinds import Device, SharedPool
 from testbed.keys import SLICE_NODE_LABEL, UNHEALTHY_TAINT_KEY
 from testbed.kubeapi import ApiError, KubeClient, Obj, WatchPosition, path_for
 from testbed.tasks import cancel_and_wait
@@ -29,8 +30,6 @@ MAX_ATTRIBUTES_AND_CAPACITIES = 32
 STANDARD_ATTRIBUTES = {"pciBusID", "pcieRoot"}
 RELIST_S = 600.0
 """At most this long (at least half) between a publisher's checks of what the API holds."""
-
-DRIVER_KINDS = {"gpu.dra-testbed.io": ("gpu", "partition"), "nic.dra-testbed.io": ("nic",)}
 
 
 def _attribute(value: str | int | bool, name: str) -> dict[str, Any]:
@@ -86,14 +85,12 @@ def desired_slices(
     health: list[DeviceHealth],
     devices_per_slice: int | None = None,
 ) -> list[SliceSpec]:
-    """``devices_per_slice``: fewer devices per slice than the API allows (a layout knob:
-    the scheduler and the API server handle many small slices differently from a few
-    large ones)."""
-    kinds = DRIVER_KINDS[driver]
-    mine = [d for d in devices if d.kind in kinds]
+    """``devices``: the driver's. ``devices_per_slice``: fewer devices per slice than the
+    API allows (a layout knob: the scheduler and the API server handle many small slices
+    differently from a few large ones)."""
     by_name = {h.device: h for h in health}
-    entries = [device_entry(d, by_name.get(d.name)) for d in mine]
-    used_pools = {d.pool for d in mine if d.pool}
+    entries = [device_entry(d, by_name.get(d.name)) for d in devices]
+    used_pools = {d.pool for d in devices if d.pool}
     counter_sets = [
         {"name": p.name, "counters": {k: {"value": str(v)} for k, v in p.capacity.items()}}
         for p in pools

@@ -22,9 +22,6 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from fake_devices.hardware import Health
-from testbed.driver import metrics
-from testbed.driver.backend import DeviceBackend
-from testbed.driver.prepare import ClaimPreparer
 from testbed.grpcapi import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,
@@ -38,6 +35,9 @@ from testbed.grpcapi import (
     pluginregistration_pb2_grpc,
 )
 from testbed.kubeapi import ClaimRef
+from testbed.kubeletplugin import metrics
+from testbed.kubeletplugin.driver import Driver
+from testbed.kubeletplugin.prepare import ClaimPreparer
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ class DraService:
     async def NodePrepareResources(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         method = f"/{self.package}.DRAPlugin/NodePrepareResources"
         self.call_log.record(method, request.claims)
-        return await _timed(self.preparer.driver, method, lambda: self._prepare(request))
+        return await _timed(self.preparer.name, method, lambda: self._prepare(request))
 
     async def _prepare(self, request: Any) -> Any:
         refs = [ClaimRef(c.namespace, c.uid, c.name) for c in request.claims]
@@ -139,7 +139,7 @@ class DraService:
     async def NodeUnprepareResources(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         method = f"/{self.package}.DRAPlugin/NodeUnprepareResources"
         self.call_log.record(method, request.claims)
-        return await _timed(self.preparer.driver, method, lambda: self._unprepare(request))
+        return await _timed(self.preparer.name, method, lambda: self._unprepare(request))
 
     async def _unprepare(self, request: Any) -> Any:
         refs = [ClaimRef(c.namespace, c.uid, c.name) for c in request.claims]
@@ -187,14 +187,12 @@ class ResourceHealthService:
     def __init__(
         self,
         pb2: Any,
-        backend: DeviceBackend,
-        kinds: tuple[str, ...],
+        driver: Driver,
         pool: str,
         timeout_s: int = HEALTH_CHECK_TIMEOUT_S,
     ):
         self.pb2 = pb2
-        self.backend = backend
-        self.kinds = kinds
+        self.driver = driver
         self.pool = pool
         self.timeout_s = timeout_s
         self._last: tuple[int, Any] | None = None
@@ -202,22 +200,19 @@ class ResourceHealthService:
         kubelet stamps each report with the time it arrives)."""
 
     async def _snapshot(self) -> tuple[int, Any]:
-        generation, health = await self.backend.health()
+        generation, health = await self.driver.health()
         if self._last is not None and self._last[0] == generation:
             return self._last
-        _, devices, _ = await self.backend.inventory()
-        mine = frozenset(d.name for d in devices if d.kind in self.kinds)
         status = {Health.HEALTHY: self.pb2.HEALTHY, Health.UNHEALTHY: self.pb2.UNHEALTHY}
         response = self.pb2.NodeWatchResourcesResponse()
         for entry in health:
-            if entry.device in mine:
-                response.devices.add(
-                    device=self.pb2.DeviceIdentifier(pool_name=self.pool, device_name=entry.device),
-                    health=status[entry.health],
-                    last_updated_time=entry.updated_unix,
-                    health_check_timeout_seconds=self.timeout_s,
-                    message=entry.message,
-                )
+            response.devices.add(
+                device=self.pb2.DeviceIdentifier(pool_name=self.pool, device_name=entry.device),
+                health=status[entry.health],
+                last_updated_time=entry.updated_unix,
+                health_check_timeout_seconds=self.timeout_s,
+                message=entry.message,
+            )
         self._last = (generation, response)
         return self._last
 
@@ -225,7 +220,7 @@ class ResourceHealthService:
         generation, snapshot = await self._snapshot()
         yield snapshot
         while True:
-            await self.backend.wait_for_change(generation, self.timeout_s / 3)
+            await self.driver.wait_for_change(generation, self.timeout_s / 3)
             generation, snapshot = await self._snapshot()
             yield snapshot
 
@@ -266,24 +261,24 @@ class MalformedRequests(logging.Filter):
             logger.addFilter(cls())
 
 
-def add_services(
-    server: grpc.aio.Server,
-    registration: RegistrationService,
-    preparer: ClaimPreparer,
-    backend: DeviceBackend,
-    kinds: tuple[str, ...],
-    pool: str,
-    call_log: CallLog | None = None,
-) -> None:
+def add_registration_service(server: grpc.aio.Server, registration: RegistrationService) -> None:
+    """What the registration socket serves, and nothing else (as upstream plugins do)."""
     MalformedRequests.install()
     pluginregistration_pb2_grpc.add_RegistrationServicer_to_server(registration, server)
+
+
+def add_dra_services(
+    server: grpc.aio.Server, preparer: ClaimPreparer, driver: Driver, pool: str, call_log: CallLog | None = None
+) -> None:
+    """What the DRA socket serves: DRA v1 and v1beta1, resource health v1 and v1alpha1."""
+    MalformedRequests.install()
     dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(DraService(dra_v1_pb2, preparer, True, call_log), server)
     dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(DraService(dra_v1beta1_pb2, preparer, False, call_log), server)
     health_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
-        ResourceHealthService(health_v1_pb2, backend, kinds, pool), server
+        ResourceHealthService(health_v1_pb2, driver, pool), server
     )
     health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
-        ResourceHealthService(health_v1alpha1_pb2, backend, kinds, pool), server
+        ResourceHealthService(health_v1alpha1_pb2, driver, pool), server
     )
 
 

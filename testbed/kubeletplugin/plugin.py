@@ -16,14 +16,20 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2_grpc
 
-from testbed.driver import metrics
-from testbed.driver.backend import DeviceBackend
-from testbed.driver.claims import ClaimReader
-from testbed.driver.grpc_services import CallLog, LivenessService, RegistrationService, add_services
-from testbed.driver.prepare import ClaimPreparer, DriverPaths
-from testbed.driver.slices import DRIVER_KINDS, SlicePublisher, SliceWatcher, desired_slices
 from testbed.errors import TestbedError
 from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
+from testbed.kubeletplugin import metrics
+from testbed.kubeletplugin.claims import ClaimReader
+from testbed.kubeletplugin.driver import Driver
+from testbed.kubeletplugin.grpc_services import (
+    CallLog,
+    LivenessService,
+    RegistrationService,
+    add_dra_services,
+    add_registration_service,
+)
+from testbed.kubeletplugin.prepare import ClaimPreparer, DriverPaths
+from testbed.kubeletplugin.slices import SlicePublisher, SliceWatcher, desired_slices
 from testbed.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -38,10 +44,9 @@ then). Every 30 s meant building slices for nothing 333 times a second at 5,000 
 class DriverPlugin:
     def __init__(
         self,
-        driver: str,
+        driver: Driver,
         node: str,
         paths: DriverPaths,
-        backend: DeviceBackend,
         client: KubeClient,
         claims: ClaimReader,
         liveness_port: int | None = None,
@@ -56,25 +61,24 @@ class DriverPlugin:
         watch shared with other nodes' drivers; by default the driver watches its own.
         ``call_log``: append every DRA call a kubelet makes to this file (JSON lines).
         ``devices_per_slice``: a smaller slice size than the API's limits (None: the limits)."""
-        if driver not in DRIVER_KINDS:
-            raise TestbedError(f"unknown driver {driver!r}", hint=f"use one of {', '.join(DRIVER_KINDS)}")
         self.driver = driver
+        self.name = driver.name
         self.node = node
         self.paths = paths
-        self.backend = backend
         self.client = client
-        self.preparer = ClaimPreparer(driver, node, paths, backend, claims, client, durable)
-        self.publisher = SlicePublisher(client, driver, node)
-        self.call_log = CallLog(call_log, driver)
+        self.preparer = ClaimPreparer(driver, node, paths, claims, durable)
+        self.publisher = SlicePublisher(client, self.name, node)
+        self.call_log = CallLog(call_log, self.name)
         # No re-list on registration: the slice watch sees a starting kubelet's wipe
         # whenever it lands, and a re-list per driver cost a fleet 1,000 LISTs at start.
-        self.registration = RegistrationService(driver, str(paths.dra_socket), self.call_log)
+        self.registration = RegistrationService(self.name, str(paths.dra_socket), self.call_log)
         self.publish_slices = publish_slices
         self.devices_per_slice = devices_per_slice
         self._own_watcher = slice_watcher is None
-        self.slice_watcher = slice_watcher or SliceWatcher.for_node(client, node, driver)
+        self.slice_watcher = slice_watcher or SliceWatcher.for_node(client, node, self.name)
         self.liveness_port = liveness_port
         self._server: grpc.aio.Server | None = None
+        self._registration_server: grpc.aio.Server | None = None
         self._liveness: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.published = asyncio.Event()
@@ -95,20 +99,18 @@ class DriverPlugin:
         await self.preparer.repair()
         for sock in (self.paths.dra_socket, self.paths.registration_socket):
             sock.unlink(missing_ok=True)  # our own name: a leftover of a crash of this instance
-        server = grpc.aio.server()
-        add_services(
-            server,
-            self.registration,
-            self.preparer,
-            self.backend,
-            DRIVER_KINDS[self.driver],
-            self.node,
-            self.call_log,
-        )
-        server.add_insecure_port(f"unix://{self.paths.dra_socket}")
-        server.add_insecure_port(f"unix://{self.paths.registration_socket}")
-        await server.start()
-        self._server = server
+        # Each socket its own server, as upstream serves them: the registration socket
+        # answers registration only, and it appears only once the DRA socket is up.
+        dra = grpc.aio.server()
+        add_dra_services(dra, self.preparer, self.driver, self.node, self.call_log)
+        dra.add_insecure_port(f"unix://{self.paths.dra_socket}")
+        await dra.start()
+        self._server = dra
+        registration = grpc.aio.server()
+        add_registration_service(registration, self.registration)
+        registration.add_insecure_port(f"unix://{self.paths.registration_socket}")
+        await registration.start()
+        self._registration_server = registration
         if self.liveness_port is not None:
             liveness = grpc.aio.server()
             health_pb2_grpc.add_HealthServicer_to_server(
@@ -122,17 +124,19 @@ class DriverPlugin:
             self.slice_watcher.add(self.publisher)
             if self._own_watcher:
                 self.slice_watcher.start()
-            self._tasks.append(asyncio.create_task(self._publish_loop(), name=f"slices-{self.driver}-{self.node}"))
+            self._tasks.append(asyncio.create_task(self._publish_loop(), name=f"slices-{self.name}-{self.node}"))
 
     async def publish_once(self) -> bool:
-        _, devices, pools = await self.backend.inventory()
-        _, health = await self.backend.health()
-        specs = desired_slices(self.driver, self.node, devices, pools, health, self.devices_per_slice)
+        inventory = await self.driver.inventory()
+        _, health = await self.driver.health()
+        specs = desired_slices(
+            self.name, self.node, inventory.devices, inventory.counter_sets, health, self.devices_per_slice
+        )
         if self.publisher.owner is None:
             self.publisher.owner = await self._node_owner()
         before = self.publisher.writes
         changed = await self.publisher.publish(specs)
-        metrics.SLICE_WRITES.labels(self.driver).inc(self.publisher.writes - before)
+        metrics.SLICE_WRITES.labels(self.name).inc(self.publisher.writes - before)
         return changed
 
     async def _node_owner(self) -> Obj | None:
@@ -152,16 +156,16 @@ class DriverPlugin:
         generation = 0
         while True:
             try:
-                generation, _, _ = await self.backend.inventory()
+                generation = (await self.driver.inventory()).generation
                 await self.publish_once()
                 self.published.set()
             except (ApiError, OSError) as exc:
                 reason = str(exc) or type(exc).__name__  # a timeout has no message
-                log.warning("%s on %s: publishing slices failed (%s); retrying", self.driver, self.node, reason)
+                log.warning("%s on %s: publishing slices failed (%s); retrying", self.name, self.node, reason)
                 await asyncio.sleep(PUBLISH_RETRY_S)
                 continue
             except Exception:
-                log.exception("%s on %s: publishing slices failed", self.driver, self.node)
+                log.exception("%s on %s: publishing slices failed", self.name, self.node)
                 await asyncio.sleep(PUBLISH_RETRY_S)
                 continue
             await self._wait_for_work(generation)
@@ -171,7 +175,7 @@ class DriverPlugin:
         disturbed = self.publisher.disturbed
         if not disturbed.is_set():
             waits = [
-                asyncio.ensure_future(self.backend.wait_for_change(generation, RESYNC_S)),
+                asyncio.ensure_future(self.driver.wait_for_change(generation, RESYNC_S)),
                 asyncio.ensure_future(disturbed.wait()),
             ]
             try:
@@ -186,9 +190,9 @@ class DriverPlugin:
         self.slice_watcher.remove(self.publisher)
         if self._own_watcher:
             await self.slice_watcher.stop()
-        for server in (self._liveness, self._server):
+        for server in (self._liveness, self._registration_server, self._server):
             if server is not None:
                 await server.stop(grace_s)
-        self._server = self._liveness = None
+        self._server = self._registration_server = self._liveness = None
         for sock in (self.paths.registration_socket, self.paths.dra_socket):
             sock.unlink(missing_ok=True)

@@ -16,6 +16,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from testbed.files import write_atomically
+from testbed.kubeapi import ClaimRef
 
 VERSION = 1
 
@@ -42,6 +43,10 @@ class ClaimRecord:
     state: ClaimState
     devices: list[PreparedDeviceRecord] = field(default_factory=list)
     admin_access: bool = False
+
+    @property
+    def ref(self) -> ClaimRef:
+        return ClaimRef(self.namespace, self.uid, self.name)
 
     def to_json(self) -> dict[str, object]:
         data = asdict(self)

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import fcntl
-import hashlib
 import logging
 import os
 import re
@@ -24,19 +22,17 @@ from typing import Any
 
 import aiohttp
 
-from fake_devices.hardware import HardwareError
-from testbed.driver import cdi, metrics
-from testbed.driver.backend import DeviceBackend
-from testbed.driver.checkpoint import (
+from testbed.kubeapi import ApiError, ClaimRef
+from testbed.kubeletplugin import cdi, metrics
+from testbed.kubeletplugin.checkpoint import (
     Checkpoint,
     CheckpointCorrupt,
     ClaimRecord,
     ClaimState,
     PreparedDeviceRecord,
 )
-from testbed.driver.claims import ClaimReader
-from testbed.driver.opaque_config import NIC_DRIVER, ConfigError, NicConfig, configs_for_request
-from testbed.kubeapi import ApiError, ClaimRef, KubeClient, path_for
+from testbed.kubeletplugin.claims import ClaimReader
+from testbed.kubeletplugin.driver import AllocatedDevice, ClaimFailed, ClaimToPrepare, Driver
 
 log = logging.getLogger(__name__)
 LOCK_POLL_S = 0.002
@@ -54,12 +50,6 @@ succeed), and unrelated unprepares do not wait behind it."""
 class PrepareResult:
     devices: list[PreparedDeviceRecord]
     error: str = ""
-
-
-class ClaimFailed(Exception):
-    def __init__(self, reason: str, message: str):
-        super().__init__(message)
-        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -111,23 +101,13 @@ class DriverPaths:
 
 
 class ClaimPreparer:
-    def __init__(
-        self,
-        driver: str,
-        node: str,
-        paths: DriverPaths,
-        backend: DeviceBackend,
-        claims: ClaimReader,
-        client: KubeClient | None = None,
-        durable: bool = True,
-    ):
+    def __init__(self, driver: Driver, node: str, paths: DriverPaths, claims: ClaimReader, durable: bool = True):
         self.driver = driver
+        self.name = driver.name
         self.durable = durable
         self.node = node
         self.paths = paths
-        self.backend = backend
         self.claims = claims
-        self.client = client
         self.checkpoint = Checkpoint(paths.checkpoint, durable)
         self._lock = asyncio.Lock()
         self.corruptions: list[str] = []
@@ -156,13 +136,13 @@ class ClaimPreparer:
         try:
             self.checkpoint.load()
         except CheckpointCorrupt as exc:
-            log.error("%s on %s: %s; starting with an empty record", self.driver, self.node, exc)
+            log.error("%s on %s: %s; starting with an empty record", self.name, self.node, exc)
             self.corruptions.append(str(exc))
-            metrics.CHECKPOINT_CORRUPTIONS.labels(self.driver).inc()
+            metrics.CHECKPOINT_CORRUPTIONS.labels(self.name).inc()
 
     def _record_gauge(self) -> None:
         completed = sum(1 for c in self.checkpoint.claims.values() if c.state is ClaimState.PREPARE_COMPLETED)
-        metrics.PREPARED_CLAIMS.labels(self.driver).set(completed)
+        metrics.PREPARED_CLAIMS.labels(self.name).set(completed)
 
     async def repair(self) -> None:
         """After a crash: undo half-prepared claims; re-assert completed ones on the hardware
@@ -170,17 +150,19 @@ class ClaimPreparer:
         async with self.node_lock():
             for record in list(self.checkpoint.claims.values()):
                 if record.state is ClaimState.PREPARE_STARTED:
-                    log.warning("%s: undoing claim %s left half-prepared", self.driver, record.uid)
-                    await self.backend.unprepare(record.uid)
-                    cdi.remove_claim_spec(self.paths.cdi_dir, self.driver, record.uid)
+                    log.warning("%s: undoing claim %s left half-prepared", self.name, record.uid)
+                    await self.driver.unprepare(record.uid)
+                    cdi.remove_claim_spec(self.paths.cdi_dir, self.name, record.uid)
                     self.checkpoint.remove(record.uid)
                 else:
+                    devices = [
+                        AllocatedDevice(d.request_names[0], d.pool, d.device, d.share_id, record.admin_access)
+                        for d in record.devices
+                    ]
                     try:
-                        await self.backend.prepare(
-                            record.uid, [d.device for d in record.devices], {}, record.admin_access
-                        )
-                    except HardwareError as exc:
-                        log.error("%s: cannot re-assert claim %s: %s", self.driver, record.uid, exc)
+                        await self.driver.prepare(ClaimToPrepare(record.ref, devices, repair=True))
+                    except ClaimFailed as exc:
+                        log.error("%s: cannot re-assert claim %s: %s", self.name, record.uid, exc)
             self._record_gauge()
 
     # --- prepare -------------------------------------------------------------------------
@@ -197,8 +179,8 @@ class ClaimPreparer:
                 try:
                     results[ref.uid] = PrepareResult(await self._prepare_one(ref, fetched.get(ref.uid)))
                 except ClaimFailed as exc:
-                    metrics.CLAIM_ERRORS.labels(self.driver, "prepare", exc.reason).inc()
-                    results[ref.uid] = PrepareResult([], f"{self.driver}: {exc}")
+                    metrics.CLAIM_ERRORS.labels(self.name, "prepare", exc.reason).inc()
+                    results[ref.uid] = PrepareResult([], f"{self.name}: {exc}")
             self._record_gauge()
         return results
 
@@ -260,48 +242,38 @@ class ClaimPreparer:
             raise fetched
         claim = fetched if fetched is not None else await self._fetch(ref)
         results, config_entries = self._allocation(ref, claim)
-        settings: dict[str, dict[str, str]] = {}
-        nic_configs: dict[str, NicConfig] = {}
-        for result in results:
-            try:
-                configs = configs_for_request(self.driver, config_entries, result["request"])
-            except ConfigError as exc:
-                raise ClaimFailed("InvalidConfig", f"claim {ref.namespace}/{ref.name}: {exc}") from None
-            env: dict[str, str] = {}
-            for config in configs:
-                env.update(config.env())
-                if isinstance(config, NicConfig):
-                    nic_configs[result["device"]] = config
-            settings[result["device"]] = env
+        allocated = [
+            AllocatedDevice(r["request"], r["pool"], r["device"], r.get("shareID"), bool(r.get("adminAccess")))
+            for r in results
+        ]
         records = [
             PreparedDeviceRecord(
-                request_names=[result["request"]],
-                pool=result["pool"],
-                device=result["device"],
-                cdi_device_ids=[cdi.device_id(self.driver, cdi.claim_device_name(ref.uid, result["device"]))],
-                share_id=result.get("shareID"),
+                request_names=[device.request],
+                pool=device.pool,
+                device=device.device,
+                cdi_device_ids=[cdi.device_id(self.name, cdi.claim_device_name(ref.uid, device.device))],
+                share_id=device.share_id,
             )
-            for result in results
+            for device in allocated
         ]
-        admin = any(bool(r.get("adminAccess")) for r in results)
+        wanted = ClaimToPrepare(ref, allocated, config_entries)
+        admin = wanted.admin_access
         self.checkpoint.put(ClaimRecord(ref.uid, ref.namespace, ref.name, ClaimState.PREPARE_STARTED, records, admin))
         try:
-            prepared = await self.backend.prepare(ref.uid, [r.device for r in records], settings, admin)
-        except HardwareError as exc:
-            await self.backend.unprepare(ref.uid)
+            prepared = await self.driver.prepare(wanted)
+        except ClaimFailed as exc:
+            await self.driver.unprepare(ref.uid)
             self.checkpoint.remove(ref.uid)
-            raise ClaimFailed("DeviceError", f"claim {ref.namespace}/{ref.name}: {exc}") from None
+            raise ClaimFailed(exc.reason, f"claim {ref.namespace}/{ref.name}: {exc}") from None
         cdi.write_claim_spec(
             self.paths.cdi_dir,
-            self.driver,
+            self.name,
             ref.uid,
             [cdi.CdiDevice(cdi.claim_device_name(ref.uid, p.name), p.env) for p in prepared],
             {"DRA_TESTBED_CLAIM": f"{ref.namespace}/{ref.name}"},
             durable=self.durable,
         )
         self.checkpoint.put(ClaimRecord(ref.uid, ref.namespace, ref.name, ClaimState.PREPARE_COMPLETED, records, admin))
-        if self.driver == NIC_DRIVER and self.client is not None:
-            await self._publish_network_status(ref, records, nic_configs)
         return records
 
     async def _fetch(self, ref: ClaimRef) -> Mapping[str, Any]:
@@ -328,11 +300,11 @@ class ClaimPreparer:
         if not allocation:
             raise ClaimFailed("NotAllocated", f"claim {ref.namespace}/{ref.name} is not allocated")
         devices = allocation.get("devices") or {}
-        results = [r for r in devices.get("results") or [] if r.get("driver") == self.driver]
+        results = [r for r in devices.get("results") or [] if r.get("driver") == self.name]
         if not results:
             raise ClaimFailed(
                 "NoDevices",
-                f"claim {ref.namespace}/{ref.name} has no devices allocated by {self.driver}",
+                f"claim {ref.namespace}/{ref.name} has no devices allocated by {self.name}",
             )
         elsewhere = sorted({r["pool"] for r in results if r.get("pool") != self.node})
         if elsewhere:
@@ -341,72 +313,6 @@ class ClaimPreparer:
                 f"claim {ref.namespace}/{ref.name} is allocated on node(s) {', '.join(elsewhere)}, not on {self.node}",
             )
         return results, list(devices.get("config") or [])
-
-    async def _publish_network_status(
-        self, ref: ClaimRef, records: list[PreparedDeviceRecord], configs: Mapping[str, NicConfig]
-    ) -> None:
-        """Write status.devices with networkData for the NICs, as a CNI-style driver would."""
-        assert self.client is not None
-        _, devices, _ = await self.backend.inventory()
-        by_name = {d.name: d for d in devices}
-        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        entries = []
-        for record in records:
-            nic = by_name.get(record.device)
-            if nic is None:
-                continue
-            config = configs.get(record.device)
-            ips = list(config.ips) if config and config.ips else [self._derived_ip(ref.uid, nic.attributes["index"])]
-            entries.append(
-                {
-                    "driver": self.driver,
-                    "pool": record.pool,
-                    "device": record.device,
-                    "conditions": [
-                        {
-                            "type": "Ready",
-                            "status": "True",
-                            "reason": "InterfaceConfigured",
-                            "message": f"{nic.attributes['ifName']} up",
-                            "lastTransitionTime": now,
-                        }
-                    ],
-                    "networkData": {
-                        "interfaceName": str(nic.attributes["ifName"]),
-                        "ips": ips,
-                        "hardwareAddress": str(nic.attributes["macAddress"]),
-                    },
-                }
-            )
-        body = {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": ref.name, "namespace": ref.namespace, "uid": ref.uid},
-            "status": {"devices": entries},
-        }
-        path = path_for("resource.k8s.io/v1", "resourceclaims", ref.name, ref.namespace, "status")
-        try:
-            await self.client.request(
-                "PATCH",
-                path,
-                body,
-                params={"fieldManager": self.driver, "force": "true"},
-                content_type="application/apply-patch+yaml",
-            )
-        except ApiError as exc:
-            # The devices are prepared; a status write failing must not fail the pod.
-            log.warning(
-                "%s: could not write network status of %s/%s: %s",
-                self.driver,
-                ref.namespace,
-                ref.name,
-                exc,
-            )
-
-    @staticmethod
-    def _derived_ip(claim_uid: str, index: object) -> str:
-        host = int(hashlib.sha256(claim_uid.encode()).hexdigest(), 16) % 250 + 2
-        return f"192.168.{int(str(index))}.{host}/24"
 
     # --- unprepare -----------------------------------------------------------------------
 
@@ -419,15 +325,15 @@ class ClaimPreparer:
             for ref in refs:
                 if not ref.uid or len(ref.uid) > 128 or not UID.fullmatch(ref.uid):
                     # never let it near a file name: it names the CDI spec to remove
-                    errors[ref.uid] = f"{self.driver}: claim UID {ref.uid[:80]!r} is malformed"
+                    errors[ref.uid] = f"{self.name}: claim UID {ref.uid[:80]!r} is malformed"
                     continue
                 try:
-                    await self.backend.unprepare(ref.uid)
-                    cdi.remove_claim_spec(self.paths.cdi_dir, self.driver, ref.uid)
+                    await self.driver.unprepare(ref.uid)
+                    cdi.remove_claim_spec(self.paths.cdi_dir, self.name, ref.uid)
                     self.checkpoint.remove(ref.uid)
                     errors[ref.uid] = ""
-                except (HardwareError, OSError) as exc:
-                    metrics.CLAIM_ERRORS.labels(self.driver, "unprepare", type(exc).__name__).inc()
-                    errors[ref.uid] = f"{self.driver}: unprepare {ref.namespace}/{ref.name}: {exc}"
+                except (ClaimFailed, OSError) as exc:
+                    metrics.CLAIM_ERRORS.labels(self.name, "unprepare", type(exc).__name__).inc()
+                    errors[ref.uid] = f"{self.name}: unprepare {ref.namespace}/{ref.name}: {exc}"
             self._record_gauge()
         return errors

@@ -10,13 +10,12 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from fake_devices.hardware import (
-    Device,
     DeviceHealth,
     HardwareError,
     NodeHardware,
     PreparedDevice,
-    SharedPool,
 )
+from fake_devices.kinds import Device, SharedPool
 
 
 class DeviceBackend(Protocol):

@@ -4,7 +4,7 @@ Configured from the environment, as a DaemonSet passes it:
 
     NODE_NAME          the node (downward API spec.nodeName)                 required
     POD_UID            this pod's UID (downward API): rolling-update socket names
-    DRIVERS            drivers to serve                 gpu.dra-testbed.io,nic.dra-testbed.io
+    DRIVERS            drivers to serve, comma-separated   those the profile has devices for
     KUBELET_DIR        the kubelet's root                                 /var/lib/kubelet
     KUBELET_REGISTRAR_DIRECTORY_PATH   where the kubelet looks for plugins: KUBELET_DIR/plugins_registry
     KUBELET_PLUGINS_DIRECTORY_PATH     where plugins put their DRA sockets:  KUBELET_DIR/plugins
@@ -39,15 +39,15 @@ import grpc
 from grpc_health.v1 import health_pb2_grpc
 
 from fake_devices.hardware import Health, NodeHardware
-from fake_devices.profiles import ProfileError, load_profile
-from testbed.driver.backend import LocalBackend
-from testbed.driver.claims import ClaimReader
-from testbed.driver.grpc_services import LivenessService
-from testbed.driver.plugin import DriverPlugin
-from testbed.driver.prepare import DriverPaths
-from testbed.driver.slices import DRIVER_KINDS, MAX_DEVICES
+from fake_devices.profiles import ProfileError
+from testbed.drivers import KINDS, PROFILES, driver_on_node, drivers_for, load_profile
+from testbed.drivers.backend import LocalBackend
 from testbed.errors import TestbedError
 from testbed.kubeapi import KubeClient
+from testbed.kubeletplugin.claims import ClaimReader
+from testbed.kubeletplugin.grpc_services import LivenessService
+from testbed.kubeletplugin.prepare import DriverPaths
+from testbed.kubeletplugin.slices import MAX_DEVICES
 from testbed.metrics_server import MetricsServer
 from testbed.tasks import cancel_and_wait
 
@@ -90,12 +90,13 @@ class Settings:
         node = env.get("NODE_NAME", "")
         if not node:
             raise TestbedError("NODE_NAME is not set", hint="set it from the downward API: fieldRef spec.nodeName")
-        drivers = [d.strip() for d in env.get("DRIVERS", ",".join(DRIVER_KINDS)).split(",") if d.strip()]
-        unknown = [d for d in drivers if d not in DRIVER_KINDS]
-        if unknown or not drivers:
+        drivers = [d.strip() for d in env.get("DRIVERS", "").split(",") if d.strip()]
+        unknown = [d for d in drivers if d not in KINDS]
+        if unknown:
             raise TestbedError(
                 f"DRIVERS names unknown drivers {unknown}",
-                hint=f"use a comma-separated subset of {', '.join(DRIVER_KINDS)}",
+                hint=f"use a comma-separated subset of {', '.join(KINDS)}, or leave it unset for those "
+                "the hardware profile has devices for",
             )
 
         def integer(name: str, default: str) -> int:
@@ -152,7 +153,9 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
     try:
         profile = load_profile(settings.profile)
     except ProfileError as exc:
-        raise TestbedError(str(exc), hint="set HARDWARE_PROFILE to gpu8, h100x8, tiny or a YAML path") from None
+        raise TestbedError(
+            str(exc), hint=f"set HARDWARE_PROFILE to one of {', '.join(PROFILES.shipped())} or a YAML path"
+        ) from None
     client = KubeClient.from_kubeconfig(settings.kubeconfig)
     claims = ClaimReader(client)
     hardware = NodeHardware(settings.node, profile, settings.seed)
@@ -163,7 +166,7 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
         else None
     )
     plugins = [
-        DriverPlugin(
+        driver_on_node(
             driver,
             settings.node,
             DriverPaths.for_node(
@@ -180,7 +183,7 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
             call_log=settings.call_log,
             devices_per_slice=settings.devices_per_slice,
         )
-        for driver in settings.drivers
+        for driver in settings.drivers or drivers_for(profile)
     ]
     liveness: grpc.aio.Server | None = None
     metrics = MetricsServer(settings.health_address, settings.metrics_port)
@@ -191,7 +194,7 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
             await plugin.start()
             log.info(
                 "serving %s on %s (registration %s)",
-                plugin.driver,
+                plugin.name,
                 plugin.paths.dra_socket,
                 plugin.paths.registration_socket,
             )

@@ -9,8 +9,8 @@ per prepare.
 
 from __future__ import annotations
 
-from testbed.driver.metrics import CLAIM_LOOKUPS
 from testbed.kubeapi import KubeClient, Obj, path_for
+from testbed.kubeletplugin.metrics import CLAIM_LOOKUPS
 
 API_VERSION = "resource.k8s.io/v1"
 FETCH_ATTEMPTS = 3

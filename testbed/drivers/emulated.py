@@ -1,0 +1,127 @@
+"""A driver over emulated hardware: what every built-in driver is, given its kind.
+
+A ``DriverKind`` says what one driver is (its name, its section of a hardware profile,
+the devices it publishes, the opaque configs it accepts, its DeviceClasses);
+``EmulatedDriver`` turns that and a node's hardware into the framework's ``Driver``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fake_devices.hardware import DeviceHealth, HardwareError, PreparedDevice
+from fake_devices.kinds import Device, DeviceSpec, SharedPool
+from testbed.drivers.backend import DeviceBackend
+from testbed.kubeapi import KubeClient
+from testbed.kubeletplugin.driver import ClaimFailed, ClaimToPrepare, Inventory
+from testbed.kubeletplugin.opaque_config import ConfigError, OpaqueConfig, configs_for_request
+
+
+@dataclass(frozen=True)
+class DriverKind:
+    name: str
+    """The DRA driver name, e.g. ``gpu.dra-testbed.io``."""
+    hardware: type[DeviceSpec]
+    """Its section of a hardware profile: present with a count > 0, the node runs it."""
+    classes: Mapping[str, str]
+    """DeviceClass name -> the device kind (the ``type`` attribute) it selects."""
+    configs: Mapping[str, type[OpaqueConfig]] = field(default_factory=dict)
+    """The opaque configs it accepts, by ``kind``."""
+    driver: type[EmulatedDriver] | None = None
+    """The driver class when it does more than the default one."""
+    profiles: Path | None = None
+    """A directory of hardware profiles this kind ships."""
+    device_kinds: tuple[str, ...] = field(default=())
+    """The devices it publishes (default: those its classes select)."""
+
+    @property
+    def published(self) -> tuple[str, ...]:
+        return self.device_kinds or tuple(dict.fromkeys(self.classes.values()))
+
+    def select(self, devices: list[Device], pools: list[SharedPool]) -> tuple[list[Device], list[SharedPool]]:
+        """Of a node's devices and counter sets, this driver's."""
+        mine = [d for d in devices if d.kind in self.published]
+        used = {d.pool for d in mine if d.pool}
+        return mine, [p for p in pools if p.name in used]
+
+    def device_classes(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "DeviceClass",
+                "metadata": {"name": name},
+                "spec": {
+                    "selectors": [
+                        {
+                            "cel": {
+                                "expression": f"device.driver == '{self.name}' && "
+                                f"device.attributes['{self.name}'].type == '{kind}'"
+                            }
+                        }
+                    ]
+                },
+            }
+            for name, kind in self.classes.items()
+        ]
+
+    def make(self, backend: DeviceBackend, client: KubeClient | None = None) -> EmulatedDriver:
+        return (self.driver or EmulatedDriver)(self, backend, client)
+
+
+class EmulatedDriver:
+    """One driver's view of a node's emulated hardware: its own devices only."""
+
+    def __init__(self, kind: DriverKind, backend: DeviceBackend, client: KubeClient | None = None):
+        self.kind = kind
+        self.name = kind.name
+        self.backend = backend
+        self.client = client
+        """For drivers that write to the API (the claim status of a NIC)."""
+        self._mine: tuple[int, frozenset[str]] = (-1, frozenset())
+
+    async def inventory(self) -> Inventory:
+        generation, devices, pools = await self.backend.inventory()
+        mine, counter_sets = self.kind.select(devices, pools)
+        self._mine = (generation, frozenset(d.name for d in mine))
+        return Inventory(generation, mine, counter_sets)
+
+    async def health(self) -> tuple[int, list[DeviceHealth]]:
+        generation, health = await self.backend.health()
+        if self._mine[0] != generation:
+            await self.inventory()
+        return generation, [h for h in health if h.device in self._mine[1]]
+
+    async def wait_for_change(self, after_generation: int, timeout_s: float) -> int:
+        return await self.backend.wait_for_change(after_generation, timeout_s)
+
+    def settings(self, claim: ClaimToPrepare) -> dict[str, dict[str, str]]:
+        """Per device, the environment its configs give it."""
+        settings: dict[str, dict[str, str]] = {}
+        for device in claim.devices:
+            try:
+                configs = configs_for_request(self.name, claim.configs, device.request, self.kind.configs)
+            except ConfigError as exc:
+                raise ClaimFailed("InvalidConfig", str(exc)) from None
+            env: dict[str, str] = {}
+            for config in configs:
+                env.update(config.env())
+            settings[device.device] = env
+        return settings
+
+    async def prepare(self, claim: ClaimToPrepare) -> list[PreparedDevice]:
+        settings = self.settings(claim)
+        try:
+            return await self.backend.prepare(
+                claim.ref.uid, [d.device for d in claim.devices], settings, claim.admin_access
+            )
+        except HardwareError as exc:
+            raise ClaimFailed("DeviceError", str(exc)) from None
+
+    async def unprepare(self, claim_uid: str) -> None:
+        try:
+            await self.backend.unprepare(claim_uid)
+        except HardwareError as exc:
+            raise ClaimFailed("DeviceError", str(exc)) from None

@@ -1,0 +1,98 @@
+"""The NIC driver's one addition to an emulated driver: once a claim's NICs are held, it
+writes their interfaces into the claim's status (``status.devices[].networkData``), as a
+CNI-style driver does, so users see the addresses where Kubernetes shows them."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import logging
+from collections.abc import Mapping
+
+from fake_devices.hardware import PreparedDevice
+from testbed.drivers.emulated import EmulatedDriver
+from testbed.drivers.nic.config import NicConfig
+from testbed.kubeapi import ApiError, path_for
+from testbed.kubeletplugin.driver import ClaimFailed, ClaimToPrepare
+from testbed.kubeletplugin.opaque_config import ConfigError, configs_for_request
+
+log = logging.getLogger(__name__)
+
+
+class NicDriver(EmulatedDriver):
+    async def prepare(self, claim: ClaimToPrepare) -> list[PreparedDevice]:
+        prepared = await super().prepare(claim)
+        if self.client is not None and not claim.repair:
+            await self._publish_network_status(claim, self._configs(claim))
+        return prepared
+
+    def _configs(self, claim: ClaimToPrepare) -> Mapping[str, NicConfig]:
+        """Per device, the last NicConfig that applies to it (already validated)."""
+        found: dict[str, NicConfig] = {}
+        for device in claim.devices:
+            try:
+                configs = configs_for_request(self.name, claim.configs, device.request, self.kind.configs)
+            except ConfigError as exc:
+                raise ClaimFailed("InvalidConfig", str(exc)) from None
+            for config in configs:
+                if isinstance(config, NicConfig):
+                    found[device.device] = config
+        return found
+
+    async def _publish_network_status(self, claim: ClaimToPrepare, configs: Mapping[str, NicConfig]) -> None:
+        assert self.client is not None
+        ref = claim.ref
+        nics = {d.name: d for d in (await self.inventory()).devices}
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        entries = []
+        for device in claim.devices:
+            nic = nics.get(device.device)
+            if nic is None:
+                continue
+            config = configs.get(device.device)
+            ips = list(config.ips) if config and config.ips else [derived_ip(ref.uid, nic.attributes["index"])]
+            entries.append(
+                {
+                    "driver": self.name,
+                    "pool": device.pool,
+                    "device": device.device,
+                    "conditions": [
+                        {
+                            "type": "Ready",
+                            "status": "True",
+                            "reason": "InterfaceConfigured",
+                            "message": f"{nic.attributes['ifName']} up",
+                            "lastTransitionTime": now,
+                        }
+                    ],
+                    "networkData": {
+                        "interfaceName": str(nic.attributes["ifName"]),
+                        "ips": ips,
+                        "hardwareAddress": str(nic.attributes["macAddress"]),
+                    },
+                }
+            )
+        body = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": ref.name, "namespace": ref.namespace, "uid": ref.uid},
+            "status": {"devices": entries},
+        }
+        path = path_for("resource.k8s.io/v1", "resourceclaims", ref.name, ref.namespace, "status")
+        try:
+            await self.client.request(
+                "PATCH",
+                path,
+                body,
+                params={"fieldManager": self.name, "force": "true"},
+                content_type="application/apply-patch+yaml",
+            )
+        except ApiError as exc:
+            # The devices are prepared; a status write failing must not fail the pod.
+            log.warning("%s: could not write network status of %s/%s: %s", self.name, ref.namespace, ref.name, exc)
+
+
+def derived_ip(claim_uid: str, index: object) -> str:
+    """An address for a NIC whose claim gave none: stable per claim and port."""
+    host = int(hashlib.sha256(claim_uid.encode()).hexdigest(), 16) % 250 + 2
+    return f"192.168.{int(str(index))}.{host}/24"
