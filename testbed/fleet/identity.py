@@ -69,12 +69,17 @@ class NodeAuthority:
 
     def _context(self) -> ssl.SSLContext:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # not the system CAs: ours alone
-        context.load_verify_locations(cadata=self.ca_cert_pem.decode())
+        context.load_verify_locations(cadata=self._ca_der)
         return context
+
+    @cached_property
+    def _ca_der(self) -> bytes:
+        """The CA as DER: a context per node loads it, and PEM was parsed again each time."""
+        return self._ca[0].public_bytes(serialization.Encoding.DER)
 
     def __getstate__(self) -> dict[str, object]:
         """Only the content travels (to NodeHosts); the parsed CA is rebuilt there."""
-        return {k: v for k, v in self.__dict__.items() if k != "_ca"}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_ca", "_ca_der")}
 
     @cached_property
     def _ca(self) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
@@ -130,9 +135,9 @@ class NodeAuthority:
     def driver_client(self, connections: KubeClient | None = None) -> KubeClient:
         """A client for a node's drivers; it gets its token from `bind_driver_token`.
         ``connections``: send over those (``token_connections``) instead of its own."""
-        return KubeClient(
-            Credentials(self.server, self._context()), connection_limit=NODE_CONNECTIONS, borrow=connections
-        )
+        # Borrowed connections carry their own TLS context: none to build per node then.
+        context = self._context() if connections is None else connections.credentials.ssl_context
+        return KubeClient(Credentials(self.server, context), connection_limit=NODE_CONNECTIONS, borrow=connections)
 
 
 """Marks a synthetic node's driver pod. Not deploy/'s DaemonSet selector: that DaemonSet
