@@ -49,6 +49,8 @@ def host_options(placement: Placement | None, detached: bool) -> dict[str, Any]:
     if placement is not None:
         if placement.resources:
             options["resources"] = dict(placement.resources)
+        if placement.labels:
+            options["label_selector"] = dict(placement.labels)
         if placement.strategy == "SPREAD":
             options["scheduling_strategy"] = "SPREAD"
     return options
@@ -261,9 +263,11 @@ class Fleet:
         return placement
 
     def _check_resources(self) -> None:
-        """A pool asking for Ray resources no Ray node offers would wait forever: refuse."""
+        """A pool asking for Ray resources or node labels no Ray node has would wait
+        forever: refuse."""
         import ray
 
+        self._check_labels()
         asked = {name for pool in self.spec.pools if pool.placement for name in pool.placement.resources}
         if not asked:
             return
@@ -277,6 +281,28 @@ class Fleet:
                 hint="start the Ray nodes meant for that pool with `ray start --resources` and name the "
                 "cluster in the fleet file (ray.address), or drop placement.resources",
             )
+
+    def _check_labels(self) -> None:
+        import ray
+
+        wanting = [p for p in self.spec.pools if p.placement is not None and p.placement.labels]
+        if not wanting:
+            return
+        nodes = [n.get("Labels") or {} for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]
+        for pool in wanting:
+            assert pool.placement is not None
+            wanted = pool.placement.labels
+            if not any(all(labels.get(k) == v for k, v in wanted.items()) for labels in nodes):
+                carried = sorted(
+                    {f"{k}={v}" for labels in nodes for k, v in labels.items() if not k.startswith("ray.io/")}
+                )
+                raise TestbedError(
+                    f"no Ray node carries the labels {', '.join(f'{k}={v}' for k, v in wanted.items())} "
+                    f"(pool {pool.name}'s placement.labels); this Ray cluster's nodes carry "
+                    f"{', '.join(carried) or 'no labels of their own'}",
+                    hint="start the Ray nodes meant for that pool with `ray start --labels KEY=VALUE` and name "
+                    "the cluster in the fleet file (ray.address), or drop placement.labels",
+                )
 
     def _retire_empty_hosts(self) -> None:
         import ray

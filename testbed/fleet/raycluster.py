@@ -59,6 +59,10 @@ def _write_token(cluster_root: Path) -> None:
     write_secret(auth_token_path(cluster_root), secrets.token_hex(32).encode())
 
 
+HEAD_LABEL = "dra-testbed.io/ray-head"
+"""A Ray node label of the head the testbed starts: a pool's placement.labels can name it."""
+
+
 def start_head(cluster_root: Path, log_path: Path, num_cpus: int | None = None) -> tuple[ProcessRecord, str]:
     ray = shutil.which("ray", path=str(Path(sys.executable).parent)) or shutil.which("ray")
     if ray is None:
@@ -94,6 +98,7 @@ def start_head(cluster_root: Path, log_path: Path, num_cpus: int | None = None) 
         f"--dashboard-agent-grpc-port={agent_grpc}",
         f"--metrics-export-port={metrics}",
         f"--dashboard-port={dashboard}",
+        f"--labels={HEAD_LABEL}=true",
     ]
     if num_cpus is not None:
         command.append(f"--num-cpus={num_cpus}")

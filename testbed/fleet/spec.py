@@ -33,6 +33,9 @@ from fake_devices.specfiles import SpecFileError, parse_yaml, validate
 from testbed.drivers import load_profile
 from testbed.keys import SYNTHETIC
 
+LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
@@ -112,6 +115,9 @@ class Placement(_Strict):
     resources: dict[str, float] = Field(default_factory=dict)
     """Ray resources each of the pool's NodeHosts takes, e.g. {big-hosts: 1}: custom
     resources that some Ray nodes offer (`ray start --resources`)."""
+    labels: dict[str, str] = Field(default_factory=dict)
+    """Ray node labels the pool's NodeHosts need, e.g. {tier: big}: they run only on Ray
+    nodes started with all of them (`ray start --labels tier=big`)."""
     strategy: Literal["DEFAULT", "SPREAD"] = "DEFAULT"
     """SPREAD: the pool's NodeHosts over as many Ray nodes as possible; DEFAULT: as Ray
     places them (it fills a node before the next)."""
@@ -121,6 +127,12 @@ class Placement(_Strict):
         bad = sorted(name for name, amount in self.resources.items() if amount <= 0)
         if bad:
             raise ValueError(f"resources: {', '.join(bad)} must be more than 0")
+        for key, value in self.labels.items():
+            prefix, _, name = key.rpartition("/")
+            if (prefix and not DNS_SUBDOMAIN.fullmatch(prefix)) or not LABEL_NAME.fullmatch(name):
+                raise ValueError(f"labels: {key!r} is not a label key (name or prefix/name, as Kubernetes labels)")
+            if value and not LABEL_NAME.fullmatch(value):
+                raise ValueError(f"labels: {key}={value!r}: a value is 63 alphanumerics, '-', '_' or '.' at most")
         return self
 
 

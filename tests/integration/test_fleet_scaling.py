@@ -13,6 +13,7 @@ from testbed.controlplane.cluster import ClusterState
 from testbed.errors import TestbedError
 from testbed.fingerprint import code_version
 from testbed.fleet.fleet import Fleet
+from testbed.fleet.raycluster import HEAD_LABEL
 from testbed.fleet.spec import FleetFile
 from testbed.kubelet.node import SYNTHETIC_TOLERATION
 from testbed.testing import wait_for
@@ -135,11 +136,12 @@ def test_a_pool_with_a_placement_has_hosts_of_its_own_and_asks_only_for_what_ray
 ) -> None:
     del fleet  # only for its Ray
     own, shared = unique("pl"), unique("sh")
+    on_head = {"strategy": "SPREAD", "labels": {HEAD_LABEL: "true"}}  # a label of the head the testbed starts
     spec = FleetFile.model_validate(
         {
             "nodesPerHost": 4,
             "pools": [
-                {"name": own, "count": 1, "profile": "tiny", "placement": {"strategy": "SPREAD"}},
+                {"name": own, "count": 1, "profile": "tiny", "placement": on_head},
                 {"name": shared, "count": 1, "profile": "tiny"},
             ],
         }
@@ -160,6 +162,15 @@ def test_a_pool_with_a_placement_has_hosts_of_its_own_and_asks_only_for_what_ray
     with pytest.raises(TestbedError) as error:
         refused.start()
     assert "no Ray node offers big-hosts" in error.value.message
+    assert refused.hosts == {}, "refused before any NodeHost was asked for"
+
+    labelled = FleetFile.model_validate(
+        {"pools": [{"name": unique("lb"), "count": 1, "profile": "tiny", "placement": {"labels": {"tier": "big"}}}]}
+    )
+    refused = Fleet(labelled, control_plane.kubeconfig, nodes_dir(control_plane.root))
+    with pytest.raises(TestbedError) as error:
+        refused.start()
+    assert "no Ray node carries the labels tier=big" in error.value.message
     assert refused.hosts == {}, "refused before any NodeHost was asked for"
 
 

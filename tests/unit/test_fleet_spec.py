@@ -43,6 +43,14 @@ def test_defaults_keep_ordinary_workloads_off_synthetic_nodes() -> None:
             "pools: [{name: a, count: 1, placement: {resources: {big: 0}}}]",
             r"pools\[0\]\.placement: .*resources: big must be more than 0",
         ),
+        (
+            "pools: [{name: a, count: 1, placement: {labels: {'bad key!': x}}}]",
+            r"pools\[0\]\.placement: .*labels: 'bad key!' is not a label key",
+        ),
+        (
+            "pools: [{name: a, count: 1, placement: {labels: {tier: 'no spaces'}}}]",
+            r"pools\[0\]\.placement: .*labels: tier='no spaces'",
+        ),
     ],
 )
 def test_errors_name_the_field(text: str, message: str) -> None:
@@ -100,11 +108,13 @@ def test_a_pools_placement_becomes_how_ray_runs_its_hosts() -> None:
     from testbed.fleet.fleet import host_options
 
     fleet = spec.parse(
-        "pools: [{name: a, count: 1, placement: {resources: {big-hosts: 1}, strategy: SPREAD}}, {name: b, count: 1}]",
+        "pools: [{name: a, count: 1, placement: {resources: {big-hosts: 1}, strategy: SPREAD, labels: {tier: big}}},"
+        " {name: b, count: 1}]",
         "f.yaml",
     )
     spread = host_options(fleet.pools[0].placement, detached=True)
     assert spread["resources"] == {"big-hosts": 1.0} and spread["scheduling_strategy"] == "SPREAD"
+    assert spread["label_selector"] == {"tier": "big"}
     assert spread["lifetime"] == "detached" and spread["num_cpus"] == 0
     plain = host_options(fleet.pools[1].placement, detached=False)
     assert "resources" not in plain and "scheduling_strategy" not in plain and "lifetime" not in plain

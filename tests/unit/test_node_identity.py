@@ -92,11 +92,11 @@ def test_clients_trust_the_cluster_ca_alone(tmp_path: Path) -> None:
     ours = x509.load_pem_x509_certificate(authority.ca_cert_pem)
     kubelet = authority.kubelet_client("gpu-007")
     [trusted] = kubelet.credentials.ssl_context.get_ca_certs()
-    assert trusted["serialNumber"] == f"{ours.serial_number:X}"
+    assert int(trusted["serialNumber"], 16) == ours.serial_number
     kubeconfig = tmp_path / "admin.kubeconfig"
     kubeconfig.write_text(authority.kubeconfig({"token": "t"}).decode())
     [trusted] = credentials_from_kubeconfig(kubeconfig).ssl_context.get_ca_certs()
-    assert trusted["serialNumber"] == f"{ours.serial_number:X}"
+    assert int(trusted["serialNumber"], 16) == ours.serial_number
     shared = authority.token_connections(4)
     borrower = authority.driver_client(shared)
     assert borrower.credentials.ssl_context is shared.credentials.ssl_context, "no context built per node"
