@@ -97,19 +97,22 @@ class EmulatedDriver:
     async def wait_for_change(self, after_generation: int, timeout_s: float) -> int:
         return await self.backend.wait_for_change(after_generation, timeout_s)
 
+    def configs(self, claim: ClaimToPrepare) -> dict[str, list[OpaqueConfig]]:
+        """Per device, the opaque configs of this driver that apply to it, in order."""
+        try:
+            return {
+                device.device: configs_for_request(self.name, claim.configs, device.request, self.kind.configs)
+                for device in claim.devices
+            }
+        except ConfigError as exc:
+            raise ClaimFailed("InvalidConfig", str(exc)) from None
+
     def settings(self, claim: ClaimToPrepare) -> dict[str, dict[str, str]]:
-        """Per device, the environment its configs give it."""
-        settings: dict[str, dict[str, str]] = {}
-        for device in claim.devices:
-            try:
-                configs = configs_for_request(self.name, claim.configs, device.request, self.kind.configs)
-            except ConfigError as exc:
-                raise ClaimFailed("InvalidConfig", str(exc)) from None
-            env: dict[str, str] = {}
-            for config in configs:
-                env.update(config.env())
-            settings[device.device] = env
-        return settings
+        """Per device, the environment its configs give it (later configs win)."""
+        return {
+            device: {k: v for config in configs for k, v in config.env().items()}
+            for device, configs in self.configs(claim).items()
+        }
 
     async def prepare(self, claim: ClaimToPrepare) -> list[PreparedDevice]:
         settings = self.settings(claim)

@@ -13,8 +13,7 @@ from fake_devices.hardware import PreparedDevice
 from testbed.drivers.emulated import EmulatedDriver
 from testbed.drivers.nic.config import NicConfig
 from testbed.kubeapi import ApiError, path_for
-from testbed.kubeletplugin.driver import ClaimFailed, ClaimToPrepare
-from testbed.kubeletplugin.opaque_config import ConfigError, configs_for_request
+from testbed.kubeletplugin.driver import ClaimToPrepare
 
 log = logging.getLogger(__name__)
 
@@ -27,16 +26,12 @@ class NicDriver(EmulatedDriver):
         return prepared
 
     def _configs(self, claim: ClaimToPrepare) -> Mapping[str, NicConfig]:
-        """Per device, the last NicConfig that applies to it (already validated)."""
+        """Per device, the last NicConfig that applies to it."""
         found: dict[str, NicConfig] = {}
-        for device in claim.devices:
-            try:
-                configs = configs_for_request(self.name, claim.configs, device.request, self.kind.configs)
-            except ConfigError as exc:
-                raise ClaimFailed("InvalidConfig", str(exc)) from None
+        for device, configs in self.configs(claim).items():
             for config in configs:
                 if isinstance(config, NicConfig):
-                    found[device.device] = config
+                    found[device] = config
         return found
 
     async def _publish_network_status(self, claim: ClaimToPrepare, configs: Mapping[str, NicConfig]) -> None:
