@@ -34,12 +34,11 @@ class DriverKind:
     """The driver class when it does more than the default one."""
     profiles: Path | None = None
     """A directory of hardware profiles this kind ships."""
-    device_kinds: tuple[str, ...] = field(default=())
-    """The devices it publishes (default: those its classes select)."""
 
     @property
     def published(self) -> tuple[str, ...]:
-        return self.device_kinds or tuple(dict.fromkeys(self.classes.values()))
+        """The kinds of device it publishes: those its classes select."""
+        return tuple(dict.fromkeys(self.classes.values()))
 
     def select(self, devices: list[Device], pools: list[SharedPool]) -> tuple[list[Device], list[SharedPool]]:
         """Of a node's devices and counter sets, this driver's."""
