@@ -28,7 +28,7 @@ from testbed import config as cfg
 from testbed import environment
 from testbed.controlplane import binaries as binaries_module
 from testbed.controlplane import cluster, leftovers, processes
-from testbed.drivers import load_profile
+from testbed.drivers import PROFILES, load_profile
 from testbed.errors import TestbedError
 from testbed.fingerprint import code_version
 from testbed.fleet import spec as fleet_spec
@@ -256,7 +256,7 @@ def _kubectl() -> Path:
     "--profile",
     default="tiny",
     show_default=True,
-    help="Hardware profile of the synthetic nodes: gpu8, h100x8, tiny, or a YAML file.",
+    help="Hardware profile of the synthetic nodes: gpu8, h100x8, tiny, fpga4, or a YAML file.",
 )
 @click.option(
     "--nodes-per-host",
@@ -368,7 +368,7 @@ def up(
             )
     except ProfileError as exc:
         raise TestbedError(
-            str(exc), hint="pick a shipped profile (gpu8, h100x8, tiny) or a profile YAML file"
+            str(exc), hint=f"pick a shipped profile ({', '.join(PROFILES.shipped())}) or a profile YAML file"
         ) from None
     except fleet_spec.FleetFileError as exc:
         raise TestbedError(str(exc), hint="fix the field it names; see examples/fleet.yaml") from None
