@@ -18,10 +18,14 @@ class ConfigError(ValueError):
     """The claim's configuration is unusable; the message is for the claim's owner."""
 
 
-class OpaqueConfig(BaseModel):
-    """One kind of a driver's opaque config; subclasses fix ``apiVersion`` and ``kind``."""
+class StrictConfig(BaseModel):
+    """A part of an opaque config: an unknown field is an error, not ignored."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class OpaqueConfig(StrictConfig):
+    """One kind of a driver's opaque config; subclasses fix ``apiVersion`` and ``kind``."""
 
     def env(self) -> dict[str, str]:
         return {}

@@ -13,13 +13,9 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-from testbed.kubeletplugin.opaque_config import OpaqueConfig
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+from testbed.kubeletplugin.opaque_config import OpaqueConfig, StrictConfig
 
 
 class TimeSliceInterval(StrEnum):
@@ -29,15 +25,15 @@ class TimeSliceInterval(StrEnum):
     LONG = "Long"
 
 
-class TimeSlicing(_Strict):
+class TimeSlicing(StrictConfig):
     interval: TimeSliceInterval = TimeSliceInterval.DEFAULT
 
 
-class SpacePartitioning(_Strict):
+class SpacePartitioning(StrictConfig):
     partition_count: int = Field(alias="partitionCount", ge=1, le=8)
 
 
-class Sharing(_Strict):
+class Sharing(StrictConfig):
     strategy: Literal["TimeSlicing", "SpacePartitioning"]
     time_slicing: TimeSlicing | None = Field(default=None, alias="timeSlicing")
     space_partitioning: SpacePartitioning | None = Field(default=None, alias="spacePartitioning")
