@@ -152,6 +152,30 @@ def _print_fleet(state: cluster.ClusterState, out: Console) -> None:
             "as here" if code == here else f"[red]{code}, here {here}[/]",
         )
     out.print(table)
+    out.print(_ray_hosts_table(hosts))
+
+
+def _ray_hosts_table(hosts: dict[str, dict[str, Any]]) -> Table:
+    """The fleet per Ray node (per machine): where the nodes run, and what was restarted."""
+    per_node: dict[str, list[dict[str, Any]]] = {}
+    for host in hosts.values():
+        if "error" not in host:
+            per_node.setdefault(str(host["ray_node"]), []).append(host)
+    table = Table(title="fleet per Ray node")
+    for column in ("Ray node", "address", "NodeHosts", "nodes ready / held", "NodeHosts restarted"):
+        table.add_column(column)
+    for ray_node, on_it in sorted(per_node.items()):
+        table.add_row(
+            ray_node[:12],
+            str(on_it[0].get("ray_node_address", "")),
+            str(len(on_it)),
+            f"{sum(h['ready'] for h in on_it)} / {sum(h['nodes'] for h in on_it)}",
+            str(sum(1 for h in on_it if h["restarted"])),
+        )
+    unreachable = sum(1 for host in hosts.values() if "error" in host)
+    if unreachable:
+        table.add_row("[red]unreachable[/]", "-", str(unreachable), "-", "-")
+    return table
 
 
 def _about(name: str, what: str) -> None:

@@ -14,7 +14,8 @@ from testbed.files import private_dir
 from testbed.fingerprint import code_version, strangers
 from testbed.fleet.external import ExternalDriverSpec
 from testbed.fleet.identity import NodeAuthority, install_access_policy
-from testbed.fleet.nodehost import NodeHost, NodeRecipe
+from testbed.fleet.membership import NodeRecipe
+from testbed.fleet.nodehost import NodeHost
 from testbed.fleet.spec import FleetFile, Placement, Pool
 from testbed.kubeapi import KubeClient, flattened_kubeconfig
 from testbed.progress import Progress, SilentProgress
@@ -95,12 +96,35 @@ class Fleet:
             )
         for name in names:
             fleet.hosts[name] = ray.get_actor(name)
-        members = ray.get([host.ready.remote() for host in fleet.hosts.values()], timeout=300)
-        for name, nodes in zip(names, members, strict=True):
+        members = fleet._ask_all("ready", timeout_s=300)
+        for name, nodes in members.items():
             fleet.host_of.update(dict.fromkeys(nodes, name))
             fleet.host_pool[name] = fleet._placement_key(nodes[0]) if nodes else ""
         fleet._next_host = int(names[-1][len(prefix) :]) + 1
         return fleet
+
+    def _ask_all(self, method: str, timeout_s: float) -> dict[str, Any]:
+        """Every host's answer; a host Ray is moving (its machine was lost) is asked again
+        until it answers or the time is up."""
+        import ray
+
+        deadline = time.monotonic() + timeout_s
+        answers: dict[str, Any] = {}
+        waiting = {getattr(host, method).remote(): name for name, host in self.hosts.items()}
+        while waiting:
+            done, _ = ray.wait(list(waiting), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            if not done:
+                raise TestbedError(
+                    f"NodeHosts {', '.join(sorted(waiting.values()))} did not answer within {timeout_s:.0f} s",
+                    hint="see `testbed status`; a host whose Ray node was lost is restarted elsewhere",
+                )
+            name = waiting.pop(done[0])
+            try:
+                answers[name] = ray.get(done[0])
+            except ray.exceptions.ActorUnavailableError:  # between two lives: ask again
+                time.sleep(0.5)
+                waiting[getattr(self.hosts[name], method).remote()] = name
+        return answers
 
     def _placement_key(self, node: str) -> str:
         """The pool whose hosts ``node`` must run on ("" : the shared hosts)."""
@@ -452,6 +476,7 @@ class Fleet:
                 self.scale(pool.name, 0)
         if self.hosts:
             ray.get([host.stop.remote() for host in self.hosts.values()], timeout=60)
+            ray.get([host.forget.remote() for host in self.hosts.values()], timeout=60)
             for host in self.hosts.values():
                 ray.kill(host)
         self.hosts.clear()

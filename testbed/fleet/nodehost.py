@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import json
 import logging
 import os
 import platform
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +26,13 @@ from fake_devices.hardware import Health
 from fake_devices.profiles import HardwareProfile
 from testbed.controlplane.binaries import ensure_node_binaries
 from testbed.drivers import drivers_for, load_profile
-from testbed.files import private_dir, write_atomically, write_secret
+from testbed.files import private_dir, write_secret
 from testbed.fingerprint import code_version
 from testbed.fleet.drain import DrainResult, drain, drain_process_node
-from testbed.fleet.external import ExternalDriverSpec
+from testbed.fleet.fencing import NodeFence, Server
 from testbed.fleet.identity import NodeAuthority, bind_driver_token, driver_token
 from testbed.fleet.loopwatch import LoopWatch
+from testbed.fleet.membership import Membership, NodeRecipe, in_ray
 from testbed.fleet.synthetic_node import SyntheticNode
 from testbed.kubeapi import KubeClient
 from testbed.kubeletplugin.claims import ClaimReader
@@ -50,32 +50,7 @@ handshake; 64 per host made handshakes a tenth of a starting NodeHost's CPU, and
 API server, not the connection count, is what limits a fleet's start."""
 
 CREDENTIALS_DIR = ".credentials"
-MEMBERSHIP_DIR = ".hosts"
-"""Under the nodes dir: which nodes each NodeHost runs now, for a host Ray restarts."""
-
-
-@dataclass(frozen=True)
-class NodeRecipe:
-    name: str
-    profile: str
-    labels: dict[str, str] = field(default_factory=dict)
-    taints: list[dict[str, str]] | None = None
-    """None: the default synthetic-node taint."""
-    kubelet: str = "fake"
-    """fake: a synthetic node in this process; real: kubelet + CRI + driver processes."""
-    devices_per_slice: int | None = None
-    drivers: tuple[str, ...] | None = None
-    """Built-in drivers to run (full names); None: those the profile's hardware needs."""
-    external: tuple[ExternalDriverSpec, ...] = ()
-    """Drivers run from a command, one process per node."""
-
-    @classmethod
-    def from_json(cls, entry: dict[str, Any]) -> NodeRecipe:
-        drivers = entry.pop("drivers", None)
-        external = tuple(
-            ExternalDriverSpec(e["name"], tuple(e["command"]), dict(e["env"])) for e in entry.pop("external", [])
-        )
-        return cls(**entry, drivers=None if drivers is None else tuple(drivers), external=external)
+log = logging.getLogger(__name__)
 
 
 def settle_heap() -> None:
@@ -85,6 +60,25 @@ def settle_heap() -> None:
     are skipped, so collections during a run walk only what the run creates."""
     gc.collect()
     gc.freeze()
+
+
+def _ray_node() -> str:
+    """The Ray node this process runs on ("" outside Ray)."""
+    try:
+        import ray
+
+        return ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+    except Exception:  # not in a Ray actor
+        return ""
+
+
+def _ray_node_address() -> str:
+    try:
+        import ray
+
+        return ray.util.get_node_ip_address() if ray.is_initialized() else ""  # type: ignore[no-untyped-call]
+    except Exception:  # not in a Ray actor
+        return ""
 
 
 def _restarted_by_ray() -> bool:
@@ -122,7 +116,10 @@ class NodeHost:
         self.kubeconfig = self._own_copy(kubeconfig, name) if isinstance(kubeconfig, bytes) else Path(kubeconfig)
         self.recipes = {recipe.name: recipe for recipe in nodes}
         self.seed = seed
-        self.membership = self.nodes_dir / MEMBERSHIP_DIR / f"{name}.json" if name else None
+        self.membership = Membership(name) if name and in_ray() else None
+        pid = os.getpid()
+        self.server = Server(name or f"pid-{pid}", uuid.uuid4().hex[:12], _ray_node() or platform.node(), pid)
+        """This run of the host: it stamps the Leases of the nodes it serves (fencing.py)."""
         self.nodes: dict[str, SyntheticNode] = {}
         self.process_nodes: dict[str, ProcessNode] = {}
         """Real-kubelet nodes: their kubelet, runtime and driver run as processes."""
@@ -135,6 +132,7 @@ class NodeHost:
         self.metrics = MetricsServer()
         self.loop_watch = LoopWatch()
         self._restart: asyncio.Task[list[str]] | None = None
+        self._letting_go: set[asyncio.Task[None]] = set()
         self.ready_count = 0
         if _restarted_by_ray():
             # Ray re-ran the constructor after this host died: bring the same nodes back.
@@ -155,14 +153,30 @@ class NodeHost:
 
     def _remember(self) -> None:
         if self.membership is not None:
-            data = json.dumps([asdict(r) for r in self.recipes.values()], indent=1).encode()
-            write_atomically(self.membership, data, durable=False)
+            self.membership.save(self.recipes.values())
 
     def _remembered(self) -> dict[str, NodeRecipe] | None:
-        if self.membership is None or not self.membership.exists():
-            return None
-        recipes = [NodeRecipe.from_json(entry) for entry in json.loads(self.membership.read_text())]
-        return {recipe.name: recipe for recipe in recipes}
+        return None if self.membership is None else self.membership.load()
+
+    def _fence(self, node: str) -> NodeFence:
+        return NodeFence(node, self.server, self._lost)
+
+    def _lost(self, node: str, holder: Server | None) -> None:
+        """Another server took ``node`` (this host was presumed lost): stop serving it
+        here without a word to the API server, and leave the fleet's memory alone: it
+        is the new server's now."""
+        running = self.nodes.pop(node, None)
+        self.recipes.pop(node, None)
+        if running is None:
+            return
+        self.ready_count -= 1
+        task = asyncio.get_running_loop().create_task(self._let_go(running), name=f"let-go-{node}")
+        self._letting_go.add(task)
+        task.add_done_callback(self._letting_go.discard)
+
+    async def _let_go(self, node: SyntheticNode) -> None:
+        await node.stop()
+        await self._close_clients(node.name)
 
     async def start(self, ready_timeout_s: float = 300.0, concurrency: int = START_CONCURRENCY) -> list[str]:
         self.client = KubeClient.from_kubeconfig(self.kubeconfig, HOST_CONNECTIONS)
@@ -214,6 +228,7 @@ class NodeHost:
                 external=list(recipe.external),
                 driver_credentials=self._external_credentials(recipe.name) if recipe.external else None,
                 watch_client=self.watch_client if self.authority is None else None,
+                fence=self._fence(recipe.name),
             )
             self.nodes[recipe.name] = node
             fresh.append(node)
@@ -319,9 +334,9 @@ class NodeHost:
         return [asdict(r) for r in results]
 
     async def forget(self) -> None:
-        """This host is being retired with no nodes left: drop its memory on disk."""
+        """This host is being retired or its fleet stopped: drop its memory in the GCS."""
         if self.membership is not None:
-            self.membership.unlink(missing_ok=True)
+            self.membership.forget()
 
     async def ready(self) -> list[str]:
         """The nodes, once started (waits for a restart to finish)."""
@@ -345,6 +360,7 @@ class NodeHost:
         return self.metrics.port
 
     async def stop(self) -> None:
+        await asyncio.gather(*self._letting_go, return_exceptions=True)
         await self.metrics.stop()
         await self.loop_watch.stop()
         await asyncio.gather(*(node.stop() for node in self.nodes.values()), return_exceptions=True)
@@ -397,19 +413,14 @@ class NodeHost:
 
     async def describe(self) -> dict[str, Any]:
         """For `testbed status`: how many nodes, how many ready, where it runs, which code."""
-        node_id = ""
-        try:
-            import ray
-
-            if ray.is_initialized():
-                node_id = ray.get_runtime_context().get_node_id()
-        except Exception:  # a plain object, not in a Ray actor
-            pass
         return {
             "nodes": len(self.nodes) + len(self.process_nodes),
             "ready": self.ready_count,
             "pid": os.getpid(),
-            "ray_node": node_id,
+            "ray_node": _ray_node(),
+            "ray_node_address": _ray_node_address(),
+            "node_names": self._names(),
+            "incarnation": self.server.incarnation,
             "restarted": _restarted_by_ray(),
             "code": code_version(),
         }

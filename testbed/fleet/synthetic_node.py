@@ -23,7 +23,7 @@ from testbed.fleet.external import ExternalDriver, ExternalDriverSpec, ShortPath
 from testbed.keys import PROFILE_LABEL
 from testbed.kubeapi import KubeClient
 from testbed.kubelet.kubelet import FakeKubelet
-from testbed.kubelet.node import NodeSpec
+from testbed.kubelet.node import LeaseFence, NodeSpec
 from testbed.kubeletplugin.claims import ClaimReader
 from testbed.kubeletplugin.prepare import DriverPaths
 from testbed.kubeletplugin.slices import SliceWatcher
@@ -58,6 +58,7 @@ class SyntheticNode:
         external: list[ExternalDriverSpec] | None = None,
         driver_credentials: Callable[[], Awaitable[tuple[Path, str]]] | None = None,
         watch_client: KubeClient | None = None,
+        fence: LeaseFence | None = None,
     ):
         """``client``: the kubelet's; ``driver_client``: the drivers' (the kubelet's by
         default); ``watch_client``: what the kubelet's pod watch holds a connection on
@@ -65,7 +66,8 @@ class SyntheticNode:
         once the Node exists and before the drivers start (it gives the drivers their
         node-bound credentials). ``drivers``: the built-in drivers to run (default: those
         the profile's hardware needs); ``external``: drivers run from a command, which
-        ``driver_credentials`` gives a kubeconfig and a pod UID (default: ``client``'s)."""
+        ``driver_credentials`` gives a kubeconfig and a pod UID (default: ``client``'s).
+        ``fence``: the node is one of a fleet's, which one NodeHost at a time serves."""
         self.name = name
         self.bind_drivers = bind_drivers
         self.root = root
@@ -83,6 +85,7 @@ class SyntheticNode:
             scan_interval_s=PLUGIN_SCAN_INTERVAL_S,
             registry_dir=None if self.short_paths is None else self.short_paths.registry,
             watch_client=watch_client,
+            fence=fence,
         )
         self.drivers = [
             driver_on_node(

@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 
 from testbed.kubeapi import ApiError, KubeClient, path_for
-from testbed.kubelet.node import NodeAgent, NodeSpec
+from testbed.kubelet.node import LeaseFence, NodeAgent, NodeSpec
 from testbed.kubelet.plugins import SCAN_INTERVAL_S, PluginManager
 from testbed.kubelet.pods import PodManager
 from testbed.tasks import cancel_and_wait
@@ -27,14 +27,16 @@ class FakeKubelet:
         scan_interval_s: float = SCAN_INTERVAL_S,
         registry_dir: Path | None = None,
         watch_client: KubeClient | None = None,
+        fence: LeaseFence | None = None,
     ):
         """``registry_dir``: where plugins register (default ``kubelet_dir/plugins_registry``).
-        ``watch_client``: what the pod watch holds its connection on (default ``client``)."""
+        ``watch_client``: what the pod watch holds its connection on (default ``client``).
+        ``fence``: for a node another server may take over (see NodeAgent)."""
         self.client = client
         self.spec = spec
         self.kubelet_dir = kubelet_dir
         self.cdi_dir = cdi_dir
-        self.node = NodeAgent(client, spec)
+        self.node = NodeAgent(client, spec, fence)
         self.plugins = PluginManager(
             registry_dir or kubelet_dir / "plugins_registry",
             on_driver_gone=self.wipe_slices,

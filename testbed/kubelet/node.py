@@ -14,9 +14,10 @@ import random
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from testbed import config
-from testbed.keys import SYNTHETIC
+from testbed.keys import SERVED_BY_ANNOTATION, SYNTHETIC
 from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
 from testbed.tasks import cancel_and_wait
 
@@ -134,10 +135,31 @@ def node_status(spec: NodeSpec) -> Obj:
     }
 
 
+class LeaseFence(Protocol):
+    """For a node that one of several servers may run (a fleet's NodeHosts): the Lease
+    carries the serving one's stamp, and only it renews the Lease (fleet/fencing.py)."""
+
+    stamp: str
+
+    def wait_s(self, lease: Obj) -> float:
+        """How long before this server may take the node from the Lease's holder."""
+        ...
+
+    def lost(self, stamp: str | None) -> None:
+        """Another server took the node: stop serving it, writing nothing more."""
+        ...
+
+
+TAKE_POLL_S = 1.0
+
+
 class NodeAgent:
-    def __init__(self, client: KubeClient, spec: NodeSpec):
+    def __init__(self, client: KubeClient, spec: NodeSpec, fence: LeaseFence | None = None):
         self.client = client
         self.spec = spec
+        self.fence = fence
+        self.lost = False
+        """Another server took the node (with a fence): nothing is renewed any more."""
         self.uid = ""
         self.created = False
         """True if register() made a new Node (rather than adopting one)."""
@@ -157,18 +179,58 @@ class NodeAgent:
                 raise
             node = await self.client.get(path)
         self.uid = node["metadata"]["uid"]
+        if self.fence is not None:
+            await self._take_lease()  # before any write in the node's name
         await self.client.patch(
             path_for("v1", "nodes", self.spec.name, subresource="status"),
             node_status(self.spec),
             "strategic",
         )
-        await self.renew_lease()
+        if self.fence is None:
+            await self.renew_lease()
+
+    def _lease_path(self) -> str:
+        return path_for("coordination.k8s.io/v1", "leases", self.spec.name, namespace="kube-node-lease")
+
+    async def _read_lease(self) -> Obj | None:
+        try:
+            return await self.client.get(self._lease_path())
+        except ApiError as exc:
+            if not exc.not_found:
+                raise
+            return None
+
+    async def _take_lease(self) -> None:
+        """Stamp the Lease as this server's once its previous holder's claim has lapsed."""
+        assert self.fence is not None
+        # A Node just created has no Lease: create it without asking.
+        lease = None if self.created else await self._read_lease()
+        while True:
+            if lease is None:
+                try:
+                    self._lease = await self.client.create(self._lease_path().rpartition("/")[0], self._new_lease())
+                    return
+                except ApiError as exc:
+                    if not exc.conflict:
+                        raise
+            elif (wait := self.fence.wait_s(lease)) > 0:
+                await asyncio.sleep(min(wait, TAKE_POLL_S))
+            else:
+                try:
+                    self._lease = await self.client.replace(self._lease_path(), self._stamped(lease))
+                    return
+                except ApiError as exc:
+                    if not exc.conflict:  # 409: the holder renewed meanwhile; judge it again
+                        raise
+            lease = await self._read_lease()
 
     async def renew_lease(self) -> None:
         """As a kubelet does: PUT the Lease it last saw with a new renewTime; on a conflict
         or a missing Lease, read it again (or create it) next time round. No PATCH: an
         update of a known object is the cheapest write the API server has."""
         leases = path_for("coordination.k8s.io/v1", "leases", namespace="kube-node-lease")
+        if self.lost:
+            return
         if self._lease is None:
             # A Node this agent just created has no Lease yet: create it without asking.
             if not (self.created and self._renewals == 0):
@@ -186,6 +248,8 @@ class NodeAgent:
                     if not exc.conflict:  # 409: a retried create that landed, or a stale Lease
                         raise
                     self._lease = await self.client.get(f"{leases}/{self.spec.name}")
+            if self._taken_by_another(self._lease):
+                return
         self._renewals += 1
         lease = dict(self._lease, spec=self._lease_spec())
         try:
@@ -194,6 +258,26 @@ class NodeAgent:
             self._lease = None  # read it afresh next time
             if not (exc.conflict or exc.not_found):
                 raise
+            if exc.conflict and self.fence is not None:  # at once: was it another server's write?
+                self._lease = await self.client.get(f"{leases}/{self.spec.name}")
+                self._taken_by_another(self._lease)
+
+    def _taken_by_another(self, lease: Obj) -> bool:
+        if self.fence is None:
+            return False
+        stamp = lease.get("metadata", {}).get("annotations", {}).get(SERVED_BY_ANNOTATION)
+        if stamp == self.fence.stamp:
+            return False
+        self.lost = True
+        self._lease = None
+        self.fence.lost(stamp)
+        return True
+
+    def _stamped(self, lease: Obj) -> Obj:
+        assert self.fence is not None
+        meta = dict(lease["metadata"])
+        meta["annotations"] = {**meta.get("annotations", {}), SERVED_BY_ANNOTATION: self.fence.stamp}
+        return dict(lease, metadata=meta, spec=self._lease_spec())
 
     def _lease_spec(self) -> Obj:
         return {
@@ -204,12 +288,10 @@ class NodeAgent:
 
     def _new_lease(self) -> Obj:
         owner = {"apiVersion": "v1", "kind": "Node", "name": self.spec.name, "uid": self.uid}
-        return {
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": {"name": self.spec.name, "ownerReferences": [owner]},
-            "spec": self._lease_spec(),
-        }
+        meta: Obj = {"name": self.spec.name, "ownerReferences": [owner]}
+        if self.fence is not None:
+            meta["annotations"] = {SERVED_BY_ANNOTATION: self.fence.stamp}
+        return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta, "spec": self._lease_spec()}
 
     def start(self, first_delay_s: float | None = None) -> None:
         """Renew every 10 s. The first renewal is spread over that interval, so a fleet's
@@ -219,7 +301,7 @@ class NodeAgent:
         self._task = asyncio.create_task(self._renew_forever(first_delay_s), name=f"lease-{self.spec.name}")
 
     async def _renew_forever(self, delay_s: float) -> None:
-        while True:
+        while not self.lost:
             await asyncio.sleep(delay_s)
             delay_s = LEASE_RENEW_S
             try:

@@ -8,12 +8,16 @@ fleet out of scheduling.
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
 from pathlib import Path
 
 import pytest
 
+from testbed.fleet.fencing import NodeFence, Server
+from testbed.keys import SERVED_BY_ANNOTATION
 from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
+from testbed.kubelet import node as node_module
 from testbed.kubelet.node import NodeAgent, NodeSpec
 
 pytestmark = pytest.mark.controlplane
@@ -69,6 +73,54 @@ def test_lease_is_created_renewed_recreated_and_adopted(kubeconfig_path: Path) -
             assert adopted["spec"]["renewTime"] > recreated["spec"]["renewTime"]
         finally:
             await agent.delete()
+            await client.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_node_is_served_by_one_server_at_a_time(kubeconfig_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two NodeHosts after a lost Ray host: the new one waits while the old one still
+    renews the node's Lease, takes the node once the Lease lapses, and the old one, when
+    it renews again, lets the node go without writing."""
+    monkeypatch.setattr(node_module, "LEASE_DURATION_S", 3)  # lapse in seconds, not 40
+    name = f"fence-{uuid.uuid4().hex[:6]}"
+    lost: list[tuple[str, Server | None]] = []
+    old_server = Server("nodehost-x-0", "old", "ray-node-1", os.getpid())
+    new_server = Server("nodehost-x-0", "new", "ray-node-2", os.getpid())
+
+    def stamp(lease: Obj | None) -> Server | None:
+        assert lease is not None
+        return Server.read(lease["metadata"].get("annotations", {}).get(SERVED_BY_ANNOTATION))
+
+    async def scenario() -> None:
+        client = KubeClient.from_kubeconfig(kubeconfig_path)
+        old = NodeAgent(client, NodeSpec(name), NodeFence(name, old_server, lambda n, by: lost.append((n, by))))
+        new = NodeAgent(client, NodeSpec(name), NodeFence(name, new_server, lambda n, by: lost.append((n, by))))
+        try:
+            await old.register()
+            assert stamp(await _lease(client, name)) == old_server
+            taking = asyncio.create_task(new.register())
+            for _ in range(12):  # 6 s of renewals, past the Lease's duration and the skew allowed
+                await old.renew_lease()
+                await asyncio.sleep(0.5)
+                assert not taking.done(), "the new server took a node whose server still renews it"
+            assert stamp(await _lease(client, name)) == old_server
+
+            await asyncio.wait_for(taking, 20)  # the old server stopped renewing: the Lease lapses
+            taken = await _lease(client, name)
+            assert stamp(taken) == new_server and not lost
+
+            await old.renew_lease()  # back from a freeze or a partition
+            assert old.lost and lost == [(name, new_server)]
+            after = await _lease(client, name)
+            assert after is not None and taken is not None
+            assert after["metadata"]["resourceVersion"] == taken["metadata"]["resourceVersion"], "the old server wrote"
+            await old.renew_lease()
+            await new.renew_lease()
+            renewed = await _lease(client, name)
+            assert stamp(renewed) == new_server
+        finally:
+            await new.delete()
             await client.close()
 
     asyncio.run(scenario())
