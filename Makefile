@@ -52,6 +52,7 @@ bench: install
 	$(PY) benchmarks/bench_fleet.py --nodes $(FLEET_NODES) --profile $(FLEET_PROFILE) --nodes-per-host 100 --identities shared
 	$(PY) benchmarks/bench_fleet.py --nodes 100 --profile tiny --nodes-per-host 50
 	$(PY) benchmarks/bench_fleet.py --nodes 100 --profile tiny --nodes-per-host 50 --external-driver
+	$(PY) benchmarks/bench_hosts.py --nodes $(FLEET_NODES) --profile $(FLEET_PROFILE)
 
 bench-peers: install
 	$(PY) benchmarks/bench_peers.py --nodes $(PEER_NODES)

@@ -65,7 +65,7 @@ def up(
     try:
         names = install_device_classes(state.kubeconfig)
         progress.step(f"DeviceClasses: {', '.join(names)}")
-        if fleet is not None and fleet.count > 0:
+        if fleet is not None:  # even with empty pools: `testbed scale` fills them later
             start_fleet(state, fleet, progress)
         return state
     except BaseException:

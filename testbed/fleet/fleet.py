@@ -50,8 +50,10 @@ def host_options(placement: Placement | None, detached: bool) -> dict[str, Any]:
     if placement is not None:
         if placement.resources:
             options["resources"] = dict(placement.resources)
-        if placement.labels:
-            options["label_selector"] = dict(placement.labels)
+        if placement.labels or placement.prefer_labels:
+            options["label_selector"] = {**placement.labels, **placement.prefer_labels}
+        if placement.prefer_labels:  # no Ray node carries them: the required labels alone
+            options["fallback_strategy"] = [{"label_selector": dict(placement.labels)}]
         if placement.strategy == "SPREAD":
             options["scheduling_strategy"] = "SPREAD"
     return options
@@ -89,7 +91,7 @@ class Fleet:
         fleet = cls(spec, kubeconfig, nodes_dir, detached=True, fleet_id=fleet_id)
         prefix = f"nodehost-{fleet_id}-"
         names = sorted((n for n in list_named_actors() if n.startswith(prefix)), key=lambda n: int(n[len(prefix) :]))
-        if not names:
+        if not names and spec.count > 0:  # an empty fleet has no hosts yet
             raise TestbedError(
                 f"no NodeHost actors of fleet {fleet_id} in this Ray cluster",
                 hint="the fleet is gone (was Ray restarted?); `testbed down` and `testbed up` again",
@@ -100,7 +102,7 @@ class Fleet:
         for name, nodes in members.items():
             fleet.host_of.update(dict.fromkeys(nodes, name))
             fleet.host_pool[name] = fleet._placement_key(nodes[0]) if nodes else ""
-        fleet._next_host = int(names[-1][len(prefix) :]) + 1
+        fleet._next_host = int(names[-1][len(prefix) :]) + 1 if names else 0
         return fleet
 
     def _ask_all(self, method: str, timeout_s: float) -> dict[str, Any]:

@@ -77,7 +77,9 @@ def start_head(cluster_root: Path, log_path: Path, num_cpus: int | None = None) 
         agent_grpc,
         metrics,
         dashboard,
-    ) = processes.free_ports(9)
+        autoscaler_metrics,
+        dashboard_metrics,
+    ) = processes.free_ports(11)
     temp_dir = ray_temp_dir(cluster_root)
     private_dir(temp_dir.parent)
     command = [
@@ -103,7 +105,10 @@ def start_head(cluster_root: Path, log_path: Path, num_cpus: int | None = None) 
     if num_cpus is not None:
         command.append(f"--num-cpus={num_cpus}")
     _write_token(cluster_root)
-    env = {**auth_env(cluster_root), **LOOPBACK_ENV}
+    # Two metrics servers take their ports from the environment only (Ray's defaults are
+    # fixed ports, which a second cluster on this machine would find taken).
+    ports = {"AUTOSCALER_METRIC_PORT": str(autoscaler_metrics), "DASHBOARD_METRIC_PORT": str(dashboard_metrics)}
+    env = {**auth_env(cluster_root), **LOOPBACK_ENV, **ports}
     _, record = processes.start("ray", command, log_path, cwd=cluster_root, env=env)
     address = f"127.0.0.1:{port}"
     deadline = time.monotonic() + 60

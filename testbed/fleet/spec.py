@@ -118,6 +118,10 @@ class Placement(_Strict):
     labels: dict[str, str] = Field(default_factory=dict)
     """Ray node labels the pool's NodeHosts need, e.g. {tier: big}: they run only on Ray
     nodes started with all of them (`ray start --labels tier=big`)."""
+    prefer_labels: dict[str, str] = Field(default_factory=dict, alias="preferLabels")
+    """Ray node labels the pool's NodeHosts go to while a live Ray node carries them, and
+    elsewhere when none does (so a host Ray restarts after those machines are lost
+    still finds a place, where ``labels`` would leave it waiting)."""
     strategy: Literal["DEFAULT", "SPREAD"] = "DEFAULT"
     """SPREAD: the pool's NodeHosts over as many Ray nodes as possible; DEFAULT: as Ray
     places them (it fills a node before the next)."""
@@ -127,12 +131,17 @@ class Placement(_Strict):
         bad = sorted(name for name, amount in self.resources.items() if amount <= 0)
         if bad:
             raise ValueError(f"resources: {', '.join(bad)} must be more than 0")
-        for key, value in self.labels.items():
-            prefix, _, name = key.rpartition("/")
-            if (prefix and not DNS_SUBDOMAIN.fullmatch(prefix)) or not LABEL_NAME.fullmatch(name):
-                raise ValueError(f"labels: {key!r} is not a label key (name or prefix/name, as Kubernetes labels)")
-            if value and not LABEL_NAME.fullmatch(value):
-                raise ValueError(f"labels: {key}={value!r}: a value is 63 alphanumerics, '-', '_' or '.' at most")
+        for field_name, labels in (("labels", self.labels), ("preferLabels", self.prefer_labels)):
+            for key, value in labels.items():
+                prefix, _, name = key.rpartition("/")
+                if (prefix and not DNS_SUBDOMAIN.fullmatch(prefix)) or not LABEL_NAME.fullmatch(name):
+                    raise ValueError(
+                        f"{field_name}: {key!r} is not a label key (name or prefix/name, as Kubernetes labels)"
+                    )
+                if value and not LABEL_NAME.fullmatch(value):
+                    raise ValueError(
+                        f"{field_name}: {key}={value!r}: a value is 63 alphanumerics, '-', '_' or '.' at most"
+                    )
         return self
 
 

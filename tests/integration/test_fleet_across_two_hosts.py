@@ -4,199 +4,54 @@ kubeconfig and checkpoints of the first host are not there). Its raylet is kille
 its nodes must be served again from the first host within 60 s, by one host each, with
 their pods' claims prepared again from the API server and nothing leaked.
 
-Both hosts are network namespaces this test creates, joined by a veth pair with addresses
-inside them: Ray in cluster mode listens on every interface, so nothing of this test may
-run in the machine's own namespace. The first host runs the control plane (its API
-server advertised on its end of the veth), the Ray head and every `testbed` command.
+Both hosts are namespaces the test creates (testbed/twohosts.py); the first runs the
+control plane, its API server advertised on the first host's end of their veth pair.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import secrets
-import shutil
 import signal
-import subprocess
 import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from testbed.files import write_secret
+from testbed import twohosts
 from testbed.testing import wait_for
+from testbed.twohosts import TwoHosts
 
 pytestmark = pytest.mark.controlplane
 
 NAME = "twohosts"
-POOL = "th"
-NODES = 8
+PER_POOL = 4
 RECOVERY_S = 60.0
 PROBE = Path(__file__).with_name("fleet_probe.py")
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _why_not() -> str | None:
-    if os.geteuid() != 0:
-        return "creating network and mount namespaces needs root"
-    missing = [tool for tool in ("ip", "unshare", "mount") if shutil.which(tool) is None]
-    if missing:
-        return f"missing {', '.join(missing)}"
-    return None
-
-
-@dataclass
-class TwoHosts:
-    first: str
-    """The first host's network namespace."""
-    second: str
-    first_ip: str
-    second_ip: str
-    ray_port: int
-    state_dir: Path
-    ray_token: Path
-
-    def ray_env(self) -> dict[str, str]:
-        """This Ray cluster's own token: it listens beyond loopback (in the namespaces)."""
-        return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(self.ray_token), "RAY_DISABLE_USAGE_STATS": "1"}
-
-    def in_first(self, *command: str, timeout_s: float = 600) -> subprocess.CompletedProcess[str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")} | self.ray_env()
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-        return subprocess.run(
-            ["ip", "netns", "exec", self.first, *command], env=env, capture_output=True, text=True, timeout=timeout_s
-        )
-
-    def testbed(self, *args: str, timeout_s: float = 600) -> subprocess.CompletedProcess[str]:
-        where = ["--name", NAME, "--state-dir", str(self.state_dir)]
-        done = self.in_first(sys.executable, "-m", "testbed.cli", *args, *where, timeout_s=timeout_s)
-        assert done.returncode == 0, f"testbed {' '.join(args)}:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
-        return done
-
-    def probe(self, *args: str) -> dict[str, Any]:
-        done = self.in_first(sys.executable, str(PROBE), str(self.state_dir), NAME, *args, timeout_s=300)
-        assert done.returncode == 0, done.stderr[-4000:]
-        result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-        return result
-
-    def second_raylet(self) -> int:
-        for pid in _pids_in(self.second):
-            try:
-                if Path(f"/proc/{pid}/comm").read_text().strip() == "raylet":
-                    return pid
-            except OSError:
-                continue
-        raise AssertionError("no raylet runs in the second host's namespace")
-
-
-def _pids_in(netns: str) -> list[int]:
-    done = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True)
-    return [int(p) for p in done.stdout.split()]
-
-
-def _run(*command: str) -> None:
-    subprocess.run(command, check=True, capture_output=True, text=True)
-
-
-def _start(log: Path, *command: str) -> subprocess.Popen[bytes]:
-    with log.open("wb") as out:
-        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _ray_listening(hosts: TwoHosts, port: int) -> bool:
-    done = hosts.in_first("ss", "-ltn", f"sport = :{port}")
-    return f":{port}" in done.stdout
 
 
 @pytest.fixture
-def two_hosts(short_tmp_path: Path) -> Iterator[TwoHosts]:
-    why = _why_not()
+def hosts(short_tmp_path: Path) -> Iterator[TwoHosts]:
+    why = twohosts.why_not()
     if why:
         pytest.skip(f"two-host fleet test: {why}")
-    tag = secrets.token_hex(3)
-    first, second = f"tb-{tag}-1", f"tb-{tag}-2"
-    subnet = f"10.{200 + secrets.randbelow(50)}.{secrets.randbelow(250)}"
-    token = short_tmp_path / "ray-token"
-    write_secret(token, secrets.token_hex(32).encode())
-    hosts = TwoHosts(first, second, f"{subnet}.1", f"{subnet}.2", 26379, short_tmp_path / "state", token)
-    hosts.state_dir.mkdir()
-    second_disk = short_tmp_path / "disk2"
-    second_disk.mkdir()
-    ray_bin = str(Path(sys.executable).with_name("ray"))
-    ray_env = ["env", *(f"{k}={v}" for k, v in hosts.ray_env().items())]
-    processes: list[subprocess.Popen[bytes]] = []
-    try:
+    with twohosts.two_hosts(short_tmp_path) as made:
         try:
-            _run("ip", "netns", "add", first)
-        except subprocess.CalledProcessError as exc:
-            pytest.skip(f"two-host fleet test: cannot create a network namespace ({exc.stderr.strip()})")
-        _run("ip", "netns", "add", second)
-        _run("ip", "link", "add", f"tb{tag}a", "type", "veth", "peer", "name", f"tb{tag}b")
-        for end, netns, address in ((f"tb{tag}a", first, hosts.first_ip), (f"tb{tag}b", second, hosts.second_ip)):
-            _run("ip", "link", "set", end, "netns", netns)
-            _run("ip", "-n", netns, "addr", "add", f"{address}/30", "dev", end)
-            _run("ip", "-n", netns, "link", "set", end, "up")
-            _run("ip", "-n", netns, "link", "set", "lo", "up")
-        processes.append(
-            _start(
-                short_tmp_path / "ray-first.log",
-                *("ip", "netns", "exec", first, *ray_env, ray_bin, "start", "--head", "--block"),
-                f"--node-ip-address={hosts.first_ip}",
-                f"--port={hosts.ray_port}",
-                f"--temp-dir={short_tmp_path / 'ray1'}",
-                "--include-dashboard=false",
-                "--num-cpus=2",
-            )
-        )
-        wait_for(lambda: _ray_listening(hosts, hosts.ray_port), 60, "the Ray head in the first host")
-        # The second host sees its own empty disk where the cluster's directory is: what it
-        # needs (kubeconfig, node directories) it must get from Ray and make itself.
-        join = (
-            f"mount -t tmpfs tmpfs {hosts.state_dir} && mount -t tmpfs tmpfs {second_disk} && "
-            f"exec {' '.join(ray_env)} {ray_bin} start --block --address={hosts.first_ip}:{hosts.ray_port} "
-            f"--node-ip-address={hosts.second_ip} --temp-dir={second_disk}/ray --num-cpus=2"
-        )
-        processes.append(
-            _start(
-                short_tmp_path / "ray-second.log",
-                *("ip", "netns", "exec", second, "unshare", "--mount", "--propagation", "private", "sh", "-c", join),
-            )
-        )
-        wait_for(lambda: bool(_pids_in(second)) and _second_joined(hosts), 90, "the second host to join Ray")
-        yield hosts
-    finally:
-        if _netns_exists(first):
-            where = ("--name", NAME, "--state-dir", str(hosts.state_dir))
-            hosts.in_first(sys.executable, "-m", "testbed.cli", "down", *where)
-        for netns in (first, second):
-            if _netns_exists(netns):
-                for pid in _pids_in(netns):  # everything in these namespaces is this test's
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
-                wait_for(lambda n=netns: not _pids_in(n), 30, f"the processes of {netns} to exit")  # type: ignore[misc]
-                subprocess.run(["ip", "netns", "del", netns], capture_output=True)
-        for process in processes:
-            process.wait(timeout=30)
+            yield made
+        finally:
+            where = ("--name", NAME, "--state-dir", str(made.state_dir))
+            made.in_first(sys.executable, "-m", "testbed.cli", "down", *where)
 
 
-def _netns_exists(netns: str) -> bool:
-    return Path("/run/netns", netns).exists()
-
-
-def _second_joined(hosts: TwoHosts) -> bool:
-    query = (
-        "import ray\n"
-        f"ray.init(address='{hosts.first_ip}:{hosts.ray_port}', logging_level='ERROR')\n"
-        "print(sum(1 for n in ray.nodes() if n['Alive']))\n"
-    )
-    done = hosts.in_first(sys.executable, "-c", query, timeout_s=120)
-    return done.returncode == 0 and done.stdout.strip().endswith("2")
+def probe(hosts: TwoHosts, *args: str) -> dict[str, Any]:
+    done = hosts.in_first(sys.executable, str(PROBE), str(hosts.state_dir), NAME, *args, timeout_s=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
 
 
 def _served(state: dict[str, Any]) -> dict[str, list[str]]:
@@ -233,51 +88,56 @@ def _check_claims_held_as_allocated(state: dict[str, Any]) -> None:
     assert held == wanted, (held, wanted)
 
 
-def test_a_fleet_spans_two_hosts_and_survives_losing_one(two_hosts: TwoHosts, tmp_path: Path) -> None:
-    hosts = two_hosts
+def test_a_fleet_spans_two_hosts_and_survives_losing_one(hosts: TwoHosts, tmp_path: Path) -> None:
     fleet_file = tmp_path / "fleet.yaml"
+    # Each pool prefers one host; both may run anywhere when their host is gone.
     fleet_file.write_text(
-        f"ray: {{address: '{hosts.first_ip}:{hosts.ray_port}'}}\n"
+        f"ray: {{address: '{hosts.ray_address}'}}\n"
         "nodesPerHost: 2\n"
-        f"pools: [{{name: {POOL}, count: {NODES}, profile: tiny, placement: {{strategy: SPREAD}}}}]\n"
+        "pools:\n"
+        + "".join(
+            f"- {{name: {pool}, count: {PER_POOL}, profile: tiny, placement: {{preferLabels: {{{key}: {host}}}}}}}\n"
+            for pool, host, key in (("one", "first", twohosts.HOST_LABEL), ("two", "second", twohosts.HOST_LABEL))
+        )
     )
-    hosts.testbed("up", "--fleet", str(fleet_file), "--advertise-address", hosts.first_ip)
-    nodes = [f"{POOL}-{i:03d}" for i in range(NODES)]
+    hosts.testbed(NAME, "up", "--fleet", str(fleet_file), "--advertise-address", hosts.first_ip)
+    nodes = [f"{pool}-{i:03d}" for pool in ("one", "two") for i in range(PER_POOL)]
 
-    state = hosts.probe("state")
+    state = probe(hosts, "state")
     assert len(state["ray_nodes"]) == 2
     second_id = next(node_id for node_id, ip in state["ray_nodes"].items() if ip == hosts.second_ip)
-    on_second = [n for host in state["hosts"].values() if host["ray_node"] == second_id for n in host["node_names"]]
-    assert on_second and len(on_second) < NODES, f"Ray put the NodeHosts on one host only: {state['hosts']}"
+    on_second = sorted(
+        n for host in state["hosts"].values() if host["ray_node"] == second_id for n in host["node_names"]
+    )
+    assert on_second == [n for n in nodes if n.startswith("two-")], f"pool two is not on its host: {state['hosts']}"
     _check_one_server_each(state, nodes)
-    status = hosts.testbed("status").stdout
+    status = hosts.testbed(NAME, "status").stdout
     assert "fleet per Ray node" in status and hosts.first_ip in status and hosts.second_ip in status, status
 
     # A scenario over both hosts: its leak check and its NodeHost metrics cover both.
     report_dir = tmp_path / "smoke"
-    hosts.testbed("run", "smoke", "--output", str(report_dir))
+    hosts.testbed(NAME, "run", "smoke", "--output", str(report_dir))
     report = json.loads((report_dir / "report.json").read_text())
     assert report["verdict"] == "PASS", report["verdict"]
     assert report["leaks"]["ok"] and not report["leaks"]["unchecked"], report["leaks"]
 
     # Shrink a host of the second machine by one node: when it comes back elsewhere, it
     # must serve the nodes it had then, not those it was created with.
-    shrunk = max(i for i, node in enumerate(nodes) if node in on_second and i % 2 == 1)
-    hosts.testbed("scale", POOL, str(shrunk))
-    nodes = nodes[:shrunk]
+    hosts.testbed(NAME, "scale", "two", str(PER_POOL - 1))
+    nodes.remove(f"two-{PER_POOL - 1:03d}")
 
     namespace = "twohosts"
-    hosts.probe("workload", namespace, *nodes)
-    before = hosts.probe("state", namespace)
+    probe(hosts, "workload", namespace, *nodes)
+    before = probe(hosts, "state", namespace)
     _check_claims_held_as_allocated(before)
 
     os.kill(hosts.second_raylet(), signal.SIGKILL)
     lost_at = time.monotonic()
 
     def recovered() -> dict[str, Any] | None:
-        now = hosts.probe("state", namespace)
+        now = probe(hosts, "state", namespace)
         alive = {host["ray_node"] for host in now["hosts"].values() if "error" not in host}
-        if alive != set(now["ray_nodes"]) - {second_id} or sorted(_served(now)) != nodes:
+        if alive != set(now["ray_nodes"]) - {second_id} or sorted(_served(now)) != sorted(nodes):
             return None
         fresh = all(lease["renewed_s_ago"] < 15 for node, lease in now["leases"].items() if node in nodes)
         return now if fresh and set(nodes) <= set(now["ready"]) else None
@@ -291,13 +151,13 @@ def test_a_fleet_spans_two_hosts_and_survives_losing_one(two_hosts: TwoHosts, tm
     assert {p["phase"] for p in after["pods"].values()} == {"Running"}, after["pods"]
     _check_claims_held_as_allocated(after)  # prepared again on the new host, from the API server
 
-    hosts.testbed("scale", POOL, str(NODES + 2))
-    scaled = hosts.probe("state", namespace)
-    _check_one_server_each(scaled, [f"{POOL}-{i:03d}" for i in range(NODES + 2)])
+    hosts.testbed(NAME, "scale", "two", str(PER_POOL + 1))
+    scaled = probe(hosts, "state", namespace)
+    _check_one_server_each(scaled, sorted([*nodes, f"two-{PER_POOL - 1:03d}", f"two-{PER_POOL:03d}"]))
 
-    hosts.probe("delete", namespace)
-    final = hosts.probe("state", namespace)
+    probe(hosts, "delete", namespace)
+    final = probe(hosts, "state", namespace)
     assert final["leaks"] == {"checkpoint_entries": 0, "cdi_specs": 0, "unchecked": []}, final["leaks"]
     assert all(claims == {} for claims in final["held"].values()), final["held"]
 
-    hosts.testbed("down")
+    hosts.testbed(NAME, "down")

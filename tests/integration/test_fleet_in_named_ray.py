@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from testbed.fleet import raycluster
+from testbed.fleet.membership import KV_NAMESPACE
 
 pytestmark = pytest.mark.controlplane
 
@@ -19,12 +20,16 @@ NAME = "namedray"
 
 
 def _named_actors(address: str, env: dict[str, str]) -> list[str]:
-    """The NodeHosts in the testbed cluster's Ray namespace, asked from a process of its own."""
+    """The NodeHosts in the testbed cluster's Ray namespace, and what the GCS remembers of
+    their nodes, asked from a process of its own."""
     query = (
         "import ray, sys\n"
+        "from ray.experimental import internal_kv\n"
         "from ray.util import list_named_actors\n"
         f"ray.init(address={address!r}, namespace={raycluster.namespace(NAME)!r}, logging_level='ERROR')\n"
-        "print(' '.join(n for n in list_named_actors() if n.startswith('nodehost-')))\n"
+        "names = [n for n in list_named_actors() if n.startswith('nodehost-')]\n"
+        f"kept = internal_kv._internal_kv_list(b'membership/', namespace={KV_NAMESPACE!r})\n"
+        "print(' '.join(names + [k.decode() for k in kept]))\n"
     )
     proc = subprocess.run([sys.executable, "-c", query], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -51,14 +56,15 @@ def test_down_takes_the_nodehosts_out_of_a_ray_cluster_it_joined(short_tmp_path:
             [*base, "up", "--fleet", str(fleet_file), *where], env=env, capture_output=True, text=True, timeout=600
         )
         assert up.returncode == 0, up.stderr[-3000:]
-        assert len(_named_actors(address, env)) == 1, "the fleet's NodeHost runs in the user's Ray"
+        found = _named_actors(address, env)
+        assert len(found) == 2 and found[1] == f"membership/{found[0]}", "the fleet's NodeHost runs in the user's Ray"
         status = subprocess.run([*base, "status", *where], env=env, capture_output=True, text=True, timeout=120)
         assert status.returncode == 0, status.stderr[-3000:]
         assert f"Ray at {address}" in status.stdout and "as here" in status.stdout, status.stdout
 
         down = subprocess.run([*base, "down", *where], env=env, capture_output=True, text=True, timeout=300)
         assert down.returncode == 0, down.stderr[-3000:]
-        assert _named_actors(address, env) == [], "no NodeHost left behind in a Ray cluster that outlives ours"
+        assert _named_actors(address, env) == [], "no NodeHost nor its memory left in a Ray that outlives ours"
         assert record.alive(), "the user's Ray itself keeps running"
     finally:
         subprocess.run([*base, "down", *where], env=env, capture_output=True, timeout=300)

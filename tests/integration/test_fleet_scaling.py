@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -202,3 +205,24 @@ def test_nodes_under_shared_credentials_run_pods_with_claims(
     finally:
         core.delete_namespace(namespace)
         shared.stop(remove_nodes=True)
+
+
+def test_a_fleet_of_empty_pools_starts_and_scale_fills_it(short_tmp_path: Path) -> None:
+    """Start with no nodes (a fleet file whose pools are empty), add them later."""
+    fleet_file = short_tmp_path / "fleet.yaml"
+    fleet_file.write_text("pools: [{name: later, count: 0, profile: tiny}]\n")
+    where = ["--name", "emptyfleet", "--state-dir", str(short_tmp_path / "state")]
+    base = [sys.executable, "-m", "testbed.cli"]
+
+    def testbed(*args: str) -> str:
+        done = subprocess.run([*base, *args, *where], capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, f"testbed {' '.join(args)}: {done.stderr[-3000:]}"
+        return done.stdout
+
+    try:
+        testbed("up", "--fleet", str(fleet_file))
+        testbed("scale", "later", "2")
+        status = testbed("status")
+        assert "2 / 2" in status, status  # the pool's nodes Ready of those asked for
+    finally:
+        subprocess.run([*base, "down", *where], capture_output=True, timeout=300)

@@ -65,6 +65,11 @@ def test_keys_and_kubeconfigs_are_readable_by_us_alone(control_plane: cluster.Cl
     assert loose == {}
 
 
+RAY_DEFAULT_PORTS = {6379, 8076, 8265, 10001, 44217, 44227, 52365, 52366, 62365}
+"""Ray's own defaults: GCS, object manager, dashboard, client server, the autoscaler's and
+the dashboard's metrics, the dashboard agent's HTTP and gRPC, metrics export."""
+
+
 def _listening(pids: set[int]) -> dict[str, set[int]]:
     """The listening TCP addresses (host:port) of these processes, from /proc."""
     inodes: dict[str, int] = {}
@@ -120,3 +125,6 @@ def test_nothing_of_the_testbed_listens_beyond_loopback(control_plane: cluster.C
     assert len(listening) >= 10, listening  # the control plane's, Ray's and ours are all seen
     beyond = {address: owners for address, owners in listening.items() if not _is_loopback(address)}
     assert beyond == {}
+    # No fixed port either: a second cluster on this machine would find it taken.
+    fixed = {address for address in listening if int(address.rsplit(":", 1)[1]) in RAY_DEFAULT_PORTS}
+    assert fixed == set(), fixed

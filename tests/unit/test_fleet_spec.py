@@ -95,7 +95,7 @@ def test_node_recipes_with_external_drivers_survive_a_host_restart() -> None:
     import json
 
     from testbed.fleet.external import ExternalDriverSpec
-    from testbed.fleet.nodehost import NodeRecipe
+    from testbed.fleet.membership import NodeRecipe
 
     recipe = NodeRecipe(
         "a-000", "tiny", drivers=("gpu.dra-testbed.io",), external=(ExternalDriverSpec("x.io", ("x",)),)
@@ -116,5 +116,23 @@ def test_a_pools_placement_becomes_how_ray_runs_its_hosts() -> None:
     assert spread["resources"] == {"big-hosts": 1.0} and spread["scheduling_strategy"] == "SPREAD"
     assert spread["label_selector"] == {"tier": "big"}
     assert spread["lifetime"] == "detached" and spread["num_cpus"] == 0
+    assert "fallback_strategy" not in spread, "required labels have no fallback"
     plain = host_options(fleet.pools[1].placement, detached=False)
     assert "resources" not in plain and "scheduling_strategy" not in plain and "lifetime" not in plain
+
+
+def test_preferred_labels_fall_back_to_the_required_ones() -> None:
+    from testbed.fleet.fleet import host_options
+
+    fleet = spec.parse(
+        "pools: [{name: a, count: 1, placement: {preferLabels: {zone: b}}},"
+        " {name: c, count: 1, placement: {labels: {tier: big}, preferLabels: {zone: b}}}]",
+        "f.yaml",
+    )
+    preferred = host_options(fleet.pools[0].placement, detached=True)
+    assert preferred["label_selector"] == {"zone": "b"} and preferred["fallback_strategy"] == [{"label_selector": {}}]
+    both = host_options(fleet.pools[1].placement, detached=True)
+    assert both["label_selector"] == {"tier": "big", "zone": "b"}
+    assert both["fallback_strategy"] == [{"label_selector": {"tier": "big"}}]
+    with pytest.raises(spec.FleetFileError, match="preferLabels"):
+        spec.parse("pools: [{name: a, count: 1, placement: {preferLabels: {'bad key!': x}}}]", "f.yaml")
