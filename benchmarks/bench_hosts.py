@@ -12,25 +12,17 @@ Each layout: `testbed up` with an empty pool, then `testbed scale` to N nodes, t
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import shutil
 import tempfile
 import time
 from pathlib import Path
 
+from bench_fleet import cpu_seconds, rss_mb
+
 from testbed import twohosts
 
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 CONTROL_PLANE = ("kube-apiserver", "etcd", "kube-controller-manager", "kube-scheduler")
-
-
-def _cpu(pid: int) -> float:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
 def _component(pid: int, host: str) -> str | None:
@@ -49,22 +41,13 @@ def _component(pid: int, host: str) -> str | None:
     return f"Ray on {host} host"
 
 
-def _rss_mb(pids: list[int]) -> float:
-    total = 0
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            status = Path(f"/proc/{pid}/status").read_text()
-            total += next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:"))
-    return total / 1024
-
-
 def _sample(hosts: twohosts.TwoHosts) -> dict[int, tuple[str, float]]:
     found = {}
     for host in ("first", "second"):
         for pid in hosts.pids(host):
             component = _component(pid, host)
             if component is not None:
-                found[pid] = (component, _cpu(pid))
+                found[pid] = (component, cpu_seconds(pid))
     return found
 
 
@@ -94,7 +77,7 @@ def _run(hosts: twohosts.TwoHosts, layout: str, args: argparse.Namespace, scratc
         time.sleep(args.idle_s)  # the fleet idling is what is measured
         idle = {k: v / args.idle_s for k, v in _spent(idle_from, _sample(hosts)).items()}
         nodehosts = [pid for pid, (component, _) in _sample(hosts).items() if component.startswith("NodeHosts")]
-        rss = _rss_mb(nodehosts)
+        rss = rss_mb(nodehosts)
     finally:
         hosts.testbed(cluster, "down")
     return {"elapsed": elapsed, "start": start_cpu, "idle": idle, "rss": rss, "nodehosts": len(nodehosts)}

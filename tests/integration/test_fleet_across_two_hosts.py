@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -47,11 +48,26 @@ def hosts(short_tmp_path: Path) -> Iterator[TwoHosts]:
             made.in_first(sys.executable, "-m", "testbed.cli", "down", *where)
 
 
-def probe(hosts: TwoHosts, *args: str) -> dict[str, Any]:
-    done = hosts.in_first(sys.executable, str(PROBE), str(hosts.state_dir), NAME, *args, timeout_s=300)
+def _probe_run(hosts: TwoHosts, *args: str) -> subprocess.CompletedProcess[str]:
+    return hosts.in_first(sys.executable, str(PROBE), str(hosts.state_dir), NAME, *args, timeout_s=300)
+
+
+def _answer(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     assert done.returncode == 0, done.stderr[-4000:]
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
+
+
+def probe(hosts: TwoHosts, *args: str) -> dict[str, Any]:
+    return _answer(_probe_run(hosts, *args))
+
+
+def probe_while_moving(hosts: TwoHosts, *args: str) -> dict[str, Any] | None:
+    """None when the probe met a NodeHost between two lives (Ray is moving it)."""
+    done = _probe_run(hosts, *args)
+    if done.returncode != 0 and "ActorUnavailableError" in done.stderr:
+        return None
+    return _answer(done)
 
 
 def _served(state: dict[str, Any]) -> dict[str, list[str]]:
@@ -135,7 +151,9 @@ def test_a_fleet_spans_two_hosts_and_survives_losing_one(hosts: TwoHosts, tmp_pa
     lost_at = time.monotonic()
 
     def recovered() -> dict[str, Any] | None:
-        now = probe(hosts, "state", namespace)
+        now = probe_while_moving(hosts, "state", namespace)
+        if now is None:
+            return None
         alive = {host["ray_node"] for host in now["hosts"].values() if "error" not in host}
         if alive != set(now["ray_nodes"]) - {second_id} or sorted(_served(now)) != sorted(nodes):
             return None
