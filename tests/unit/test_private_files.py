@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from testbed.errors import TestbedError
-from testbed.files import private_dir, write_secret
+from testbed.files import private_dir, write_atomically, write_secret
 
 
 def test_a_new_private_dir_is_0700(tmp_path: Path) -> None:
@@ -53,3 +53,23 @@ def test_a_secret_is_0600_from_its_first_byte(tmp_path: Path) -> None:
     write_secret(path, b"secret")
     assert stat.S_IMODE(path.stat().st_mode) == 0o600 and path.read_bytes() == b"secret"
     assert [p.name for p in tmp_path.iterdir()] == ["key.pem"], "no temporary file left behind"
+
+
+def test_an_atomic_write_makes_its_directory_and_leaves_no_temporary(tmp_path: Path) -> None:
+    path = tmp_path / "new" / "dir" / "file.json"
+    write_atomically(path, b"x" * 300_000, mode=0o640)
+    assert path.read_bytes() == b"x" * 300_000
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640, "the mode asked for, whatever the umask"
+    write_atomically(path, b"second")
+    assert path.read_bytes() == b"second"
+    assert [p.name for p in path.parent.iterdir()] == ["file.json"]
+
+
+def test_an_atomic_write_that_fails_leaves_the_old_file_and_no_temporary(tmp_path: Path) -> None:
+    path = tmp_path / "file"
+    write_atomically(path, b"old")
+    (tmp_path / "file-is-now-a-dir").mkdir()
+    with pytest.raises(IsADirectoryError):
+        write_atomically(tmp_path / "file-is-now-a-dir", b"new")
+    assert path.read_bytes() == b"old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "file-is-now-a-dir"]
