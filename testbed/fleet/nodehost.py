@@ -50,7 +50,6 @@ handshake; 64 per host made handshakes a tenth of a starting NodeHost's CPU, and
 API server, not the connection count, is what limits a fleet's start."""
 
 CREDENTIALS_DIR = ".credentials"
-log = logging.getLogger(__name__)
 
 
 def settle_heap() -> None:
