@@ -7,9 +7,10 @@ the driver ServiceAccount with a token bound to a driver pod on that node (the p
 DaemonSet would run there), so deploy/'s RBAC and its own-node admission policy apply to
 every fleet as they do on a real cluster.
 
-The NodeHost's shared watches (pods of all its nodes, claims, slices) stay on the
-cluster-admin credentials: one watch per host instead of one per node is how a fleet of
-thousands stays cheap, and no single node may list what all of them need.
+Each kubelet watches its own pods as itself; the drivers read the claims they prepare
+with their token. The NodeHost's slice watch and its drains stay on the cluster-admin
+credentials: one slice watch per host instead of one per node is how a fleet of thousands
+stays cheap, and no single node may list what all of them need.
 """
 
 from __future__ import annotations

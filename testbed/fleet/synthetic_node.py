@@ -27,6 +27,7 @@ from testbed.kubelet.node import LeaseFence, NodeSpec
 from testbed.kubeletplugin.claims import ClaimReader
 from testbed.kubeletplugin.prepare import DriverPaths
 from testbed.kubeletplugin.slices import SliceWatcher
+from testbed.tasks import cancel_and_wait
 
 PLUGIN_SCAN_INTERVAL_S = 10.0
 """A synthetic node's drivers start next to its kubelet, which scans as they do; the poll
@@ -60,11 +61,11 @@ class SyntheticNode:
         watch_client: KubeClient | None = None,
         fence: LeaseFence | None = None,
     ):
-        """``client``: the kubelet's; ``driver_client``: the drivers' (the kubelet's by
+        """``client``: the kubelet's; ``claims``: where drivers read claims without a
+        ``driver_client`` of their own; ``driver_client``: the drivers' (the kubelet's by
         default); ``watch_client``: what the kubelet's pod watch holds a connection on
-        (the kubelet's by default). ``bind_drivers``: run
-        once the Node exists and before the drivers start (it gives the drivers their
-        node-bound credentials). ``drivers``: the built-in drivers to run (default: those
+        (the kubelet's by default). ``bind_drivers``: run before the drivers start (it
+        gives the drivers their node-bound credentials). ``drivers``: the built-in drivers to run (default: those
         the profile's hardware needs); ``external``: drivers run from a command, which
         ``driver_credentials`` gives a kubeconfig and a pod UID (default: ``client``'s).
         ``fence``: the node is one of a fleet's, which one NodeHost at a time serves."""
@@ -94,7 +95,8 @@ class SyntheticNode:
                 DriverPaths.for_node(kubelet_dir, driver, cdi_dir),
                 self.backend,
                 driver_client or client,
-                claims,
+                # Claim reads too go under the drivers' identity, so deploy/'s RBAC judges them.
+                claims if driver_client is None else ClaimReader(driver_client),
                 durable=False,
                 slice_watcher=slice_watcher,
                 devices_per_slice=devices_per_slice,
@@ -117,7 +119,17 @@ class SyntheticNode:
         return spec
 
     async def start(self) -> None:
-        await self.kubelet.start()  # the Node first: slices are owned by it
+        # The drivers' token names the driver pod's node whether or not the Node exists
+        # yet, so it is fetched while the kubelet registers: two round trips off each
+        # node's start.
+        binding = None
+        if self.bind_drivers is not None and self.drivers:
+            binding = asyncio.ensure_future(self.bind_drivers())
+        try:
+            await self.kubelet.start()  # the Node first: slices are owned by it
+        except BaseException:
+            await cancel_and_wait(binding)
+            raise
         owner = {
             "apiVersion": "v1",
             "kind": "Node",
@@ -125,8 +137,8 @@ class SyntheticNode:
             "uid": self.kubelet.node.uid,
             "controller": True,
         }
-        if self.bind_drivers is not None and self.drivers:
-            await self.bind_drivers()
+        if binding is not None:
+            await binding
         for driver in self.drivers:
             driver.publisher.owner = owner
             if self.kubelet.node.created:  # a new Node owns no slices yet

@@ -13,15 +13,23 @@ from typing import Any
 import pytest
 import yaml
 from cryptography import x509
+from kubernetes import client as k8s
 
 from testbed.config import ControlPlaneConfig
 from testbed.controlplane import cluster
 from testbed.controlplane.binaries import Binaries
 from testbed.fleet.fleet import Fleet
-from testbed.fleet.identity import DRIVER_NAMESPACE, NodeAuthority, bind_driver_token, driver_pod_name
+from testbed.fleet.identity import (
+    DRIVER_NAMESPACE,
+    DRIVER_SERVICE_ACCOUNT,
+    NodeAuthority,
+    bind_driver_token,
+    driver_pod_name,
+)
 from testbed.kubeapi import ApiError, KubeClient, path_for
 from testbed.realnode.node import recorded_processes, unsupported_reason
 from testbed.testing import wait_for
+from testbed.workloads import GPU, claim_spec, create_template, events, pod, request, unique, wait_running
 
 pytestmark = pytest.mark.controlplane
 
@@ -118,6 +126,42 @@ def test_a_nodes_driver_may_write_its_own_nodes_slices_only(control_plane: clust
     assert refused in (403, 422), message
     assert f"a driver on node {mine} may only write its own node's ResourceSlices" in message
     assert pods == 403
+
+
+def test_a_nodes_drivers_read_claims_under_their_own_identity(
+    control_plane: cluster.ClusterState, fleet: Fleet, kube_api: k8s.ApiClient
+) -> None:
+    """Without `get resourceclaims` in deploy/'s driver role, a fleet node's driver cannot
+    prepare a claim; given it back, the kubelet's retry runs the pod."""
+    rbac, core = k8s.RbacAuthorizationV1Api(kube_api), k8s.CoreV1Api(kube_api)
+    role: Any = rbac.read_cluster_role(DRIVER_SERVICE_ACCOUNT)
+    original = kube_api.sanitize_for_serialization(role)["rules"]
+    narrowed = [r for r in original if "resourceclaims" not in (r.get("resources") or [])]
+    assert len(narrowed) < len(original)
+    namespace = unique("identity")
+    body: Any = {"metadata": {"name": namespace}}
+    core.create_namespace(body)
+    try:
+        rbac.patch_cluster_role(DRIVER_SERVICE_ACCOUNT, {"rules": narrowed})
+        create_template(kube_api, namespace, "one-gpu", claim_spec(request("gpu", GPU)))
+        node = sorted(fleet.host_of)[0]
+        worker: Any = pod("worker", {"gpu": {"resourceClaimTemplateName": "one-gpu"}}, node=node)
+        core.create_namespaced_pod(namespace, worker)
+
+        def refused() -> str | None:
+            for reason, message in events(kube_api, namespace, "worker"):
+                if reason == "FailedPrepareDynamicResources" and "forbidden" in message.lower():
+                    return message
+            return None
+
+        message = wait_for(refused, 60, "the driver's claim read to be refused")
+        assert f"system:serviceaccount:{DRIVER_NAMESPACE}:{DRIVER_SERVICE_ACCOUNT}" in message
+    finally:
+        rbac.patch_cluster_role(DRIVER_SERVICE_ACCOUNT, {"rules": original})
+    try:
+        wait_running(kube_api, namespace, "worker", timeout_s=60)
+    finally:
+        core.delete_namespace(namespace)
 
 
 def test_a_real_kubelet_node_runs_its_kubelet_and_driver_under_their_own_identities(
