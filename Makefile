@@ -50,6 +50,7 @@ bench: install
 	$(PY) benchmarks/bench_kubelets.py
 	$(PY) benchmarks/bench_fleet.py --nodes $(FLEET_NODES) --profile $(FLEET_PROFILE) --nodes-per-host 100
 	$(PY) benchmarks/bench_fleet.py --nodes $(FLEET_NODES) --profile $(FLEET_PROFILE) --nodes-per-host 100 --identities shared
+	$(PY) benchmarks/bench_identities.py
 	$(PY) benchmarks/bench_fleet.py --nodes 100 --profile tiny --nodes-per-host 50
 	$(PY) benchmarks/bench_fleet.py --nodes 100 --profile tiny --nodes-per-host 50 --external-driver
 	$(PY) benchmarks/bench_hosts.py --nodes $(FLEET_NODES) --profile $(FLEET_PROFILE)
