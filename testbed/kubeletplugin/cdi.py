@@ -8,6 +8,7 @@ and applying its container edits.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 from testbed.files import write_atomically
 
 CDI_VERSION = "0.6.0"
+CLAIM_UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,18 @@ def write_claim_spec(
     path = spec_path(cdi_dir, driver, claim_uid)
     write_atomically(path, json.dumps(spec, indent=2).encode(), durable=durable)
     return path
+
+
+def claim_specs(cdi_dir: Path, driver: str) -> dict[str, Path]:
+    """This driver's claim specs in ``cdi_dir``, by claim UID (Kubernetes UIDs are UUIDs,
+    so another driver whose name extends this one's is never mistaken for it)."""
+    prefix = f"{driver}-"
+    found = {}
+    for path in cdi_dir.glob(f"{prefix}*.json"):
+        uid = path.name[len(prefix) : -len(".json")]
+        if CLAIM_UID.fullmatch(uid):
+            found[uid] = path
+    return found
 
 
 def remove_claim_spec(cdi_dir: Path, driver: str, claim_uid: str) -> bool:

@@ -117,15 +117,18 @@ class Checkpoint:
             self.path.replace(moved)
             raise CheckpointCorrupt(self.path, moved, str(exc)) from exc
 
-    def save(self) -> None:
+    def save(self, sync: bool = True) -> None:
+        """``sync=False``: no fsync for this write even when durable (a process crash
+        keeps it all the same; only a machine crash can lose it)."""
         claims = {uid: record.to_json() for uid, record in sorted(self.claims.items())}
         document = {"version": VERSION, "checksum": _checksum(claims), "claims": claims}  # type: ignore[arg-type]
-        write_atomically(self.path, json.dumps(document, indent=1).encode(), mode=0o600, durable=self.durable)
+        data = json.dumps(document, indent=1).encode()
+        write_atomically(self.path, data, mode=0o600, durable=self.durable and sync)
         self._as_seen = self._identity()
 
-    def put(self, record: ClaimRecord) -> None:
+    def put(self, record: ClaimRecord, sync: bool = True) -> None:
         self.claims[record.uid] = record
-        self.save()
+        self.save(sync)
 
     def remove(self, uid: str) -> None:
         if self.claims.pop(uid, None) is not None:

@@ -163,6 +163,13 @@ class ClaimPreparer:
                         await self.driver.prepare(ClaimToPrepare(record.ref, devices, repair=True))
                     except ClaimFailed as exc:
                         log.error("%s: cannot re-assert claim %s: %s", self.name, record.uid, exc)
+            # A spec with no record: the machine went down after the spec reached the disk
+            # and before any record of its claim did (see _prepare_one), or after an
+            # unprepare's record removal did and before the spec's removal.
+            for uid, spec in cdi.claim_specs(self.paths.cdi_dir, self.name).items():
+                if uid not in self.checkpoint.claims:
+                    log.warning("%s: removing CDI spec %s of a claim it holds no record of", self.name, spec.name)
+                    spec.unlink(missing_ok=True)
             self._record_gauge()
 
     # --- prepare -------------------------------------------------------------------------
@@ -258,7 +265,12 @@ class ClaimPreparer:
         ]
         wanted = ClaimToPrepare(ref, allocated, config_entries)
         admin = wanted.admin_access
-        self.checkpoint.put(ClaimRecord(ref.uid, ref.namespace, ref.name, ClaimState.PREPARE_STARTED, records, admin))
+        # Two fsyncs per prepare, not three: the CDI spec's and the completed record's.
+        # The started record needs none. A crashed process leaves it in the page cache for
+        # the restarted driver's repair to find. A machine that goes down resets the
+        # devices, and a spec left without its record is removed by that repair.
+        started = ClaimRecord(ref.uid, ref.namespace, ref.name, ClaimState.PREPARE_STARTED, records, admin)
+        self.checkpoint.put(started, sync=False)
         try:
             prepared = await self.driver.prepare(wanted)
         except ClaimFailed as exc:
