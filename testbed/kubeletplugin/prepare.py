@@ -147,6 +147,7 @@ class ClaimPreparer:
     async def repair(self) -> None:
         """After a crash: undo half-prepared claims; re-assert completed ones on the hardware
         (which may have restarted and forgotten them)."""
+        corruptions_before = len(self.corruptions)
         async with self.node_lock():
             for record in list(self.checkpoint.claims.values()):
                 if record.state is ClaimState.PREPARE_STARTED:
@@ -165,12 +166,17 @@ class ClaimPreparer:
                         log.error("%s: cannot re-assert claim %s: %s", self.name, record.uid, exc)
             # A spec with no record: the machine went down after the spec reached the disk
             # and before any record of its claim did (see _prepare_one), or after an
-            # unprepare's record removal did and before the spec's removal.
-            for uid, spec in cdi.claim_specs(self.paths.cdi_dir, self.name).items():
-                if uid not in self.checkpoint.claims:
-                    log.warning("%s: removing CDI spec %s of a claim it holds no record of", self.name, spec.name)
-                    spec.unlink(missing_ok=True)
+            # unprepare's record removal did and before the spec's removal. Not after a
+            # damaged checkpoint was set aside: its claims' specs may be in use.
+            if len(self.corruptions) == corruptions_before:
+                self._remove_specs_without_record()
             self._record_gauge()
+
+    def _remove_specs_without_record(self) -> None:
+        for uid, spec in cdi.claim_specs(self.paths.cdi_dir, self.name).items():
+            if uid not in self.checkpoint.claims:
+                log.warning("%s: removing CDI spec %s of a claim it holds no record of", self.name, spec.name)
+                spec.unlink(missing_ok=True)
 
     # --- prepare -------------------------------------------------------------------------
 

@@ -94,3 +94,16 @@ def test_repair_removes_this_drivers_specs_of_claims_it_holds_no_record_of(tmp_p
     assert set(cdi.claim_specs(cdi_dir, GPU)) == {kept}
     assert all(path.exists() for path in others)
     assert set(json.loads(restarted.paths.checkpoint.read_text())["claims"]) == {kept}
+
+
+def test_repair_keeps_every_spec_when_the_checkpoint_was_damaged(tmp_path: Path) -> None:
+    """The claims of a checkpoint set aside may still be in use: their specs stay."""
+    uid = str(uuid.uuid4())
+    preparer = _preparer(tmp_path, {uid: "gpu-0"})
+    asyncio.run(preparer.prepare([_ref(uid)]))
+    preparer.paths.checkpoint.write_text("{not json")
+
+    restarted = _preparer(tmp_path, {uid: "gpu-0"})
+    asyncio.run(restarted.repair())
+    assert restarted.corruptions, "the damage was noticed"
+    assert set(cdi.claim_specs(tmp_path / "cdi", GPU)) == {uid}
