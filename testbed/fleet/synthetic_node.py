@@ -65,9 +65,10 @@ class SyntheticNode:
         ``driver_client`` of their own; ``driver_client``: the drivers' (the kubelet's by
         default); ``watch_client``: what the kubelet's pod watch holds a connection on
         (the kubelet's by default). ``bind_drivers``: run before the drivers start (it
-        gives the drivers their node-bound credentials). ``drivers``: the built-in drivers to run (default: those
-        the profile's hardware needs); ``external``: drivers run from a command, which
-        ``driver_credentials`` gives a kubeconfig and a pod UID (default: ``client``'s).
+        gives the drivers their node-bound credentials). ``drivers``: the built-in
+        drivers to run (default: those the profile's hardware needs); ``external``:
+        drivers run from a command, which ``driver_credentials`` gives a kubeconfig and a
+        pod UID (default: ``client``'s).
         ``fence``: the node is one of a fleet's, which one NodeHost at a time serves."""
         self.name = name
         self.bind_drivers = bind_drivers
