@@ -18,6 +18,7 @@ from testbed.controlplane.binaries import Binaries
 from testbed.controlplane.pki import (
     ADMIN,
     CONTROLLER_MANAGER,
+    FRONT_PROXY_CLIENT,
     SCHEDULER,
     ClientIdentity,
     PKIPaths,
@@ -169,8 +170,10 @@ def apiserver_command(binaries: Binaries, layout: Layout, ports: Ports, config: 
         f"--client-ca-file={pki.ca_cert}",
         # Published to kube-system/extension-apiserver-authentication; without it the
         # delegated authenticators of KCM and scheduler log a complaint every second.
-        f"--requestheader-client-ca-file={pki.ca_cert}",
-        "--requestheader-allowed-names=front-proxy-client",
+        f"--requestheader-client-ca-file={pki.front_proxy_ca_cert}",
+        f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+        f"--proxy-client-cert-file={pki.front_proxy_client_cert}",
+        f"--proxy-client-key-file={pki.front_proxy_client_key}",
         "--requestheader-username-headers=X-Remote-User",
         "--requestheader-group-headers=X-Remote-Group",
         "--requestheader-extra-headers-prefix=X-Remote-Extra-",
