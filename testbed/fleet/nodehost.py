@@ -10,7 +10,6 @@ exposes the hardware's fault switches, so scenarios and tests can break devices 
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import os
 import platform
@@ -28,6 +27,7 @@ from testbed.controlplane.binaries import ensure_node_binaries
 from testbed.drivers import drivers_for, load_profile
 from testbed.files import private_dir, write_secret
 from testbed.fingerprint import code_version
+from testbed.fleet import heap
 from testbed.fleet.drain import DrainResult, drain, drain_process_node
 from testbed.fleet.fencing import NodeFence, Server
 from testbed.fleet.identity import NodeAuthority, bind_driver_token, driver_token
@@ -50,15 +50,6 @@ handshake; 64 per host made handshakes a tenth of a starting NodeHost's CPU, and
 API server, not the connection count, is what limits a fleet's start."""
 
 CREDENTIALS_DIR = ".credentials"
-
-
-def settle_heap() -> None:
-    """Exempt what the nodes hold for good (inventories, slices, servers) from Python's
-    collector. A full collection walks every object a host holds (55-65 ms on a host of
-    50 gpu8 nodes), and every node's NodePrepareResources waits it out; frozen objects
-    are skipped, so collections during a run walk only what the run creates."""
-    gc.collect()
-    gc.freeze()
 
 
 def _ray_node() -> str:
@@ -196,6 +187,10 @@ class NodeHost:
         self, recipes: list[NodeRecipe], ready_timeout_s: float = 300.0, concurrency: int = START_CONCURRENCY
     ) -> list[str]:
         """Start these nodes (those not already running) and wait until they are ready."""
+        with heap.starting_nodes():
+            return await self._add_nodes(recipes, ready_timeout_s, concurrency)
+
+    async def _add_nodes(self, recipes: list[NodeRecipe], ready_timeout_s: float, concurrency: int) -> list[str]:
         assert self.client is not None and self.claims is not None, "start() first"
         profiles = {name: load_profile(name) for name in {recipe.profile for recipe in recipes}}
         fresh: list[SyntheticNode | ProcessNode] = []
@@ -251,7 +246,6 @@ class NodeHost:
                 self.ready_count += 1
 
         await asyncio.gather(*(bring_up(node) for node in fresh))
-        settle_heap()
         return [node.name for node in fresh]
 
     def _identity(self, node: str) -> tuple[KubeClient, KubeClient, Callable[[], Awaitable[None]] | None]:
@@ -328,6 +322,7 @@ class NodeHost:
             return result
 
         results = await asyncio.gather(*(retire(name) for name in names))
+        heap.release()
         if self.slice_watcher is not None:
             await self.slice_watcher.watch_nodes(self.nodes)  # a real-kubelet node's driver watches its own
         return [asdict(r) for r in results]
