@@ -11,6 +11,8 @@ containers run ``sleep N`` (and do not restart) or that carries
 ``dra-testbed.io/run-seconds`` succeeds after that long. As kubelet v1.37 does:
 - a container gets the CDI devices of the claim requests it names, matched EXACTLY
   against the ``request_names`` the driver returned (a device with none goes to all);
+- each status PATCH carries the pod's UID (PatchPodStatus), so a write meant for a pod
+  deleted meanwhile is refused instead of landing on a namesake created since;
 - when a pod's containers end, its claims are unprepared BEFORE the new status is
   written, and a failed unprepare is retried (with backoff) until it succeeds; a
   deleted pod is removed for good only after that;
@@ -256,7 +258,8 @@ class PodManager:
             if not exc.not_found:
                 log.exception("pod worker %s on %s failed", uid, self.node.name)
                 return
-            # Deleted before its status could be written: release what it held.
+            # Deleted (or replaced by a namesake) before its status could be written:
+            # release what it held.
             log.info("pod %s on %s is gone: %s", uid, self.node.name, exc.message)
             await self._finish_deletion(uid)
         except Exception:
@@ -415,7 +418,22 @@ class PodManager:
             # the status. pods/status keeps annotations, and NodeRestriction lets a node
             # change them there (labels only are refused).
             body["metadata"] = {"annotations": {CONTAINER_ENV_ANNOTATION: json.dumps(env, sort_keys=True)}}
-        await self.client.patch(path_for("v1", "pods", meta["name"], meta["namespace"], "status"), body, "strategic")
+        await self._patch_status(pod, body)
+
+    async def _patch_status(self, pod: Obj, body: Obj) -> None:
+        """As the kubelet patches a pod's status (PatchPodStatus): with the pod's UID in the
+        patch, so a write meant for a pod deleted meanwhile never lands on a namesake created
+        since (a StatefulSet's next pod): the API server refuses to change a UID (422). To
+        the pod's worker a replaced pod is a deleted one (404)."""
+        meta = pod["metadata"]
+        body = {**body, "metadata": {**body.get("metadata", {}), "uid": meta["uid"]}}
+        path = path_for("v1", "pods", meta["name"], meta["namespace"], "status")
+        try:
+            await self.client.patch(path, body, "strategic")
+        except ApiError as exc:
+            if exc.status == 422 and "metadata.uid" in exc.message:
+                raise ApiError(404, "NotFound", f"pod {meta['name']} was replaced: {exc.message}") from None
+            raise
 
     def _running_container_statuses(self, pod: Obj, stamp: str) -> list[Obj]:
         uid = pod["metadata"]["uid"]
@@ -507,11 +525,7 @@ class PodManager:
             return
         meta = pod["metadata"]
         try:
-            await self.client.patch(
-                path_for("v1", "pods", meta["name"], meta["namespace"], "status"),
-                {"status": {"containerStatuses": statuses}},
-                "strategic",
-            )
+            await self._patch_status(pod, {"status": {"containerStatuses": statuses}})
         except ApiError as exc:
             self._resources_status.pop(uid, None)  # try again at the next sync
             log.debug("pod %s: status update failed: %s", meta["name"], exc)
@@ -553,9 +567,7 @@ class PodManager:
                 for c in pod["spec"].get("containers", [])
             ],
         }
-        await self.client.patch(
-            path_for("v1", "pods", meta["name"], meta["namespace"], "status"), {"status": status}, "strategic"
-        )
+        await self._patch_status(pod, {"status": status})
 
     async def _release(self, pod_uid: str) -> None:
         """Unprepare the claims this pod was the last user of; retried with backoff until
