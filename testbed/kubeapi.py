@@ -1,8 +1,9 @@
 """A small asyncio client for the Kubernetes REST API.
 
 The driver and the fake kubelet are asyncio programs that must stay light (thousands
-of them share a process), so they speak plain JSON over one aiohttp session instead of
-the synchronous, model-heavy `kubernetes` client. Objects are dicts, as on the wire.
+of them share a process), so they speak plain JSON over keep-alive connections (http11.py;
+watches stream over aiohttp) instead of the synchronous, model-heavy `kubernetes` client.
+Objects are dicts, as on the wire.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from typing import Any
 
 import aiohttp
 import yaml
+
+from testbed.http11 import ConnectionPool, TransportError
 
 Obj = dict[str, Any]
 
@@ -223,7 +226,7 @@ class WatchPosition:
 
 
 class KubeClient:
-    """One aiohttp session; share it among everything in a process or actor."""
+    """One client's connections; share it among everything in a process or actor."""
 
     def __init__(self, credentials: Credentials, connection_limit: int = 64, borrow: KubeClient | None = None):
         """``borrow``: send requests over that client's connections (it must present no
@@ -236,11 +239,21 @@ class KubeClient:
         self._headers = headers
         self._limit = connection_limit
         self._session: aiohttp.ClientSession | None = None
+        self._pool: ConnectionPool | None = None
         self._lender = borrow
 
     @classmethod
     def from_kubeconfig(cls, path: Path | None = None, connection_limit: int = 64) -> KubeClient:
         return cls(default_credentials(path), connection_limit)
+
+    def _connections(self) -> ConnectionPool:
+        """Where one-shot requests go (http11.py); watches stream over ``_http()``."""
+        if self._lender is not None:
+            return self._lender._connections()
+        if self._pool is None or self._pool.closed:
+            ssl_context = self.credentials.ssl_context
+            self._pool = ConnectionPool(self.credentials.server, ssl_context, self._limit, KEEPALIVE_S)
+        return self._pool
 
     def _http(self) -> aiohttp.ClientSession:
         if self._lender is not None:
@@ -272,7 +285,10 @@ class KubeClient:
         return {"Authorization": self._headers["Authorization"], **headers}
 
     async def close(self) -> None:
-        if self._session is not None:  # a borrower has none: the lender closes its connections
+        # A borrower has neither: the lender closes its connections.
+        if self._pool is not None:
+            self._pool.close()
+        if self._session is not None:
             await self._session.close()
 
     async def request(
@@ -300,7 +316,7 @@ class KubeClient:
                     return await self._request_once("GET", f"{path}/{name}", None, None, content_type, timeout_s)
                 if exc.status not in RETRIABLE_STATUS or attempt == attempts:
                     raise
-            except (TimeoutError, aiohttp.ClientConnectionError):
+            except (TimeoutError, TransportError, aiohttp.ClientConnectionError):
                 if attempt == attempts:
                     raise
             await asyncio.sleep(delay * (0.5 + random.random()))
@@ -318,35 +334,26 @@ class KubeClient:
         metadata_only: bool = False,
         accept: str = "",
     ) -> Obj:
-        data = None if body is None else json.dumps(body)
-        headers = {"Content-Type": content_type} if body is not None else {}
+        data = None if body is None else json.dumps(body).encode()
+        headers = {**self._headers, "Content-Type": content_type} if body is not None else dict(self._headers)
         if metadata_only or accept:
             headers["Accept"] = accept or METADATA_ONLY
-        async with self._http().request(
-            method,
-            path,
-            data=data,
-            params=params,
-            headers=self._own(headers),
-            timeout=aiohttp.ClientTimeout(total=timeout_s),
-        ) as response:
-            text = await response.text()
-            if response.status >= 400:
-                raise _api_error(response.status, text)
-            return json.loads(text) if text else {}
+        response = await self._connections().request(method, path, headers, data, params, timeout_s)
+        if response.status >= 400:
+            raise _api_error(response.status, response.body.decode(errors="replace"))
+        return json.loads(response.body) if response.body else {}
 
     async def get(self, path: str, params: Mapping[str, str] | None = None) -> Obj:
         return await self.request("GET", path, params=params)
 
     async def get_text(self, path: str, timeout_s: float = 10.0) -> str:
         """A plain-text endpoint such as /metrics; one attempt, errors as ApiError."""
-        async with self._http().get(
-            path, headers=self._own({"Accept": "text/plain"}), timeout=aiohttp.ClientTimeout(total=timeout_s)
-        ) as response:
-            text = await response.text()
-            if response.status >= 400:
-                raise _api_error(response.status, text)
-            return text
+        headers = {**self._headers, "Accept": "text/plain"}
+        response = await self._connections().request("GET", path, headers, timeout_s=timeout_s)
+        text = response.body.decode(errors="replace")
+        if response.status >= 400:
+            raise _api_error(response.status, text)
+        return text
 
     async def create(self, path: str, body: Obj, metadata_only: bool = False) -> Obj:
         """``metadata_only``: the answer is the object's metadata alone (a
@@ -461,7 +468,7 @@ class KubeClient:
                     resource_version = position.resource_version = ""
                     continue
                 await asyncio.sleep(1.0)
-            except (TimeoutError, aiohttp.ClientError, ValueError):  # ValueError: a bad or oversized line
+            except (TimeoutError, TransportError, aiohttp.ClientError, ValueError):  # ValueError: a bad or oversized line
                 await asyncio.sleep(1.0)
 
 

@@ -292,7 +292,7 @@ class Runner:
         if self.endpoints.apiserver:
             try:
                 apiserver = Scrape.parse(await self.client.get_text("/metrics"), ONLY["kube-apiserver"])
-            except (ApiError, aiohttp.ClientError, TimeoutError) as exc:
+            except (ApiError, aiohttp.ClientError, TimeoutError, OSError) as exc:
                 apiserver = Scrape(failed=f"kube-apiserver /metrics: {type(exc).__name__} {exc}".strip())
         snapshot.components["kube-apiserver"] = apiserver
         for component, url in (
@@ -458,7 +458,7 @@ class Runner:
                     # Bounded: with the API server gone, retries would go on for minutes.
                     async with asyncio.timeout(CLEANUP_TIMEOUT_S if self.data.error else None):
                         await self._clean_up()
-                except (TimeoutError, ApiError, aiohttp.ClientError) as exc:
+                except (TimeoutError, ApiError, aiohttp.ClientError, OSError) as exc:
                     self.data.left_behind = (
                         f"namespace {self.data.namespace} ({type(exc).__name__}): delete it once the API "
                         f"server is back: kubectl delete namespace {self.data.namespace}"

@@ -41,7 +41,7 @@ def test_borrowers_send_their_own_tokens_over_the_lenders_connections() -> None:
             for borrower in borrowers:
                 await borrower.close()  # closes nothing of the lender's
             await borrowers[0].get("/api/v1/namespaces")
-            still_open = not lender._http().closed
+            still_open = lender._pool is not None and lender._pool.connections == 1
         finally:
             await lender.close()
             await runner.cleanup()

@@ -1,0 +1,228 @@
+"""The Kubernetes client's own HTTP/1.1 connections (testbed/http11.py), against a
+scripted server on a real socket: framing, keep-alive, stale connections, timeouts."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import pytest
+
+from testbed.http11 import ConnectionPool, TransportError
+
+
+@dataclass
+class Seen:
+    method: str
+    target: str
+    headers: dict[str, str]
+    body: bytes
+    connection: int
+
+
+Answer = Callable[[Seen, asyncio.StreamWriter], Awaitable[bool]]
+"""Writes the answer; returns False to close the connection afterwards."""
+
+
+@dataclass
+class Server:
+    answer: Answer
+    seen: list[Seen] = field(default_factory=list)
+    connections: int = 0
+    open_now: int = 0
+    most_open: int = 0
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        number = self.connections
+        self.open_now += 1
+        self.most_open = max(self.most_open, self.open_now)
+        try:
+            while True:
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except asyncio.IncompleteReadError:
+                    return
+                lines = head.decode().split("\r\n")
+                method, target, _ = lines[0].split(" ")
+                headers = dict(line.split(": ", 1) for line in lines[1:] if line)
+                body = await reader.readexactly(int(headers.get("Content-Length", "0")))
+                seen = Seen(method, target, headers, body, number)
+                self.seen.append(seen)
+                if not await self.answer(seen, writer):
+                    return
+        finally:
+            self.open_now -= 1
+            writer.close()
+
+
+def serve(
+    answer: Answer,
+    test: Callable[[ConnectionPool, Server], Awaitable[None]],
+    limit: int = 8,
+    server: Server | None = None,
+) -> Server:
+    async def main() -> Server:
+        nonlocal server
+        server = server or Server(answer)
+        listener = await asyncio.start_server(server.handle, "127.0.0.1", 0)
+        port = listener.sockets[0].getsockname()[1]
+        pool = ConnectionPool(f"http://127.0.0.1:{port}", None, limit=limit)
+        try:
+            await test(pool, server)
+        finally:
+            pool.close()
+            listener.close()
+        return server
+
+    return asyncio.run(main())
+
+
+def with_length(body: bytes, status: str = "200 OK", extra: str = "") -> bytes:
+    head = f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n{extra}Content-Length: {len(body)}\r\n\r\n"
+    return head.encode() + body
+
+
+async def echo(seen: Seen, writer: asyncio.StreamWriter) -> bool:
+    writer.write(with_length(f'{{"target": "{seen.target}"}}'.encode()))
+    await writer.drain()
+    return True
+
+
+def test_requests_share_one_kept_alive_connection_and_arrive_as_sent() -> None:
+    async def test(pool: ConnectionPool, server: Server) -> None:
+        for i in range(3):
+            answer = await pool.request(
+                "PUT", f"/api/v1/x{i}", {"Authorization": "Bearer t"}, b'{"a": 1}', {"fieldSelector": "a=b,c!=d"}
+            )
+            assert answer.status == 200
+            assert answer.body == f'{{"target": "/api/v1/x{i}?fieldSelector=a%3Db%2Cc%21%3Dd"}}'.encode()
+
+    server = serve(echo, test)
+    assert server.connections == 1
+    first = server.seen[0]
+    assert (first.method, first.body) == ("PUT", b'{"a": 1}')
+    assert first.headers["Authorization"] == "Bearer t"
+    assert first.headers["Host"].startswith("127.0.0.1:")
+    assert first.headers["Content-Length"] == "8"
+
+
+def test_a_chunked_answer_arriving_a_byte_at_a_time_is_whole() -> None:
+    body = b'{"items": [' + b",".join(b'{"n": %d}' % i for i in range(50)) + b"]}"
+
+    async def chunked(seen: Seen, writer: asyncio.StreamWriter) -> bool:
+        wire = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        for start in range(0, len(body), 37):
+            piece = body[start : start + 37]
+            wire += b"%x;ext=1\r\n" % len(piece) + piece + b"\r\n"
+        wire += b"0\r\nX-Trailer: yes\r\n\r\n"
+        for i in range(len(wire)):
+            writer.write(wire[i : i + 1])
+            await writer.drain()
+        return True
+
+    async def test(pool: ConnectionPool, server: Server) -> None:
+        for _ in range(2):
+            answer = await pool.request("GET", "/list", {})
+            assert answer.body == body
+
+    assert serve(chunked, test).connections == 1
+
+
+def test_connection_close_and_an_answer_framed_by_the_close() -> None:
+    async def closing(seen: Seen, writer: asyncio.StreamWriter) -> bool:
+        if seen.target == "/until-close":
+            writer.write(b"HTTP/1.1 500 Internal Server Error\r\n\r\n" + b"x" * 5000)
+        else:
+            writer.write(with_length(b"{}", extra="Connection: close\r\n"))
+        await writer.drain()
+        return False
+
+    async def test(pool: ConnectionPool, server: Server) -> None:
+        assert (await pool.request("GET", "/a", {})).body == b"{}"
+        answer = await pool.request("GET", "/until-close", {})
+        assert (answer.status, answer.body) == (500, b"x" * 5000)
+        assert (await pool.request("GET", "/b", {})).body == b"{}"
+
+    assert serve(closing, test).connections == 3
+
+
+def test_a_stale_kept_alive_connection_is_retried_only_when_idempotent() -> None:
+    """The race every keep-alive client meets: the server closes a connection it thinks
+    idle just as a request goes out on it, which then gets no answer at all."""
+
+    async def hang_up_on_the_second_request(seen: Seen, writer: asyncio.StreamWriter) -> bool:
+        if sum(1 for s in server.seen if s.connection == seen.connection) == 2:
+            return False  # closes without an answer
+        writer.write(with_length(seen.target.encode()))
+        await writer.drain()
+        return True
+
+    async def test(pool: ConnectionPool, server: Server) -> None:
+        await pool.request("GET", "/first", {})
+        assert (await pool.request("GET", "/again", {})).body == b"/again"  # again, on a new connection
+        with pytest.raises(TransportError) as failure:
+            await pool.request("POST", "/create", {}, b"{}")  # it may have landed: the caller decides
+        assert failure.value.stale
+        assert (await pool.request("GET", "/after", {})).body == b"/after"
+
+    server = Server(hang_up_on_the_second_request)
+    serve(server.answer, test, server=server)
+    assert [(s.target, s.connection) for s in server.seen] == [
+        ("/first", 1),
+        ("/again", 1),
+        ("/again", 2),
+        ("/create", 2),
+        ("/after", 3),
+    ]
+
+
+def test_a_request_that_times_out_leaves_no_connection_to_reuse() -> None:
+    async def late(seen: Seen, writer: asyncio.StreamWriter) -> bool:
+        if seen.target == "/slow":
+            await asyncio.sleep(0.5)
+        writer.write(with_length(seen.target.encode()))
+        await writer.drain()
+        return True
+
+    async def test(pool: ConnectionPool, server: Server) -> None:
+        with pytest.raises(TimeoutError):
+            await pool.request("GET", "/slow", {}, timeout_s=0.1)
+        assert (await pool.request("GET", "/fast", {})).body == b"/fast", "not the late answer to /slow"
+
+    assert serve(late, test).connections == 2
+
+
+def test_at_most_limit_connections_at_once() -> None:
+    async def slowish(seen: Seen, writer: asyncio.StreamWriter) -> bool:
+        await asyncio.sleep(0.05)
+        return await echo(seen, writer)
+
+    async def test(pool: ConnectionPool, server: Server) -> None:
+        answers = await asyncio.gather(*(pool.request("GET", f"/{i}", {}) for i in range(6)))
+        assert all(a.status == 200 for a in answers)
+
+    server = serve(slowish, test, limit=2)
+    assert server.most_open == 2
+    assert len(server.seen) == 6
+
+
+def test_an_unreachable_server_is_named() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # bound, not listening: refused
+
+        async def main() -> None:
+            pool = ConnectionPool(f"http://127.0.0.1:{port}", None)
+            with pytest.raises(TransportError, match=f"cannot reach http://127.0.0.1:{port}"):
+                await pool.request("GET", "/", {})
+
+        asyncio.run(main())
+
+
+async def _until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not condition():
+            await asyncio.sleep(0.01)
