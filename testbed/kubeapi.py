@@ -468,7 +468,7 @@ class KubeClient:
                     resource_version = position.resource_version = ""
                     continue
                 await asyncio.sleep(1.0)
-            except (TimeoutError, TransportError, aiohttp.ClientError, ValueError):  # ValueError: a bad or oversized line
+            except (TimeoutError, TransportError, aiohttp.ClientError, ValueError):  # ValueError: a bad, long line
                 await asyncio.sleep(1.0)
 
 
