@@ -12,6 +12,7 @@ Streaming answers (watches) stay with aiohttp.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 import time
 from collections.abc import Mapping
@@ -191,8 +192,9 @@ class _Connection(asyncio.Protocol):
 
 
 class ConnectionPool:
-    """Keep-alive connections to one server, at most ``limit`` of them at once; an idle
-    connection is closed after ``keepalive_s`` (under the API server's own idle limit)."""
+    """Keep-alive connections to one server, at most ``limit`` of them at once (0: no
+    limit); an idle connection is closed after ``keepalive_s`` (under the API server's own
+    idle limit)."""
 
     def __init__(
         self, server: str, ssl_context: ssl.SSLContext | None, limit: int = 64, keepalive_s: float = 60.0
@@ -209,7 +211,7 @@ class ConnectionPool:
         self.keepalive_s = keepalive_s
         self.limit = limit
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._slots = asyncio.Semaphore(limit)
+        self._slots = self._new_slots()
         self._idle: list[_Connection] = []
         self._busy: set[_Connection] = set()
         self.closed = False
@@ -236,7 +238,7 @@ class ConnectionPool:
         if loop is not self._loop:  # connections and waiters belong to the loop that made them
             self._idle.clear()
             self._busy.clear()
-            self._loop, self._slots = loop, asyncio.Semaphore(self.limit)
+            self._loop, self._slots = loop, self._new_slots()
         async with asyncio.timeout(timeout_s), self._slots:
             try:
                 return await self._exchange(request)
@@ -259,6 +261,9 @@ class ConnectionPool:
             raise
         finally:
             self._release(connection)
+
+    def _new_slots(self) -> asyncio.Semaphore | contextlib.nullcontext[None]:
+        return asyncio.Semaphore(self.limit) if self.limit > 0 else contextlib.nullcontext()
 
     async def _connection(self) -> _Connection:
         now = time.monotonic()

@@ -209,6 +209,15 @@ def test_at_most_limit_connections_at_once() -> None:
     assert len(server.seen) == 6
 
 
+def test_a_limit_of_0_is_no_limit() -> None:
+    async def test(pool: ConnectionPool, server: Server) -> None:
+        async with asyncio.timeout(10):
+            answers = await asyncio.gather(*(pool.request("GET", f"/{i}", {}) for i in range(3)))
+        assert all(a.status == 200 for a in answers)
+
+    assert serve(echo, test, limit=0).seen
+
+
 def test_an_unreachable_server_is_named() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
