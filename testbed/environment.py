@@ -162,9 +162,7 @@ def down(config: ControlPlaneConfig, keep_state: bool = False) -> list[str]:
         except Exception as exc:  # that Ray gone too: nothing of ours left in it
             log.warning("could not stop the NodeHosts in the Ray cluster at %s: %s", state.fleet.joined_ray, exc)
     if "ray" in sys.modules:
-        import ray
-
-        ray.shutdown()  # before the head stops, or Ray's client ends this process
+        raycluster.disconnect()  # before the head stops, or Ray's client ends this process
     stopped = cluster.down(config, keep_state=keep_state)
     if state is not None:
         raycluster.remove_temp_dir(state.root)

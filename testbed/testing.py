@@ -107,8 +107,6 @@ def fleet(fleet_spec: FleetFile, kubeconfig_path: Path, request: pytest.FixtureR
     """The ``fleet_spec`` nodes on NodeHost actors in a real local Ray, with the testbed's
     DeviceClasses installed; on the session's control plane, or on the cluster that
     ``TESTBED_TEST_KUBECONFIG`` names (which it leaves as it found it)."""
-    import ray
-
     external = bool(os.environ.get("TESTBED_TEST_KUBECONFIG"))
     if external:
         root, name = Path(tempfile.mkdtemp(prefix="tbf-")), "pytest-fleet"
@@ -127,7 +125,7 @@ def fleet(fleet_spec: FleetFile, kubeconfig_path: Path, request: pytest.FixtureR
         if running is not None:
             with contextlib.suppress(Exception):
                 running.stop(remove_nodes=external)
-        ray.shutdown()  # before the head goes, or Ray's client ends this process
+        raycluster.disconnect()  # before the head goes, or Ray's client ends this process
         raycluster.stop_head(record, root)
         shutil.rmtree(nodes_dir(root), ignore_errors=True)
         if external:

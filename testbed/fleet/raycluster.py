@@ -152,13 +152,9 @@ def connect(address: str, cluster_name: str, cluster_root: Path | None = None) -
         "log_to_driver": False,
     }
     if cluster_root is not None and auth_token_path(cluster_root).exists():
-        os.environ.update(auth_env(cluster_root))
-        from ray._raylet import Config  # type: ignore[attr-defined]
-
-        Config.initialize("")  # Ray read RAY_AUTH_MODE when it was imported; read it again
+        _set_environment({**auth_env(cluster_root), **LOOPBACK_ENV})
         # This process joins the head as a one-machine cluster too (see LOOPBACK_ENV): its
         # own server then listens on 127.0.0.1. Ray read the setting when it was imported.
-        os.environ.update(LOOPBACK_ENV)
         from ray._private import ray_constants
 
         ray_constants.ENABLE_RAY_CLUSTER = False
@@ -185,6 +181,45 @@ def connect(address: str, cluster_name: str, cluster_root: Path | None = None) -
         finally:
             os.dup2(saved, 2)
             os.close(saved)
+
+
+_replaced_environment: dict[str, str | None] = {}
+"""What ``connect`` changed in this process's environment, with the values before."""
+
+
+def _set_environment(values: dict[str, str]) -> None:
+    for key, value in values.items():
+        _replaced_environment.setdefault(key, os.environ.get(key))
+        os.environ[key] = value
+    _reread_ray_config()
+
+
+def _reread_ray_config() -> None:
+    """Ray read RAY_AUTH_MODE when it was imported, and keeps the first token it loaded
+    for the life of the process: both are read again (the settings first, as Ray's own
+    tests do), so a second cluster's head gets its own token, not the first one's."""
+    from ray._raylet import AuthenticationTokenLoader, Config  # type: ignore[attr-defined]
+
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
+
+
+def disconnect() -> None:
+    """Leave the Ray cluster, and take back the token settings ``connect`` made: a Ray this
+    process joins later (another cluster's, in a benchmark or a test session) would
+    otherwise be offered the old cluster's token, or pointed at its file, which is gone."""
+    import ray
+
+    ray.shutdown()
+    if not _replaced_environment:
+        return
+    for key, value in _replaced_environment.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    _replaced_environment.clear()
+    _reread_ray_config()
 
 
 def stop_head(record: ProcessRecord, cluster_root: Path) -> None:
