@@ -1,8 +1,11 @@
 """Node registration and heartbeat, as a kubelet does them.
 
-The Node is created Ready with capacity, labels and (by default) a NoSchedule taint
-that keeps ordinary DaemonSets and workloads off synthetic nodes; its Lease in
-``kube-node-lease`` is renewed every 10 s so the node lifecycle controller keeps it Ready.
+As the kubelet registers (``initialNode``), the Node is created with its status filled
+in: Ready, with capacity, addresses and node info, so the node lifecycle controller never
+sees it not ready (no not-ready taint to add and take off again). It carries labels and
+(by default) a NoSchedule taint that keeps ordinary DaemonSets and workloads off
+synthetic nodes; its Lease in ``kube-node-lease`` is renewed every 10 s so the node
+lifecycle controller keeps it Ready.
 """
 
 from __future__ import annotations
@@ -61,19 +64,29 @@ class NodeSpec:
         return f"10.{100 + digest[0] % 100}.{digest[1]}.{digest[2] % 250 + 2}"
 
 
+CONTROLLER_MANAGED_ATTACH = "volumes.kubernetes.io/controller-managed-attach-detach"
+"""The kubelet's default: volumes are attached and detached by the controller manager."""
+
+
 def node_object(spec: NodeSpec) -> Obj:
+    """The Node as a kubelet registers it: metadata, spec and its first status."""
     labels = {
         "kubernetes.io/hostname": spec.name,
         "kubernetes.io/os": "linux",
         "kubernetes.io/arch": "amd64",
+        # The kubelet still sets the deprecated labels; without them the node lifecycle
+        # controller patches them in.
+        "beta.kubernetes.io/os": "linux",
+        "beta.kubernetes.io/arch": "amd64",
         SYNTHETIC: "true",
         **spec.labels,
     }
     return {
         "apiVersion": "v1",
         "kind": "Node",
-        "metadata": {"name": spec.name, "labels": labels},
+        "metadata": {"name": spec.name, "labels": labels, "annotations": {CONTROLLER_MANAGED_ATTACH: "true"}},
         "spec": {"taints": list(spec.taints)},
+        **node_status(spec),
     }
 
 
@@ -169,7 +182,8 @@ class NodeAgent:
         self._task: asyncio.Task[None] | None = None
 
     async def register(self) -> None:
-        """Create the Node (or adopt an existing one of the same name) and mark it Ready."""
+        """Create the Node, Ready from the start, or adopt an existing one of the same name
+        and mark it Ready (a write that waits for the Lease when fenced)."""
         path = path_for("v1", "nodes", self.spec.name)
         try:
             node = await self.client.create(path_for("v1", "nodes"), node_object(self.spec))
@@ -181,11 +195,12 @@ class NodeAgent:
         self.uid = node["metadata"]["uid"]
         if self.fence is not None:
             await self._take_lease()  # before any write in the node's name
-        await self.client.patch(
-            path_for("v1", "nodes", self.spec.name, subresource="status"),
-            node_status(self.spec),
-            "strategic",
-        )
+        if not self.created:
+            await self.client.patch(
+                path_for("v1", "nodes", self.spec.name, subresource="status"),
+                node_status(self.spec),
+                "strategic",
+            )
         if self.fence is None:
             await self.renew_lease()
 

@@ -52,6 +52,11 @@ BACKOFF_MAX_S = 5.0
 STATUS_SYNC_S = 60.0
 """The kubelet's syncFrequency: each running pod's status is recomputed this often, which
 is when a device whose health went stale turns Unknown."""
+PREPARE_FAILED = "FailedPrepareDynamicResources"
+PREPARE_FAILED_MESSAGE = "Failed to prepare dynamic resources"
+NO_RELATIONSHIP = "no relationship found between node"
+"""The node authorizer's refusal of an object it does not (yet) link to the node."""
+AUTHORIZER_CATCH_UP_S = (0.005, 0.01, 0.02, 0.04, 0.08)
 SLEEP_COMMAND = re.compile(r"(?:^|\s|;|&&)sleep\s+(\d+(?:\.\d+)?)(?:\s|;|$)")
 
 
@@ -282,7 +287,8 @@ class PodManager:
         return False
 
     async def _pod_claims(self, pod: Obj) -> list[Obj]:
-        """The pod's ResourceClaims, each allocated and reserved for it."""
+        """The pod's ResourceClaims, each allocated and reserved for it. Failures read as
+        the kubelet's (FailedPrepareDynamicResources)."""
         meta = pod["metadata"]
         statuses = {
             s["name"]: s.get("resourceClaimName") for s in pod.get("status", {}).get("resourceClaimStatuses", [])
@@ -291,19 +297,44 @@ class PodManager:
         for entry in pod["spec"].get("resourceClaims", []):
             name = entry.get("resourceClaimName") or statuses.get(entry["name"])
             if not name:
-                raise StartFailed("ClaimNotReady", f"claim for {entry['name']} has not been created yet")
+                raise StartFailed(
+                    PREPARE_FAILED,
+                    f"{PREPARE_FAILED_MESSAGE}: pod {meta['namespace']}/{meta['name']}: "
+                    f"ResourceClaim not created yet (claim {entry['name']})",
+                )
             try:
-                claim = await self.client.get(path_for("resource.k8s.io/v1", "resourceclaims", name, meta["namespace"]))
+                claim = await self._read_claim(
+                    path_for("resource.k8s.io/v1", "resourceclaims", name, meta["namespace"])
+                )
             except ApiError as exc:
-                raise StartFailed("ClaimNotReady", f"resourceclaim {name}: {exc.message}") from None
+                raise StartFailed(
+                    PREPARE_FAILED, f"{PREPARE_FAILED_MESSAGE}: fetch ResourceClaim {name}: {exc.message}"
+                ) from None
             reserved = {r.get("uid") for r in claim.get("status", {}).get("reservedFor", [])}
             if not claim.get("status", {}).get("allocation") or meta["uid"] not in reserved:
                 raise StartFailed(
-                    "ClaimNotReady",
-                    f"resourceclaim {name} is not yet allocated and reserved for the pod",
+                    PREPARE_FAILED,
+                    f"{PREPARE_FAILED_MESSAGE}: pod {meta['name']} ({meta['uid']}) is not allowed to use "
+                    f"ResourceClaim {name} ({claim['metadata']['uid']})",
                 )
             claims.append(dict(claim, _pod_claim_name=entry["name"]))
         return claims
+
+    async def _read_claim(self, path: str) -> Obj:
+        """The kubelet reads a claim only after it mounted the pod's volumes (at least its
+        service-account token, by a reconciler that runs every 100 ms); by then the API
+        server's node authorizer has linked the newly bound pod's claims to the node. This
+        kubelet mounts nothing and asks at once, and so can ask before that link exists:
+        it then asks again, for up to ~0.15 s, rather than fail a start the real kubelet
+        would not have failed (its next attempt comes ~10 s later)."""
+        for delay in (*AUTHORIZER_CATCH_UP_S, None):
+            try:
+                return await self.client.get(path)
+            except ApiError as exc:
+                if delay is None or not (exc.status == 403 and NO_RELATIONSHIP in exc.message):
+                    raise
+            await asyncio.sleep(delay)
+        raise AssertionError("unreachable")
 
     async def _prepare(self, pod: Obj) -> dict[str, dict[str, str]]:
         """The timed part is what a kubelet times as PrepareResources: reading the pod's
@@ -353,7 +384,8 @@ class PodManager:
                 continue
             for claim_uid, answer in results.items():
                 if answer.error:
-                    errors.append(answer.error)
+                    name = self.claims[claim_uid].name if claim_uid in self.claims else claim_uid
+                    errors.append(f"NodePrepareResources failed for ResourceClaim {name}: {answer.error}")
                 else:
                     answered.setdefault(claim_uid, set()).add(driver)
                     devices.setdefault(claim_uid, []).extend(answer.devices)
@@ -363,7 +395,7 @@ class PodManager:
                 known.devices, known.prepared = devices[known.uid], True
         self._save_checkpoint()
         if errors:
-            raise StartFailed("FailedPrepareDynamicResources", "; ".join(errors))
+            raise StartFailed(PREPARE_FAILED, f"{PREPARE_FAILED_MESSAGE}: {'; '.join(errors)}")
 
     def _container_env(self, pod: Obj, claims: list[Obj]) -> dict[str, dict[str, str]]:
         self._claim_uids[pod["metadata"]["uid"]] = {c["_pod_claim_name"]: c["metadata"]["uid"] for c in claims}

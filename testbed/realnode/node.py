@@ -355,7 +355,11 @@ class ProcessNode:
             f"--cert-dir={self.root / 'private' / 'pki'}",
             f"--hostname-override={self.name}",
             f"--node-ip={self.node_ip}",
-            "--node-labels=" + ",".join(f"{k}={v}" for k, v in labels.items() if not k.startswith("kubernetes.io/")),
+            # The kubelet sets its own kubernetes.io/ and beta.kubernetes.io/ labels.
+            "--node-labels="
+            + ",".join(
+                f"{k}={v}" for k, v in labels.items() if not k.startswith(("kubernetes.io/", "beta.kubernetes.io/"))
+            ),
             "--v=2",
         ]
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -124,3 +124,40 @@ def test_a_node_is_served_by_one_server_at_a_time(kubeconfig_path: Path, monkeyp
             await client.close()
 
     asyncio.run(scenario())
+
+
+def test_a_node_registers_ready_in_one_write_as_a_kubelet_does(kubeconfig_path: Path) -> None:
+    """The kubelet creates its Node with the status filled in (initialNode), so the first
+    version anyone sees is Ready, and the node lifecycle controller has nothing to add but
+    taking off the not-ready taint the API server's admission puts on every new Node. A
+    Node created bare and then made Ready costs a status write and a taint flap per node."""
+    name = f"reg-{uuid.uuid4().hex[:6]}"
+
+    async def scenario() -> None:
+        client = KubeClient.from_kubeconfig(kubeconfig_path)
+        agent = NodeAgent(client, NodeSpec(name))
+        try:
+            await agent.register()
+            node = await client.get(path_for("v1", "nodes", name))
+            ready = [c for c in node["status"]["conditions"] if c["type"] == "Ready"]
+            assert ready and ready[0]["status"] == "True"
+            assert node["status"]["capacity"]["pods"] == "250"
+            labels = node["metadata"]["labels"]
+            assert labels["beta.kubernetes.io/os"] == labels["kubernetes.io/os"] == "linux"
+            assert node["metadata"]["annotations"][node_module.CONTROLLER_MANAGED_ATTACH] == "true"
+            writers = {(m["manager"], m.get("subresource", "")) for m in node["metadata"]["managedFields"]}
+            assert ("dra-testbed", "status") not in writers, f"a second write set the status: {writers}"
+
+            deadline = asyncio.get_running_loop().time() + 30
+            while any(t["key"] == "node.kubernetes.io/not-ready" for t in node["spec"].get("taints", [])):
+                assert asyncio.get_running_loop().time() < deadline, "the not-ready taint stayed on a Ready node"
+                await asyncio.sleep(0.2)
+                node = await client.get(path_for("v1", "nodes", name))
+            controller = [m for m in node["metadata"]["managedFields"] if m["manager"] == "kube-controller-manager"]
+            for entry in controller:  # it had no labels to add: the kubelet's are all there
+                assert "f:labels" not in entry["fieldsV1"].get("f:metadata", {}), entry
+        finally:
+            await agent.delete()
+            await client.close()
+
+    asyncio.run(scenario())

@@ -29,7 +29,7 @@ from testbed.fleet.identity import (
 from testbed.kubeapi import ApiError, KubeClient, path_for
 from testbed.realnode.node import recorded_processes, unsupported_reason
 from testbed.testing import wait_for
-from testbed.workloads import GPU, claim_spec, create_template, events, pod, request, unique, wait_running
+from testbed.workloads import GPU, NIC, claim_spec, create_template, events, pod, request, unique, wait_running
 
 pytestmark = pytest.mark.controlplane
 
@@ -160,6 +160,46 @@ def test_a_nodes_drivers_read_claims_under_their_own_identity(
         rbac.patch_cluster_role(DRIVER_SERVICE_ACCOUNT, {"rules": original})
     try:
         wait_running(kube_api, namespace, "worker", timeout_s=60)
+    finally:
+        core.delete_namespace(namespace)
+
+
+def test_pods_with_claims_start_at_the_first_attempt_under_node_identities(
+    control_plane: cluster.ClusterState, kube_api: k8s.ApiClient, fleet: Fleet
+) -> None:
+    """A kubelet reads a bound pod's claims as system:node:<name>, which the node
+    authorizer allows once it has linked the pod's claims to the node, which can lag the
+    binding when pods come in a burst. The real kubelet mounts the pod's volumes first; a
+    kubelet that asked at once and took the refusal for a failure put a
+    FailedPrepareDynamicResources warning (and a later retry) on most pods of a burst."""
+    core = k8s.CoreV1Api(kube_api)
+    namespace = unique("first-try")
+    body: Any = {"metadata": {"name": namespace}}
+    core.create_namespace(body)
+    try:
+        create_template(kube_api, namespace, "gpu", claim_spec(request("gpu", GPU)))
+        create_template(kube_api, namespace, "nic", claim_spec(request("nic", NIC)))
+        names = [f"{kind}-{i}" for kind in ("gpu", "nic") for i in range(4)]  # every GPU and NIC of the fleet
+
+        async def burst() -> None:
+            client = KubeClient.from_kubeconfig(control_plane.kubeconfig)
+            pods = path_for("v1", "pods", namespace=namespace)
+            try:
+                await asyncio.gather(
+                    *(client.create(pods, pod(n, {"dev": {"resourceClaimTemplateName": n[:3]}})) for n in names)
+                )
+            finally:
+                await client.close()
+
+        asyncio.run(burst())
+        for name in names:
+            wait_running(kube_api, namespace, name, timeout_s=60)
+        warnings = [
+            f"{e.involved_object.name}: {e.reason}: {e.message}"
+            for e in core.list_namespaced_event(namespace).items
+            if e.type == "Warning"
+        ]
+        assert not warnings, warnings
     finally:
         core.delete_namespace(namespace)
 
