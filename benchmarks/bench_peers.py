@@ -37,7 +37,7 @@ from testbed.controlplane import cluster
 from testbed.drivers import KINDS, load_profile
 from testbed.environment import install_device_classes, start_fleet
 from testbed.errors import TestbedError
-from testbed.fleet.spec import single_pool
+from testbed.fleet.spec import DEFAULT_NODES_PER_HOST, single_pool
 from testbed.keys import PROFILE_LABEL, SLICE_NODE_LABEL, SYNTHETIC
 from testbed.kubeapi import KubeClient, path_for
 from testbed.kubeletplugin.slices import desired_slices, slice_object
@@ -165,6 +165,7 @@ def main() -> int:
     parser.add_argument("--pods", type=int, default=200)
     parser.add_argument("--qps", type=float, default=20.0)
     parser.add_argument("--idle-seconds", type=float, default=30.0)
+    parser.add_argument("--nodes-per-host", type=int, default=DEFAULT_NODES_PER_HOST)
     parser.add_argument("--reports", type=Path, help="keep each side's run report under this directory")
     args = parser.parse_args()
     kwok = kwok_binary()
@@ -224,7 +225,7 @@ def main() -> int:
         # --- the testbed ---
         before = {n: cpu_seconds(p) for n, p in components.items()}
         started = time.monotonic()
-        fleet = start_fleet(state, single_pool(args.nodes, "gpu8", 100), ConsoleProgress())
+        fleet = start_fleet(state, single_pool(args.nodes, "gpu8", args.nodes_per_host), ConsoleProgress())
         ready_s = time.monotonic() - started
         start_cpu = {n: cpu_seconds(p) - before[n] for n, p in components.items()}
         hosts = processes_matching("ray::NodeHost")

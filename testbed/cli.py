@@ -285,7 +285,7 @@ def _kubectl() -> Path:
 @click.option(
     "--nodes-per-host",
     type=click.IntRange(min=1, max=10_000),
-    default=50,
+    default=fleet_spec.DEFAULT_NODES_PER_HOST,
     show_default=True,
     help="Synthetic nodes per NodeHost Ray actor.",
 )

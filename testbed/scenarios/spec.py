@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fake_devices.specfiles import SpecFileError, parse_yaml, validate
+from testbed.fleet.spec import DEFAULT_NODES_PER_HOST
 
 SHIPPED_DIR = Path(__file__).parent / "shipped"
 
@@ -97,7 +98,7 @@ class Cluster(_Strict):
 
     nodes: int = Field(default=4, ge=0)
     profile: str = "gpu8"
-    nodes_per_host: int = Field(default=50, alias="nodesPerHost", ge=1)
+    nodes_per_host: int = Field(default=DEFAULT_NODES_PER_HOST, alias="nodesPerHost", ge=1)
     kcm_qps: float = Field(default=75, alias="kcmQPS", gt=0)
     kcm_burst: int = Field(default=150, alias="kcmBurst", ge=1)
     scheduler_qps: float = Field(default=100, alias="schedulerQPS", gt=0)

@@ -20,7 +20,7 @@ def test_defaults_keep_ordinary_workloads_off_synthetic_nodes() -> None:
     fleet = spec.parse("pools: [{name: a, count: 1}]", "f.yaml")
     [taint] = fleet.pools[0].taints
     assert (taint.key, taint.effect) == ("dra-testbed.io/synthetic", "NoSchedule")
-    assert fleet.nodes_per_host == 50 and fleet.pools[0].profile == "gpu8"
+    assert fleet.nodes_per_host == spec.DEFAULT_NODES_PER_HOST and fleet.pools[0].profile == "gpu8"
     assert spec.single_pool(3, "tiny", 2).pools[0].node_names() == ["node-000", "node-001", "node-002"]
 
 
