@@ -223,7 +223,7 @@ DEFAULT_NODES_PER_HOST = 200
 """Each NodeHost costs about 2 CPU-seconds before its first node (Python and Ray's
 imports in a new process), as much as 50 gpu8 nodes cost it. 500 nodes started in 47 s
 on 10 hosts, 35 s on 5 and 30 s on 2 (2 cores, one run each); a host of 200 idle
-nodes uses about 0.03 core of its one."""
+nodes uses about 0.04 core of its one."""
 
 
 class FleetFile(_Strict):

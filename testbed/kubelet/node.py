@@ -1,8 +1,9 @@
 """Node registration and heartbeat, as a kubelet does them.
 
 As the kubelet registers (``initialNode``), the Node is created with its status filled
-in: Ready, with capacity, addresses and node info, so the node lifecycle controller never
-sees it not ready (no not-ready taint to add and take off again). It carries labels and
+in: Ready, with capacity, addresses and node info, so the node lifecycle controller has
+only to take off the not-ready taint the API server's admission puts on every new Node
+(not to see it NotReady, then Ready). It carries labels and
 (by default) a NoSchedule taint that keeps ordinary DaemonSets and workloads off
 synthetic nodes; its Lease in ``kube-node-lease`` is renewed every 10 s so the node
 lifecycle controller keeps it Ready.
