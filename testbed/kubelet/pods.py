@@ -134,6 +134,9 @@ class PodManager:
         self._claim_uids: dict[str, dict[str, str]] = {}
         """By pod UID: the pod's claim name -> ResourceClaim UID."""
         self._resources_status: dict[str, object] = {}
+        self._started_before_restart: set[str] = set()
+        """Pods whose claims were prepared when the checkpoint was written: those still
+        Running kept their containers through this kubelet's restart."""
         """By pod UID: the allocatedResourcesStatus last written, to write only changes."""
 
     def _load_checkpoint(self) -> None:
@@ -145,6 +148,12 @@ class PodManager:
                 devices = [PreparedDevice(**d) for d in entry.pop("devices")]
                 claim = PreparedClaim(**entry, devices=devices)
                 claim.users = set(claim.users)
+                if claim.prepared:
+                    self._started_before_restart |= claim.users
+                # As the kubelet restores its claim info: not prepared until a driver says
+                # so again, so a pod that starts now (one more user of a shared claim, or a
+                # pod made again after a reboot) asks the driver once more.
+                claim.prepared = False
                 self.claims[claim.uid] = claim
         except (OSError, ValueError, TypeError, KeyError) as exc:
             log.warning("%s: checkpoint %s unreadable (%s); starting without it", self.node.name, self.checkpoint, exc)
@@ -277,7 +286,7 @@ class PodManager:
         while not self._deleting(uid):
             pod = self._pod(uid)
             try:
-                env = await self._prepare(pod)
+                env = await self._adopt(pod) if self._kept_running(pod) else await self._prepare(pod)
                 await self._set_running(pod, env)
                 return True
             except StartFailed as exc:
@@ -335,6 +344,17 @@ class PodManager:
                     raise
             await asyncio.sleep(delay)
         raise AssertionError("unreachable")
+
+    def _kept_running(self, pod: Obj) -> bool:
+        uid = pod["metadata"]["uid"]
+        return uid in self._started_before_restart and pod.get("status", {}).get("phase") == "Running"
+
+    async def _adopt(self, pod: Obj) -> dict[str, dict[str, str]]:
+        """A pod whose containers outlived this kubelet's restart: the kubelet prepares
+        resources only for a pod sandbox it creates, so no driver is asked; the
+        containers' devices are those the checkpoint recorded."""
+        claims = await self._pod_claims(pod)
+        return self._container_env(pod, claims) if claims else {}
 
     async def _prepare(self, pod: Obj) -> dict[str, dict[str, str]]:
         """The timed part is what a kubelet times as PrepareResources: reading the pod's

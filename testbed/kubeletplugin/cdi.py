@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from testbed.files import write_atomically
 
@@ -23,6 +24,25 @@ CLAIM_UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f
 class CdiDevice:
     name: str
     env: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class ClaimSpec:
+    """What one claim's spec says: edits for every container of the claim, then each
+    device's. The driver's checkpoint keeps it, so a spec that was lost can be written again."""
+
+    env: Mapping[str, str]
+    devices: Sequence[CdiDevice]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"env": dict(self.env), "devices": [{"name": d.name, "env": dict(d.env)} for d in self.devices]}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ClaimSpec:
+        return cls(
+            {str(k): str(v) for k, v in data["env"].items()},
+            [CdiDevice(str(d["name"]), {str(k): str(v) for k, v in d["env"].items()}) for d in data["devices"]],
+        )
 
 
 def kind_for(driver: str) -> str:
@@ -42,29 +62,46 @@ def spec_path(cdi_dir: Path, driver: str, claim_uid: str) -> Path:
     return cdi_dir / f"{driver}-{claim_uid}.json"
 
 
-def write_claim_spec(
-    cdi_dir: Path,
-    driver: str,
-    claim_uid: str,
-    devices: list[CdiDevice],
-    claim_env: Mapping[str, str],
-    durable: bool = True,
-) -> Path:
-    spec = {
+def spec_content(driver: str, spec: ClaimSpec) -> bytes:
+    """The spec file's bytes: the same spec always gives the same bytes."""
+    document = {
         "cdiVersion": CDI_VERSION,
         "kind": kind_for(driver),
-        "containerEdits": {"env": [f"{k}={v}" for k, v in sorted(claim_env.items())]},
+        "containerEdits": {"env": [f"{k}={v}" for k, v in sorted(spec.env.items())]},
         "devices": [
             {
                 "name": d.name,
                 "containerEdits": {"env": [f"{k}={v}" for k, v in sorted(d.env.items())]},
             }
-            for d in devices
+            for d in spec.devices
         ],
     }
+    return json.dumps(document, indent=2).encode()
+
+
+def write_claim_spec(cdi_dir: Path, driver: str, claim_uid: str, spec: ClaimSpec, durable: bool = True) -> Path:
     path = spec_path(cdi_dir, driver, claim_uid)
-    write_atomically(path, json.dumps(spec, indent=2).encode(), durable=durable)
+    write_atomically(path, spec_content(driver, spec), durable=durable)
     return path
+
+
+def restore_claim_spec(cdi_dir: Path, driver: str, claim_uid: str, spec: ClaimSpec, thorough: bool) -> bool:
+    """Write the spec again if it is missing or is not what it should be; True if it was.
+    ``thorough`` reads and compares it; otherwise a stat that finds the right size is
+    taken as enough (the check on the prepare path, where a spec is missing after a
+    reboot emptied a tmpfs CDI directory, or empty after a machine crash)."""
+    path = spec_path(cdi_dir, driver, claim_uid)
+    content = spec_content(driver, spec)
+    try:
+        if thorough:
+            if path.read_bytes() == content:
+                return False
+        elif path.stat().st_size == len(content):
+            return False
+    except FileNotFoundError:
+        pass
+    write_atomically(path, content, durable=False)
+    return True
 
 
 def claim_specs(cdi_dir: Path, driver: str) -> dict[str, Path]:

@@ -1,9 +1,12 @@
 """The driver's record of prepared claims, on disk, so a restart knows what it did.
 
 A claim is written as PrepareStarted before the hardware is touched and as
-PrepareCompleted after the CDI spec exists; a restart finds half-done claims and undoes
-them. The file carries a checksum: a corrupt or truncated file is set aside (never
-silently trusted or deleted) and the driver starts with an empty record.
+PrepareCompleted after the CDI spec exists, with what that spec says and the claim's
+configs; a restart finds half-done claims and undoes them, re-asserts completed ones and
+writes again any of their specs that was lost (a machine crash, or a reboot that emptied a
+CDI directory on tmpfs, as /var/run/cdi is). The file carries a checksum: a corrupt or
+truncated file is set aside (never silently trusted or deleted) and the driver starts
+with an empty record.
 """
 
 from __future__ import annotations
@@ -14,9 +17,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 from testbed.files import write_atomically
 from testbed.kubeapi import ClaimRef
+from testbed.kubeletplugin.cdi import ClaimSpec
 
 VERSION = 1
 
@@ -43,26 +48,44 @@ class ClaimRecord:
     state: ClaimState
     devices: list[PreparedDeviceRecord] = field(default_factory=list)
     admin_access: bool = False
+    spec: ClaimSpec | None = None
+    """What the claim's CDI spec says (None in records of drivers before 2026-11-23)."""
+    configs: list[dict[str, Any]] = field(default_factory=list)
+    """The allocation's config entries, for re-asserting the claim as it was prepared."""
 
     @property
     def ref(self) -> ClaimRef:
         return ClaimRef(self.namespace, self.uid, self.name)
 
     def to_json(self) -> dict[str, object]:
-        data = asdict(self)
-        data["state"] = self.state.value
+        """New fields are left out when empty and sit beside the old ones, never inside a
+        device: an older driver instance (a rolling update goes both ways) reads the file."""
+        data: dict[str, object] = {
+            "uid": self.uid,
+            "namespace": self.namespace,
+            "name": self.name,
+            "state": self.state.value,
+            "devices": [asdict(d) for d in self.devices],
+            "admin_access": self.admin_access,
+        }
+        if self.spec is not None:
+            data["cdi_spec"] = self.spec.to_json()
+        if self.configs:
+            data["configs"] = self.configs
         return data
 
     @classmethod
-    def from_json(cls, data: dict[str, object]) -> ClaimRecord:
-        devices = [PreparedDeviceRecord(**d) for d in data.get("devices", [])]  # type: ignore[attr-defined]
+    def from_json(cls, data: dict[str, Any]) -> ClaimRecord:
+        spec = data.get("cdi_spec")
         return cls(
             uid=str(data["uid"]),
             namespace=str(data["namespace"]),
             name=str(data["name"]),
             state=ClaimState(str(data["state"])),
-            devices=devices,
+            devices=[PreparedDeviceRecord(**d) for d in data.get("devices", [])],
             admin_access=bool(data.get("admin_access", False)),
+            spec=ClaimSpec.from_json(spec) if spec is not None else None,
+            configs=list(data.get("configs", [])),
         )
 
 

@@ -161,9 +161,10 @@ class ClaimPreparer:
                         for d in record.devices
                     ]
                     try:
-                        await self.driver.prepare(ClaimToPrepare(record.ref, devices, repair=True))
+                        await self.driver.prepare(ClaimToPrepare(record.ref, devices, record.configs, repair=True))
                     except ClaimFailed as exc:
                         log.error("%s: cannot re-assert claim %s: %s", self.name, record.uid, exc)
+                    self._restore_spec(record, thorough=True)
             # A spec with no record: the machine went down after the spec reached the disk
             # and before any record of its claim did (see _prepare_one), or after an
             # unprepare's record removal did and before the spec's removal. Not after a
@@ -171,6 +172,13 @@ class ClaimPreparer:
             if len(self.corruptions) == corruptions_before:
                 self._remove_specs_without_record()
             self._record_gauge()
+
+    def _restore_spec(self, record: ClaimRecord, thorough: bool) -> None:
+        """A completed claim's spec, written again if it was lost: the record is the truth."""
+        if record.spec is None:
+            return  # recorded by an older driver, which kept no copy
+        if cdi.restore_claim_spec(self.paths.cdi_dir, self.name, record.uid, record.spec, thorough):
+            log.warning("%s: wrote again the lost CDI spec of claim %s", self.name, record.uid)
 
     def _remove_specs_without_record(self) -> None:
         for uid, spec in cdi.claim_specs(self.paths.cdi_dir, self.name).items():
@@ -250,11 +258,13 @@ class ClaimPreparer:
         self._check_ref(ref)
         done = self.checkpoint.claims.get(ref.uid)
         if done is not None and done.state is ClaimState.PREPARE_COMPLETED:
+            # A kubelet prepares again after it restarts, the node's reboot included.
+            self._restore_spec(done, thorough=False)
             return done.devices
         if isinstance(fetched, ClaimFailed):
             raise fetched
         claim = fetched if fetched is not None else await self._fetch(ref)
-        results, config_entries = self._allocation(ref, claim)
+        results, configs = self._allocation(ref, claim)
         allocated = [
             AllocatedDevice(r["request"], r["pool"], r["device"], r.get("shareID"), bool(r.get("adminAccess")))
             for r in results
@@ -269,12 +279,13 @@ class ClaimPreparer:
             )
             for device in allocated
         ]
-        wanted = ClaimToPrepare(ref, allocated, config_entries)
+        wanted = ClaimToPrepare(ref, allocated, configs)
         admin = wanted.admin_access
-        # Two fsyncs per prepare, not three: the CDI spec's and the completed record's.
-        # The started record needs none. A crashed process leaves it in the page cache for
-        # the restarted driver's repair to find. A machine that goes down resets the
-        # devices, and a spec left without its record is removed by that repair.
+        # One fsync per prepare: the completed record's. The started record needs none: a
+        # crashed process leaves it in the page cache for the restarted driver's repair to
+        # find, and a machine that goes down resets the devices. The spec needs none
+        # either: the completed record holds what it says, and the repair writes again a
+        # spec that did not reach the disk (and removes one left without its record).
         started = ClaimRecord(ref.uid, ref.namespace, ref.name, ClaimState.PREPARE_STARTED, records, admin)
         self.checkpoint.put(started, sync=False)
         try:
@@ -283,15 +294,13 @@ class ClaimPreparer:
             await self.driver.unprepare(ref.uid)
             self.checkpoint.remove(ref.uid)
             raise ClaimFailed(exc.reason, f"claim {ref.namespace}/{ref.name}: {exc}") from None
-        cdi.write_claim_spec(
-            self.paths.cdi_dir,
-            self.name,
-            ref.uid,
-            [cdi.CdiDevice(cdi.claim_device_name(ref.uid, p.name), p.env) for p in prepared],
+        spec = cdi.ClaimSpec(
             {"DRA_TESTBED_CLAIM": f"{ref.namespace}/{ref.name}"},
-            durable=self.durable,
+            [cdi.CdiDevice(cdi.claim_device_name(ref.uid, p.name), p.env) for p in prepared],
         )
-        self.checkpoint.put(ClaimRecord(ref.uid, ref.namespace, ref.name, ClaimState.PREPARE_COMPLETED, records, admin))
+        cdi.write_claim_spec(self.paths.cdi_dir, self.name, ref.uid, spec, durable=False)
+        completed = ClaimState.PREPARE_COMPLETED
+        self.checkpoint.put(ClaimRecord(ref.uid, ref.namespace, ref.name, completed, records, admin, spec, configs))
         return records
 
     async def _fetch(self, ref: ClaimRef) -> Mapping[str, Any]:

@@ -350,12 +350,15 @@ def test_a_driver_gone_by_sigterm_or_sigkill_is_wiped_30s_later_and_republishes_
 def test_a_kubelet_restart_wipes_and_gets_slices_back_within_seconds_and_keeps_running_pods(
     control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
 ) -> None:
+    """And a claim the kubelet restored from its checkpoint counts as not prepared: a new
+    pod sharing it makes the kubelet ask the driver again (the driver's replay path)."""
+
     async def scenario() -> None:
         async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
 
             async def case(side: Side) -> dict[str, Any]:
-                await side.template("gpu", [request("gpu", GPU)])
-                await side.pod("worker", {"resourceClaimTemplateName": "gpu"})
+                await side.claim("shared", [request("gpu", GPU)])
+                await side.pod("worker", {"resourceClaimName": "shared"})
                 started = (await side.running("worker"))["status"]["startTime"]
                 before = await side.slice_uids()
                 await side.node.stop_process("kubelet")
@@ -370,18 +373,27 @@ def test_a_kubelet_restart_wipes_and_gets_slices_back_within_seconds_and_keeps_r
                 back = time.monotonic() - restarted
                 await until(lambda: _ready(side), 60, f"{side.kind}: node Ready again")
                 pod = await side.running("worker")
-                prepares = [
-                    c for c in side.node.calls() if c["method"].endswith("NodePrepareResources") and c["claims"]
-                ]
-                await side.delete_pod("worker")
-                await side.gone("worker")
-                return {"back_s": back, "start": pod["status"]["startTime"] == started, "prepares": len(prepares)}
+
+                def prepares() -> int:
+                    calls = side.node.calls()
+                    return sum(1 for c in calls if c["method"].endswith("NodePrepareResources") and c["claims"])
+
+                kept = prepares()
+                await side.pod("joiner", {"resourceClaimName": "shared"})
+                await side.running("joiner")
+                joined = prepares()
+                for name in ("worker", "joiner"):
+                    await side.delete_pod(name)
+                    await side.gone(name)
+                started_as_before = pod["status"]["startTime"] == started
+                return {"back_s": back, "start": started_as_before, "prepares": (kept, joined)}
 
             found = await both(sides, case)
             for kind, seen in found.items():
                 assert seen["back_s"] < 15, (kind, seen)
                 assert seen["start"], f"{kind}: the running pod was left as it was"
-                assert seen["prepares"] == 1, f"{kind}: no second prepare for a running pod"
+                assert seen["prepares"][0] == 1, f"{kind}: no second prepare for a running pod"
+                assert seen["prepares"][1] == 2, f"{kind}: a new user of a restored claim prepares it again"
 
     asyncio.run(scenario())
 

@@ -1,9 +1,11 @@
-"""What a durable prepare puts on disk before it answers, and what repair cleans up after
-a machine went down between a claim's CDI spec and its record reaching the disk."""
+"""What a durable prepare puts on disk before it answers, and what repair cleans up or
+writes again after a machine went down between a claim's CDI spec and its record reaching
+the disk, or a reboot emptied the CDI directory."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import ssl
@@ -18,30 +20,46 @@ from testbed.drivers.backend import LocalBackend
 from testbed.kubeapi import ClaimRef, Credentials, KubeClient, Obj
 from testbed.kubeletplugin import cdi
 from testbed.kubeletplugin.claims import ClaimReader
+from testbed.kubeletplugin.driver import ClaimToPrepare
 from testbed.kubeletplugin.prepare import ClaimPreparer, DriverPaths
 
 GPU = "gpu.dra-testbed.io"
+SHARED = {
+    "opaque": {
+        "driver": GPU,
+        "parameters": {
+            "apiVersion": "gpu.dra-testbed.io/v1alpha1",
+            "kind": "GpuConfig",
+            "sharing": {"strategy": "TimeSlicing", "timeSlicing": {"interval": "Long"}},
+        },
+    }
+}
+"""A claim config whose settings reach the container only through the claim's CDI spec."""
 
 
 class Claims(ClaimReader):
     """Claims allocated on node ``n``, one GPU each, as the API server would answer."""
 
-    def __init__(self, devices: dict[str, str]):
+    def __init__(self, devices: dict[str, str], configs: dict[str, list[Obj]] | None = None):
         super().__init__(KubeClient(Credentials("https://127.0.0.1:1", ssl.create_default_context())))
         self.devices = devices  # claim UID -> device
+        self.configs = configs or {}  # claim UID -> the allocation's config entries
 
     async def get(self, namespace: str, name: str) -> Obj:
         uid = name.removeprefix("claim-")
         result = {"request": "gpu", "driver": GPU, "pool": "n", "device": self.devices[uid]}
+        devices = {"results": [result], "config": self.configs.get(uid, [])}
         return {
             "metadata": {"namespace": namespace, "name": name, "uid": uid},
-            "status": {"allocation": {"devices": {"results": [result]}}},
+            "status": {"allocation": {"devices": devices}},
         }
 
 
-def _preparer(root: Path, devices: dict[str, str], durable: bool = True) -> ClaimPreparer:
+def _preparer(
+    root: Path, devices: dict[str, str], durable: bool = True, configs: dict[str, list[Obj]] | None = None
+) -> ClaimPreparer:
     paths = DriverPaths.for_node(root / "kubelet", GPU, root / "cdi")
-    claims = Claims(devices)
+    claims = Claims(devices, configs)
     driver = KINDS[GPU].make(LocalBackend(NodeHardware("n", load_profile("tiny"))), claims.client)
     return ClaimPreparer(driver, "n", paths, claims, durable)
 
@@ -50,11 +68,11 @@ def _ref(uid: str) -> ClaimRef:
     return ClaimRef("ns", uid, f"claim-{uid}")
 
 
-def test_a_durable_prepare_syncs_the_spec_and_the_completed_record(
+def test_a_durable_prepare_syncs_once_the_completed_record_which_holds_the_spec(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     uid = str(uuid.uuid4())
-    preparer = _preparer(tmp_path, {uid: "gpu-0"})
+    preparer = _preparer(tmp_path, {uid: "gpu-0"}, configs={uid: [SHARED]})
     synced: list[tuple[str, dict[str, object]]] = []
     real_fsync = os.fsync
 
@@ -66,12 +84,83 @@ def test_a_durable_prepare_syncs_the_spec_and_the_completed_record(
     monkeypatch.setattr(os, "fsync", fsync)
     results = asyncio.run(preparer.prepare([_ref(uid)]))
     assert results[uid].error == ""
-    checkpoints = [content for path, content in synced if ".checkpoint.json." in path]
-    specs = [path for path, _ in synced if f".{GPU}-{uid}.json." in path]
-    assert len(specs) == 1, synced
-    # The last record synced before the answer is the completed one: the answer outlives a power cut.
-    assert checkpoints and checkpoints[-1]["claims"][uid]["state"] == "PrepareCompleted"  # type: ignore[index]
-    assert len(synced) == 2, "one fsync for the spec, one for the completed record"
+    assert len(synced) == 1, synced
+    path, content = synced[0]
+    assert ".checkpoint.json." in path
+    # The record synced before the answer is the completed one, with all the spec says:
+    # the answer outlives a power cut even if the spec does not.
+    record = content["claims"][uid]  # type: ignore[index]
+    assert record["state"] == "PrepareCompleted"
+    spec = json.loads(cdi.spec_path(tmp_path / "cdi", GPU, uid).read_bytes())
+    assert cdi.ClaimSpec.from_json(record["cdi_spec"]) == cdi.ClaimSpec(
+        {"DRA_TESTBED_CLAIM": f"ns/claim-{uid}"},
+        [cdi.CdiDevice(d["name"], dict(e.split("=", 1) for e in d["containerEdits"]["env"])) for d in spec["devices"]],
+    )
+    assert "GPU_TIMESLICE_INTERVAL=Long" in spec["devices"][0]["containerEdits"]["env"]
+
+
+def test_a_restart_writes_again_the_specs_a_reboot_or_a_power_cut_lost(tmp_path: Path) -> None:
+    """/var/run/cdi is tmpfs: a reboot empties it while the checkpoint on disk says the
+    claims are prepared, and the kubelet, restarted, prepares them again. A power cut can
+    leave a spec that never reached the disk empty."""
+    emptied, truncated = str(uuid.uuid4()), str(uuid.uuid4())
+    devices = {emptied: "gpu-0", truncated: "gpu-1"}
+    configs = {emptied: [SHARED]}
+    preparer = _preparer(tmp_path, devices, configs=configs)
+    asyncio.run(preparer.prepare([_ref(emptied), _ref(truncated)]))
+    cdi_dir = tmp_path / "cdi"
+    written = {uid: cdi.spec_path(cdi_dir, GPU, uid).read_bytes() for uid in devices}
+    cdi.spec_path(cdi_dir, GPU, emptied).unlink()
+    cdi.spec_path(cdi_dir, GPU, truncated).write_bytes(b"")
+
+    restarted = _preparer(tmp_path, devices, configs=configs)  # new hardware: devices reset
+    asserted: list[ClaimToPrepare] = []
+    real_prepare = restarted.driver.prepare
+
+    async def prepare(claim: ClaimToPrepare) -> object:
+        asserted.append(claim)
+        return await real_prepare(claim)
+
+    restarted.driver.prepare = prepare  # type: ignore[method-assign]
+    asyncio.run(restarted.repair())
+    assert {uid: cdi.spec_path(cdi_dir, GPU, uid).read_bytes() for uid in devices} == written
+    # The hardware is held again with the settings the claim was prepared with.
+    again = {c.ref.uid: c for c in asserted}
+    assert again[emptied].repair and list(again[emptied].configs) == [SHARED]
+    assert cdi.resolve(cdi_dir, [cdi.device_id(GPU, f"{emptied}-gpu-0")])["GPU_TIMESLICE_INTERVAL"] == "Long"
+
+
+def test_a_kubelets_prepare_again_brings_back_a_spec_lost_while_the_driver_ran(tmp_path: Path) -> None:
+    uid = str(uuid.uuid4())
+    preparer = _preparer(tmp_path, {uid: "gpu-0"}, configs={uid: [SHARED]})
+    first = asyncio.run(preparer.prepare([_ref(uid)]))
+    spec = cdi.spec_path(tmp_path / "cdi", GPU, uid)
+    written = spec.read_bytes()
+    spec.unlink()
+    again = asyncio.run(preparer.prepare([_ref(uid)]))
+    assert again == first
+    assert spec.read_bytes() == written
+
+
+def test_a_record_of_an_older_driver_without_a_spec_copy_is_kept_as_it_is(tmp_path: Path) -> None:
+    """A rolling update from a driver that kept no copy of the spec: its claims still
+    prepare from the record, and repair leaves their specs alone."""
+    uid = str(uuid.uuid4())
+    preparer = _preparer(tmp_path, {uid: "gpu-0"})
+    asyncio.run(preparer.prepare([_ref(uid)]))
+    document = json.loads(preparer.paths.checkpoint.read_text())
+    del document["claims"][uid]["cdi_spec"]
+    claims = document["claims"]
+    document["checksum"] = hashlib.sha256(json.dumps(claims, sort_keys=True).encode()).hexdigest()
+    preparer.paths.checkpoint.write_text(json.dumps(document))
+    spec = cdi.spec_path(tmp_path / "cdi", GPU, uid)
+    spec.write_text("{}")  # not what this driver would write, but not its to judge
+
+    restarted = _preparer(tmp_path, {uid: "gpu-0"})
+    asyncio.run(restarted.repair())
+    assert not restarted.corruptions
+    assert asyncio.run(restarted.prepare([_ref(uid)]))[uid].error == ""
+    assert spec.read_text() == "{}"
 
 
 def test_repair_removes_this_drivers_specs_of_claims_it_holds_no_record_of(tmp_path: Path) -> None:
@@ -80,7 +169,7 @@ def test_repair_removes_this_drivers_specs_of_claims_it_holds_no_record_of(tmp_p
     asyncio.run(preparer.prepare([_ref(kept)]))
     cdi_dir = tmp_path / "cdi"
     # As a machine crash can leave it: the spec reached the disk, its record did not.
-    cdi.write_claim_spec(cdi_dir, GPU, orphan, [cdi.CdiDevice(f"{orphan}-gpu-1", {"X": "1"})], {})
+    cdi.write_claim_spec(cdi_dir, GPU, orphan, cdi.ClaimSpec({}, [cdi.CdiDevice(f"{orphan}-gpu-1", {"X": "1"})]))
     others = [
         cdi_dir / f"{GPU}-extra-{uuid.uuid4()}.json",  # a driver whose name extends this one's
         cdi_dir / f"nic.dra-testbed.io-{uuid.uuid4()}.json",
