@@ -17,6 +17,7 @@ from testbed.drivers.emulated import DriverKind
 from testbed.errors import TestbedError
 from testbed.kubeapi import KubeClient
 from testbed.kubeletplugin.claims import ClaimReader
+from testbed.kubeletplugin.grpc_services import HEALTH_CHECK_TIMEOUT_S
 from testbed.kubeletplugin.plugin import DriverPlugin
 from testbed.kubeletplugin.prepare import DriverPaths
 from testbed.kubeletplugin.slices import SliceWatcher
@@ -74,6 +75,7 @@ def driver_on_node(
     devices_per_slice: int | None = None,
     liveness_port: int | None = None,
     call_log: Path | None = None,
+    health_timeout_s: int = HEALTH_CHECK_TIMEOUT_S,
 ) -> DriverPlugin:
     """A built-in driver serving one node: what the standalone driver, synthetic nodes,
     tests and benchmarks all run (the options are DriverPlugin's)."""
@@ -89,4 +91,5 @@ def driver_on_node(
         slice_watcher=slice_watcher,
         call_log=call_log,
         devices_per_slice=devices_per_slice,
+        health_timeout_s=health_timeout_s,
     )

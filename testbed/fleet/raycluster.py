@@ -59,6 +59,10 @@ def _write_token(cluster_root: Path) -> None:
     write_secret(auth_token_path(cluster_root), secrets.token_hex(32).encode())
 
 
+QUIET_ENV = {"REPORTER_UPDATE_INTERVAL_MS": "60000"}
+"""Ray's node agent samples every Ray process (psutil) every 5 s for a dashboard and
+metrics the testbed turns off or never reads: once a minute is enough."""
+
 HEAD_LABEL = "dra-testbed.io/ray-head"
 """A Ray node label of the head the testbed starts: a pool's placement.labels can name it."""
 
@@ -91,6 +95,7 @@ def start_head(cluster_root: Path, log_path: Path, num_cpus: int | None = None) 
         f"--port={port}",
         f"--temp-dir={temp_dir}",
         "--include-dashboard=false",
+        "--include-log-monitor=false",
         "--disable-usage-stats",
         f"--ray-client-server-port={client}",
         f"--node-manager-port={node_manager}",
@@ -108,7 +113,7 @@ def start_head(cluster_root: Path, log_path: Path, num_cpus: int | None = None) 
     # Two metrics servers take their ports from the environment only (Ray's defaults are
     # fixed ports, which a second cluster on this machine would find taken).
     ports = {"AUTOSCALER_METRIC_PORT": str(autoscaler_metrics), "DASHBOARD_METRIC_PORT": str(dashboard_metrics)}
-    env = {**auth_env(cluster_root), **LOOPBACK_ENV, **ports}
+    env = {**auth_env(cluster_root), **LOOPBACK_ENV, **ports, **QUIET_ENV}
     _, record = processes.start("ray", command, log_path, cwd=cluster_root, env=env)
     address = f"127.0.0.1:{port}"
     deadline = time.monotonic() + 60

@@ -51,7 +51,8 @@ SUPPORTED_SERVICES = [
 
 HEALTH_CHECK_TIMEOUT_S = 30
 """Advertised per device: a kubelet shows a device as Unknown once it has not heard of
-it for this long, so every stream re-sends its full snapshot at least every third of it."""
+it for this long, so every stream re-sends its full snapshot at least every third of it.
+30 s is what a kubelet assumes of a driver that advertises none; a driver may choose."""
 R = TypeVar("R")
 
 
@@ -268,17 +269,22 @@ def add_registration_service(server: grpc.aio.Server, registration: Registration
 
 
 def add_dra_services(
-    server: grpc.aio.Server, preparer: ClaimPreparer, driver: Driver, pool: str, call_log: CallLog | None = None
+    server: grpc.aio.Server,
+    preparer: ClaimPreparer,
+    driver: Driver,
+    pool: str,
+    call_log: CallLog | None = None,
+    health_timeout_s: int = HEALTH_CHECK_TIMEOUT_S,
 ) -> None:
     """What the DRA socket serves: DRA v1 and v1beta1, resource health v1 and v1alpha1."""
     MalformedRequests.install()
     dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(DraService(dra_v1_pb2, preparer, True, call_log), server)
     dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(DraService(dra_v1beta1_pb2, preparer, False, call_log), server)
     health_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
-        ResourceHealthService(health_v1_pb2, driver, pool), server
+        ResourceHealthService(health_v1_pb2, driver, pool, health_timeout_s), server
     )
     health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
-        ResourceHealthService(health_v1alpha1_pb2, driver, pool), server
+        ResourceHealthService(health_v1alpha1_pb2, driver, pool, health_timeout_s), server
     )
 
 

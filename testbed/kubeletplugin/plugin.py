@@ -22,6 +22,7 @@ from testbed.kubeletplugin import metrics
 from testbed.kubeletplugin.claims import ClaimReader
 from testbed.kubeletplugin.driver import Driver
 from testbed.kubeletplugin.grpc_services import (
+    HEALTH_CHECK_TIMEOUT_S,
     CallLog,
     LivenessService,
     RegistrationService,
@@ -55,12 +56,14 @@ class DriverPlugin:
         slice_watcher: SliceWatcher | None = None,
         call_log: Path | None = None,
         devices_per_slice: int | None = None,
+        health_timeout_s: int = HEALTH_CHECK_TIMEOUT_S,
     ):
         """``durable``: fsync checkpoint and CDI writes (a real node). Synthetic nodes, whose
         state is throw-away, skip it, as the testbed's etcd does. ``slice_watcher``: a
         watch shared with other nodes' drivers; by default the driver watches its own.
         ``call_log``: append every DRA call a kubelet makes to this file (JSON lines).
-        ``devices_per_slice``: a smaller slice size than the API's limits (None: the limits)."""
+        ``devices_per_slice``: a smaller slice size than the API's limits (None: the limits).
+        ``health_timeout_s``: the health-check timeout it advertises for its devices."""
         self.driver = driver
         self.name = driver.name
         self.node = node
@@ -73,6 +76,7 @@ class DriverPlugin:
         # whenever it lands, and a re-list per driver cost a fleet 1,000 LISTs at start.
         self.registration = RegistrationService(self.name, str(paths.dra_socket), self.call_log)
         self.publish_slices = publish_slices
+        self.health_timeout_s = health_timeout_s
         self.devices_per_slice = devices_per_slice
         self._own_watcher = slice_watcher is None
         self.slice_watcher = slice_watcher or SliceWatcher.for_node(client, node, self.name)
@@ -102,7 +106,7 @@ class DriverPlugin:
         # Each socket its own server, as upstream serves them: the registration socket
         # answers registration only, and it appears only once the DRA socket is up.
         dra = grpc.aio.server()
-        add_dra_services(dra, self.preparer, self.driver, self.node, self.call_log)
+        add_dra_services(dra, self.preparer, self.driver, self.node, self.call_log, self.health_timeout_s)
         dra.add_insecure_port(f"unix://{self.paths.dra_socket}")
         await dra.start()
         self._server = dra
