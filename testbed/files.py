@@ -3,29 +3,41 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import stat
-import tempfile
 from pathlib import Path
 
 from testbed.errors import TestbedError
 
+_temporaries = itertools.count()
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+
 
 def write_atomically(path: Path, data: bytes, mode: int = 0o644, durable: bool = True) -> None:
     """Write to a temporary file and rename it over ``path``. ``durable`` adds an fsync,
-    which only matters if the machine (not the process) goes down."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    which only matters if the machine (not the process) goes down. The temporary's name
+    is unique to this process and call (a driver writes its checkpoint on every prepare:
+    tempfile's random names and a mkdir each time were a tenth of its CPU)."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{next(_temporaries)}")
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
+        fd = os.open(temporary, _CREATE, 0o600)
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(temporary, _CREATE, 0o600)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
             if durable:
-                handle.flush()
-                os.fsync(handle.fileno())
+                os.fsync(fd)
+        finally:
+            os.close(fd)
         os.chmod(temporary, mode)
         os.replace(temporary, path)
     except BaseException:
-        Path(temporary).unlink(missing_ok=True)
+        temporary.unlink(missing_ok=True)
         raise
 
 

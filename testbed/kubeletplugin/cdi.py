@@ -63,7 +63,8 @@ def spec_path(cdi_dir: Path, driver: str, claim_uid: str) -> Path:
 
 
 def spec_content(driver: str, spec: ClaimSpec) -> bytes:
-    """The spec file's bytes: the same spec always gives the same bytes."""
+    """The spec file's bytes: the same spec always gives the same bytes. Compact: an
+    indented dump takes json's pure-Python encoder, several times slower on every prepare."""
     document = {
         "cdiVersion": CDI_VERSION,
         "kind": kind_for(driver),
@@ -76,7 +77,7 @@ def spec_content(driver: str, spec: ClaimSpec) -> bytes:
             for d in spec.devices
         ],
     }
-    return json.dumps(document, indent=2).encode()
+    return json.dumps(document, separators=(",", ":")).encode()
 
 
 def write_claim_spec(cdi_dir: Path, driver: str, claim_uid: str, spec: ClaimSpec, durable: bool = True) -> Path:

@@ -40,7 +40,7 @@ class PreparedDeviceRecord:
     share_id: str | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class ClaimRecord:
     uid: str
     namespace: str
@@ -106,6 +106,8 @@ class Checkpoint:
         self.claims: dict[str, ClaimRecord] = {}
         self._as_seen: tuple[int, int, int] | None = None
         """(inode, mtime, size) of the file as this object last read or wrote it."""
+        self._json: dict[str, tuple[ClaimRecord, dict[str, object]]] = {}
+        """Each record as last written or read: a save serializes only what changed."""
 
     def _identity(self) -> tuple[int, int, int] | None:
         try:
@@ -134,6 +136,7 @@ class Checkpoint:
             if document.get("checksum") != _checksum(claims):
                 raise ValueError("checksum mismatch")
             self.claims = {uid: ClaimRecord.from_json(c) for uid, c in claims.items()}
+            self._json = {uid: (self.claims[uid], c) for uid, c in claims.items()}
             self._as_seen = identity
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             moved = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time() * 1000)}")
@@ -143,11 +146,19 @@ class Checkpoint:
     def save(self, sync: bool = True) -> None:
         """``sync=False``: no fsync for this write even when durable (a process crash
         keeps it all the same; only a machine crash can lose it)."""
-        claims = {uid: record.to_json() for uid, record in sorted(self.claims.items())}
+        claims = {uid: self._record_json(uid, record) for uid, record in sorted(self.claims.items())}
         document = {"version": VERSION, "checksum": _checksum(claims), "claims": claims}  # type: ignore[arg-type]
-        data = json.dumps(document, indent=1).encode()
+        data = json.dumps(document, separators=(",", ":")).encode()  # compact: json's C encoder
         write_atomically(self.path, data, mode=0o600, durable=self.durable and sync)
         self._as_seen = self._identity()
+
+    def _record_json(self, uid: str, record: ClaimRecord) -> dict[str, object]:
+        cached = self._json.get(uid)
+        if cached is not None and cached[0] is record:
+            return cached[1]
+        data = record.to_json()
+        self._json[uid] = (record, data)
+        return data
 
     def put(self, record: ClaimRecord, sync: bool = True) -> None:
         self.claims[record.uid] = record
@@ -155,4 +166,5 @@ class Checkpoint:
 
     def remove(self, uid: str) -> None:
         if self.claims.pop(uid, None) is not None:
+            self._json.pop(uid, None)
             self.save()

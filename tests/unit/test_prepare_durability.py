@@ -77,8 +77,9 @@ def test_a_durable_prepare_syncs_once_the_completed_record_which_holds_the_spec(
     real_fsync = os.fsync
 
     def fsync(fd: int) -> None:
-        content = os.pread(fd, 1 << 20, 0)
-        synced.append((os.readlink(f"/proc/self/fd/{fd}"), json.loads(content) if content else {}))
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        content = Path(path).read_bytes()
+        synced.append((path, json.loads(content) if content else {}))
         real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", fsync)
