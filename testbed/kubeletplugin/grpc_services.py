@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -80,9 +81,10 @@ def _timed(driver: str, method: str, call: Callable[[], Awaitable[R]]) -> Awaita
 
 
 class CallLog:
-    """Every call a kubelet makes on the driver, one JSON line each (time, method, claims):
-    the kubelet's side of the conversation, for a driver developer to read and for tests
-    that compare a real kubelet with the fake one. Off unless given a file."""
+    """Every call a kubelet makes on the driver, one JSON line each (time, method, claims,
+    and the serving process: during a rolling update two instances share the file): the
+    kubelet's side of the conversation, for a driver developer to read and for tests that
+    compare a real kubelet with the fake one. Off unless given a file."""
 
     def __init__(self, path: Path | None = None, driver: str = ""):
         self.path = path
@@ -93,6 +95,7 @@ class CallLog:
             return
         entry = {
             "time": time.time(),
+            "pid": os.getpid(),
             "driver": self.driver,
             "method": method,
             "claims": [{"namespace": c.namespace, "name": c.name, "uid": c.uid} for c in claims],

@@ -203,7 +203,8 @@ class ProcessNode:
         await self.start_kubelet()
 
     async def stop(self) -> None:
-        for name in ("kubelet", "driver", "cri"):
+        drivers = [name for name in self.processes if name.startswith("driver")]
+        for name in ("kubelet", *drivers, "cri"):
             await self.stop_process(name)
         if self._relay is not None:
             self._relay.close()
@@ -312,8 +313,10 @@ class ProcessNode:
                 raise TestbedError(f"node {self.name}: the CRI runtime did not start", detail=self.log_tail("cri"))
             await asyncio.sleep(0.05)
 
-    async def start_driver(self) -> None:
-        """``testbed-driver`` for this node's drivers, configured as the DaemonSet does."""
+    async def start_driver(self, name: str = "driver", pod_uid: str | None = None) -> None:
+        """``testbed-driver`` for this node's drivers, configured as the DaemonSet does.
+        ``name``/``pod_uid``: one more instance beside it, as a DaemonSet with maxSurge
+        starts during a rolling update (its sockets named by its pod's UID)."""
         env = {
             "NODE_NAME": self.name,
             "DRIVERS": ",".join(self.drivers),
@@ -326,9 +329,11 @@ class ProcessNode:
             "CALL_LOG": str(self.call_log),
             "FAULTS_FILE": str(self.faults_file),
             "DEVICES_PER_SLICE": str(self.devices_per_slice or 0),
+            **({"POD_UID": pod_uid} if pod_uid else {}),
         }
-        self._driver_started = time.time()
-        await self._spawn("driver", [sys.executable, "-m", "testbed.drivers.main"], env)
+        if name == "driver":
+            self._driver_started = time.time()
+        await self._spawn(name, [sys.executable, "-m", "testbed.drivers.main"], env)
 
     async def start_kubelet(self) -> None:
         if self.kind == "fake":

@@ -452,3 +452,78 @@ def test_device_health_reaches_the_pod_status_and_stays_healthy(
                 assert resource_id.startswith(f"{GPU}/gpu="), (kind, resource_id)
 
     asyncio.run(scenario())
+
+
+def test_a_rolling_update_hands_claims_to_the_new_driver_instance_and_keeps_the_slices(
+    control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
+) -> None:
+    """A DaemonSet with maxSurge runs the new driver instance beside the old one (sockets
+    named by pod UID), then stops the old: the kubelet sends new work to the newest
+    instance, the new one unprepares what the old one prepared, and the node's slices are
+    never wiped (the kubelet's 30 s wipe is for a driver with no instance left)."""
+
+    async def scenario() -> None:
+        async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
+
+            async def case(side: Side) -> dict[str, Any]:
+                await side.template("gpu", [request("gpu", GPU)])
+                await side.pod("early", {"resourceClaimTemplateName": "gpu"})
+                await side.running("early")
+                slices = await side.slice_uids()
+                old = side.node.processes["driver"].pid
+                # Not a whole UID: the test's kubelet dir is deeper than /var/lib/kubelet,
+                # and the socket path must stay within 105 bytes.
+                await side.node.start_driver("driver-new", pod_uid=uuid.uuid4().hex[:12])
+                new = side.node.processes["driver-new"].pid
+
+                async def registered() -> bool:
+                    drivers = {c["driver"] for c in side.node.calls() if c.get("registered") and c["pid"] == new}
+                    return drivers == {GPU, NIC}
+
+                try:
+                    await until(registered, 60, f"{side.kind}: the new instance registered")
+                except AssertionError as exc:
+                    sockets = sorted(p.name for p in (side.node.kubelet_dir / "plugins_registry").iterdir())
+                    log = side.node.log_tail("driver-new")
+                    raise AssertionError(f"{exc}; sockets {sockets}; its log:\n{log}") from None
+                await side.pod("during", {"resourceClaimTemplateName": "gpu"})
+                await side.running("during")
+                await side.node.stop_process("driver")
+                stopped = time.monotonic()
+                # The tiny profile has two GPUs: the old instance's claim makes room.
+                await side.delete_pod("early")
+                await side.gone("early")
+                await side.pod("after", {"resourceClaimTemplateName": "gpu"})
+                await side.running("after")
+                for pod in ("during", "after"):
+                    await side.delete_pod(pod)
+                for pod in ("during", "after"):
+                    await side.gone(pod)
+                # Past the kubelet's wipe delay: a kubelet that forgot the new instance
+                # would have deleted the slices by now.
+                while time.monotonic() - stopped < 40:
+                    assert await side.slice_uids() == slices, f"{side.kind}: slices changed during the update"
+                    await asyncio.sleep(1)
+                served: dict[str, list[str]] = {}
+                for call in side.node.calls():
+                    if call["method"].endswith("Resources") and call["claims"] and call["driver"] == GPU:
+                        who = {old: "old", new: "new"}[call["pid"]]
+                        pod = call["claims"][0]["name"].split("-c-")[0]
+                        served.setdefault(pod, []).append(f"{call['method'].rsplit('/', 1)[1]} by {who}")
+                return served
+
+            found = await both(sides, case)
+            for kind, served in found.items():
+                assert served["early"] == [
+                    "NodePrepareResources by old",
+                    "NodeUnprepareResources by new",
+                ], (kind, served)
+                for pod in ("during", "after"):
+                    assert served[pod] == ["NodePrepareResources by new", "NodeUnprepareResources by new"], (
+                        kind,
+                        pod,
+                        served,
+                    )
+            assert found["real"] == found["fake"]
+
+    asyncio.run(scenario())
