@@ -88,6 +88,8 @@ class NodeHardware:
         self._claims: dict[str, list[str]] = {}
         """claim UID -> devices it holds."""
         self._admin_claims: set[str] = set()
+        self._busy: dict[str, str] = {}
+        """device -> why it cannot be released now (a process still holds it)."""
         self.faults = Faults()
         self._rng = random.Random(int.from_bytes(_digest(seed, node, "faults")[:8], "big"))
         self.generation = 1
@@ -160,6 +162,15 @@ class NodeHardware:
         else:
             self._health[device] = DeviceHealth(device, health, message, int(time.time()))
         self._bump()
+
+    def set_busy(self, device: str, message: str | None) -> None:
+        """While busy (``message`` set), a claim holding the device cannot be released, as
+        when a process still has it open; None: free again."""
+        self.device(device)
+        if message is None:
+            self._busy.pop(device, None)
+        else:
+            self._busy[device] = message
 
     def lose_device(self, device: str) -> None:
         """The device vanishes (fell off the bus): it and its partitions leave the inventory."""
@@ -244,6 +255,9 @@ class NodeHardware:
         """Release the claim's devices. Unknown claims are fine (already released)."""
         if self.faults.latency_s:
             await asyncio.sleep(self.faults.latency_s)
+        for name in self._claims.get(claim_uid, []):
+            if name in self._busy:
+                raise HardwareError(f"{self.node}: {name} is busy: {self._busy[name]}")
         self._admin_claims.discard(claim_uid)
         return self._claims.pop(claim_uid, None) is not None
 

@@ -16,8 +16,10 @@ Configured from the environment, as a DaemonSet passes it:
     METRICS_PORT       Prometheus /metrics port (0: any, -1: off)                  8080
     KUBECONFIG         a kubeconfig; without it, the pod's service account
     CALL_LOG           append every DRA call a kubelet makes to this file (JSON lines)
-    FAULTS_FILE        a JSON file the driver follows: {"unhealthy": {"gpu-0": "XID 79"}}
-                       marks those devices unhealthy (with that message), the rest healthy
+    FAULTS_FILE        a JSON file the driver follows: {"unhealthy": {"gpu-0": "XID 79"},
+                       "busy": {"gpu-1": "held by pid 4242"}}: the unhealthy devices
+                       with that message, the rest healthy; a busy device's claim cannot
+                       be unprepared (the call fails with the message) until freed
     DEVICES_PER_SLICE  at most this many devices per ResourceSlice (0: the API's limits)    0
 
 SIGTERM or SIGINT stops it cleanly: it removes its own sockets and leaves the slices
@@ -129,23 +131,37 @@ FAULTS_POLL_S = 0.5
 
 
 async def follow_faults(path: Path, hardware: NodeHardware) -> None:
-    """Apply the faults file whenever it changes; a malformed one is logged and skipped."""
+    """Apply the faults file whenever it changes; a malformed one is logged and skipped.
+    ``unhealthy``: devices reported Unhealthy; ``busy``: devices whose claims cannot be
+    released (unprepare fails with the message) until taken out of the file."""
     seen: float | None = None
-    unhealthy: dict[str, str] = {}
+    applied: dict[str, dict[str, str]] = {"unhealthy": {}, "busy": {}}
     while True:
         try:
             stamp = path.stat().st_mtime if path.exists() else None
             if stamp != seen:
                 seen = stamp
-                wanted = json.loads(path.read_text()).get("unhealthy", {}) if stamp is not None else {}
-                for device in set(unhealthy) - set(wanted):
+                document = json.loads(path.read_text()) if stamp is not None else {}
+                wanted = {kind: {d: str(m) for d, m in document.get(kind, {}).items()} for kind in applied}
+                for device in set(applied["unhealthy"]) - set(wanted["unhealthy"]):
                     hardware.set_health(device, Health.HEALTHY)
-                for device, message in wanted.items():
-                    if unhealthy.get(device) != message:
-                        hardware.set_health(device, Health.UNHEALTHY, str(message))
-                unhealthy = {d: str(m) for d, m in wanted.items()}
+                for device, message in wanted["unhealthy"].items():
+                    if applied["unhealthy"].get(device) != message:
+                        hardware.set_health(device, Health.UNHEALTHY, message)
+                for device in set(applied["busy"]) - set(wanted["busy"]):
+                    hardware.set_busy(device, None)
+                for device, message in wanted["busy"].items():
+                    hardware.set_busy(device, message)
+                if wanted != applied:
+                    listed = {kind: sorted(devices) for kind, devices in wanted.items()}
+                    log.info("faults file %s applied: unhealthy %s, busy %s", path, listed["unhealthy"], listed["busy"])
+                applied = wanted
         except (OSError, ValueError, AttributeError, KeyError) as exc:
-            log.warning('faults file %s: %s; fix it (want {"unhealthy": {DEVICE: MESSAGE}})', path, exc)
+            log.warning(
+                'faults file %s: %s; fix it (want {"unhealthy": {DEVICE: MESSAGE}, "busy": {DEVICE: MESSAGE}})',
+                path,
+                exc,
+            )
         await asyncio.sleep(FAULTS_POLL_S)
 
 

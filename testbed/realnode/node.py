@@ -154,10 +154,10 @@ class ProcessNode:
     def faults_file(self) -> Path:
         return self.root / "faults.json"
 
-    def set_unhealthy(self, devices: Mapping[str, str]) -> None:
-        """These devices unhealthy (device -> message), all others healthy."""
+    def set_faults(self, unhealthy: Mapping[str, str] | None = None, busy: Mapping[str, str] | None = None) -> None:
+        """These devices unhealthy, and these busy (device -> message); all others fine."""
         temporary = self.faults_file.with_suffix(".tmp")
-        temporary.write_text(json.dumps({"unhealthy": dict(devices)}))
+        temporary.write_text(json.dumps({"unhealthy": dict(unhealthy or {}), "busy": dict(busy or {})}))
         temporary.replace(self.faults_file)
 
     def log(self, process: str) -> Path:

@@ -434,9 +434,9 @@ def test_device_health_reaches_the_pod_status_and_stays_healthy(
                     return now if now and set(now.values()) == {wanted} else None
 
                 healthy = await until(lambda: health_is("Healthy"), 90, f"{side.kind}: Healthy in the pod status")
-                side.node.set_unhealthy({result["device"]: "XID 79: fell off the bus"})
+                side.node.set_faults(unhealthy={result["device"]: "XID 79: fell off the bus"})
                 await until(lambda: health_is("Unhealthy"), 90, f"{side.kind}: Unhealthy in the pod status")
-                side.node.set_unhealthy({})
+                side.node.set_faults()
                 await until(lambda: health_is("Healthy"), 90, f"{side.kind}: Healthy again")
                 seen = set()
                 deadline = time.monotonic() + 130
@@ -527,3 +527,57 @@ def test_a_rolling_update_hands_claims_to_the_new_driver_instance_and_keeps_the_
             assert found["real"] == found["fake"]
 
     asyncio.run(scenario())
+
+
+def test_a_failed_unprepare_keeps_the_pod_until_the_driver_succeeds(
+    control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
+) -> None:
+    """A device still held by a process: NodeUnprepareResources fails. The kubelet keeps
+    asking, and the deleted pod stays in the API (its devices are not free) until the
+    driver succeeds; then the pod goes and its CDI spec with it."""
+
+    async def scenario() -> None:
+        async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
+
+            async def case(side: Side) -> dict[str, Any]:
+                await side.template("gpu", [request("gpu", GPU)])
+                await side.pod("held", {"resourceClaimTemplateName": "gpu"})
+                await side.running("held")
+                claim = await side.claim_name("held")
+                [result] = await side.allocation(claim)
+                side.node.set_faults(busy={result["device"]: "held by pid 4242"})
+
+                async def applied() -> bool:
+                    return f"busy ['{result['device']}']" in side.node.log_tail("driver")
+
+                await until(applied, 30, f"{side.kind}: the driver to apply the faults file")
+                await side.delete_pod("held")
+
+                def unprepares() -> int:
+                    return sum(1 for c in side.node.calls() if c["method"].endswith("NodeUnprepareResources"))
+
+                await until(lambda: _at_least(unprepares, 2), 120, f"{side.kind}: the unprepare asked again")
+                pod = await side.read_pod("held")
+                kept = bool(pod["metadata"].get("deletionTimestamp"))
+                side.node.set_faults()
+                await side.gone("held")
+                return {
+                    "kept while failing": kept,
+                    "calls": side.calls_by_claim()[claim],
+                    "cdi specs left": sorted(p.name for p in side.node.cdi_dir.iterdir()),
+                }
+
+            found = await both(sides, case)
+            prepare, unprepare = (
+                f"/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/Node{m}Resources" for m in ("Prepare", "Unprepare")
+            )
+            for kind, seen in found.items():
+                assert seen["kept while failing"], f"{kind}: the pod stays until its claim is unprepared"
+                assert seen["calls"] == [prepare, unprepare], (kind, seen)
+                assert seen["cdi specs left"] == [], (kind, seen)
+
+    asyncio.run(scenario())
+
+
+async def _at_least(count: Callable[[], int], wanted: int) -> bool:
+    return count() >= wanted

@@ -61,6 +61,22 @@ def test_prepare_is_idempotent_and_unprepare_of_unknown_is_fine() -> None:
     assert run(hw.unprepare("a")) and not run(hw.unprepare("a")) and not run(hw.unprepare("never"))
 
 
+def test_a_busy_device_keeps_its_claim_until_freed() -> None:
+    hw = NodeHardware("n", load_profile("tiny"))
+    run(hw.prepare("a", ["gpu-0"]))
+    run(hw.prepare("b", ["gpu-1"]))
+    hw.set_busy("gpu-0", "held by pid 4242")
+    with pytest.raises(HardwareError, match="gpu-0 is busy: held by pid 4242"):
+        run(hw.unprepare("a"))
+    assert run(hw.unprepare("b")), "other claims are released"
+    with pytest.raises(HardwareError, match="in use by claim"):
+        run(hw.prepare("c", ["gpu-0"]))
+    hw.set_busy("gpu-0", None)
+    assert run(hw.unprepare("a")) and hw.claims() == {}
+    with pytest.raises(HardwareError, match="no device"):
+        hw.set_busy("gpu-9", "x")
+
+
 def test_faults() -> None:
     hw = NodeHardware("n", load_profile("tiny"))
     hw.inject(fail_next_prepares=2, message="ECC storm")
