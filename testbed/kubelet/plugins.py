@@ -69,7 +69,8 @@ unnoticed for minutes."""
 
 
 class PluginCallError(Exception):
-    pass
+    """A failed call or an answer the kubelet refuses, worded as the kubelet words it
+    (pkg/kubelet/cm/dra/manager.go), for the pod's events and the logs."""
 
 
 @dataclass(frozen=True)
@@ -346,38 +347,42 @@ class PluginManager:
 
     async def _call(self, driver: str, method: str, claims: list[ClaimRef]) -> Any:
         """One batched call of ``method`` (NodePrepareResources or NodeUnprepareResources)
-        on the driver's current instance, in the DRA version chosen at registration."""
+        on the driver's current instance, in the DRA version chosen at registration; the
+        answer checked as the kubelet checks it: no claim it did not ask about, none with
+        an error, none left out."""
         plugin = self.plugin_for(driver)
         if plugin is None:
-            raise PluginCallError(f"DRA driver {driver} is not registered on this node")
+            raise PluginCallError(f"DRA driver {driver} is not registered")
         pb2 = plugin.pb2
         request_type = getattr(pb2, f"{method}Request")
         request = request_type(claims=[pb2.Claim(namespace=c.namespace, uid=c.uid, name=c.name) for c in claims])
         try:
-            return await getattr(plugin.stub(), method)(request, timeout=CALL_TIMEOUT_S)
+            response = await getattr(plugin.stub(), method)(request, timeout=CALL_TIMEOUT_S)
         except grpc.aio.AioRpcError as exc:
-            raise PluginCallError(f"{method} on {driver}: {exc.code().name}: {exc.details()}") from exc
+            code = "".join(part.capitalize() for part in exc.code().name.split("_"))  # as Go prints it
+            raise PluginCallError(f"{method}: rpc error: code = {code} desc = {exc.details()}") from exc
+        asked = {c.uid: c for c in claims}
+        for uid, entry in response.claims.items():
+            claim = asked.get(uid)
+            if claim is None:
+                raise PluginCallError(f"{method} returned result for unknown claim UID {uid}")
+            if entry.error:
+                raise PluginCallError(f"{method} failed for ResourceClaim {claim.name}: {entry.error}")
+        if len(response.claims) != len(claims):
+            raise PluginCallError(f"{method} skipped {len(claims) - len(response.claims)} ResourceClaims")
+        return response
 
-    async def prepare(self, driver: str, claims: list[ClaimRef]) -> dict[str, ClaimAnswer]:
-        """Every claim must be answered, as the API says."""
+    async def prepare(self, driver: str, claims: list[ClaimRef]) -> dict[str, list[PreparedDevice]]:
+        """Each claim's devices; PluginCallError unless every claim was prepared."""
         response = await self._call(driver, "NodePrepareResources", claims)
-        answers: dict[str, ClaimAnswer] = {}
-        for claim in claims:
-            uid = claim.uid
-            if uid not in response.claims:
-                answers[uid] = ClaimAnswer(error=f"{driver} returned no result for claim {claim.name}")
-                continue
-            entry = response.claims[uid]
-            devices = [
+        return {
+            uid: [
                 PreparedDevice(list(d.request_names), d.pool_name, d.device_name, list(d.cdi_device_ids), driver)
                 for d in entry.devices
             ]
-            answers[uid] = ClaimAnswer(devices, entry.error)
-        return answers
-
-    async def unprepare(self, driver: str, claims: list[ClaimRef]) -> dict[str, str]:
-        response = await self._call(driver, "NodeUnprepareResources", claims)
-        return {
-            c.uid: (response.claims[c.uid].error if c.uid in response.claims else f"{driver} returned no result")
-            for c in claims
+            for uid, entry in response.claims.items()
         }
+
+    async def unprepare(self, driver: str, claims: list[ClaimRef]) -> None:
+        """PluginCallError unless every claim was unprepared."""
+        await self._call(driver, "NodeUnprepareResources", claims)

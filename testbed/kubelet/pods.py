@@ -53,7 +53,8 @@ STATUS_SYNC_S = 60.0
 """The kubelet's syncFrequency: each running pod's status is recomputed this often, which
 is when a device whose health went stale turns Unknown."""
 PREPARE_FAILED = "FailedPrepareDynamicResources"
-PREPARE_FAILED_MESSAGE = "Failed to prepare dynamic resources"
+PREPARE_FAILED_MESSAGE = "Failed to prepare dynamic resources: prepare dynamic resources"
+"""The event's words and the kubelet's own wrapping of every PrepareResources error."""
 NO_RELATIONSHIP = "no relationship found between node"
 """The node authorizer's refusal of an object it does not (yet) link to the node."""
 AUTHORIZER_CATCH_UP_S = (0.005, 0.01, 0.02, 0.04, 0.08)
@@ -380,8 +381,16 @@ class PodManager:
         others are asked again on the next attempt (prepare is idempotent)."""
         by_driver: dict[str, list[Obj]] = {}
         for claim in claims:
+            for driver in _drivers(claim):
+                # Before any claim is recorded, as the kubelet checks: a pod that never
+                # reached a driver leaves nothing to unprepare.
+                if self.plugins.plugin_for(driver) is None:
+                    raise StartFailed(
+                        PREPARE_FAILED, f"{PREPARE_FAILED_MESSAGE}: DRA driver {driver} is not registered"
+                    )
+        for claim in claims:
             meta = claim["metadata"]
-            drivers = sorted({r["driver"] for r in claim["status"]["allocation"]["devices"]["results"]})
+            drivers = _drivers(claim)
             known = self.claims.setdefault(
                 meta["uid"], PreparedClaim(meta["namespace"], meta["name"], meta["uid"], drivers)
             )
@@ -392,7 +401,6 @@ class PodManager:
         self._save_checkpoint()
         answered: dict[str, set[str]] = {}
         devices: dict[str, list[PreparedDevice]] = {}
-        errors: list[str] = []
         for driver, driver_claims in by_driver.items():
             refs = [
                 ClaimRef(c["metadata"]["namespace"], c["metadata"]["uid"], c["metadata"]["name"]) for c in driver_claims
@@ -400,22 +408,18 @@ class PodManager:
             try:
                 results = await self.plugins.prepare(driver, refs)
             except PluginCallError as exc:
-                errors.append(str(exc))
-                continue
-            for claim_uid, answer in results.items():
-                if answer.error:
-                    name = self.claims[claim_uid].name if claim_uid in self.claims else claim_uid
-                    errors.append(f"NodePrepareResources failed for ResourceClaim {name}: {answer.error}")
-                else:
-                    answered.setdefault(claim_uid, set()).add(driver)
-                    devices.setdefault(claim_uid, []).extend(answer.devices)
+                # As the kubelet: the first failure ends the attempt; drivers that did
+                # prepare are asked again next time (prepare is idempotent).
+                self._save_checkpoint()
+                raise StartFailed(PREPARE_FAILED, f"{PREPARE_FAILED_MESSAGE}: {exc}") from None
+            for claim_uid, prepared in results.items():
+                answered.setdefault(claim_uid, set()).add(driver)
+                devices.setdefault(claim_uid, []).extend(prepared)
         for claim in claims:
             known = self.claims[claim["metadata"]["uid"]]
             if not known.prepared and answered.get(known.uid) == set(known.drivers):
                 known.devices, known.prepared = devices[known.uid], True
         self._save_checkpoint()
-        if errors:
-            raise StartFailed(PREPARE_FAILED, f"{PREPARE_FAILED_MESSAGE}: {'; '.join(errors)}")
 
     def _container_env(self, pod: Obj, claims: list[Obj]) -> dict[str, dict[str, str]]:
         self._claim_uids[pod["metadata"]["uid"]] = {c["_pod_claim_name"]: c["metadata"]["uid"] for c in claims}
@@ -641,26 +645,18 @@ class PodManager:
                 claim.users.discard(pod_uid)
                 if not claim.users:
                     done.append(claim)
-            unprepared = set()
             for driver in sorted({d for c in done for d in c.drivers}):
                 mine = [c for c in done if driver in c.drivers]
                 refs = [c.ref for c in mine]
                 try:
-                    errors = await self.plugins.unprepare(driver, refs)
+                    await self.plugins.unprepare(driver, refs)
                 except PluginCallError as exc:
-                    errors = {c.uid: str(exc) for c in mine}
+                    # As the kubelet: the attempt ends here and is made again later.
+                    failed = True
+                    log.warning("unprepare on %s failed, will retry: %s", self.node.name, exc)
+                    break
                 for claim in mine:
-                    if errors.get(claim.uid):
-                        failed = True
-                    else:
-                        claim.drivers = [d for d in claim.drivers if d != driver]
-                        unprepared.add(claim.uid)
-                if any(errors.values()):
-                    log.warning(
-                        "unprepare on %s failed, will retry: %s",
-                        self.node.name,
-                        "; ".join(e for e in errors.values() if e),
-                    )
+                    claim.drivers = [d for d in claim.drivers if d != driver]
             for claim in done:
                 if not claim.drivers:
                     self.claims.pop(claim.uid, None)
@@ -690,3 +686,7 @@ class PodManager:
         self._updated.pop(uid, None)
         self._resources_status.pop(uid, None)
         self._workers.pop(uid, None)
+
+
+def _drivers(claim: Obj) -> list[str]:
+    return sorted({r["driver"] for r in claim["status"]["allocation"]["devices"]["results"]})

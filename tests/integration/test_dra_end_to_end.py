@@ -345,7 +345,7 @@ def test_an_unresolvable_cdi_device_fails_the_pod_start(kube_api: k8s.ApiClient,
     plugin = subprocess.Popen(
         [
             sys.executable,
-            str(Path(__file__).with_name("wrong_cdi_plugin.py")),
+            str(Path(__file__).with_name("misbehaving_plugin.py")),
             str(kubelet_dir / "plugins_registry"),
             str(kubelet_dir / "plugins" / driver),
             driver,

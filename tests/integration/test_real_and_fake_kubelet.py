@@ -13,6 +13,7 @@ import asyncio
 import json
 import re
 import signal
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -581,3 +582,86 @@ def test_a_failed_unprepare_keeps_the_pod_until_the_driver_succeeds(
 
 async def _at_least(count: Callable[[], int], wanted: int) -> bool:
     return count() >= wanted
+
+
+MISBEHAVING = {
+    "leave-out": "prepare dynamic resources: NodePrepareResources skipped 1 ResourceClaims",
+    "unknown-claim": "prepare dynamic resources: NodePrepareResources returned result for unknown claim UID",
+    "absent": "prepare dynamic resources: DRA driver absent.example.com is not registered",
+}
+"""misbehaving_plugin.py's modes (and a driver with slices but no plugin) and the words
+both kubelets refuse each with."""
+
+
+@asynccontextmanager
+async def misbehaving_drivers(sides: dict[str, Side]) -> AsyncIterator[None]:
+    """On each node, a plugin per mode (driver ``<mode>.example.com``; none for
+    ``absent``) with a one-device slice, and a DeviceClass for each driver."""
+    plugin = Path(__file__).with_name("misbehaving_plugin.py")
+    client = next(iter(sides.values())).client
+    processes: list[asyncio.subprocess.Process] = []
+    slices: list[str] = []
+    try:
+        for mode in MISBEHAVING:
+            driver = f"{mode}.example.com"
+            selector = {"cel": {"expression": f"device.driver == '{driver}'"}}
+            device_class = {"metadata": {"name": driver}, "spec": {"selectors": [selector]}}
+            await client.create_or_replace(path_for(RESOURCE, "deviceclasses"), device_class)
+            for side in sides.values():
+                kubelet = side.node.kubelet_dir
+                command = [str(kubelet / "plugins_registry"), str(kubelet / "plugins" / driver), driver, mode]
+                if mode != "absent":
+                    processes.append(await asyncio.create_subprocess_exec(sys.executable, str(plugin), *command))
+                node = side.node.name
+                pool = {"name": node, "generation": 1, "resourceSliceCount": 1}
+                body = {
+                    "metadata": {"name": f"{node}-{mode}"},
+                    "spec": {"driver": driver, "nodeName": node, "pool": pool, "devices": [{"name": "d0"}]},
+                }
+                await client.create(path_for(RESOURCE, "resourceslices"), body)
+                slices.append(f"{node}-{mode}")
+        yield
+    finally:
+        for process in processes:
+            process.terminate()
+            await process.wait()
+        for name in slices:
+            await client.delete_if_exists(path_for(RESOURCE, "resourceslices", name))
+        for mode in MISBEHAVING:
+            await client.delete_if_exists(path_for(RESOURCE, "deviceclasses", f"{mode}.example.com"))
+
+
+def test_a_drivers_wrong_answers_are_refused_alike(
+    control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
+) -> None:
+    """A driver under development answers NodePrepareResources wrongly (a claim left
+    out, a claim it was not asked about), or is not running at all: both kubelets refuse
+    in the same words, keep the pod Pending, and let it go when deleted (a pod that
+    never reached its driver has nothing to unprepare)."""
+
+    async def scenario() -> None:
+        async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides, misbehaving_drivers(sides):
+
+            async def case(side: Side) -> dict[str, Any]:
+                found: dict[str, Any] = {}
+                for mode, words in MISBEHAVING.items():
+                    await side.template(mode, [request("dev", f"{mode}.example.com")])
+                    await side.pod(mode, {"resourceClaimTemplateName": mode}, request="dev")
+
+                    async def refused(mode: str = mode, words: str = words) -> list[str]:
+                        events = await side.events(mode)
+                        return [m for r, m in events if r == "FailedPrepareDynamicResources" and words in m]
+
+                    try:
+                        await until(refused, 120, f"{side.kind}: {mode} refused")
+                    except AssertionError as exc:
+                        raise AssertionError(f"{exc}; events {await side.events(mode)}") from None
+                    found[mode] = (await side.read_pod(mode))["status"]["phase"]
+                    await side.delete_pod(mode)
+                    await side.gone(mode)
+                return found
+
+            found = await both(sides, case)
+            assert found["real"] == found["fake"] == dict.fromkeys(MISBEHAVING, "Pending"), found
+
+    asyncio.run(scenario())

@@ -89,7 +89,7 @@ def test_a_plugin_without_slices_or_pod_named_sockets_is_told_so(
 ) -> None:
     del fleet
     monkeypatch.setattr(checks, "SLICES_WAIT_S", 3.0)
-    plugin = Path(__file__).with_name("wrong_cdi_plugin.py")
+    plugin = Path(__file__).with_name("misbehaving_plugin.py")
     command = [
         "sh",
         "-c",

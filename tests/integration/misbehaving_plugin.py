@@ -1,8 +1,12 @@
-"""A DRA plugin that answers every prepare with a CDI device no spec defines.
+"""A DRA plugin with the bugs a driver under development has, one per MODE:
 
-Run as a process: python wrong_cdi_plugin.py <plugins_registry dir> <plugin dir> <driver>
-It speaks the real registration and DRA v1 protocol; it exists to prove that the fake
-kubelet refuses to start a container whose CDI devices cannot be resolved.
+- ``wrong-cdi`` (the default): every prepare answers a CDI device no spec defines;
+- ``leave-out``: prepare answers no claim at all;
+- ``unknown-claim``: prepare answers a claim it was not asked about, besides the others.
+
+Run as a process: python misbehaving_plugin.py <plugins_registry dir> <plugin dir> <driver> [MODE]
+It speaks the real registration and DRA v1 protocol (unprepare always succeeds); it
+exists to prove that the fake kubelet refuses such answers as the real one does.
 """
 
 from __future__ import annotations
@@ -22,11 +26,14 @@ from testbed.grpcapi import (
     pluginregistration_pb2_grpc,
 )
 
+MODES = ("wrong-cdi", "leave-out", "unknown-claim")
+
 
 class Plugin:
-    def __init__(self, driver: str, endpoint: str):
+    def __init__(self, driver: str, endpoint: str, mode: str):
         self.driver = driver
         self.endpoint = endpoint
+        self.mode = mode
 
     async def GetInfo(self, request: Any, context: Any) -> Any:
         return pluginregistration_pb2.PluginInfo(
@@ -41,6 +48,12 @@ class Plugin:
 
     async def NodePrepareResources(self, request: Any, context: Any) -> Any:
         response = dra_v1_pb2.NodePrepareResourcesResponse()
+        if self.mode == "leave-out":
+            return response
+        if self.mode == "unknown-claim":
+            response.claims["00000000-0000-0000-0000-00000000000a"].devices.add(
+                request_names=["dev"], pool_name="x", device_name="d0"
+            )
         for claim in request.claims:
             response.claims[claim.uid].devices.add(
                 request_names=["dev"],
@@ -57,10 +70,12 @@ class Plugin:
         return response
 
 
-async def main(registry: Path, plugin_dir: Path, driver: str) -> None:
+async def main(registry: Path, plugin_dir: Path, driver: str, mode: str) -> None:
+    if mode not in MODES:
+        raise SystemExit(f"mode {mode!r}: pick one of {', '.join(MODES)}")
     plugin_dir.mkdir(parents=True, exist_ok=True)
     endpoint = plugin_dir / "dra.sock"
-    plugin = Plugin(driver, str(endpoint))
+    plugin = Plugin(driver, str(endpoint), mode)
     server = grpc.aio.server()
     pluginregistration_pb2_grpc.add_RegistrationServicer_to_server(plugin, server)
     dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(plugin, server)
@@ -75,4 +90,4 @@ async def main(registry: Path, plugin_dir: Path, driver: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]))
+    asyncio.run(main(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4] if len(sys.argv) > 4 else MODES[0]))
