@@ -409,8 +409,8 @@ class PodManager:
                 results = await self.plugins.prepare(driver, refs)
             except PluginCallError as exc:
                 # As the kubelet: the first failure ends the attempt; drivers that did
-                # prepare are asked again next time (prepare is idempotent).
-                self._save_checkpoint()
+                # prepare are asked again next time (prepare is idempotent). Nothing to
+                # save: the claims were checkpointed with their pod above.
                 raise StartFailed(PREPARE_FAILED, f"{PREPARE_FAILED_MESSAGE}: {exc}") from None
             for claim_uid, prepared in results.items():
                 answered.setdefault(claim_uid, set()).add(driver)
