@@ -18,6 +18,9 @@ containers run ``sleep N`` (and do not restart) or that carries
   deleted pod is removed for good only after that;
 - prepared claims are checkpointed (``<kubelet dir>/dra_manager_state.json``), so a
   restarted kubelet does not prepare again what its running pods already have;
+- a claim is known by namespace and name: while one is being unprepared, no new pod
+  gets it, nor a new claim made under its name; every 60 s, claims held only by pods
+  that are gone (force-deleted, or deleted while this kubelet was down) are unprepared;
 - ``status.containerStatuses[].allocatedResourcesStatus`` shows each claimed device's
   health from the drivers' health streams, updated when health changes and on every
   periodic pod sync (a device not heard of within its timeout reads Unknown).
@@ -38,7 +41,7 @@ from pathlib import Path
 
 from testbed.files import write_atomically
 from testbed.keys import CONTAINER_ENV_ANNOTATION, RUN_SECONDS_ANNOTATION
-from testbed.kubeapi import ApiError, ClaimRef, KubeClient, Obj, path_for
+from testbed.kubeapi import ApiError, ClaimRef, KubeClient, Obj, WatchPosition, path_for
 from testbed.kubelet import metrics
 from testbed.kubelet.node import NodeSpec, now_rfc3339
 from testbed.kubelet.plugins import PluginCallError, PluginManager, PreparedDevice
@@ -50,6 +53,8 @@ log = logging.getLogger(__name__)
 BACKOFF_START_S = 0.2
 BACKOFF_MAX_S = 5.0
 STATUS_SYNC_S = 60.0
+RECONCILE_S = 60.0
+"""How often claims of pods that are gone are looked for, as the kubelet's DRA manager does."""
 """The kubelet's syncFrequency: each running pod's status is recomputed this often, which
 is when a device whose health went stale turns Unknown."""
 PREPARE_FAILED = "FailedPrepareDynamicResources"
@@ -91,6 +96,9 @@ class PreparedClaim:
     users: set[str] = field(default_factory=set)
     prepared: bool = False
     """False while (or after) a prepare failed: it is unprepared all the same."""
+    unpreparing: bool = False
+    """Its last user is gone and its unprepare began: no new pod may use it until the
+    unprepare succeeds and it is forgotten (kept in memory only, as the kubelet keeps it)."""
 
     @property
     def ref(self) -> ClaimRef:
@@ -128,6 +136,9 @@ class PodManager:
         self._claims_lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._resync_task: asyncio.Task[None] | None = None
+        self._reconcile_task: asyncio.Task[None] | None = None
+        self._position = WatchPosition()
+        """How far the pod watch got: set once its first list was handed over."""
         self._status_tasks: set[asyncio.Task[None]] = set()
         self._last_event: dict[tuple[str, str], str] = {}
         self._running: dict[str, str] = {}
@@ -163,6 +174,8 @@ class PodManager:
         if self.checkpoint is None:
             return
         entries = [dict(asdict(c), users=sorted(c.users)) for c in self.claims.values()]
+        for entry in entries:
+            del entry["unpreparing"]
         write_atomically(self.checkpoint, json.dumps(entries).encode(), durable=False)
 
     def start(self) -> None:
@@ -170,14 +183,19 @@ class PodManager:
         if self.watch_pods:
             self._task = asyncio.create_task(self._watch(), name=f"pods-{self.node.name}")
         self._resync_task = asyncio.create_task(self._resync(), name=f"pod-sync-{self.node.name}")
+        self._reconcile_task = asyncio.create_task(self._reconcile(), name=f"claim-reconcile-{self.node.name}")
 
     async def stop(self) -> None:
-        await cancel_and_wait(self._task, self._resync_task, *self._status_tasks, *self._workers.values())
+        await cancel_and_wait(
+            self._task, self._resync_task, self._reconcile_task, *self._status_tasks, *self._workers.values()
+        )
         self._workers.clear()
 
     async def _watch(self) -> None:
         path = path_for("v1", "pods")
-        async for kind, pod in self.watch_client.watch(path, {"fieldSelector": f"spec.nodeName={self.node.name}"}):
+        async for kind, pod in self.watch_client.watch(
+            path, {"fieldSelector": f"spec.nodeName={self.node.name}"}, position=self._position
+        ):
             self.observe(kind, pod)
 
     def observe(self, kind: str, pod: Obj) -> None:
@@ -297,21 +315,14 @@ class PodManager:
         return False
 
     async def _pod_claims(self, pod: Obj) -> list[Obj]:
-        """The pod's ResourceClaims, each allocated and reserved for it. Failures read as
-        the kubelet's (FailedPrepareDynamicResources)."""
+        """The pod's ResourceClaims, each allocated and reserved for it (and, made from a
+        template, owned by it). Failures read as the kubelet's (FailedPrepareDynamicResources)."""
         meta = pod["metadata"]
-        statuses = {
-            s["name"]: s.get("resourceClaimName") for s in pod.get("status", {}).get("resourceClaimStatuses", [])
-        }
         claims = []
         for entry in pod["spec"].get("resourceClaims", []):
-            name = entry.get("resourceClaimName") or statuses.get(entry["name"])
-            if not name:
-                raise StartFailed(
-                    PREPARE_FAILED,
-                    f"{PREPARE_FAILED_MESSAGE}: pod {meta['namespace']}/{meta['name']}: "
-                    f"ResourceClaim not created yet (claim {entry['name']})",
-                )
+            name, generated = _claim_name(pod, entry)
+            if name is None:
+                continue  # no claim was needed: the entry is ignored
             try:
                 claim = await self._read_claim(
                     path_for("resource.k8s.io/v1", "resourceclaims", name, meta["namespace"])
@@ -320,13 +331,21 @@ class PodManager:
                 raise StartFailed(
                     PREPARE_FAILED, f"{PREPARE_FAILED_MESSAGE}: fetch ResourceClaim {name}: {exc.message}"
                 ) from None
-            reserved = {r.get("uid") for r in claim.get("status", {}).get("reservedFor", [])}
-            if not claim.get("status", {}).get("allocation") or meta["uid"] not in reserved:
+            if generated and not _controlled_by(claim, meta["uid"]):
+                raise StartFailed(
+                    PREPARE_FAILED,
+                    f"{PREPARE_FAILED_MESSAGE}: ResourceClaim {meta['namespace']}/{name} was not created for "
+                    f"Pod {meta['namespace']}/{meta['name']} (Pod is not owner)",
+                )
+            status = claim.get("status", {})
+            if meta["uid"] not in {r.get("uid") for r in status.get("reservedFor", [])}:
                 raise StartFailed(
                     PREPARE_FAILED,
                     f"{PREPARE_FAILED_MESSAGE}: pod {meta['name']} ({meta['uid']}) is not allowed to use "
                     f"ResourceClaim {name} ({claim['metadata']['uid']})",
                 )
+            if not status.get("allocation"):
+                raise StartFailed(PREPARE_FAILED, f"{PREPARE_FAILED_MESSAGE}: ResourceClaim {name}: not allocated")
             claims.append(dict(claim, _pod_claim_name=entry["name"]))
         return claims
 
@@ -388,17 +407,14 @@ class PodManager:
                     raise StartFailed(
                         PREPARE_FAILED, f"{PREPARE_FAILED_MESSAGE}: DRA driver {driver} is not registered"
                     )
-        for claim in claims:
-            meta = claim["metadata"]
-            drivers = _drivers(claim)
-            known = self.claims.setdefault(
-                meta["uid"], PreparedClaim(meta["namespace"], meta["name"], meta["uid"], drivers)
-            )
-            known.users.add(pod_uid)
-            if not known.prepared:
-                for driver in drivers:
-                    by_driver.setdefault(driver, []).append(claim)
-        self._save_checkpoint()
+        try:
+            for claim in claims:
+                known = self._record_user(pod_uid, claim)
+                if not known.prepared:
+                    for driver in known.drivers:
+                        by_driver.setdefault(driver, []).append(claim)
+        finally:
+            self._save_checkpoint()
         answered: dict[str, set[str]] = {}
         devices: dict[str, list[PreparedDevice]] = {}
         for driver, driver_claims in by_driver.items():
@@ -420,6 +436,27 @@ class PodManager:
             if not known.prepared and answered.get(known.uid) == set(known.drivers):
                 known.devices, known.prepared = devices[known.uid], True
         self._save_checkpoint()
+
+    def _record_user(self, pod_uid: str, claim: Obj) -> PreparedClaim:
+        """The claim, known from now on to be used by this pod. As the kubelet keeps its
+        claim info by namespace and name: a claim that a pod force-deleted earlier still
+        holds under the same name, or whose unprepare has begun, is not for a new pod
+        until its unprepare succeeded (the claims before it stay recorded, as there)."""
+        meta = claim["metadata"]
+        name, uid = meta["name"], meta["uid"]
+        known = next((c for c in self.claims.values() if c.name == name and c.namespace == meta["namespace"]), None)
+        if known is None:
+            known = self.claims[uid] = PreparedClaim(meta["namespace"], name, uid, _drivers(claim))
+        elif known.uid != uid:
+            raise StartFailed(
+                PREPARE_FAILED,
+                f"{PREPARE_FAILED_MESSAGE}: old ResourceClaim with same name {name} and different UID "
+                f"{known.uid} still exists (previous pod force-deleted?!)",
+            )
+        elif known.unpreparing:
+            raise StartFailed(PREPARE_FAILED, f"{PREPARE_FAILED_MESSAGE}: ResourceClaim {name} is being unprepared")
+        known.users.add(pod_uid)
+        return known
 
     def _container_env(self, pod: Obj, claims: list[Obj]) -> dict[str, dict[str, str]]:
         self._claim_uids[pod["metadata"]["uid"]] = {c["_pod_claim_name"]: c["metadata"]["uid"] for c in claims}
@@ -635,36 +672,84 @@ class PodManager:
         self._claim_uids.pop(pod_uid, None)
 
     async def _release_once(self, pod_uid: str) -> bool:
-        """True once nothing is left to unprepare. A claim whose unprepare failed stays
-        known, with no users, so the next attempt asks again (unless a pod uses it again)."""
+        """True once nothing is left to unprepare for this pod. As the kubelet: a claim
+        other pods still use only loses this user; a claim this pod was the last user of
+        keeps it as its user until every driver unprepared it, and is then forgotten."""
+        async with self._claims_lock:
+            last: list[PreparedClaim] = []
+            changed = False
+            for claim in self.claims.values():
+                if pod_uid in claim.users:
+                    changed = True
+                    if len(claim.users) > 1:
+                        claim.users.discard(pod_uid)
+                    else:
+                        last.append(claim)
+            done = await self._unprepare(last)
+            if changed:
+                self._save_checkpoint()
+        return done
+
+    async def _unprepare(self, claims: list[PreparedClaim]) -> bool:
+        """Ask each driver to unprepare these claims (under the claims lock); False if one
+        failed: the attempt ends there, as in the kubelet, and is made again later. Until
+        then no new pod may use them."""
+        if not claims:
+            return True
         started = time.perf_counter()
         failed = False
-        async with self._claims_lock:
-            done = []
-            for claim in self.claims.values():
-                claim.users.discard(pod_uid)
-                if not claim.users:
-                    done.append(claim)
-            for driver in sorted({d for c in done for d in c.drivers}):
-                mine = [c for c in done if driver in c.drivers]
-                refs = [c.ref for c in mine]
-                try:
-                    await self.plugins.unprepare(driver, refs)
-                except PluginCallError as exc:
-                    # As the kubelet: the attempt ends here and is made again later.
-                    failed = True
-                    log.warning("unprepare on %s failed, will retry: %s", self.node.name, exc)
-                    break
-                for claim in mine:
-                    claim.drivers = [d for d in claim.drivers if d != driver]
-            for claim in done:
-                if not claim.drivers:
-                    self.claims.pop(claim.uid, None)
-            if done:
-                self._save_checkpoint()
-        if done:
-            metrics.OPERATIONS.labels("UnprepareResources", str(failed).lower()).observe(time.perf_counter() - started)
+        for claim in claims:
+            claim.unpreparing = True
+        for driver in sorted({d for c in claims for d in c.drivers}):
+            mine = [c for c in claims if driver in c.drivers]
+            try:
+                await self.plugins.unprepare(driver, [c.ref for c in mine])
+            except PluginCallError as exc:
+                failed = True
+                log.warning("unprepare on %s failed, will retry: %s", self.node.name, exc)
+                break
+            for claim in mine:
+                claim.drivers = [d for d in claim.drivers if d != driver]
+        for claim in claims:
+            if not claim.drivers:
+                self.claims.pop(claim.uid, None)
+        metrics.OPERATIONS.labels("UnprepareResources", str(failed).lower()).observe(time.perf_counter() - started)
         return not failed
+
+    def _active_pods(self) -> set[str]:
+        """Pods this kubelet still runs or is still stopping (the kubelet's active pods)."""
+        return set(self._workers) | {
+            uid
+            for uid, pod in self._latest.items()
+            if not pod.get("_deleted") and pod.get("status", {}).get("phase") not in ("Succeeded", "Failed")
+        }
+
+    async def _reconcile(self) -> None:
+        """As the kubelet's DRA manager every RECONCILE_S, once its pod source synced:
+        claims held only by pods that are gone (deleted while this kubelet was down, say,
+        or force-deleted) are unprepared, and such pods stop counting as users of claims
+        that live pods still use."""
+        while True:
+            await asyncio.sleep(RECONCILE_S)
+            if self._pods_listed():
+                await self.reconcile_once(self._active_pods())
+
+    async def reconcile_once(self, active: set[str]) -> None:
+        """``active``: the pods still running or stopping here."""
+        async with self._claims_lock:
+            # (no users at all: a claim recorded so by a fake kubelet before 2026-11-23)
+            stale = [c for c in self.claims.values() if c.users - active or not c.users]
+            for claim in stale:
+                if claim.users & active:
+                    claim.users &= active
+            if stale:
+                await self._unprepare([c for c in stale if not c.users & active])
+                self._save_checkpoint()
+
+    def _pods_listed(self) -> bool:
+        """Whether the pods bound here are all known: before, every pod looks gone. Fed
+        by someone else's watch, it cannot tell, and claims are left alone."""
+        return self.watch_pods and bool(self._position.resource_version)
 
     async def _finish_deletion(self, uid: str) -> None:
         self._running.pop(uid, None)
@@ -686,6 +771,31 @@ class PodManager:
         self._updated.pop(uid, None)
         self._resources_status.pop(uid, None)
         self._workers.pop(uid, None)
+
+
+def _claim_name(pod: Obj, entry: Obj) -> tuple[str | None, bool]:
+    """The name of the ResourceClaim a pod's claim entry stands for, and whether it was
+    made from a template (its owner must then be the pod); None: no claim was needed."""
+    meta = pod["metadata"]
+    if entry.get("resourceClaimName"):
+        return entry["resourceClaimName"], False
+    if entry.get("resourceClaimTemplateName"):
+        for status in pod.get("status", {}).get("resourceClaimStatuses", []):
+            if status.get("name") == entry["name"]:
+                return status.get("resourceClaimName"), True
+        raise StartFailed(
+            PREPARE_FAILED,
+            f'{PREPARE_FAILED_MESSAGE}: pod "{meta["namespace"]}/{meta["name"]}": ResourceClaim not created yet',
+        )
+    raise StartFailed(
+        PREPARE_FAILED,
+        f'{PREPARE_FAILED_MESSAGE}: pod "{meta["namespace"]}/{meta["name"]}", spec.resourceClaim '
+        f'"{entry.get("name")}": none of the supported fields are set',
+    )
+
+
+def _controlled_by(obj: Obj, owner_uid: str) -> bool:
+    return any(r.get("controller") and r.get("uid") == owner_uid for r in obj["metadata"].get("ownerReferences", []))
 
 
 def _drivers(claim: Obj) -> list[str]:

@@ -41,6 +41,7 @@ RESOURCE = "resource.k8s.io/v1"
 KINDS = ("real", "fake")
 PODS = ("nic", "aligned", "partition", "flexible", "share-a", "share-b", "monitor", "broken")
 T = TypeVar("T")
+PREPARE, UNPREPARE = (f"/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/Node{m}Resources" for m in ("Prepare", "Unprepare"))
 
 
 @pytest.fixture(scope="module")
@@ -136,6 +137,18 @@ class Side:
     async def events(self, pod: str) -> list[tuple[str, str]]:
         items = (await self.client.get(path_for("v1", "events", namespace=self.namespace)))["items"]
         return [(e["reason"], e.get("message", "")) for e in items if e["involvedObject"]["name"] == pod]
+
+    async def refused(self, pod: str, words: str, timeout_s: float = 120) -> None:
+        """Until the kubelet refused to start the pod, in these words."""
+
+        async def seen() -> list[str]:
+            events = await self.events(pod)
+            return [m for r, m in events if r == "FailedPrepareDynamicResources" and words in m]
+
+        try:
+            await until(seen, timeout_s, f"{self.kind}: {pod} refused with {words!r}")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; events {await self.events(pod)}") from None
 
     async def slice_uids(self) -> dict[str, str]:
         listing = await self.client.get(
@@ -289,11 +302,8 @@ def test_claims_prepare_and_unprepare_alike_on_real_and_fake_kubelets(
             real, fake = (sides[k].calls_by_claim() for k in KINDS)
             # Claim names from templates end in a random suffix: compare pod by pod.
             assert _by_pod(real) == _by_pod(fake), (real, fake)
-            prepare, unprepare = (
-                f"/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/Node{m}Resources" for m in ("Prepare", "Unprepare")
-            )
-            assert _by_pod(real)["aligned-c"] == [prepare, unprepare]
-            assert _by_pod(real)["shared"] == [prepare, unprepare], "a shared claim is prepared once"
+            assert _by_pod(real)["aligned-c"] == [PREPARE, UNPREPARE]
+            assert _by_pod(real)["shared"] == [PREPARE, UNPREPARE], "a shared claim is prepared once"
 
     asyncio.run(scenario())
 
@@ -569,12 +579,9 @@ def test_a_failed_unprepare_keeps_the_pod_until_the_driver_succeeds(
                 }
 
             found = await both(sides, case)
-            prepare, unprepare = (
-                f"/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/Node{m}Resources" for m in ("Prepare", "Unprepare")
-            )
             for kind, seen in found.items():
                 assert seen["kept while failing"], f"{kind}: the pod stays until its claim is unprepared"
-                assert seen["calls"] == [prepare, unprepare], (kind, seen)
+                assert seen["calls"] == [PREPARE, UNPREPARE], (kind, seen)
                 assert seen["cdi specs left"] == [], (kind, seen)
 
     asyncio.run(scenario())
@@ -647,15 +654,7 @@ def test_a_drivers_wrong_answers_are_refused_alike(
                 for mode, words in MISBEHAVING.items():
                     await side.template(mode, [request("dev", f"{mode}.example.com")])
                     await side.pod(mode, {"resourceClaimTemplateName": mode}, request="dev")
-
-                    async def refused(mode: str = mode, words: str = words) -> list[str]:
-                        events = await side.events(mode)
-                        return [m for r, m in events if r == "FailedPrepareDynamicResources" and words in m]
-
-                    try:
-                        await until(refused, 120, f"{side.kind}: {mode} refused")
-                    except AssertionError as exc:
-                        raise AssertionError(f"{exc}; events {await side.events(mode)}") from None
+                    await side.refused(mode, words)
                     found[mode] = (await side.read_pod(mode))["status"]["phase"]
                     await side.delete_pod(mode)
                     await side.gone(mode)
@@ -663,5 +662,119 @@ def test_a_drivers_wrong_answers_are_refused_alike(
 
             found = await both(sides, case)
             assert found["real"] == found["fake"] == dict.fromkeys(MISBEHAVING, "Pending"), found
+
+    asyncio.run(scenario())
+
+
+def test_a_claim_still_being_unprepared_is_not_given_to_a_new_pod(
+    control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
+) -> None:
+    """A pod force-deleted while its device is still busy: the pod is gone from the API
+    at once, but its claim is not unprepared. Until the driver succeeds, both kubelets
+    refuse a new pod that uses that same claim ("being unprepared") and a new claim made
+    with the old one's name ("old ResourceClaim ... still exists"); then the new pod
+    starts with the claim prepared afresh."""
+
+    async def scenario() -> None:
+        async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
+
+            async def case(side: Side) -> dict[str, Any]:
+                pods = path_for("v1", "pods", namespace=side.namespace)
+                await side.claim("held", [request("gpu", GPU)])
+                await side.pod("first", {"resourceClaimName": "held"})
+                await side.running("first")
+                [result] = await side.allocation("held")
+                side.node.set_faults(busy={result["device"]: "held by pid 4242"})
+
+                async def applied() -> bool:
+                    return f"busy ['{result['device']}']" in side.node.log_tail("driver")
+
+                await until(applied, 30, f"{side.kind}: the driver to apply the faults file")
+                force = {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0}
+                await side.client.delete(f"{pods}/first", force)
+                await side.gone("first", timeout_s=10)
+
+                def unprepares() -> int:
+                    return sum(1 for c in side.node.calls() if c["method"].endswith("NodeUnprepareResources"))
+
+                await until(lambda: _at_least(unprepares, 1), 120, f"{side.kind}: the unprepare asked")
+                # The same claim, for a new pod: not while it is being unprepared.
+                await side.pod("second", {"resourceClaimName": "held"})
+                await side.refused("second", "prepare dynamic resources: ResourceClaim held is being unprepared")
+                second = (await side.read_pod("second"))["status"]["phase"]
+                await side.delete_pod("second")
+                await side.gone("second")
+                # A claim made again under the old one's name: not while the old one is held.
+                claims = path_for(RESOURCE, "resourceclaims", namespace=side.namespace)
+                old_uid = (await side.client.get(f"{claims}/held"))["metadata"]["uid"]
+                await side.client.delete(f"{claims}/held")
+
+                async def claim_gone() -> bool:
+                    try:
+                        await side.client.get(f"{claims}/held")
+                    except ApiError as exc:
+                        return exc.not_found
+                    return False
+
+                await until(claim_gone, 60, f"{side.kind}: claim held to be removed")
+                await side.claim("held", [request("gpu", GPU)])
+                await side.pod("third", {"resourceClaimName": "held"})
+                await side.refused(
+                    "third",
+                    f"old ResourceClaim with same name held and different UID {old_uid} still exists",
+                )
+                third = (await side.read_pod("third"))["status"]["phase"]
+                side.node.set_faults()
+                await side.running("third", timeout_s=180)
+                return {"second": second, "third while held": third, "calls": side.calls_by_claim()["held"]}
+
+            found = await both(sides, case)
+            for kind, seen in found.items():
+                assert seen["second"] == seen["third while held"] == "Pending", (kind, seen)
+                # The old claim prepared, unprepared (asked until it worked), the new one prepared.
+                assert seen["calls"] == [PREPARE, UNPREPARE, PREPARE], (kind, seen)
+
+    asyncio.run(scenario())
+
+
+def test_claims_of_a_pod_deleted_while_the_kubelet_was_down_are_unprepared_when_it_is_back(
+    control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
+) -> None:
+    """A pod force-deleted while its kubelet was down never comes back to the kubelet; its
+    claim, in the kubelet's checkpoint, is unprepared by the kubelet's periodic reconcile
+    (every 60 s) once it is back. The claim of a pod still running is left alone."""
+
+    async def scenario() -> None:
+        async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
+
+            async def case(side: Side) -> dict[str, Any]:
+                for name in ("orphaned", "running"):
+                    await side.claim(name, [request("gpu", GPU)])
+                    await side.pod(name, {"resourceClaimName": name})
+                    await side.running(name)
+                await side.node.stop_process("kubelet")
+                force = {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0}
+                await side.client.delete(path_for("v1", "pods", "orphaned", side.namespace), force)
+                await side.gone("orphaned", timeout_s=10)
+                await side.node.start_kubelet()
+                back = time.monotonic()
+
+                async def unprepared() -> bool:
+                    return side.calls_by_claim().get("orphaned", [])[-1:] == [UNPREPARE]
+
+                await until(unprepared, 180, f"{side.kind}: the orphaned claim unprepared")
+                waited = time.monotonic() - back
+                await side.running("running")
+                specs = sorted(p.name for p in side.node.cdi_dir.iterdir())
+                calls = side.calls_by_claim()
+                await side.delete_pod("running")
+                await side.gone("running")
+                return {"waited": waited, "calls": calls, "specs": len(specs)}
+
+            found = await both(sides, case)
+            for kind, seen in found.items():
+                assert seen["calls"] == {"orphaned": [PREPARE, UNPREPARE], "running": [PREPARE]}, (kind, seen)
+                assert seen["specs"] == 1, f"{kind}: the running pod's CDI spec alone is left ({seen})"
+                assert seen["waited"] < 150, (kind, seen)
 
     asyncio.run(scenario())

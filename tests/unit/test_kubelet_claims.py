@@ -1,0 +1,182 @@
+"""The fake kubelet's book of claims, as kubelet v1.37's DRA manager keeps it: by
+namespace and name, shared by pods, held while being unprepared, and reconciled."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+
+from testbed.kubeapi import ClaimRef, KubeClient, Obj
+from testbed.kubelet.node import NodeSpec
+from testbed.kubelet.plugins import PluginCallError, PluginManager, PreparedDevice
+from testbed.kubelet.pods import PodManager, StartFailed, _claim_name
+
+DRIVER = "gpu.dra-testbed.io"
+
+
+class Driver:
+    """What the pod manager asks of its plugin manager: one driver, whose unprepare can
+    be made to fail."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, list[str]]] = []
+        self.failing = False
+
+    def plugin_for(self, driver: str) -> object:
+        return object()
+
+    async def prepare(self, driver: str, claims: list[ClaimRef]) -> dict[str, list[PreparedDevice]]:
+        self.calls.append(("prepare", [c.name for c in claims]))
+        return {c.uid: [PreparedDevice(["gpu"], "node", "gpu-0", [f"{driver}/gpu=x"], driver)] for c in claims}
+
+    async def unprepare(self, driver: str, claims: list[ClaimRef]) -> None:
+        self.calls.append(("unprepare", [c.name for c in claims]))
+        if self.failing:
+            raise PluginCallError("NodeUnprepareResources failed for ResourceClaim x: busy")
+
+
+def claim(name: str, uid: str) -> Obj:
+    results = [{"driver": DRIVER, "pool": "node", "device": "gpu-0", "request": "gpu"}]
+    return {
+        "metadata": {"namespace": "ns", "name": name, "uid": uid},
+        "status": {"allocation": {"devices": {"results": results}}},
+    }
+
+
+@pytest.fixture
+def book(tmp_path: Path) -> tuple[PodManager, Driver]:
+    driver = Driver()
+    manager = PodManager(
+        cast(KubeClient, None),
+        NodeSpec("node"),
+        cast(PluginManager, driver),
+        tmp_path / "cdi",
+        checkpoint=tmp_path / "dra_manager_state.json",
+    )
+    return manager, driver
+
+
+def run(coroutine: Any) -> Any:
+    return asyncio.run(coroutine)
+
+
+def test_a_shared_claim_is_prepared_once_and_unprepared_after_its_last_user(
+    book: tuple[PodManager, Driver],
+) -> None:
+    manager, driver = book
+    run(manager._prepare_claims("pod-a", [claim("shared", "u1")]))
+    run(manager._prepare_claims("pod-b", [claim("shared", "u1")]))
+    assert driver.calls == [("prepare", ["shared"])]
+    assert run(manager._release_once("pod-a"))
+    assert driver.calls == [("prepare", ["shared"])], "another pod still uses it"
+    assert run(manager._release_once("pod-b"))
+    assert driver.calls[-1] == ("unprepare", ["shared"])
+    assert manager.claims == {}
+
+
+def test_a_claim_being_unprepared_is_refused_to_new_pods_until_the_driver_succeeds(
+    book: tuple[PodManager, Driver],
+) -> None:
+    manager, driver = book
+    run(manager._prepare_claims("pod-a", [claim("held", "u1")]))
+    driver.failing = True
+    assert not run(manager._release_once("pod-a"))
+    with pytest.raises(StartFailed, match="prepare dynamic resources: ResourceClaim held is being unprepared"):
+        run(manager._prepare_claims("pod-b", [claim("held", "u1")]))
+    with pytest.raises(
+        StartFailed,
+        match=r"old ResourceClaim with same name held and different UID u1 still exists \(previous pod force-deleted",
+    ):
+        run(manager._prepare_claims("pod-c", [claim("held", "u2")]))
+    calls = len(driver.calls)
+    assert run(manager._release_once("pod-b")), "a pod refused before it was recorded holds nothing"
+    assert len(driver.calls) == calls
+    driver.failing = False
+    assert run(manager._release_once("pod-a"))
+    run(manager._prepare_claims("pod-c", [claim("held", "u2")]))
+    assert [c for c in driver.calls if c[0] == "prepare"] == [("prepare", ["held"])] * 2
+    assert set(manager.claims) == {"u2"}
+
+
+def test_a_pod_refused_on_its_second_claim_keeps_its_first_to_be_unprepared(
+    book: tuple[PodManager, Driver],
+) -> None:
+    """As the kubelet records claims one by one: those before the refused one stay."""
+    manager, driver = book
+    run(manager._prepare_claims("pod-a", [claim("held", "u1")]))
+    driver.failing = True
+    run(manager._release_once("pod-a"))
+    with pytest.raises(StartFailed, match="being unprepared"):
+        run(manager._prepare_claims("pod-b", [claim("own", "u3"), claim("held", "u1")]))
+    assert manager.claims["u3"].users == {"pod-b"}
+    driver.failing = False
+    assert run(manager._release_once("pod-b"))
+    assert ("unprepare", ["own"]) in driver.calls
+    assert "u3" not in manager.claims
+
+
+def test_reconcile_unprepares_claims_of_pods_that_are_gone_and_leaves_the_others(
+    book: tuple[PodManager, Driver],
+) -> None:
+    manager, driver = book
+    run(manager._prepare_claims("gone", [claim("orphaned", "u1")]))
+    run(manager._prepare_claims("running", [claim("kept", "u2")]))
+    run(manager._prepare_claims("gone", [claim("shared", "u3")]))
+    run(manager._prepare_claims("running", [claim("shared", "u3")]))
+    driver.calls.clear()
+    run(manager.reconcile_once({"running"}))
+    assert driver.calls == [("unprepare", ["orphaned"])]
+    assert set(manager.claims) == {"u2", "u3"}
+    assert manager.claims["u3"].users == {"running"}
+
+
+def test_the_unpreparing_mark_is_not_kept_across_a_restart(book: tuple[PodManager, Driver], tmp_path: Path) -> None:
+    """As the kubelet restores its claim info: the reconcile, not a mark, unprepares it."""
+    manager, driver = book
+    run(manager._prepare_claims("pod-a", [claim("held", "u1")]))
+    driver.failing = True
+    run(manager._release_once("pod-a"))
+    restarted = PodManager(
+        cast(KubeClient, None),
+        NodeSpec("node"),
+        cast(PluginManager, driver),
+        tmp_path / "cdi",
+        checkpoint=manager.checkpoint,
+    )
+    restarted._load_checkpoint()
+    assert restarted.claims["u1"].users == {"pod-a"}
+    assert not restarted.claims["u1"].unpreparing
+
+
+@pytest.mark.parametrize(
+    ("entry", "status", "expected"),
+    [
+        ({"name": "c", "resourceClaimName": "mine"}, [], ("mine", False)),
+        (
+            {"name": "c", "resourceClaimTemplateName": "t"},
+            [{"name": "c", "resourceClaimName": "pod-c-x"}],
+            ("pod-c-x", True),
+        ),
+        ({"name": "c", "resourceClaimTemplateName": "t"}, [{"name": "c"}], (None, True)),
+    ],
+)
+def test_claim_names_resolve_as_the_kubelet_resolves_them(entry: Obj, status: list[Obj], expected: tuple) -> None:
+    pod = {"metadata": {"namespace": "ns", "name": "p"}, "status": {"resourceClaimStatuses": status}}
+    assert _claim_name(pod, entry) == expected
+
+
+@pytest.mark.parametrize(
+    ("entry", "words"),
+    [
+        ({"name": "c", "resourceClaimTemplateName": "t"}, 'pod "ns/p": ResourceClaim not created yet'),
+        ({"name": "c"}, 'pod "ns/p", spec.resourceClaim "c": none of the supported fields are set'),
+    ],
+)
+def test_a_claim_that_cannot_be_named_fails_in_the_kubelets_words(entry: Obj, words: str) -> None:
+    pod = {"metadata": {"namespace": "ns", "name": "p"}, "status": {}}
+    with pytest.raises(StartFailed) as failed:
+        _claim_name(pod, entry)
+    assert str(failed.value) == f"Failed to prepare dynamic resources: prepare dynamic resources: {words}"
