@@ -18,6 +18,9 @@ containers run ``sleep N`` (and do not restart) or that carries
   deleted pod is removed for good only after that;
 - prepared claims are checkpointed (``<kubelet dir>/dra_manager_state.json``), so a
   restarted kubelet does not prepare again what its running pods already have;
+- extended resources backed by DRA: the claim the scheduler made for them
+  (``status.extendedResourceClaimStatus``) is prepared with the pod's own claims, and
+  each container gets the devices of the requests mapped to the resources it asks for;
 - a claim is known by namespace and name: while one is being unprepared, no new pod
   gets it, nor a new claim made under its name; every 60 s, claims held only by pods
   that are gone (force-deleted, or deleted while this kubelet was down) are unprepared;
@@ -63,6 +66,9 @@ PREPARE_FAILED_MESSAGE = "Failed to prepare dynamic resources: prepare dynamic r
 NO_RELATIONSHIP = "no relationship found between node"
 """The node authorizer's refusal of an object it does not (yet) link to the node."""
 AUTHORIZER_CATCH_UP_S = (0.005, 0.01, 0.02, 0.04, 0.08)
+EXTENDED_RESOURCES = ":extended-resources"
+"""Stands for the pod's extended-resource claim among its claim names (no pod claim can be
+named so: those are DNS labels)."""
 SLEEP_COMMAND = re.compile(r"(?:^|\s|;|&&)sleep\s+(\d+(?:\.\d+)?)(?:\s|;|$)")
 
 
@@ -319,7 +325,11 @@ class PodManager:
         template, owned by it). Failures read as the kubelet's (FailedPrepareDynamicResources)."""
         meta = pod["metadata"]
         claims = []
-        for entry in pod["spec"].get("resourceClaims", []):
+        entries = list(pod["spec"].get("resourceClaims", []))
+        extended = pod.get("status", {}).get("extendedResourceClaimStatus")
+        if extended:  # the claim the scheduler made for the pod's extended resources
+            entries.append({"name": EXTENDED_RESOURCES, "resourceClaimName": extended["resourceClaimName"]})
+        for entry in entries:
             name, generated = _claim_name(pod, entry)
             if name is None:
                 continue  # no claim was needed: the entry is ignored
@@ -463,12 +473,13 @@ class PodManager:
         by_pod_name = {c["_pod_claim_name"]: self.claims[c["metadata"]["uid"]] for c in claims}
         env: dict[str, dict[str, str]] = {}
         for container in pod["spec"].get("containers", []):
+            wanted = [(ref["name"], ref.get("request")) for ref in container.get("resources", {}).get("claims", [])]
+            wanted += [(EXTENDED_RESOURCES, request) for request in _extended_requests(pod, container)]
             ids: list[str] = []
-            for ref in container.get("resources", {}).get("claims", []):
-                prepared = by_pod_name.get(ref["name"])
+            for claim_name, request in wanted:
+                prepared = by_pod_name.get(claim_name)
                 if prepared is None:
                     continue
-                request = ref.get("request")
                 for device in prepared.devices:
                     # Exactly as the kubelet matches (ClaimInfo.cdiDevicesAsList): a driver
                     # that returns "req/sub" instead of "req" leaves the container without it.
@@ -771,6 +782,26 @@ class PodManager:
         self._updated.pop(uid, None)
         self._resources_status.pop(uid, None)
         self._workers.pop(uid, None)
+
+
+def _extended_requests(pod: Obj, container: Obj) -> list[str]:
+    """The requests of the pod's extended-resource claim that this container gets: those
+    the scheduler mapped to an extended resource the container asks for (not zero)."""
+    extended = pod.get("status", {}).get("extendedResourceClaimStatus")
+    if not extended:
+        return []
+    requests = container.get("resources", {}).get("requests", {})
+    asked = {name for name, quantity in requests.items() if _nonzero(quantity)}
+    return [
+        m["requestName"]
+        for m in extended.get("requestMappings", [])
+        if m.get("containerName") == container["name"] and m.get("resourceName") in asked
+    ]
+
+
+def _nonzero(quantity: object) -> bool:
+    number = re.match(r"[+-]?(\d+\.?\d*|\.\d+)", str(quantity))
+    return number is None or float(number.group()) != 0
 
 
 def _claim_name(pod: Obj, entry: Obj) -> tuple[str | None, bool]:

@@ -113,16 +113,18 @@ class Side:
 
         await until(absent, timeout_s, f"{self.kind}: pod {name} to be removed")
 
-    async def env(self, name: str) -> dict[str, str]:
+    async def env(self, name: str, container: str = "main") -> dict[str, str]:
         """What the container got from its CDI devices: from the runtime (real kubelet) or
         the fake kubelet's record of what it resolved."""
         pod = await self.read_pod(name)
         if self.kind == "fake":
-            env: dict[str, str] = json.loads(
-                pod["metadata"].get("annotations", {}).get(CONTAINER_ENV_ANNOTATION, "{}")
-            )["main"]
-            return env
-        records = [r for r in self.node.containers() if r["podUID"] == pod["metadata"]["uid"] and not r.get("error")]
+            annotation = pod["metadata"].get("annotations", {}).get(CONTAINER_ENV_ANNOTATION, "{}")
+            return dict(json.loads(annotation).get(container, {}))
+        records = [
+            r
+            for r in self.node.containers()
+            if r["podUID"] == pod["metadata"]["uid"] and r["container"] == container and not r.get("error")
+        ]
         return dict(records[-1]["env"]) if records else {}
 
     async def claim_name(self, pod: str) -> str:
@@ -776,5 +778,64 @@ def test_claims_of_a_pod_deleted_while_the_kubelet_was_down_are_unprepared_when_
                 assert seen["calls"] == {"orphaned": [PREPARE, UNPREPARE], "running": [PREPARE]}, (kind, seen)
                 assert seen["specs"] == 1, f"{kind}: the running pod's CDI spec alone is left ({seen})"
                 assert seen["waited"] < 150, (kind, seen)
+
+    asyncio.run(scenario())
+
+
+def test_an_extended_resource_backed_by_dra_is_prepared_and_reaches_the_container(
+    control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
+) -> None:
+    """A container asks for ``deviceclass.resource.kubernetes.io/<class>: 1`` as it would
+    for a device plugin's resource (DRAExtendedResource, GA in 1.37): the scheduler makes
+    a claim for it and records it in ``status.extendedResourceClaimStatus``; the kubelet
+    prepares that claim, gives its device to that container alone, and unprepares it when
+    the pod goes."""
+    resource = f"deviceclass.resource.kubernetes.io/{GPU}"
+
+    async def scenario() -> None:
+        async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
+
+            async def case(side: Side) -> dict[str, Any]:
+                def container(name: str, limits: dict[str, str]) -> Obj:
+                    return {
+                        "name": name,
+                        "image": "registry.invalid/workload",
+                        "command": ["sleep", "3600"],
+                        "resources": {"limits": limits},
+                    }
+
+                body = {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": "extended"},
+                    "spec": {
+                        "nodeSelector": {"kubernetes.io/hostname": side.node.name},
+                        "tolerations": [SYNTHETIC_TOLERATION],
+                        "terminationGracePeriodSeconds": 1,
+                        "containers": [container("main", {resource: "1"}), container("side", {})],
+                    },
+                }
+                await side.client.create(path_for("v1", "pods", namespace=side.namespace), body)
+                pod = await side.running("extended")
+                claim = pod["status"]["extendedResourceClaimStatus"]["resourceClaimName"]
+                [result] = await side.allocation(claim)
+                env = {name: await side.env("extended", name) for name in ("main", "side")}
+                await side.delete_pod("extended")
+                await side.gone("extended")
+                return {
+                    "gpu env": sorted(k for k in env["main"] if k.endswith("_UUID")),
+                    "side env": env["side"],
+                    "device": result["device"],
+                    "calls": side.calls_by_claim()[claim],
+                    "cdi specs left": sorted(p.name for p in side.node.cdi_dir.iterdir()),
+                }
+
+            found = await both(sides, case)
+            for kind, seen in found.items():
+                assert seen["gpu env"], f"{kind}: the container asking for the resource gets the GPU ({seen})"
+                assert seen["side env"] == {}, f"{kind}: the other container gets nothing ({seen})"
+                assert seen["calls"] == [PREPARE, UNPREPARE], (kind, seen)
+                assert seen["cdi specs left"] == [], (kind, seen)
+            assert found["real"]["gpu env"] == found["fake"]["gpu env"], found
 
     asyncio.run(scenario())

@@ -12,7 +12,7 @@ import pytest
 from testbed.kubeapi import ClaimRef, KubeClient, Obj
 from testbed.kubelet.node import NodeSpec
 from testbed.kubelet.plugins import PluginCallError, PluginManager, PreparedDevice
-from testbed.kubelet.pods import PodManager, StartFailed, _claim_name
+from testbed.kubelet.pods import PodManager, StartFailed, _claim_name, _extended_requests
 
 DRIVER = "gpu.dra-testbed.io"
 
@@ -180,3 +180,18 @@ def test_a_claim_that_cannot_be_named_fails_in_the_kubelets_words(entry: Obj, wo
     with pytest.raises(StartFailed) as failed:
         _claim_name(pod, entry)
     assert str(failed.value) == f"Failed to prepare dynamic resources: prepare dynamic resources: {words}"
+
+
+def test_a_container_gets_the_extended_resource_requests_mapped_to_what_it_asks_for() -> None:
+    resource = "deviceclass.resource.kubernetes.io/gpu.dra-testbed.io"
+    mappings = [
+        {"containerName": "main", "resourceName": resource, "requestName": "container-0-request-0"},
+        {"containerName": "side", "resourceName": resource, "requestName": "container-1-request-0"},
+    ]
+    pod = {"status": {"extendedResourceClaimStatus": {"resourceClaimName": "x", "requestMappings": mappings}}}
+    assert _extended_requests(pod, {"name": "main", "resources": {"requests": {resource: "1"}}}) == [
+        "container-0-request-0"
+    ]
+    assert _extended_requests(pod, {"name": "side", "resources": {"requests": {resource: "0"}}}) == []
+    assert _extended_requests(pod, {"name": "side", "resources": {}}) == []
+    assert _extended_requests({"status": {}}, {"name": "main", "resources": {"requests": {resource: "1"}}}) == []
