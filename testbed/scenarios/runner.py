@@ -14,6 +14,7 @@ import contextlib
 import math
 import time
 import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -156,6 +157,10 @@ def job_manifest(name: str, phase: Phase, run_id: str) -> Obj:
     }
 
 
+EXTENDED_RESOURCE_PREFIX = "deviceclass.resource.kubernetes.io/"
+"""Every DeviceClass is also an extended resource of this name plus its own."""
+
+
 def pod_spec(phase: Phase, command: list[str]) -> Obj:
     container: Obj = {"name": "work", "image": "registry.invalid/dra-testbed-workload", "command": command}
     spec: Obj = {
@@ -172,7 +177,10 @@ def pod_spec(phase: Phase, command: list[str]) -> Obj:
         },
         "containers": [container],
     }
-    if phase.requests:
+    if phase.requests and phase.request_as == "extended-resource":
+        limits = Counter(f"{EXTENDED_RESOURCE_PREFIX}{r.device_class}" for r in phase.requests)
+        container["resources"] = {"limits": {name: str(count) for name, count in limits.items()}}
+    elif phase.requests:
         spec["resourceClaims"] = [{"name": "devices", "resourceClaimTemplateName": phase.name}]
         container["resources"] = {"claims": [{"name": "devices"}]}
     return spec
@@ -361,7 +369,7 @@ class Runner:
         result = PhaseResult(phase.name, jobs, expected, time.monotonic() - self.data.started)
         self.data.phases.append(result)  # recorded now, so an interrupted run still reports it
         self._say(f"phase {phase.name}: {jobs} Jobs at {phase.qps:g}/s")
-        if phase.requests:
+        if phase.requests and phase.request_as == "claim":
             await self.client.create(
                 path_for("resource.k8s.io/v1", "resourceclaimtemplates", namespace=self.data.namespace),
                 claim_template(phase),

@@ -43,6 +43,10 @@ class Phase(_Strict):
     )
     """Empty: pods with no claims, the baseline that shows what DRA adds."""
     constraints: list[dict[str, Any]] = Field(default_factory=list)
+    request_as: Literal["claim", "extended-resource"] = Field(default="claim", alias="requestAs")
+    """``extended-resource``: each pod asks for its requests' DeviceClasses as extended
+    resources (``deviceclass.resource.kubernetes.io/<class>: N``, as a pod written for a
+    device plugin asks), and the scheduler makes the claim; no selectors or constraints."""
     wait: Literal["running", "complete", "none"] = "running"
     """What the phase waits for before the next one: its pods Running, its Jobs done, or nothing."""
     timeout_seconds: float = Field(default=600, alias="timeoutSeconds", gt=0)
@@ -56,6 +60,10 @@ class Phase(_Strict):
             raise ValueError("give exactly one of jobs, fraction or remaining")
         if not self.requests and self.jobs is None:
             raise ValueError("a phase without requests has no devices to take a fraction of; give jobs")
+        if self.request_as == "extended-resource" and (self.constraints or any(r.selector for r in self.requests)):
+            raise ValueError(
+                "an extended resource carries no selector or constraint; use requestAs: claim, or drop them"
+            )
         return self
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from testbed.report.metrics import Scrape, fleet_increase, quantile
 from testbed.scenarios import spec
-from testbed.scenarios.runner import count_devices
+from testbed.scenarios.runner import count_devices, pod_spec
 
 
 def test_every_shipped_scenario_is_valid() -> None:
@@ -29,6 +29,31 @@ def test_errors_name_the_field(tmp_path: Path) -> None:
         spec.load(str(bad))
     with pytest.raises(spec.ScenarioError, match=r"shipped: .*cl2-dra"):
         spec.load("no-such-scenario")
+
+
+def test_a_phase_may_ask_for_its_devices_as_extended_resources() -> None:
+    phase = spec.Phase.model_validate(
+        {
+            "name": "extended",
+            "jobs": 1,
+            "requestAs": "extended-resource",
+            "requests": [
+                {"name": "a", "deviceClass": "gpu.dra-testbed.io"},
+                {"name": "b", "deviceClass": "gpu.dra-testbed.io"},
+                {"name": "c", "deviceClass": "nic.dra-testbed.io"},
+            ],
+        }
+    )
+    pod = pod_spec(phase, ["sleep", "1"])
+    assert "resourceClaims" not in pod
+    assert pod["containers"][0]["resources"] == {
+        "limits": {
+            "deviceclass.resource.kubernetes.io/gpu.dra-testbed.io": "2",
+            "deviceclass.resource.kubernetes.io/nic.dra-testbed.io": "1",
+        }
+    }
+    with pytest.raises(spec.ScenarioError, match=r"phases\[2\]: .*no selector or constraint; use requestAs: claim"):
+        spec.load("smoke", {"phases.2.requestAs": "extended-resource"})  # its GPU and NIC share a PCIe root
 
 
 def test_overrides_reach_nested_fields() -> None:
