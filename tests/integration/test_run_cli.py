@@ -110,7 +110,7 @@ def test_run_with_up_starts_the_scenarios_cluster_and_stops_it(short_tmp_path: P
     directory = Path(proc.stdout.strip().splitlines()[-1])
     report = json.loads((directory / "report.json").read_text())
     assert report["verdict"] == "PASS"
-    assert [p["pods_running"] for p in report["phases"]] == [2, 2, 1]
+    assert [p["pods_running"] for p in report["phases"]] == [2, 2, 1, 2]
     assert "stopping cluster 'runup' (started by --up)" in proc.stderr
     # The knobs reached the cluster: the scheduler's setting is recorded, and one device per slice.
     assert report["cluster"]["settings"]["percentageOfNodesToScore"] == 50
@@ -120,7 +120,13 @@ def test_run_with_up_starts_the_scenarios_cluster_and_stops_it(short_tmp_path: P
     per_node = sum(len(desired_slices(d, "n", *KINDS[d].select(*inventory), [], devices_per_slice=1)) for d in drivers)
     assert report["slices"] == 2 * per_node > 2 * len(drivers)
     suite = ET.parse(junit).getroot()
-    assert [case.get("name") for case in suite.iter("testcase")] == ["gpus", "partitions", "aligned", "leak-check"]
+    assert [case.get("name") for case in suite.iter("testcase")] == [
+        "gpus",
+        "partitions",
+        "aligned",
+        "extended",
+        "leak-check",
+    ]
     assert suite.get("failures") == "0"
 
     worse = json.loads(json.dumps(report))
