@@ -1,4 +1,5 @@
-"""One fake kubelet: a Node, its Lease, its plugin watcher and its pods."""
+"""One fake kubelet: a Node, its Lease, its plugin watcher, its pods and the pod-resources
+API that monitoring agents ask."""
 
 from __future__ import annotations
 
@@ -6,7 +7,11 @@ import asyncio
 import logging
 from pathlib import Path
 
+import grpc
+
+from testbed.grpcapi import podresources_v1_pb2_grpc
 from testbed.kubeapi import ApiError, KubeClient, path_for
+from testbed.kubelet import podresources
 from testbed.kubelet.node import LeaseFence, NodeAgent, NodeSpec
 from testbed.kubelet.plugins import SCAN_INTERVAL_S, PluginManager
 from testbed.kubelet.pods import PodManager
@@ -53,6 +58,11 @@ class FakeKubelet:
             watch_client=watch_client,
         )
         self._startup_wipe: asyncio.Task[None] | None = None
+        self._pod_resources: grpc.aio.Server | None = None
+
+    @property
+    def pod_resources_socket(self) -> Path:
+        return self.kubelet_dir / podresources.SOCKET
 
     async def start(self) -> None:
         await self.node.register()
@@ -65,9 +75,24 @@ class FakeKubelet:
         self.node.start()
         self.plugins.start()
         self.pods.start()
+        await self._serve_pod_resources()
+
+    async def _serve_pod_resources(self) -> None:
+        socket = self.pod_resources_socket
+        socket.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
+        socket.unlink(missing_ok=True)  # a previous run's
+        server = grpc.aio.server()
+        podresources_v1_pb2_grpc.add_PodResourcesListerServicer_to_server(
+            podresources.PodResourcesService(self.pods), server
+        )
+        server.add_insecure_port(f"unix://{socket}")
+        await server.start()
+        self._pod_resources = server
 
     async def stop(self) -> None:
         await cancel_and_wait(self._startup_wipe)
+        if self._pod_resources is not None:
+            await self._pod_resources.stop(None)
         await self.pods.stop()
         await self.plugins.stop()
         await self.node.stop()

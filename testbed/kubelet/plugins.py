@@ -80,6 +80,7 @@ class PreparedDevice:
     device: str
     cdi_device_ids: list[str]
     driver: str = ""
+    share_id: str | None = None
 
 
 @dataclass
@@ -377,7 +378,15 @@ class PluginManager:
         response = await self._call(driver, "NodePrepareResources", claims)
         return {
             uid: [
-                PreparedDevice(list(d.request_names), d.pool_name, d.device_name, list(d.cdi_device_ids), driver)
+                PreparedDevice(
+                    list(d.request_names),
+                    d.pool_name,
+                    d.device_name,
+                    list(d.cdi_device_ids),
+                    driver,
+                    # share_id: in v1 only, set for a device shared through consumable capacity
+                    d.share_id if "share_id" in d.DESCRIPTOR.fields_by_name and d.HasField("share_id") else None,
+                )
                 for d in entry.devices
             ]
             for uid, entry in response.claims.items()

@@ -330,7 +330,7 @@ class PodManager:
         if extended:  # the claim the scheduler made for the pod's extended resources
             entries.append({"name": EXTENDED_RESOURCES, "resourceClaimName": extended["resourceClaimName"]})
         for entry in entries:
-            name, generated = _claim_name(pod, entry)
+            name, generated = pod_claim_name(pod, entry)
             if name is None:
                 continue  # no claim was needed: the entry is ignored
             try:
@@ -454,7 +454,7 @@ class PodManager:
         until its unprepare succeeded (the claims before it stay recorded, as there)."""
         meta = claim["metadata"]
         name, uid = meta["name"], meta["uid"]
-        known = next((c for c in self.claims.values() if c.name == name and c.namespace == meta["namespace"]), None)
+        known = self.claim_named(meta["namespace"], name)
         if known is None:
             known = self.claims[uid] = PreparedClaim(meta["namespace"], name, uid, _drivers(claim))
         elif known.uid != uid:
@@ -727,13 +727,33 @@ class PodManager:
         metrics.OPERATIONS.labels("UnprepareResources", str(failed).lower()).observe(time.perf_counter() - started)
         return not failed
 
-    def _active_pods(self) -> set[str]:
+    def active_uids(self) -> set[str]:
         """Pods this kubelet still runs or is still stopping (the kubelet's active pods)."""
         return set(self._workers) | {
             uid
             for uid, pod in self._latest.items()
             if not pod.get("_deleted") and pod.get("status", {}).get("phase") not in ("Succeeded", "Failed")
         }
+
+    def active_pods(self) -> list[Obj]:
+        return [self._latest[uid] for uid in sorted(self.active_uids()) if uid in self._latest]
+
+    def known_pod(self, namespace: str, name: str) -> Obj | None:
+        """A pod bound here that is still in the API, by name."""
+        return next(
+            (
+                pod
+                for pod in self._latest.values()
+                if not pod.get("_deleted")
+                and pod["metadata"]["name"] == name
+                and pod["metadata"]["namespace"] == namespace
+            ),
+            None,
+        )
+
+    def claim_named(self, namespace: str, name: str) -> PreparedClaim | None:
+        """The claim this kubelet holds under that name (as the kubelet keys them)."""
+        return next((c for c in self.claims.values() if c.name == name and c.namespace == namespace), None)
 
     async def _reconcile(self) -> None:
         """As the kubelet's DRA manager every RECONCILE_S, once its pod source synced:
@@ -743,7 +763,7 @@ class PodManager:
         while True:
             await asyncio.sleep(RECONCILE_S)
             if self._pods_listed():
-                await self.reconcile_once(self._active_pods())
+                await self.reconcile_once(self.active_uids())
 
     async def reconcile_once(self, active: set[str]) -> None:
         """``active``: the pods still running or stopping here."""
@@ -804,7 +824,7 @@ def _nonzero(quantity: object) -> bool:
     return number is None or float(number.group()) != 0
 
 
-def _claim_name(pod: Obj, entry: Obj) -> tuple[str | None, bool]:
+def pod_claim_name(pod: Obj, entry: Obj) -> tuple[str | None, bool]:
     """The name of the ResourceClaim a pod's claim entry stands for, and whether it was
     made from a template (its owner must then be the pod); None: no claim was needed."""
     meta = pod["metadata"]

@@ -21,6 +21,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+import grpc
 import pytest
 
 from testbed.controlplane.binaries import Binaries, ensure_node_binaries
@@ -69,6 +70,16 @@ class Side:
     async def pod(self, name: str, claim: Obj, request: str | None = None, command: list[str] | None = None) -> None:
         """One container using the pod's claim ``c`` (only ``request`` of it, if given)."""
         ref = {"name": "c", **({"request": request} if request else {})}
+        main = {
+            "name": "main",
+            "image": "registry.invalid/workload",
+            "command": command or ["sleep", "3600"],
+            "resources": {"claims": [ref]},
+        }
+        await self.create_pod(name, resourceClaims=[{"name": "c", **claim}], containers=[main])
+
+    async def create_pod(self, name: str, **spec: Any) -> None:
+        """A pod of this spec on this side's node, tolerating its taint, quick to stop."""
         body = {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -77,15 +88,7 @@ class Side:
                 "nodeSelector": {"kubernetes.io/hostname": self.node.name},
                 "tolerations": [SYNTHETIC_TOLERATION],
                 "terminationGracePeriodSeconds": 1,
-                "resourceClaims": [{"name": "c", **claim}],
-                "containers": [
-                    {
-                        "name": "main",
-                        "image": "registry.invalid/workload",
-                        "command": command or ["sleep", "3600"],
-                        "resources": {"claims": [ref]},
-                    }
-                ],
+                **spec,
             },
         }
         await self.client.create(path_for("v1", "pods", namespace=self.namespace), body)
@@ -804,18 +807,8 @@ def test_an_extended_resource_backed_by_dra_is_prepared_and_reaches_the_containe
                         "resources": {"limits": limits},
                     }
 
-                body = {
-                    "apiVersion": "v1",
-                    "kind": "Pod",
-                    "metadata": {"name": "extended"},
-                    "spec": {
-                        "nodeSelector": {"kubernetes.io/hostname": side.node.name},
-                        "tolerations": [SYNTHETIC_TOLERATION],
-                        "terminationGracePeriodSeconds": 1,
-                        "containers": [container("main", {resource: "1"}), container("side", {})],
-                    },
-                }
-                await side.client.create(path_for("v1", "pods", namespace=side.namespace), body)
+                containers = [container("main", {resource: "1"}), container("side", {})]
+                await side.create_pod("extended", containers=containers)
                 pod = await side.running("extended")
                 claim = pod["status"]["extendedResourceClaimStatus"]["resourceClaimName"]
                 [result] = await side.allocation(claim)
@@ -837,5 +830,111 @@ def test_an_extended_resource_backed_by_dra_is_prepared_and_reaches_the_containe
                 assert seen["calls"] == [PREPARE, UNPREPARE], (kind, seen)
                 assert seen["cdi specs left"] == [], (kind, seen)
             assert found["real"]["gpu env"] == found["fake"]["gpu env"], found
+
+    asyncio.run(scenario())
+
+
+async def _pod_resources(side: Side, method: str, **fields: str) -> Any:
+    """One call to the node's pod-resources API, as a monitoring agent makes it."""
+    from testbed.grpcapi import podresources_v1_pb2 as pb2
+    from testbed.grpcapi import podresources_v1_pb2_grpc as pb2_grpc
+
+    request = {
+        "List": pb2.ListPodResourcesRequest,
+        "Get": pb2.GetPodResourcesRequest,
+        "GetAllocatableResources": pb2.AllocatableResourcesRequest,
+    }[method](**fields)
+    socket = side.node.kubelet_dir / "pod-resources" / "kubelet.sock"
+    async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
+        return await getattr(pb2_grpc.PodResourcesListerStub(channel), method)(request, timeout=10)
+
+
+def _devices_seen(side: Side, pod: Any, claim: Obj) -> dict[str, list[tuple[str, ...]]]:
+    """Per container, each claim resource as (claim, driver, pool/device, CDI IDs...), with
+    the node, the claim's name and its UID made the same for both kinds of node."""
+    meta = claim["metadata"]
+
+    def same(text: str) -> str:
+        return text.replace(meta["uid"], "UID").replace(meta["name"], "CLAIM").replace(side.node.name, "NODE")
+
+    def cdi_ids(resource: Any) -> list[str]:
+        return [device.name for device in resource.cdi_devices]
+
+    return {
+        container.name: [
+            (same(dynamic.claim_name), r.driver_name, same(f"{r.pool_name}/{r.device_name}"), *map(same, cdi_ids(r)))
+            for dynamic in container.dynamic_resources
+            for r in sorted(dynamic.claim_resources, key=lambda r: r.driver_name)
+        ]
+        for container in pod.containers
+    }
+
+
+def test_the_pod_resources_api_names_each_containers_devices_alike(
+    control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
+) -> None:
+    """What a monitoring agent (a GPU exporter) reads from ``pod-resources/kubelet.sock``:
+    each container's claims with their prepared devices and CDI IDs, a sidecar's too, a
+    container that names one request of a claim gets the whole claim, the kubelet's
+    growing CDI lists included; an unknown pod is refused; nothing allocatable besides."""
+
+    async def scenario() -> None:
+        async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
+
+            async def case(side: Side) -> dict[str, Any]:
+                await side.template("pair", [request("gpu", GPU, count=2), request("nic", NIC)])
+                await side.create_pod(
+                    "watched",
+                    resourceClaims=[{"name": "c", "resourceClaimTemplateName": "pair"}],
+                    initContainers=[
+                        {
+                            "name": "sidecar",
+                            "image": "registry.invalid/agent",
+                            "restartPolicy": "Always",
+                            "command": ["sleep", "3600"],
+                            "resources": {"claims": [{"name": "c", "request": "nic"}]},
+                        }
+                    ],
+                    containers=[
+                        {
+                            "name": "main",
+                            "image": "registry.invalid/workload",
+                            "command": ["sleep", "3600"],
+                            "resources": {"claims": [{"name": "c", "request": "gpu"}]},
+                        },
+                        {"name": "idle", "image": "registry.invalid/workload", "command": ["sleep", "3600"]},
+                    ],
+                )
+                await side.running("watched")
+                name = await side.claim_name("watched")
+                claim = await side.client.get(path_for(RESOURCE, "resourceclaims", name, side.namespace))
+                listed = await _pod_resources(side, "List")
+                [pod] = [p for p in listed.pod_resources if p.name == "watched" and p.namespace == side.namespace]
+                got = await _pod_resources(side, "Get", pod_name="watched", pod_namespace=side.namespace)
+                try:
+                    await _pod_resources(side, "Get", pod_name="nobody", pod_namespace=side.namespace)
+                    missing = "answered"
+                except grpc.aio.AioRpcError as exc:
+                    missing = f"{exc.code().name}: {exc.details()}"
+                allocatable = await _pod_resources(side, "GetAllocatableResources")
+                await side.delete_pod("watched")
+                await side.gone("watched")
+                return {
+                    "listed": _devices_seen(side, pod, claim),
+                    "got": _devices_seen(side, got.pod_resources, claim),
+                    "missing": missing.replace(side.namespace, "NS"),
+                    "allocatable": allocatable.SerializeToString(),
+                }
+
+            found = await both(sides, case)
+            real, fake = found["real"], found["fake"]
+            assert real["listed"] == real["got"], real
+            assert list(real["listed"]) == ["sidecar", "main", "idle"], real
+            gpus = [r for r in real["listed"]["main"] if r[1] == GPU]
+            assert [len(r) - 3 for r in gpus] == [1, 2], f"CDI lists grow along a driver's devices: {gpus}"
+            assert real["listed"]["idle"] == [] and real["listed"]["sidecar"] == real["listed"]["main"], real
+            assert real["missing"] == "UNKNOWN: pod nobody in namespace NS not found", real
+            assert real["allocatable"] == b"", real
+            assert fake == real
 
     asyncio.run(scenario())

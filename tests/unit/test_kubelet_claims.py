@@ -12,7 +12,7 @@ import pytest
 from testbed.kubeapi import ClaimRef, KubeClient, Obj
 from testbed.kubelet.node import NodeSpec
 from testbed.kubelet.plugins import PluginCallError, PluginManager, PreparedDevice
-from testbed.kubelet.pods import PodManager, StartFailed, _claim_name, _extended_requests
+from testbed.kubelet.pods import PodManager, StartFailed, _extended_requests, pod_claim_name
 
 DRIVER = "gpu.dra-testbed.io"
 
@@ -163,9 +163,9 @@ def test_the_unpreparing_mark_is_not_kept_across_a_restart(book: tuple[PodManage
         ({"name": "c", "resourceClaimTemplateName": "t"}, [{"name": "c"}], (None, True)),
     ],
 )
-def test_claim_names_resolve_as_the_kubelet_resolves_them(entry: Obj, status: list[Obj], expected: tuple) -> None:
+def testpod_claim_names_resolve_as_the_kubelet_resolves_them(entry: Obj, status: list[Obj], expected: tuple) -> None:
     pod = {"metadata": {"namespace": "ns", "name": "p"}, "status": {"resourceClaimStatuses": status}}
-    assert _claim_name(pod, entry) == expected
+    assert pod_claim_name(pod, entry) == expected
 
 
 @pytest.mark.parametrize(
@@ -178,7 +178,7 @@ def test_claim_names_resolve_as_the_kubelet_resolves_them(entry: Obj, status: li
 def test_a_claim_that_cannot_be_named_fails_in_the_kubelets_words(entry: Obj, words: str) -> None:
     pod = {"metadata": {"namespace": "ns", "name": "p"}, "status": {}}
     with pytest.raises(StartFailed) as failed:
-        _claim_name(pod, entry)
+        pod_claim_name(pod, entry)
     assert str(failed.value) == f"Failed to prepare dynamic resources: prepare dynamic resources: {words}"
 
 
