@@ -94,6 +94,7 @@ class SyntheticNode:
             registry_dir=None if self.short_paths is None else self.short_paths.registry,
             watch_client=watch_client,
             fence=fence,
+            durable=False,  # as its drivers: a synthetic node's state is throw-away
         )
         self.drivers = [
             driver_on_node(

@@ -33,10 +33,12 @@ class FakeKubelet:
         registry_dir: Path | None = None,
         watch_client: KubeClient | None = None,
         fence: LeaseFence | None = None,
+        durable: bool = True,
     ):
         """``registry_dir``: where plugins register (default ``kubelet_dir/plugins_registry``).
         ``watch_client``: what the pod watch holds its connection on (default ``client``).
-        ``fence``: for a node another server may take over (see NodeAgent)."""
+        ``fence``: for a node another server may take over (see NodeAgent).
+        ``durable``: fsync its claim checkpoint, as a kubelet does (False: synthetic nodes)."""
         self.client = client
         self.spec = spec
         self.kubelet_dir = kubelet_dir
@@ -56,6 +58,7 @@ class FakeKubelet:
             watch_pods=watch_pods,
             checkpoint=kubelet_dir / CHECKPOINT_FILE,
             watch_client=watch_client,
+            durable=durable,
         )
         self._startup_wipe: asyncio.Task[None] | None = None
         self._pod_resources: grpc.aio.Server | None = None

@@ -127,10 +127,14 @@ class PodManager:
         watch_pods: bool = True,
         checkpoint: Path | None = None,
         watch_client: KubeClient | None = None,
+        durable: bool = True,
     ):
+        """``durable``: fsync the checkpoint, as the kubelet does (a real node); synthetic
+        nodes, whose state is throw-away, skip it."""
         self.client = client
         self.watch_client = watch_client or client
         self.checkpoint = checkpoint
+        self.durable = durable
         self.node = node
         self.plugins = plugins
         self.cdi_dir = cdi_dir
@@ -182,7 +186,7 @@ class PodManager:
         entries = [dict(asdict(c), users=sorted(c.users)) for c in self.claims.values()]
         for entry in entries:
             del entry["unpreparing"]
-        write_atomically(self.checkpoint, json.dumps(entries).encode(), durable=False)
+        write_atomically(self.checkpoint, json.dumps(entries).encode(), durable=self.durable)
 
     def start(self) -> None:
         self._load_checkpoint()
