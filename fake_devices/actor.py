@@ -56,8 +56,8 @@ class HardwareHost:
     ) -> list[PreparedDevice]:
         return await self._node(node).prepare(claim_uid, devices, settings, admin_access)
 
-    async def unprepare(self, node: str, claim_uid: str) -> bool:
-        return await self._node(node).unprepare(claim_uid)
+    async def unprepare(self, node: str, claim_uid: str, kinds: list[str] | None = None) -> bool:
+        return await self._node(node).unprepare(claim_uid, kinds)
 
     async def claims(self, node: str) -> dict[str, list[str]]:
         return self._node(node).claims()

@@ -16,7 +16,7 @@ import contextlib
 import hashlib
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -225,9 +225,11 @@ class NodeHardware:
     ) -> list[PreparedDevice]:
         """Reserve ``names`` for the claim and apply each device's settings (sharing
         strategy and the like). Idempotent: the same claim and devices again returns the
-        same answer."""
+        same answer. A claim may be prepared in parts (one per driver whose devices it
+        has, a GPU's and a NIC's): it holds them all."""
         settings = settings or {}
-        if self._claims.get(claim_uid) == sorted(names):
+        held = self._claims.get(claim_uid, [])
+        if set(names) <= set(held):
             return [self._prepared(n, settings.get(n)) for n in sorted(names)]
         if self.faults.fail_next_prepares > 0:
             self.faults.fail_next_prepares -= 1
@@ -243,7 +245,7 @@ class NodeHardware:
             self._check_conflicts(claim_uid, names)
         else:
             self._admin_claims.add(claim_uid)
-        self._claims[claim_uid] = sorted(names)
+        self._claims[claim_uid] = sorted({*held, *names})
         if self.faults.latency_s:  # reserved, then slow to come up: a crash can land here
             await asyncio.sleep(self.faults.latency_s)
         return [self._prepared(n, settings.get(n)) for n in sorted(names)]
@@ -251,15 +253,24 @@ class NodeHardware:
     def _prepared(self, name: str, settings: Mapping[str, str] | None) -> PreparedDevice:
         return PreparedDevice(name, {**self._devices[name].env, **(settings or {})})
 
-    async def unprepare(self, claim_uid: str) -> bool:
-        """Release the claim's devices. Unknown claims are fine (already released)."""
+    async def unprepare(self, claim_uid: str, kinds: Collection[str] | None = None) -> bool:
+        """Release the claim's devices (only those of these kinds, when given: one driver's
+        part of a claim). Unknown claims are fine (already released); True if any device
+        was released."""
         if self.faults.latency_s:
             await asyncio.sleep(self.faults.latency_s)
-        for name in self._claims.get(claim_uid, []):
+        held = self._claims.get(claim_uid, [])
+        releasing = [n for n in held if kinds is None or self._devices[n].kind in kinds]
+        for name in releasing:
             if name in self._busy:
                 raise HardwareError(f"{self.node}: {name} is busy: {self._busy[name]}")
-        self._admin_claims.discard(claim_uid)
-        return self._claims.pop(claim_uid, None) is not None
+        kept = [n for n in held if n not in releasing]
+        if kept:
+            self._claims[claim_uid] = kept
+        else:
+            self._claims.pop(claim_uid, None)
+            self._admin_claims.discard(claim_uid)
+        return bool(releasing)
 
     def claims(self) -> dict[str, list[str]]:
         return {uid: list(names) for uid, names in self._claims.items()}

@@ -6,7 +6,7 @@ the same whether the hardware lives in the same process or elsewhere in a Ray cl
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, Protocol
 
 from fake_devices.hardware import (
@@ -29,7 +29,7 @@ class DeviceBackend(Protocol):
         settings: Mapping[str, Mapping[str, str]],
         admin_access: bool,
     ) -> list[PreparedDevice]: ...
-    async def unprepare(self, claim_uid: str) -> bool: ...
+    async def unprepare(self, claim_uid: str, kinds: Collection[str] | None = None) -> bool: ...
     async def claims(self) -> dict[str, list[str]]: ...
 
 
@@ -57,8 +57,8 @@ class LocalBackend:
     ) -> list[PreparedDevice]:
         return await self.hardware.prepare(claim_uid, devices, settings, admin_access)
 
-    async def unprepare(self, claim_uid: str) -> bool:
-        return await self.hardware.unprepare(claim_uid)
+    async def unprepare(self, claim_uid: str, kinds: Collection[str] | None = None) -> bool:
+        return await self.hardware.unprepare(claim_uid, kinds)
 
     async def claims(self) -> dict[str, list[str]]:
         return self.hardware.claims()
@@ -103,8 +103,8 @@ class RayBackend:
             raise HardwareError(str(cause or exc)) from exc
         return result
 
-    async def unprepare(self, claim_uid: str) -> bool:
-        result: bool = await self.actor.unprepare.remote(self.node, claim_uid)
+    async def unprepare(self, claim_uid: str, kinds: Collection[str] | None = None) -> bool:
+        result: bool = await self.actor.unprepare.remote(self.node, claim_uid, None if kinds is None else list(kinds))
         return result
 
     async def claims(self) -> dict[str, list[str]]:

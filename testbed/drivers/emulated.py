@@ -123,7 +123,7 @@ class EmulatedDriver:
             raise ClaimFailed("DeviceError", str(exc)) from None
 
     async def unprepare(self, claim_uid: str) -> None:
-        try:
-            await self.backend.unprepare(claim_uid)
+        try:  # its own devices alone: the claim may hold another driver's too
+            await self.backend.unprepare(claim_uid, self.kind.published)
         except HardwareError as exc:
             raise ClaimFailed("DeviceError", str(exc)) from None

@@ -61,6 +61,23 @@ def test_prepare_is_idempotent_and_unprepare_of_unknown_is_fine() -> None:
     assert run(hw.unprepare("a")) and not run(hw.unprepare("a")) and not run(hw.unprepare("never"))
 
 
+def test_a_claim_prepared_in_parts_by_two_drivers_holds_both_until_each_releases_its_own() -> None:
+    hw = NodeHardware("n", load_profile("tiny"))
+    run(hw.prepare("pair", ["gpu-0"]))  # the GPU driver's part
+    run(hw.prepare("pair", ["nic-0"]))  # the NIC driver's part
+    assert hw.claims() == {"pair": ["gpu-0", "nic-0"]}
+    assert run(hw.prepare("pair", ["gpu-0"]))[0].name == "gpu-0", "idempotent for each part"
+    with pytest.raises(HardwareError, match=r"gpu-0 already in use by claim\(s\) pair"):
+        run(hw.prepare("other", ["gpu-0"]))
+    hw.set_busy("gpu-0", "held by pid 4242")
+    assert run(hw.unprepare("pair", kinds=["nic"])), "the NIC's part goes; the busy GPU is not its business"
+    assert hw.claims() == {"pair": ["gpu-0"]}
+    with pytest.raises(HardwareError, match="gpu-0 is busy"):
+        run(hw.unprepare("pair", kinds=["gpu", "partition"]))
+    hw.set_busy("gpu-0", None)
+    assert run(hw.unprepare("pair", kinds=["gpu", "partition"])) and hw.claims() == {}
+
+
 def test_a_busy_device_keeps_its_claim_until_freed() -> None:
     hw = NodeHardware("n", load_profile("tiny"))
     run(hw.prepare("a", ["gpu-0"]))
