@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from prometheus_client import Histogram
+import weakref
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from typing import Protocol
+
+from prometheus_client import REGISTRY, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from testbed.kubeletplugin.metrics import DURATION_BUCKETS
 
@@ -13,3 +20,40 @@ OPERATIONS = Histogram(
     ["operation_name", "is_error"],
     buckets=DURATION_BUCKETS,
 )
+ANY_DRIVER = "<any>"
+"""The kubelet's driver_name for claims counted once, whatever drivers they use."""
+
+
+class ClaimBook(Protocol):
+    def prepared_drivers(self) -> Iterable[list[str]]:
+        """For each prepared claim, the drivers it uses."""
+        ...
+
+
+class ClaimsInUse(Collector):
+    """``dra_resource_claims_in_use{driver_name}``, counted when scraped as the kubelet
+    counts it: prepared claims by driver, and every prepared claim once under ``<any>``.
+    Summed over the kubelets of this process (a NodeHost's are one fleet's share)."""
+
+    def __init__(self) -> None:
+        self.books: weakref.WeakSet[ClaimBook] = weakref.WeakSet()
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        counts: Counter[str] = Counter()
+        for book in list(self.books):
+            for drivers in book.prepared_drivers():
+                counts[ANY_DRIVER] += 1
+                counts.update(drivers)
+        family = GaugeMetricFamily(
+            "dra_resource_claims_in_use",
+            f"The number of ResourceClaims in use on the node by driver, and across all drivers ({ANY_DRIVER})",
+            labels=["driver_name"],
+        )
+        counts.setdefault(ANY_DRIVER, 0)
+        for driver, count in sorted(counts.items()):
+            family.add_metric([driver], count)
+        yield family
+
+
+CLAIMS_IN_USE = ClaimsInUse()
+REGISTRY.register(CLAIMS_IN_USE)

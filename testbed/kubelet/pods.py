@@ -190,12 +190,14 @@ class PodManager:
 
     def start(self) -> None:
         self._load_checkpoint()
+        metrics.CLAIMS_IN_USE.books.add(self)
         if self.watch_pods:
             self._task = asyncio.create_task(self._watch(), name=f"pods-{self.node.name}")
         self._resync_task = asyncio.create_task(self._resync(), name=f"pod-sync-{self.node.name}")
         self._reconcile_task = asyncio.create_task(self._reconcile(), name=f"claim-reconcile-{self.node.name}")
 
     async def stop(self) -> None:
+        metrics.CLAIMS_IN_USE.books.discard(self)
         await cancel_and_wait(
             self._task, self._resync_task, self._reconcile_task, *self._status_tasks, *self._workers.values()
         )
@@ -754,6 +756,10 @@ class PodManager:
             ),
             None,
         )
+
+    def prepared_drivers(self) -> list[list[str]]:
+        """For each claim prepared here, the drivers it uses (for dra_resource_claims_in_use)."""
+        return [c.drivers for c in self.claims.values() if c.prepared]
 
     def claim_named(self, namespace: str, name: str) -> PreparedClaim | None:
         """The claim this kubelet holds under that name (as the kubelet keys them)."""

@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
+from prometheus_client import REGISTRY
 
 from testbed.kubeapi import ClaimRef, KubeClient, Obj
+from testbed.kubelet import metrics
 from testbed.kubelet.node import NodeSpec
 from testbed.kubelet.plugins import PluginCallError, PluginManager, PreparedDevice
 from testbed.kubelet.pods import PodManager, StartFailed, _extended_requests, pod_claim_name
@@ -195,3 +197,31 @@ def test_a_container_gets_the_extended_resource_requests_mapped_to_what_it_asks_
     assert _extended_requests(pod, {"name": "side", "resources": {"requests": {resource: "0"}}}) == []
     assert _extended_requests(pod, {"name": "side", "resources": {}}) == []
     assert _extended_requests({"status": {}}, {"name": "main", "resources": {"requests": {resource: "1"}}}) == []
+
+
+def test_claims_in_use_are_counted_by_driver_and_once_across_drivers(book: tuple[PodManager, Driver]) -> None:
+    """As the kubelet's dra_resource_claims_in_use: prepared claims only."""
+    manager, _ = book
+
+    def in_use() -> dict[str, float]:
+        return {
+            s.labels["driver_name"]: s.value
+            for family in REGISTRY.collect()
+            if family.name == "dra_resource_claims_in_use"
+            for s in family.samples
+        }
+
+    metrics.CLAIMS_IN_USE.books.add(manager)
+    try:
+        assert in_use() == {"<any>": 0}
+        run(manager._prepare_claims("pod-a", [claim("one", "u1")]))
+        pair = claim("pair", "u2")
+        pair["status"]["allocation"]["devices"]["results"].append(
+            {"driver": "nic.dra-testbed.io", "pool": "node", "device": "nic-0", "request": "nic"}
+        )
+        run(manager._prepare_claims("pod-a", [pair]))
+        assert in_use() == {"<any>": 2, DRIVER: 2, "nic.dra-testbed.io": 1}
+        run(manager._release_once("pod-a"))
+        assert in_use() == {"<any>": 0}
+    finally:
+        metrics.CLAIMS_IN_USE.books.discard(manager)
