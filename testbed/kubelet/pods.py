@@ -56,10 +56,10 @@ log = logging.getLogger(__name__)
 BACKOFF_START_S = 0.2
 BACKOFF_MAX_S = 5.0
 STATUS_SYNC_S = 60.0
-RECONCILE_S = 60.0
-"""How often claims of pods that are gone are looked for, as the kubelet's DRA manager does."""
 """The kubelet's syncFrequency: each running pod's status is recomputed this often, which
 is when a device whose health went stale turns Unknown."""
+RECONCILE_S = 60.0
+"""How often claims of pods that are gone are looked for, as the kubelet's DRA manager does."""
 PREPARE_FAILED = "FailedPrepareDynamicResources"
 PREPARE_FAILED_MESSAGE = "Failed to prepare dynamic resources: prepare dynamic resources"
 """The event's words and the kubelet's own wrapping of every PrepareResources error."""
