@@ -162,23 +162,39 @@ class PodManager:
         """By pod UID: the allocatedResourcesStatus last written, to write only changes."""
 
     def _load_checkpoint(self) -> None:
+        """The claims the checkpoint holds. One that cannot be read is set aside, never
+        overwritten (the kubelet refuses to start on it; this one starts without it and
+        says where it went, so what it held can still be looked at)."""
         if self.checkpoint is None or not self.checkpoint.exists():
             return
+        claims: dict[str, PreparedClaim] = {}
         try:
-            entries = json.loads(self.checkpoint.read_text())
-            for entry in entries:
+            for entry in json.loads(self.checkpoint.read_text()):
                 devices = [PreparedDevice(**d) for d in entry.pop("devices")]
                 claim = PreparedClaim(**entry, devices=devices)
                 claim.users = set(claim.users)
-                if claim.prepared:
-                    self._started_before_restart |= claim.users
-                # As the kubelet restores its claim info: not prepared until a driver says
-                # so again, so a pod that starts now (one more user of a shared claim, or a
-                # pod made again after a reboot) asks the driver once more.
-                claim.prepared = False
-                self.claims[claim.uid] = claim
-        except (OSError, ValueError, TypeError, KeyError) as exc:
-            log.warning("%s: checkpoint %s unreadable (%s); starting without it", self.node.name, self.checkpoint, exc)
+                claims[claim.uid] = claim
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+            moved = self.checkpoint.with_name(f"{self.checkpoint.name}.corrupt-{int(time.time() * 1000)}")
+            with contextlib.suppress(OSError):
+                self.checkpoint.replace(moved)
+            log.error(
+                "%s: claim checkpoint %s unreadable (%s); moved it to %s and starting without it: claims it "
+                "held are not unprepared by this kubelet",
+                self.node.name,
+                self.checkpoint,
+                exc,
+                moved,
+            )
+            return
+        for claim in claims.values():
+            if claim.prepared:
+                self._started_before_restart |= claim.users
+            # As the kubelet restores its claim info: not prepared until a driver says so
+            # again, so a pod that starts now (one more user of a shared claim, or a pod
+            # made again after a reboot) asks the driver once more.
+            claim.prepared = False
+        self.claims = claims
 
     def _save_checkpoint(self) -> None:
         if self.checkpoint is None:

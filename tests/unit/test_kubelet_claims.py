@@ -225,3 +225,18 @@ def test_claims_in_use_are_counted_by_driver_and_once_across_drivers(book: tuple
         assert in_use() == {"<any>": 0}
     finally:
         metrics.CLAIMS_IN_USE.books.discard(manager)
+
+
+@pytest.mark.parametrize("content", ["{not json", '[{"uid": "u1"}]', '[{"namespace": "ns", "devices": 3}]'])
+def test_an_unreadable_checkpoint_is_set_aside_not_overwritten(tmp_path: Path, content: str) -> None:
+    checkpoint = tmp_path / "dra_manager_state.json"
+    checkpoint.write_text(content)
+    manager = PodManager(
+        cast(KubeClient, None), NodeSpec("node"), cast(PluginManager, Driver()), tmp_path, checkpoint=checkpoint
+    )
+    manager._load_checkpoint()
+    assert manager.claims == {}
+    [moved] = tmp_path.glob("dra_manager_state.json.corrupt-*")
+    assert moved.read_text() == content and not checkpoint.exists()
+    run(manager._prepare_claims("pod-a", [claim("one", "u1")]))
+    assert moved.read_text() == content, "the next save goes to a new file"
