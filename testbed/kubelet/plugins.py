@@ -21,6 +21,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import stat
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -145,8 +147,11 @@ class PluginManager:
         self._wipe_tasks: dict[str, asyncio.Task[None]] = {}
         self._task: asyncio.Task[None] | None = None
         self.changed = asyncio.Event()
-        self._scanned_stamp: int | None = None
-        """The registry directory's mtime when a scan last found nothing left to do."""
+        self._scanned_stamp: list[int] | None = None
+        """The mtimes of the registry directory and its subdirectories when a scan last
+        found nothing left to do."""
+        self._subdirs: list[Path] = []
+        """Subdirectories of the registry directory at the last scan."""
 
     def start(self) -> None:
         self.registry_dir.mkdir(parents=True, exist_ok=True)
@@ -188,16 +193,45 @@ class PluginManager:
             await asyncio.sleep(self.scan_interval_s)
 
     def _unchanged(self) -> bool:
-        """A socket created, removed or replaced moves the directory's mtime: one stat
-        stands in for a listing of it while nothing changed (a kubelet is told by inotify)."""
+        """A socket created, removed or replaced moves its directory's mtime: a stat of the
+        directory and of each subdirectory stands in for a listing while nothing changed
+        (a kubelet is told by inotify)."""
         try:
-            return self.registry_dir.stat().st_mtime_ns == self._scanned_stamp
+            return self._stamp() == self._scanned_stamp
         except FileNotFoundError:
             return False
 
+    def _stamp(self) -> list[int]:
+        """(A subdirectory gone counts as -1; the registry directory itself must exist.)"""
+        stamps = [self.registry_dir.stat().st_mtime_ns]
+        for directory in self._subdirs:
+            try:
+                stamps.append(directory.stat().st_mtime_ns)
+            except FileNotFoundError:
+                stamps.append(-1)
+        return stamps
+
+    def _listing(self) -> set[Path]:
+        """The sockets in the registry directory and its subdirectories, as the kubelet's
+        plugin watcher walks them (symlinks not followed; names starting with '.' skipped);
+        the subdirectories seen are remembered for the next stamp."""
+        sockets: set[Path] = set()
+        subdirs: list[Path] = []
+        pending = [self.registry_dir]
+        while pending:
+            with os.scandir(pending.pop()) as entries:
+                for entry in entries:
+                    if entry.is_dir(follow_symlinks=False):
+                        subdirs.append(Path(entry.path))
+                        pending.append(Path(entry.path))
+                    elif not entry.name.startswith(".") and stat.S_ISSOCK(entry.stat(follow_symlinks=False).st_mode):
+                        sockets.add(Path(entry.path))
+        self._subdirs = subdirs
+        return sockets
+
     async def scan(self) -> None:
-        stamp = self.registry_dir.stat().st_mtime_ns
-        present = {p for p in self.registry_dir.iterdir() if not p.name.startswith(".") and p.is_socket()}
+        present = self._listing()
+        stamp = self._stamp()
         replaced = {s for s, p in self._by_socket.items() if s in present and _identity(s) != p.identity}
         for sock in set(self._by_socket) - present | replaced:
             await self._deregister(sock)
@@ -206,7 +240,7 @@ class PluginManager:
         self._rejected &= present
         # Trusted only when settled: a stamp under a second old may share its clock tick
         # with a change made just after the listing, and a failed GetInfo is retried.
-        settled = time.time_ns() - stamp > STAMP_SETTLED_NS
+        settled = time.time_ns() - max(stamp) > STAMP_SETTLED_NS
         self._scanned_stamp = stamp if settled and present - self._rejected <= set(self._by_socket) else None
 
     def _notify(self) -> None:

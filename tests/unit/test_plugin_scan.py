@@ -57,3 +57,33 @@ def test_a_socket_that_did_not_answer_is_looked_at_again(tmp_path: Path) -> None
         assert not manager._unchanged()
     finally:
         server.close()
+
+
+def test_sockets_in_subdirectories_are_found_as_the_kubelet_walks_them(tmp_path: Path) -> None:
+    """The kubelet's plugin watcher walks the registry directory's subdirectories too,
+    skips names starting with '.', and follows no symlinks."""
+    registry = tmp_path / "plugins_registry"
+    (registry / "vendor" / "deeper").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    (registry / "link").symlink_to(tmp_path / "elsewhere")
+    servers = [
+        _socket_at(path)
+        for path in (
+            registry / "top.sock",
+            registry / "vendor" / "deeper" / "nested.sock",
+            registry / "vendor" / ".hidden.sock",
+            tmp_path / "elsewhere" / "linked.sock",
+        )
+    ]
+    try:
+        manager = PluginManager(registry, watch_health=False)
+        assert manager._listing() == {registry / "top.sock", registry / "vendor" / "deeper" / "nested.sock"}
+        for directory in (registry, registry / "vendor", registry / "vendor" / "deeper", registry / "link"):
+            _age(directory, 10)
+        manager._scanned_stamp = manager._stamp()
+        assert manager._unchanged()
+        servers.append(_socket_at(registry / "vendor" / "deeper" / "later.sock"))  # a driver starts down there
+        assert not manager._unchanged()
+    finally:
+        for server in servers:
+            server.close()
