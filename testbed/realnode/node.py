@@ -313,10 +313,14 @@ class ProcessNode:
                 raise TestbedError(f"node {self.name}: the CRI runtime did not start", detail=self.log_tail("cri"))
             await asyncio.sleep(0.05)
 
-    async def start_driver(self, name: str = "driver", pod_uid: str | None = None) -> None:
+    async def start_driver(
+        self, name: str = "driver", pod_uid: str | None = None, env: Mapping[str, str] | None = None
+    ) -> None:
         """``testbed-driver`` for this node's drivers, configured as the DaemonSet does.
         ``name``/``pod_uid``: one more instance beside it, as a DaemonSet with maxSurge
-        starts during a rolling update (its sockets named by its pod's UID)."""
+        starts during a rolling update (its sockets named by its pod's UID). ``env``: more
+        of its settings (``KUBELET_REGISTRAR_DIRECTORY_PATH``, say)."""
+        extra = dict(env or {})
         env = {
             "NODE_NAME": self.name,
             "DRIVERS": ",".join(self.drivers),
@@ -330,6 +334,7 @@ class ProcessNode:
             "FAULTS_FILE": str(self.faults_file),
             "DEVICES_PER_SLICE": str(self.devices_per_slice or 0),
             **({"POD_UID": pod_uid} if pod_uid else {}),
+            **extra,
         }
         if name == "driver":
             self._driver_started = time.time()

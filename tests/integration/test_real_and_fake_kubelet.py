@@ -938,3 +938,39 @@ def test_the_pod_resources_api_names_each_containers_devices_alike(
             assert fake == real
 
     asyncio.run(scenario())
+
+
+def test_a_driver_registering_in_a_subdirectory_of_the_registry_is_found(
+    control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
+) -> None:
+    """A driver whose registration socket is in a subdirectory of ``plugins_registry``
+    (its ``KUBELET_REGISTRAR_DIRECTORY_PATH`` pointed there): both kubelets find it and
+    send it the node's claims."""
+
+    async def scenario() -> None:
+        async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
+
+            async def case(side: Side) -> list[str]:
+                await side.node.stop_process("driver")
+                nested = side.node.kubelet_dir / "plugins_registry" / "vendor" / "dra"
+                restarted = time.time()
+                await side.node.start_driver(env={"KUBELET_REGISTRAR_DIRECTORY_PATH": str(nested)})
+
+                async def registered() -> set[str]:
+                    calls = side.node.calls()
+                    drivers = {c["driver"] for c in calls if c["time"] > restarted and c.get("registered")}
+                    return drivers if drivers == {GPU, NIC} else set()
+
+                await until(registered, 60, f"{side.kind}: the kubelet to register both drivers")
+                await side.claim("c", [request("gpu", GPU)])
+                await side.pod("user", {"resourceClaimName": "c"})
+                await side.running("user")
+                assert sorted(p.name for p in nested.iterdir()) == [f"{GPU}-reg.sock", f"{NIC}-reg.sock"]
+                await side.delete_pod("user")
+                await side.gone("user")
+                return side.calls_by_claim()["c"]
+
+            found = await both(sides, case)
+            assert found["real"] == found["fake"] == [PREPARE, UNPREPARE], found
+
+    asyncio.run(scenario())
