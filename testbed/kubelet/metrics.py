@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import weakref
-from collections import Counter
+from collections import Counter as Tally
 from collections.abc import Iterable, Iterator
 from typing import Protocol
 
-from prometheus_client import REGISTRY, Histogram
+from prometheus_client import REGISTRY, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -19,6 +19,11 @@ OPERATIONS = Histogram(
     "or stops (UnprepareResources)",
     ["operation_name", "is_error"],
     buckets=DURATION_BUCKETS,
+)
+CLAIM_READ_RETRIES = Counter(
+    "dra_testbed_kubelet_claim_read_retries_total",
+    "Claim reads the fake kubelet made again because the node authorizer had not yet linked a "
+    "newly bound pod's claims to the node (a real kubelet reads later, after mounting volumes)",
 )
 ANY_DRIVER = "<any>"
 """The kubelet's driver_name for claims counted once, whatever drivers they use."""
@@ -39,7 +44,7 @@ class ClaimsInUse(Collector):
         self.books: weakref.WeakSet[ClaimBook] = weakref.WeakSet()
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        counts: Counter[str] = Counter()
+        counts: Tally[str] = Tally()
         for book in list(self.books):
             for drivers in book.prepared_drivers():
                 counts[ANY_DRIVER] += 1

@@ -394,6 +394,7 @@ class PodManager:
             except ApiError as exc:
                 if delay is None or not (exc.status == 403 and NO_RELATIONSHIP in exc.message):
                     raise
+                metrics.CLAIM_READ_RETRIES.inc()
             await asyncio.sleep(delay)
         raise AssertionError("unreachable")
 
