@@ -495,7 +495,9 @@ class PodManager:
         self._claim_uids[pod["metadata"]["uid"]] = {c["_pod_claim_name"]: c["metadata"]["uid"] for c in claims}
         by_pod_name = {c["_pod_claim_name"]: self.claims[c["metadata"]["uid"]] for c in claims}
         env: dict[str, dict[str, str]] = {}
-        for container in pod["spec"].get("containers", []):
+        spec = pod["spec"]
+        # Init containers too: the runtime gives each its devices when it starts.
+        for container in [*spec.get("initContainers", []), *spec.get("containers", [])]:
             wanted = [(ref["name"], ref.get("request")) for ref in container.get("resources", {}).get("claims", [])]
             wanted += [(EXTENDED_RESOURCES, request) for request in _extended_requests(pod, container)]
             ids: list[str] = []

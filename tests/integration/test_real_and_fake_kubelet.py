@@ -917,6 +917,7 @@ def test_the_pod_resources_api_names_each_containers_devices_alike(
                 except grpc.aio.AioRpcError as exc:
                     missing = f"{exc.code().name}: {exc.details()}"
                 allocatable = await _pod_resources(side, "GetAllocatableResources")
+                sidecar_env = sorted(k for k in await side.env("watched", "sidecar") if k.endswith("_IFNAME"))
                 await side.delete_pod("watched")
                 await side.gone("watched")
                 return {
@@ -924,6 +925,7 @@ def test_the_pod_resources_api_names_each_containers_devices_alike(
                     "got": _devices_seen(side, got.pod_resources, claim),
                     "missing": missing.replace(side.namespace, "NS"),
                     "allocatable": allocatable.SerializeToString(),
+                    "sidecar env": sidecar_env,
                 }
 
             found = await both(sides, case)
@@ -935,6 +937,7 @@ def test_the_pod_resources_api_names_each_containers_devices_alike(
             assert real["listed"]["idle"] == [] and real["listed"]["sidecar"] == real["listed"]["main"], real
             assert real["missing"] == "UNKNOWN: pod nobody in namespace NS not found", real
             assert real["allocatable"] == b"", real
+            assert real["sidecar env"], f"the init container gets its request's NIC: {real}"
             assert fake == real
 
     asyncio.run(scenario())
