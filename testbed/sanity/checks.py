@@ -67,6 +67,24 @@ def expect(condition: bool, detail: str, status: Status = Status.FAIL) -> None:
         raise Problem(detail, status)
 
 
+def answer_problem(method: str, asked: set[str], answered: set[str]) -> str:
+    """What a kubelet would refuse in an answer's claim UIDs ("" if nothing): kubelet
+    v1.37 refuses a whole answer that names a claim it did not ask about, and fails the
+    pod when one it asked about is left out."""
+    extra, missing = sorted(answered - asked), asked - answered
+    if extra:
+        return (
+            f"{method} answered for claim UID(s) it was not asked about ({', '.join(extra)}): a kubelet refuses "
+            f"the whole answer ('{method} returned result for unknown claim UID ...')"
+        )
+    if missing:
+        return (
+            f"{method} left out {len(missing)} of the claims it was asked about: a kubelet fails the pod "
+            f"('{method} skipped {len(missing)} ResourceClaims')"
+        )
+    return ""
+
+
 def _devices(entry: Any) -> list[tuple[list[str], str, str, list[str]]]:
     return [(list(d.request_names), d.pool_name, d.device_name, list(d.cdi_device_ids)) for d in entry.devices]
 
@@ -120,6 +138,7 @@ class Suite:
             ("unprepare, twice and unknown", self.check_unprepare),
             ("firstAvailable: base request names", self.check_first_available),
             ("per-claim errors", self.check_per_claim_errors),
+            ("answers name the claims asked", self.check_exact_answers),
             ("health stream", self.check_health),
             ("kubelet restart: slices back", self.check_slices_come_back),
             ("kill -9 mid-prepare, restart, retry", self.check_kill_mid_prepare),
@@ -336,6 +355,21 @@ class Suite:
             await self._done_with(good)
             await self.harness.release(unallocated)
         return "each bad claim fails alone; the good one in the same call is prepared"
+
+    async def check_exact_answers(self) -> str:
+        good = await self.harness.claim(self.harness.one_device())
+        unknown = ClaimRef(self.harness.namespace, str(uuid.uuid4()), "no-such-claim")
+        asked = {good.uid, unknown.uid}
+        try:
+            prepared = await self.prepare([good, unknown])
+            problem = answer_problem("NodePrepareResources", asked, set(prepared.claims))
+            expect(not problem, problem)
+            unprepared = await self.unprepare([good, unknown])
+            problem = answer_problem("NodeUnprepareResources", asked, set(unprepared.claims))
+            expect(not problem, problem)
+        finally:
+            await self._done_with(good)
+        return "prepare and unprepare answer each claim asked about, and no other"
 
     # --- health --------------------------------------------------------------------------
 

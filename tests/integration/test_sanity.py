@@ -50,7 +50,7 @@ def test_every_check_passes_for_the_built_in_drivers(control_plane: ClusterState
     [profile] = [p for p in ("tiny", "fpga4") if drivers_for(load_profile(p)).count(driver)][:1]
     env = {"DRIVERS": driver, "HARDWARE_PROFILE": profile, "HEALTH_PORT": "-1", "METRICS_PORT": "-1"}
     results = _sanity(control_plane, DRIVER, env, driver)
-    assert len(results) == 14
+    assert len(results) == 15
     assert {r.name: r.status for r in results if r.status is not Status.PASS} == {}, [
         (r.name, r.detail) for r in results if r.status is not Status.PASS
     ]
