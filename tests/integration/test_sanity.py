@@ -105,6 +105,25 @@ def test_a_plugin_without_slices_or_pod_named_sockets_is_told_so(
     assert results["API server unreachable"].status is Status.SKIP
 
 
+def test_a_driver_answering_for_a_claim_it_was_not_asked_about_is_told_so(
+    control_plane: ClusterState, fleet: Fleet
+) -> None:
+    del fleet
+    plugin = Path(__file__).with_name("misbehaving_plugin.py")
+    command = [
+        "sh",
+        "-c",
+        f'exec "{sys.executable}" "{plugin}" "$KUBELET_REGISTRAR_DIRECTORY_PATH" '
+        '"$KUBELET_PLUGINS_DIRECTORY_PATH/extra.example.com" extra.example.com unknown-claim',
+    ]
+    env = {"PYTHONPATH": str(Path.cwd()), "PUBLISH_SLICE": "1"}
+    results = {r.name: r for r in _sanity(control_plane, command, env)}
+    assert results["resource slices within API limits"].status is Status.PASS, results
+    answers = results["answers name the claims asked"]
+    assert answers.status is Status.FAIL, answers
+    assert "NodePrepareResources answered for claim UID(s) it was not asked about" in answers.detail, answers
+
+
 def test_a_command_that_cannot_run_is_one_clear_error(control_plane: ClusterState) -> None:
     where = ["--name", control_plane.name, "--state-dir", str(control_plane.root)]
     proc = subprocess.run(
