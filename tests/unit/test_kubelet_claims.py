@@ -240,3 +240,14 @@ def test_an_unreadable_checkpoint_is_set_aside_not_overwritten(tmp_path: Path, c
     assert moved.read_text() == content and not checkpoint.exists()
     run(manager._prepare_claims("pod-a", [claim("one", "u1")]))
     assert moved.read_text() == content, "the next save goes to a new file"
+
+
+def test_no_claim_is_reconciled_before_the_pods_of_the_node_are_known(book: tuple[PodManager, Driver]) -> None:
+    """Before its pod watch listed, every pod looks gone: unpreparing then would take the
+    devices of running pods. Fed by someone else's watch, it never knows, and never does."""
+    manager, _ = book
+    assert not manager._pods_listed()
+    manager._position.resource_version = "42"
+    assert manager._pods_listed()
+    manager.watch_pods = False
+    assert not manager._pods_listed()
