@@ -30,6 +30,7 @@ from testbed.kubeletplugin.checkpoint import (
     ClaimRecord,
     ClaimState,
     PreparedDeviceRecord,
+    PrepareIntents,
 )
 from testbed.kubeletplugin.claims import ClaimReader
 from testbed.kubeletplugin.driver import AllocatedDevice, ClaimFailed, ClaimToPrepare, Driver
@@ -96,6 +97,10 @@ class DriverPaths:
         return self.plugin_dir / "checkpoint.json"
 
     @property
+    def intents(self) -> Path:
+        return self.plugin_dir / "prepare-intents"
+
+    @property
     def lock(self) -> Path:
         return self.plugin_dir / "driver.lock"
 
@@ -109,6 +114,11 @@ class ClaimPreparer:
         self.paths = paths
         self.claims = claims
         self.checkpoint = Checkpoint(paths.checkpoint, durable)
+        self.intents = PrepareIntents(paths.intents)
+        self._unsettled: set[str] = set()
+        """Claims whose prepare this instance left by an exception other than ClaimFailed:
+        the hardware may hold them, so their intents stay until a prepare or a repair
+        settles them."""
         self._lock = asyncio.Lock()
         self.corruptions: list[str] = []
         """Checkpoint problems found (and set aside) since start, for status and tests."""
@@ -149,13 +159,18 @@ class ClaimPreparer:
         (which may have restarted and forgotten them)."""
         corruptions_before = len(self.corruptions)
         async with self.node_lock():
+            started = {r.uid for r in self.checkpoint.claims.values() if r.state is ClaimState.PREPARE_STARTED}
+            for uid in [*self.intents.uids(), *started]:
+                record = self.checkpoint.claims.get(uid)
+                if record is None or record.state is ClaimState.PREPARE_STARTED:
+                    log.warning("%s: undoing claim %s left half-prepared", self.name, uid)
+                    await self.driver.unprepare(uid)
+                    cdi.remove_claim_spec(self.paths.cdi_dir, self.name, uid)
+                    self.checkpoint.remove(uid)
+            self.intents.reset(force=True)
+            self._unsettled.clear()
             for record in list(self.checkpoint.claims.values()):
-                if record.state is ClaimState.PREPARE_STARTED:
-                    log.warning("%s: undoing claim %s left half-prepared", self.name, record.uid)
-                    await self.driver.unprepare(record.uid)
-                    cdi.remove_claim_spec(self.paths.cdi_dir, self.name, record.uid)
-                    self.checkpoint.remove(record.uid)
-                else:
+                if record.state is ClaimState.PREPARE_COMPLETED:
                     devices = [
                         AllocatedDevice(d.request_names[0], d.pool, d.device, d.share_id, record.admin_access)
                         for d in record.devices
@@ -202,6 +217,7 @@ class ClaimPreparer:
                 except ClaimFailed as exc:
                     metrics.CLAIM_ERRORS.labels(self.name, "prepare", exc.reason).inc()
                     results[ref.uid] = PrepareResult([], f"{self.name}: {exc}")
+            self.intents.reset(keep=self._unsettled)  # every other prepare it names has ended
             self._record_gauge()
         return results
 
@@ -280,27 +296,35 @@ class ClaimPreparer:
             for device in allocated
         ]
         wanted = ClaimToPrepare(ref, allocated, configs)
-        admin = wanted.admin_access
-        # One fsync per prepare: the completed record's. The started record needs none: a
-        # crashed process leaves it in the page cache for the restarted driver's repair to
-        # find, and a machine that goes down resets the devices. The spec needs none
-        # either: the completed record holds what it says, and the repair writes again a
-        # spec that did not reach the disk (and removes one left without its record).
-        started = ClaimRecord(ref.uid, ref.namespace, ref.name, ClaimState.PREPARE_STARTED, records, admin)
-        self.checkpoint.put(started, sync=False)
+        # One fsync per prepare: the completed record's. The intent needs none: a crashed
+        # process leaves it in the page cache for the restarted driver's repair to find,
+        # and a machine that goes down resets the devices. The spec needs none either: the
+        # completed record holds what it says, and the repair writes again a spec that did
+        # not reach the disk (and removes one left without its record).
+        self.intents.add(ref.uid)
         try:
-            prepared = await self.driver.prepare(wanted)
-        except ClaimFailed as exc:
-            await self.driver.unprepare(ref.uid)
-            self.checkpoint.remove(ref.uid)
-            raise ClaimFailed(exc.reason, f"claim {ref.namespace}/{ref.name}: {exc}") from None
-        spec = cdi.ClaimSpec(
-            {"DRA_TESTBED_CLAIM": f"{ref.namespace}/{ref.name}"},
-            [cdi.CdiDevice(cdi.claim_device_name(ref.uid, p.name), p.env) for p in prepared],
-        )
-        cdi.write_claim_spec(self.paths.cdi_dir, self.name, ref.uid, spec, durable=False)
-        completed = ClaimState.PREPARE_COMPLETED
-        self.checkpoint.put(ClaimRecord(ref.uid, ref.namespace, ref.name, completed, records, admin, spec, configs))
+            try:
+                prepared = await self.driver.prepare(wanted)
+            except ClaimFailed as exc:
+                await self.driver.unprepare(ref.uid)
+                self.checkpoint.remove(ref.uid)  # a PrepareStarted record of an older instance
+                raise ClaimFailed(exc.reason, f"claim {ref.namespace}/{ref.name}: {exc}") from None
+            spec = cdi.ClaimSpec(
+                {"DRA_TESTBED_CLAIM": f"{ref.namespace}/{ref.name}"},
+                [cdi.CdiDevice(cdi.claim_device_name(ref.uid, p.name), p.env) for p in prepared],
+            )
+            cdi.write_claim_spec(self.paths.cdi_dir, self.name, ref.uid, spec, durable=False)
+            completed = ClaimState.PREPARE_COMPLETED
+            record = ClaimRecord(
+                ref.uid, ref.namespace, ref.name, completed, records, wanted.admin_access, spec, configs
+            )
+            self.checkpoint.put(record)
+        except ClaimFailed:
+            raise
+        except BaseException:
+            self._unsettled.add(ref.uid)
+            raise
+        self._unsettled.discard(ref.uid)
         return records
 
     async def _fetch(self, ref: ClaimRef) -> Mapping[str, Any]:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed.kubeletplugin.checkpoint import Checkpoint, CheckpointCorrupt, ClaimRecord, ClaimState
+from testbed.kubeletplugin.checkpoint import Checkpoint, CheckpointCorrupt, ClaimRecord, ClaimState, PrepareIntents
 
 
 def _record(uid: str, state: ClaimState = ClaimState.PREPARE_COMPLETED) -> ClaimRecord:
@@ -47,3 +47,21 @@ def test_a_deleted_file_means_no_claims(tmp_path: Path) -> None:
     path.unlink()
     checkpoint.load()
     assert checkpoint.claims == {}
+
+
+def test_prepare_intents_name_only_whole_lines(tmp_path: Path) -> None:
+    """A crash can cut the last append short: that line names no claim."""
+    intents = PrepareIntents(tmp_path / "prepare-intents")
+    assert intents.uids() == []
+    intents.add("a")
+    intents.add("b")
+    intents.add("a")
+    with intents.path.open("ab") as f:
+        f.write(b"c-cut-sh")
+    assert intents.uids() == ["a", "b"]
+    intents.reset(keep={"b"})
+    assert intents.uids() == ["b"]
+    intents.reset()
+    assert intents.uids() == ["b"], "an instance that added nothing since leaves the file alone"
+    intents.reset(force=True)
+    assert intents.uids() == []

@@ -14,13 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from fake_devices.hardware import NodeHardware
+from fake_devices.hardware import NodeHardware, PreparedDevice
 from testbed.drivers import KINDS, load_profile
 from testbed.drivers.backend import LocalBackend
 from testbed.kubeapi import ClaimRef, Credentials, KubeClient, Obj
 from testbed.kubeletplugin import cdi
+from testbed.kubeletplugin.checkpoint import ClaimRecord, ClaimState
 from testbed.kubeletplugin.claims import ClaimReader
-from testbed.kubeletplugin.driver import ClaimToPrepare
+from testbed.kubeletplugin.driver import AllocatedDevice, ClaimToPrepare
 from testbed.kubeletplugin.prepare import ClaimPreparer, DriverPaths
 
 GPU = "gpu.dra-testbed.io"
@@ -56,11 +57,17 @@ class Claims(ClaimReader):
 
 
 def _preparer(
-    root: Path, devices: dict[str, str], durable: bool = True, configs: dict[str, list[Obj]] | None = None
+    root: Path,
+    devices: dict[str, str],
+    durable: bool = True,
+    configs: dict[str, list[Obj]] | None = None,
+    hardware: NodeHardware | None = None,
 ) -> ClaimPreparer:
+    """``hardware``: devices that outlive the driver, as a Ray actor's do."""
     paths = DriverPaths.for_node(root / "kubelet", GPU, root / "cdi")
     claims = Claims(devices, configs)
-    driver = KINDS[GPU].make(LocalBackend(NodeHardware("n", load_profile("tiny"))), claims.client)
+    hardware = hardware or NodeHardware("n", load_profile("tiny"))
+    driver = KINDS[GPU].make(LocalBackend(hardware), claims.client)
     return ClaimPreparer(driver, "n", paths, claims, durable)
 
 
@@ -197,3 +204,74 @@ def test_repair_keeps_every_spec_when_the_checkpoint_was_damaged(tmp_path: Path)
     asyncio.run(restarted.repair())
     assert restarted.corruptions, "the damage was noticed"
     assert set(cdi.claim_specs(tmp_path / "cdi", GPU)) == {uid}
+
+
+class Crash(BaseException):
+    """The driver process dies here."""
+
+
+def _crash_after_the_hardware(preparer: ClaimPreparer, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = preparer.driver.prepare
+
+    async def prepare_then_die(claim: ClaimToPrepare) -> list[PreparedDevice]:
+        await real(claim)
+        raise Crash
+
+    monkeypatch.setattr(preparer.driver, "prepare", prepare_then_die)
+
+
+def test_a_prepare_a_crash_cut_short_is_undone_by_the_restarted_driver(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    done, cut = str(uuid.uuid4()), str(uuid.uuid4())
+    devices = {done: "gpu-0", cut: "gpu-1"}
+    hardware = NodeHardware("n", load_profile("tiny"))
+    preparer = _preparer(tmp_path, devices, hardware=hardware)
+    assert asyncio.run(preparer.prepare([_ref(done)]))[done].error == ""
+    assert preparer.intents.uids() == [], "a prepare that ended leaves no intent"
+    _crash_after_the_hardware(preparer, monkeypatch)
+    with pytest.raises(Crash):
+        asyncio.run(preparer.prepare([_ref(cut)]))
+    assert hardware.claims() == {done: ["gpu-0"], cut: ["gpu-1"]}
+
+    restarted = _preparer(tmp_path, devices, hardware=hardware)
+    asyncio.run(restarted.repair())
+    assert hardware.claims() == {done: ["gpu-0"]}, "the half-prepared device is free again"
+    assert set(json.loads(restarted.paths.checkpoint.read_text())["claims"]) == {done}
+    assert restarted.intents.uids() == []
+    assert asyncio.run(restarted.prepare([_ref(cut)]))[cut].error == ""
+
+
+def test_an_intent_left_by_an_error_outlives_the_next_prepare_until_one_settles_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The driver goes on after an unexpected error; the device it may hold stays named
+    for a repair until a prepare of that claim completes."""
+    cut, other = str(uuid.uuid4()), str(uuid.uuid4())
+    preparer = _preparer(tmp_path, {cut: "gpu-0", other: "gpu-1"})
+    real = preparer.driver.prepare
+    _crash_after_the_hardware(preparer, monkeypatch)
+    with pytest.raises(Crash):
+        asyncio.run(preparer.prepare([_ref(cut)]))
+    monkeypatch.setattr(preparer.driver, "prepare", real)
+    assert asyncio.run(preparer.prepare([_ref(other)]))[other].error == ""
+    assert preparer.intents.uids() == [cut]
+    assert asyncio.run(preparer.prepare([_ref(cut)]))[cut].error == ""
+    assert preparer.intents.uids() == []
+
+
+def test_repair_undoes_a_prepare_started_record_an_older_driver_left(tmp_path: Path) -> None:
+    """Drivers before the intents recorded a started prepare in the checkpoint; one of
+    them may share the node during a rolling update, or have crashed before an upgrade."""
+    started, done = str(uuid.uuid4()), str(uuid.uuid4())
+    devices = {started: "gpu-0", done: "gpu-1"}
+    hardware = NodeHardware("n", load_profile("tiny"))
+    preparer = _preparer(tmp_path, devices, hardware=hardware)
+    assert asyncio.run(preparer.prepare([_ref(done)]))[done].error == ""
+    asyncio.run(preparer.driver.prepare(ClaimToPrepare(_ref(started), [AllocatedDevice("gpu", "n", "gpu-0")])))
+    preparer.checkpoint.put(ClaimRecord(started, "ns", f"claim-{started}", ClaimState.PREPARE_STARTED))
+
+    restarted = _preparer(tmp_path, devices, hardware=hardware)
+    asyncio.run(restarted.repair())
+    assert hardware.claims() == {done: ["gpu-1"]}
+    assert set(json.loads(restarted.paths.checkpoint.read_text())["claims"]) == {done}
