@@ -17,6 +17,7 @@ import ssl
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import cast
 from urllib.parse import urlencode, urlsplit
 
 IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE"})
@@ -59,8 +60,9 @@ class _Connection(asyncio.Protocol):
     # --- asyncio.Protocol ----------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports (Ray runs actors on uvloop when it is installed) have the
+        # asyncio.Transport methods without being its subclasses
+        self.transport = cast(asyncio.Transport, transport)
         self.reusable = True
 
     def data_received(self, data: bytes) -> None:
