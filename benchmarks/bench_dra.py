@@ -1,14 +1,20 @@
 """DRA path figures on a fresh local control plane.
 
-    python benchmarks/bench_dra.py [--rpc-rounds N] [--pods N]
+    python benchmarks/bench_dra.py [--rpc-rounds N] [--runs N] [--pods N]
 
 1. NodePrepareResources / NodeUnprepareResources for a 1-claim request through the real
    unix socket, the driver reading the claim from the API server: p50/p99 (target p99 <= 10 ms),
-   with the driver in this process (without and with fsync), then the standalone
-   `testbed-driver` as a process of its own, as on a real node (targets: prepare p50 <= 4 ms
-   and p99 <= 10 ms, unprepare p50 <= 1.5 ms). The claim read is a GET the API server
-   answers from etcd: on a loaded machine it alone can take most of the 4 ms.
-2. A pod with a GPU claim template, from creation to Running as a watch sees it, on an
+   with the driver in this process (without and with fsync) and the fake kubelet's Python
+   client, as on a synthetic node.
+2. The standalone `testbed-driver` as a process of its own, as on a real node, beside
+   `testbed-helperdriver` (a driver on the upstream kubeletplugin helper doing the same
+   work: the claim GET, a CDI spec, one fsynced checkpoint write per call), both timed by
+   the kubelet's own generated Go client (`testbed-draclient`), runs interleaved: p50/p99,
+   driver CPU per prepare+unprepare, and the ratio (targets: prepare p50 <= 4 ms and p99 <=
+   10 ms, unprepare p50 <= 1.5 ms, the reference driver's figures under the same client).
+   The claim read is a GET the API server answers from etcd: on a loaded machine it alone
+   can take most of the 4 ms; the helper driver shows what this machine allows.
+3. A pod with a GPU claim template, from creation to Running as a watch sees it, on an
    idle 4-node fleet (real Ray, real fake kubelets): p50/p99 (target p50 <= 1.5 s).
 """
 
@@ -17,6 +23,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
+import json
 import os
 import shutil
 import statistics
@@ -36,9 +44,11 @@ from kubernetes import watch
 from fake_devices.hardware import NodeHardware
 from testbed.config import ControlPlaneConfig
 from testbed.controlplane import cluster
+from testbed.controlplane.binaries import Binaries, ensure_bench_binaries
 from testbed.drivers import driver_on_node, load_profile
 from testbed.drivers.backend import LocalBackend
 from testbed.environment import install_device_classes
+from testbed.errors import TestbedError
 from testbed.fleet import raycluster
 from testbed.fleet.fleet import Fleet
 from testbed.fleet.spec import single_pool
@@ -48,6 +58,7 @@ from testbed.kubeapi import KubeClient
 from testbed.kubelet.node import SYNTHETIC_TOLERATION
 from testbed.kubeletplugin.claims import ClaimReader
 from testbed.kubeletplugin.prepare import DriverPaths
+from testbed.progress import ConsoleProgress
 
 GPU = "gpu.dra-testbed.io"
 
@@ -139,36 +150,105 @@ def rpc_latency(
         return asyncio.run(run(uid))
 
 
-def standalone_latency(state: cluster.ClusterState, rounds: int, scratch: Path) -> tuple[list[float], list[float]]:
-    """`testbed-driver` as its own process, as on a real node (fsync on), and the client
-    here: what a kubelet sees of it through the socket."""
-    kubelet_dir = scratch / "kubelet"
+@dataclasses.dataclass
+class DriverRuns:
+    """One driver's figures over the interleaved runs (each run's p50/p99, seconds)."""
+
+    label: str
+    prepare_p50: list[float] = dataclasses.field(default_factory=list)
+    prepare_p99: list[float] = dataclasses.field(default_factory=list)
+    unprepare_p50: list[float] = dataclasses.field(default_factory=list)
+    cpu_per_round: list[float] = dataclasses.field(default_factory=list)
+
+    def add(self, prepares: list[float], unprepares: list[float], cpu_s: float) -> None:
+        self.prepare_p50.append(statistics.median(prepares))
+        self.prepare_p99.append(percentile(prepares, 0.99))
+        self.unprepare_p50.append(statistics.median(unprepares))
+        self.cpu_per_round.append(cpu_s / len(prepares))
+
+    def median(self, field: str) -> float:
+        return float(statistics.median(getattr(self, field)))
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_for_socket(socket: Path, process: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 60
+    while not socket.exists():
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"a driver did not serve {socket}: see {log}")
+        time.sleep(0.05)
+
+
+def go_client_rounds(client: Path, socket: Path, uid: str, rounds: int) -> tuple[list[float], list[float]]:
+    """``rounds`` prepare/unprepare pairs from the kubelet's own Go client (10 more first,
+    untimed)."""
+    answer = subprocess.run(
+        [str(client), "--socket", str(socket), "--name", "bench", "--uid", uid, "--rounds", str(rounds)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if answer.returncode != 0:
+        raise RuntimeError(f"testbed-draclient on {socket}: {answer.stderr.strip()}")
+    figures = json.loads(answer.stdout)
+    return figures["prepare_seconds"], figures["unprepare_seconds"]
+
+
+def side_by_side(
+    state: cluster.ClusterState, tools: Binaries, rounds: int, runs: int, scratch: Path
+) -> tuple[DriverRuns, DriverRuns]:
+    """`testbed-driver` (fsync on) and the helper driver, each a process of its own, timed
+    by the same Go client in alternate runs, so a busy moment of the machine falls on both."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    ours_dir, helper_dir = scratch / "testbed-driver", scratch / "helper"
     env = {
         **os.environ,
         "NODE_NAME": NODE,
         "DRIVERS": GPU,
-        "KUBELET_DIR": str(kubelet_dir),
-        "CDI_DIR": str(scratch / "cdi"),
+        "KUBELET_DIR": str(ours_dir / "kubelet"),
+        "CDI_DIR": str(ours_dir / "cdi"),
         "KUBECONFIG": str(state.kubeconfig),
         "HEALTH_PORT": "-1",
         "METRICS_PORT": "-1",
     }
-    scratch.mkdir(parents=True, exist_ok=True)
-    socket = DriverPaths.for_node(kubelet_dir, GPU, scratch / "cdi").dra_socket
-    log = open(scratch / "driver.log", "wb")  # noqa: SIM115 - the child writes to it until stopped
-    driver = subprocess.Popen([sys.executable, "-m", "testbed.drivers.main"], env=env, stdout=log, stderr=log)
-    try:
-        deadline = time.monotonic() + 60
-        while not socket.exists():
-            if driver.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"testbed-driver did not serve {socket}: see {scratch / 'driver.log'}")
-            time.sleep(0.05)
-        with bench_claim(state) as uid:
-            return asyncio.run(rounds_through(socket, uid, rounds))
-    finally:
-        driver.terminate()
-        driver.wait(timeout=30)
-        log.close()
+    ours_socket = DriverPaths.for_node(ours_dir / "kubelet", GPU, ours_dir / "cdi").dra_socket
+    helper_socket = helper_dir / "plugin" / "dra.sock"
+    with contextlib.ExitStack() as stack:
+        processes = []
+        for command, environment, log, socket in (
+            ([sys.executable, "-m", "testbed.drivers.main"], env, scratch / "testbed-driver.log", ours_socket),
+            (
+                [
+                    str(tools.path("testbed-helperdriver")),
+                    f"--node={NODE}",
+                    f"--plugin-dir={helper_dir / 'plugin'}",
+                    f"--cdi-dir={helper_dir / 'cdi'}",
+                    f"--kubeconfig={state.kubeconfig}",
+                ],
+                dict(os.environ),
+                scratch / "helper.log",
+                helper_socket,
+            ),
+        ):
+            output = stack.enter_context(open(log, "wb"))
+            process = subprocess.Popen(command, env=environment, stdout=output, stderr=output)
+            stack.callback(process.wait, 30)
+            stack.callback(process.terminate)
+            processes.append(process)
+            wait_for_socket(socket, process, log)
+        uid = stack.enter_context(bench_claim(state))
+        ours, helper = DriverRuns("testbed-driver"), DriverRuns("helper driver")
+        client = tools.path("testbed-draclient")
+        for _ in range(runs):
+            for figures, socket, process in ((ours, ours_socket, processes[0]), (helper, helper_socket, processes[1])):
+                before = cpu_seconds(process.pid)
+                prepares, unprepares = go_client_rounds(client, socket, uid, rounds)
+                figures.add(prepares, unprepares, cpu_seconds(process.pid) - before)
+        return ours, helper
 
 
 def pod_startup(state: cluster.ClusterState, pods: int) -> list[float]:
@@ -242,9 +322,43 @@ def report(label: str, values: list[float], target: str, met: bool) -> None:
     )
 
 
+def print_side_by_side(ours: DriverRuns, helper: DriverRuns, runs: int, rounds: int) -> None:
+    print(
+        f"  testbed-driver as a process of its own (fsync), beside a driver on the upstream kubeletplugin "
+        f"helper doing the same work; the kubelet's Go client; {runs} interleaved runs of {rounds} "
+        "(medians of the runs' figures):"
+    )
+    for figures in (ours, helper):
+        print(
+            f"    {figures.label + ':':16s} prepare p50 {figures.median('prepare_p50') * 1000:.2f} ms, "
+            f"p99 {figures.median('prepare_p99') * 1000:.2f} ms; unprepare p50 "
+            f"{figures.median('unprepare_p50') * 1000:.2f} ms; driver CPU {figures.median('cpu_per_round') * 1000:.2f} "
+            "ms per prepare+unprepare"
+        )
+    ratios = {
+        field: statistics.median(a / b for a, b in zip(getattr(ours, field), getattr(helper, field), strict=True))
+        for field in ("prepare_p50", "unprepare_p50", "cpu_per_round")
+    }
+    print(
+        f"    testbed-driver / helper driver (per run, then the median): prepare p50 {ratios['prepare_p50']:.2f}x, "
+        f"unprepare p50 {ratios['unprepare_p50']:.2f}x, CPU {ratios['cpu_per_round']:.2f}x"
+    )
+    met = (
+        ours.median("prepare_p50") <= 0.004
+        and ours.median("prepare_p99") <= 0.010
+        and ours.median("unprepare_p50") <= 0.0015
+    )
+    helper_met = helper.median("prepare_p50") <= 0.004 and helper.median("unprepare_p50") <= 0.0015
+    print(
+        "    targets for testbed-driver (prepare p50 <= 4 ms, p99 <= 10 ms, unprepare p50 <= 1.5 ms): "
+        f"{'met' if met else 'MISSED'}; the helper driver {'meets' if helper_met else 'misses'} the p50 ones here"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rpc-rounds", type=int, default=300)
+    parser.add_argument("--runs", type=int, default=5, help="interleaved runs of the side-by-side drivers")
     parser.add_argument("--pods", type=int, default=30)
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="tbb-"))
@@ -253,7 +367,12 @@ def main() -> int:
     try:
         prepares, unprepares = rpc_latency(state, args.rpc_rounds, scratch / "n", durable=False)
         durable_prepares, durable_unprepares = rpc_latency(state, args.rpc_rounds, scratch / "d", durable=True)
-        own_prepares, own_unprepares = standalone_latency(state, args.rpc_rounds, scratch / "s")
+        try:
+            tools: Binaries | None = ensure_bench_binaries(ConsoleProgress())
+        except TestbedError as exc:
+            print(f"the side-by-side driver figures are skipped: {exc}", file=sys.stderr)
+            tools = None
+        pair = side_by_side(state, tools, args.rpc_rounds, args.runs, scratch / "s") if tools else None
         startups = pod_startup(state, args.pods)
     finally:
         cluster.down(config)
@@ -284,19 +403,8 @@ def main() -> int:
         "p99 <= 10 ms",
         percentile(durable_unprepares, 0.99) <= 0.010,
     )
-    print("  the standalone testbed-driver, a process of its own (fsync), this process the client:")
-    report(
-        "  NodePrepareResources",
-        own_prepares,
-        "p50 <= 4 ms, p99 <= 10 ms",
-        statistics.median(own_prepares) <= 0.004 and percentile(own_prepares, 0.99) <= 0.010,
-    )
-    report(
-        "  NodeUnprepareResources",
-        own_unprepares,
-        "p50 <= 1.5 ms",
-        statistics.median(own_unprepares) <= 0.0015,
-    )
+    if pair is not None:
+        print_side_by_side(*pair, args.runs, args.rpc_rounds)
     report(
         "pod with GPU claim, created -> Running (idle 4-node fleet)",
         startups,

@@ -44,6 +44,11 @@ NODE_BINARIES = ("kubelet", "testbed-cri")
 ``scripts/kube-build/cmd/testbed-cri``). Built with the control plane on a fresh
 machine; added to an older cache on first use."""
 
+BENCH_BINARIES = ("testbed-draclient", "testbed-helperdriver")
+"""What `make bench` times drivers with: the kubelet's own generated DRA client, and a
+driver on the upstream kubeletplugin helper as the yardstick (``scripts/kube-build/cmd``).
+Built on first use."""
+
 RELEASE_BASE_URL = "https://dl.k8s.io/release"
 ETCD_RELEASE_BASE_URL = "https://github.com/etcd-io/etcd/releases/download"
 DOWNLOAD_TIMEOUT_S = 10.0

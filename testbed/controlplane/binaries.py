@@ -40,9 +40,12 @@ BUILD_INFO_FILE = "build-info.json"
 KUBE_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kubelet")
 """What a Kubernetes release publishes and the wrapper module builds from k8s.io/kubernetes."""
 
+OWN_SOURCES = {name: f"cmd/{name}" for name in ("testbed-cri", *config.BENCH_BINARIES)}
+"""Binaries built from this project's own Go code: rebuilt when their source changes."""
+
 GO_PACKAGES = {
     **{name: f"k8s.io/kubernetes/cmd/{name}" for name in KUBE_COMMANDS},
-    "testbed-cri": "dra-testbed/kube-build/cmd/testbed-cri",
+    **{name: f"dra-testbed/kube-build/{directory}" for name, directory in OWN_SOURCES.items()},
 }
 """Every binary the kube-build wrapper module makes, by its package."""
 
@@ -126,30 +129,39 @@ def ensure_node_binaries(progress: Progress | None = None) -> Binaries:
 
     A cache made before they existed gets them added by a build of those two alone
     (minutes, not the full build), under the same lock as a full build."""
+    return _ensure_added(config.NODE_BINARIES, "real-kubelet nodes", "use `kubelet: fake` pools", progress)
+
+
+def ensure_bench_binaries(progress: Progress | None = None) -> Binaries:
+    """The kubelet's Go DRA client and the helper-based yardstick driver, for `make bench`."""
+    return _ensure_added(config.BENCH_BINARIES, "driver benchmarks", "skip those benchmarks", progress)
+
+
+def _ensure_added(names: tuple[str, ...], purpose: str, otherwise: str, progress: Progress | None) -> Binaries:
+    """``names`` next to the control-plane binaries, built now if missing or stale."""
     progress = progress or SilentProgress()
     found = ensure_binaries(progress)
-    missing = _stale_or_missing(found.directory)
+    missing = _stale_or_missing(found.directory, names)
     if not missing:
         return found
     if config.kube_bin_dir_override() is not None:
         raise TestbedError(
-            f"TESTBED_KUBE_BIN_DIR={found.directory} lacks {', '.join(missing)}, which real-kubelet nodes run",
-            hint="add a v1.37 kubelet and testbed-cri (go build ./cmd/testbed-cri in scripts/kube-build) "
-            "to that directory, or unset TESTBED_KUBE_BIN_DIR to use the cache",
+            f"TESTBED_KUBE_BIN_DIR={found.directory} lacks {', '.join(missing)}, which {purpose} need",
+            hint="add them (go build ./cmd/<name> in scripts/kube-build) to that directory, "
+            "or unset TESTBED_KUBE_BIN_DIR to use the cache",
         )
     go = shutil.which("go")
     if go is None:
         raise TestbedError(
-            f"real-kubelet nodes need {', '.join(missing)}, which are built from Go modules, and no Go "
-            "toolchain is on PATH",
-            hint="install Go >= 1.26 and retry, or use `kubelet: fake` pools",
+            f"{purpose} need {', '.join(missing)}, which are built from Go modules, and no Go toolchain is on PATH",
+            hint=f"install Go >= 1.26 and retry, or {otherwise}",
         )
     with _exclusive_lock(found.directory.parent / ".obtain.lock"):
-        missing = _stale_or_missing(found.directory)
+        missing = _stale_or_missing(found.directory, names)
         if missing:
             staging = Path(tempfile.mkdtemp(prefix=".build-", dir=found.directory.parent))
             try:
-                progress.step(f"building {', '.join(missing)} for real-kubelet nodes (new, or its source changed)")
+                progress.step(f"building {', '.join(missing)} for {purpose} (new, or its source changed)")
                 with progress.task(f"go build {', '.join(missing)}"):
                     ldflags = version_ldflags(dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
                     _go_build(go, _kube_module(), [GO_PACKAGES[n] for n in missing], staging, ldflags, progress)
@@ -159,10 +171,6 @@ def ensure_node_binaries(progress: Progress | None = None) -> Binaries:
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
     return found
-
-
-OWN_SOURCES = {"testbed-cri": "cmd/testbed-cri"}
-"""Binaries built from this project's own Go code: rebuilt when their source changes."""
 
 
 def _source_digest(name: str) -> str:
@@ -181,11 +189,11 @@ def _stale(directory: Path, name: str) -> bool:
     return not stamp.is_file() or stamp.read_text().strip() != _source_digest(name)
 
 
-def _stale_or_missing(directory: Path) -> list[str]:
+def _stale_or_missing(directory: Path, names: tuple[str, ...]) -> list[str]:
     if config.kube_bin_dir_override() is not None:  # the user's binaries, used as they are
-        return missing_binaries(directory, config.NODE_BINARIES)
-    stale = {name for name in OWN_SOURCES if _stale(directory, name)}
-    return sorted(set(missing_binaries(directory, config.NODE_BINARIES)) | stale)
+        return missing_binaries(directory, names)
+    stale = {name for name in names if name in OWN_SOURCES and _stale(directory, name)}
+    return sorted(set(missing_binaries(directory, names)) | stale)
 
 
 def _stamp_sources(directory: Path) -> None:

@@ -1,0 +1,204 @@
+// testbed-helperdriver is the yardstick `make bench` holds testbed-driver against: a
+// GPU driver of the smallest shape the upstream kubeletplugin helper allows, built as
+// the reference drivers are. The helper reads each claim from the API server and
+// serves the DRA socket; the driver writes a CDI spec per claim (rename, no fsync)
+// and records prepared claims in a checkpoint through the kubelet's own checkpoint
+// manager (one fsync per prepare and per unprepare). It publishes no slices and
+// registers with no kubelet: it only answers NodePrepareResources and
+// NodeUnprepareResources, so the benchmark times the same work on both sides.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"hash/fnv"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sync"
+	"syscall"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/kubernetes/pkg/kubelet/checkpointmanager"
+	"k8s.io/kubernetes/pkg/kubelet/checkpointmanager/checksum"
+	checkpointerrors "k8s.io/kubernetes/pkg/kubelet/checkpointmanager/errors"
+)
+
+const checkpointName = "checkpoint.json"
+
+// preparedClaims is what the checkpoint holds: each prepared claim's CDI device IDs by device.
+type preparedClaims struct {
+	Claims   map[types.UID]map[string][]string `json:"claims"`
+	Checksum checksum.Checksum                 `json:"checksum"`
+}
+
+func (c *preparedClaims) MarshalCheckpoint() ([]byte, error) {
+	c.Checksum = 0
+	c.Checksum = checksum.New(c.Claims)
+	return json.Marshal(c)
+}
+
+func (c *preparedClaims) UnmarshalCheckpoint(blob []byte) error {
+	return json.Unmarshal(blob, c)
+}
+
+func (c *preparedClaims) VerifyChecksum() error {
+	return c.Checksum.Verify(c.Claims)
+}
+
+type driver struct {
+	name        string
+	cdiDir      string
+	checkpoints checkpointmanager.CheckpointManager
+	mutex       sync.Mutex
+	prepared    preparedClaims
+}
+
+func (d *driver) specPath(uid types.UID) string {
+	return filepath.Join(d.cdiDir, fmt.Sprintf("%s-%s.json", d.name, uid))
+}
+
+func (d *driver) PrepareResourceClaims(_ context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+	d.mutex.Lock()
+	defer d.mutex.Unlock()
+	results := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
+	for _, claim := range claims {
+		results[claim.UID] = d.prepare(claim)
+	}
+	if err := d.checkpoints.CreateCheckpoint(checkpointName, &d.prepared); err != nil {
+		return nil, fmt.Errorf("write checkpoint: %w", err)
+	}
+	return results, nil
+}
+
+func (d *driver) prepare(claim *resourceapi.ResourceClaim) kubeletplugin.PrepareResult {
+	var devices []kubeletplugin.Device
+	cdiDevices := []map[string]any{}
+	ids := map[string][]string{}
+	for _, result := range claim.Status.Allocation.Devices.Results {
+		if result.Driver != d.name {
+			continue
+		}
+		name := fmt.Sprintf("%s-%s", claim.UID, result.Device)
+		id := fmt.Sprintf("%s/gpu=%s", d.name, name)
+		hash := fnv.New32a()
+		_, _ = hash.Write([]byte(result.Device))
+		cdiDevices = append(cdiDevices, map[string]any{
+			"name":           name,
+			"containerEdits": map[string]any{"env": []string{fmt.Sprintf("GPU_DEVICE_%d=%s", hash.Sum32()%1000, result.Device)}},
+		})
+		ids[result.Device] = []string{id}
+		devices = append(devices, kubeletplugin.Device{
+			Requests: []string{result.Request}, PoolName: result.Pool, DeviceName: result.Device, CDIDeviceIDs: []string{id},
+		})
+	}
+	spec, _ := json.Marshal(map[string]any{"cdiVersion": "0.6.0", "kind": d.name + "/gpu", "devices": cdiDevices})
+	if err := writeRenamed(d.specPath(claim.UID), spec); err != nil {
+		return kubeletplugin.PrepareResult{Err: err}
+	}
+	d.prepared.Claims[claim.UID] = ids
+	return kubeletplugin.PrepareResult{Devices: devices}
+}
+
+func (d *driver) UnprepareResourceClaims(_ context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
+	d.mutex.Lock()
+	defer d.mutex.Unlock()
+	results := make(map[types.UID]error, len(claims))
+	for _, claim := range claims {
+		err := os.Remove(d.specPath(claim.UID))
+		if errors.Is(err, os.ErrNotExist) {
+			err = nil
+		}
+		delete(d.prepared.Claims, claim.UID)
+		results[claim.UID] = err
+	}
+	if err := d.checkpoints.CreateCheckpoint(checkpointName, &d.prepared); err != nil {
+		return nil, fmt.Errorf("write checkpoint: %w", err)
+	}
+	return results, nil
+}
+
+// WatchHealthStatus: the benchmark times prepares, not health streams.
+func (d *driver) WatchHealthStatus(context.Context, chan<- kubeletplugin.DeviceHealthReport) error {
+	return kubeletplugin.ErrHealthNotSupported
+}
+
+func (d *driver) HandleError(_ context.Context, err error, msg string) {
+	fmt.Fprintf(os.Stderr, "testbed-helperdriver: %s: %v\n", msg, err)
+}
+
+// writeRenamed writes a file whole or not at all (a temporary renamed into place).
+func writeRenamed(path string, data []byte) error {
+	temporary := path + ".tmp"
+	if err := os.WriteFile(temporary, data, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(temporary, path)
+}
+
+func main() {
+	name := flag.String("driver", "gpu.dra-testbed.io", "the driver's name")
+	node := flag.String("node", "", "the node's name")
+	pluginDir := flag.String("plugin-dir", "", "where the DRA socket and the checkpoint go")
+	cdiDir := flag.String("cdi-dir", "", "where the CDI specs go")
+	kubeconfig := flag.String("kubeconfig", os.Getenv("KUBECONFIG"), "the kubeconfig to read claims with")
+	flag.Parse()
+	if *node == "" || *pluginDir == "" || *cdiDir == "" {
+		fmt.Fprintln(os.Stderr, "testbed-helperdriver: --node, --plugin-dir and --cdi-dir are required")
+		os.Exit(2)
+	}
+	if err := run(*name, *node, *pluginDir, *cdiDir, *kubeconfig); err != nil {
+		fmt.Fprintln(os.Stderr, "testbed-helperdriver:", err)
+		os.Exit(1)
+	}
+}
+
+func run(name, node, pluginDir, cdiDir, kubeconfig string) error {
+	config, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return err
+	}
+	// The client's default 5 QPS would time the rate limiter, not the driver.
+	config.QPS, config.Burst = 1000, 1000
+	client, err := kubernetes.NewForConfig(config)
+	if err != nil {
+		return err
+	}
+	for _, dir := range []string{pluginDir, cdiDir} {
+		if err := os.MkdirAll(dir, 0o750); err != nil {
+			return err
+		}
+	}
+	checkpoints, err := checkpointmanager.NewCheckpointManager(pluginDir)
+	if err != nil {
+		return err
+	}
+	d := &driver{name: name, cdiDir: cdiDir, checkpoints: checkpoints}
+	d.prepared.Claims = map[types.UID]map[string][]string{}
+	if err := checkpoints.GetCheckpoint(checkpointName, &d.prepared); err != nil && !errors.Is(err, checkpointerrors.ErrCheckpointNotFound) {
+		return fmt.Errorf("read checkpoint: %w", err)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	helper, err := kubeletplugin.Start(ctx, d,
+		kubeletplugin.DriverName(name),
+		kubeletplugin.NodeName(node),
+		kubeletplugin.KubeClient(client),
+		kubeletplugin.PluginDataDirectoryPath(pluginDir),
+		kubeletplugin.RegistrationService(false),
+		kubeletplugin.HealthService(false),
+	)
+	if err != nil {
+		return err
+	}
+	<-ctx.Done()
+	helper.Stop()
+	return nil
+}
