@@ -13,9 +13,11 @@ containers run ``sleep N`` (and do not restart) or that carries
   against the ``request_names`` the driver returned (a device with none goes to all);
 - each status PATCH carries the pod's UID (PatchPodStatus), so a write meant for a pod
   deleted meanwhile is refused instead of landing on a namesake created since;
+- a failed prepare is recorded as an event and made again at the pod's next sync (60 s,
+  jittered to 60-90 s), or at once when the pod changes beyond its status;
 - when a pod's containers end, its claims are unprepared BEFORE the new status is
-  written, and a failed unprepare is retried (with backoff) until it succeeds; a
-  deleted pod is removed for good only after that;
+  written, and a failed unprepare is retried until it succeeds (once more at the next
+  PLEG relist, then every 10-15 s); a deleted pod is removed for good only after that;
 - prepared claims are checkpointed (``<kubelet dir>/dra_manager_state.json``), so a
   restarted kubelet does not prepare again what its running pods already have;
 - extended resources backed by DRA: the claim the scheduler made for them
@@ -35,6 +37,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import random
 import re
 import time
 import uuid
@@ -53,11 +56,19 @@ from testbed.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
-BACKOFF_START_S = 0.2
-BACKOFF_MAX_S = 5.0
 STATUS_SYNC_S = 60.0
 """The kubelet's syncFrequency: each running pod's status is recomputed this often, which
-is when a device whose health went stale turns Unknown."""
+is when a device whose health went stale turns Unknown. A pod whose claims could not be
+prepared is tried again then too: the kubelet records the failure as an event and ends
+that sync as if it had succeeded."""
+SYNC_ERROR_BACKOFF_S = 10.0
+"""The kubelet's backOffPeriod: a pod whose sync failed (a container the runtime could not
+create, an unprepare the driver refused) is synced again this long later."""
+PLEG_RELIST_S = 1.0
+"""How often the kubelet's PLEG lists containers: a pod whose containers just stopped is
+synced again at its next relist, whatever the last sync's outcome."""
+JITTER = 0.5
+"""The kubelet's pod workers requeue after ``d`` plus up to half of ``d`` more."""
 RECONCILE_S = 60.0
 """How often claims of pods that are gone are looked for, as the kubelet's DRA manager does."""
 PREPARE_FAILED = "FailedPrepareDynamicResources"
@@ -227,11 +238,13 @@ class PodManager:
             self.observe(kind, pod)
 
     def observe(self, kind: str, pod: Obj) -> None:
-        """Feed a pod event (from this manager's watch, or a watch shared by many nodes)."""
+        """Feed a pod event (from this manager's watch, or a watch shared by many nodes).
+        As the kubelet, only a change beyond the status wakes the pod's worker."""
         uid = pod["metadata"]["uid"]
+        before = self._latest.get(uid)
         self._latest[uid] = dict(pod, _deleted=kind == "DELETED")
-        event = self._updated.setdefault(uid, asyncio.Event())
-        event.set()
+        if kind == "DELETED" or before is None or _differs_beyond_status(before, pod):
+            self._updated.setdefault(uid, asyncio.Event()).set()
         if (
             uid not in self._workers
             and kind != "DELETED"
@@ -329,7 +342,8 @@ class PodManager:
             self._workers.pop(uid, None)
 
     async def _start(self, uid: str) -> bool:
-        backoff = BACKOFF_START_S
+        """As the kubelet's pod worker: a failed attempt is made again at the next sync
+        (sooner if the pod's spec, labels, annotations or deletion change)."""
         while not self._deleting(uid):
             pod = self._pod(uid)
             try:
@@ -338,8 +352,8 @@ class PodManager:
                 return True
             except StartFailed as exc:
                 await self.event(pod, exc.reason, str(exc))
-            await self._pause(uid, backoff)
-            backoff = min(backoff * 2, BACKOFF_MAX_S)
+                next_sync = STATUS_SYNC_S if exc.reason == PREPARE_FAILED else SYNC_ERROR_BACKOFF_S
+            await self._pause(uid, jittered(next_sync))
         return False
 
     async def _pod_claims(self, pod: Obj) -> list[Obj]:
@@ -387,7 +401,7 @@ class PodManager:
         server's node authorizer has linked the newly bound pod's claims to the node. This
         kubelet mounts nothing and asks at once, and so can ask before that link exists:
         it then asks again, for up to ~0.15 s, rather than fail a start the real kubelet
-        would not have failed (its next attempt comes ~10 s later)."""
+        would not have failed (its next attempt comes at the pod's next sync, 60-90 s later)."""
         for delay in (*AUTHORIZER_CATCH_UP_S, None):
             try:
                 return await self.client.get(path)
@@ -699,12 +713,13 @@ class PodManager:
         await self._patch_status(pod, {"status": status})
 
     async def _release(self, pod_uid: str) -> None:
-        """Unprepare the claims this pod was the last user of; retried with backoff until
-        the driver succeeds, as the kubelet retries (the pod is not finished before)."""
-        backoff = BACKOFF_START_S
+        """Unprepare the claims this pod was the last user of; tried again after the
+        kubelet's sync-error backoff until the driver succeeds (the pod is not finished
+        before), sooner if the pod changes."""
+        retry_in = PLEG_RELIST_S  # the containers' exit, seen at the next relist, syncs the pod once more
         while not await self._release_once(pod_uid):
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, BACKOFF_MAX_S)
+            await self._pause(pod_uid, retry_in)
+            retry_in = jittered(SYNC_ERROR_BACKOFF_S)
         self._claim_uids.pop(pod_uid, None)
 
     async def _release_once(self, pod_uid: str) -> bool:
@@ -851,6 +866,21 @@ def _extended_requests(pod: Obj, container: Obj) -> list[str]:
 def _nonzero(quantity: object) -> bool:
     number = re.match(r"[+-]?(\d+\.?\d*|\.\d+)", str(quantity))
     return number is None or float(number.group()) != 0
+
+
+def jittered(seconds: float) -> float:
+    return seconds * (1 + JITTER * random.random())
+
+
+def _differs_beyond_status(before: Obj, after: Obj) -> bool:
+    """What makes the kubelet sync a pod again at once: its spec, labels, annotations or
+    deletion changed. A status-only change is merely noted."""
+    old, new = before["metadata"], after["metadata"]
+    return (
+        before.get("spec") != after.get("spec")
+        or any(old.get(k) != new.get(k) for k in ("labels", "annotations", "deletionTimestamp"))
+        or old.get("deletionGracePeriodSeconds") != new.get("deletionGracePeriodSeconds")
+    )
 
 
 def pod_claim_name(pod: Obj, entry: Obj) -> tuple[str | None, bool]:

@@ -50,6 +50,8 @@ class Plugin:
         )
 
     async def NotifyRegistrationStatus(self, request: Any, context: Any) -> Any:
+        if request.plugin_registered:  # for tests to wait on, as for a driver pod's readiness
+            Path(self.endpoint).with_name("registered").touch()
         return pluginregistration_pb2.RegistrationStatusResponse()
 
     async def NodePrepareResources(self, request: Any, context: Any) -> Any:

@@ -375,6 +375,10 @@ def test_an_unresolvable_cdi_device_fails_the_pod_start(kube_api: k8s.ApiClient,
             }
         )
         create_template(kube_api, namespace, "wrong", claim_spec(request("dev", driver)))
+        # A pod that finds its driver unregistered is tried again only at its next sync,
+        # 60-90 s later, as by a real kubelet: wait for the registration first.
+        registered = kubelet_dir / "plugins" / driver / "registered"
+        wait_for(registered.exists, 30, "the kubelet to register the plugin")
         k8s.CoreV1Api(kube_api).create_namespaced_pod(
             namespace, pod("victim", {"dev": {"resourceClaimTemplateName": "wrong"}}, node=node)
         )

@@ -159,6 +159,9 @@ def test_a_nodes_drivers_read_claims_under_their_own_identity(
     finally:
         rbac.patch_cluster_role(DRIVER_SERVICE_ACCOUNT, {"rules": original})
     try:
+        # A kubelet tries a failed prepare again at the pod's next sync (60-90 s), or at
+        # once when the pod changes beyond its status, as this annotation does.
+        core.patch_namespaced_pod("worker", namespace, {"metadata": {"annotations": {"example.com/retry": "now"}}})
         wait_running(kube_api, namespace, "worker", timeout_s=60)
     finally:
         core.delete_namespace(namespace)

@@ -10,6 +10,7 @@ Needs root (namespaces); skipped with the reason otherwise.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import re
 import signal
@@ -572,13 +573,15 @@ def test_a_failed_unprepare_keeps_the_pod_until_the_driver_succeeds(
                 def unprepares() -> int:
                     return sum(1 for c in side.node.calls() if c["method"].endswith("NodeUnprepareResources"))
 
-                await until(lambda: _at_least(unprepares, 2), 120, f"{side.kind}: the unprepare asked again")
+                await until(lambda: _at_least(unprepares, 3), 120, f"{side.kind}: the unprepare asked again")
+                times = [c["time"] for c in side.node.calls() if c["method"].endswith("NodeUnprepareResources")]
                 pod = await side.read_pod("held")
                 kept = bool(pod["metadata"].get("deletionTimestamp"))
                 side.node.set_faults()
                 await side.gone("held")
                 return {
                     "kept while failing": kept,
+                    "asked again after": [b - a for a, b in itertools.pairwise(times[:3])],
                     "calls": side.calls_by_claim()[claim],
                     "cdi specs left": sorted(p.name for p in side.node.cdi_dir.iterdir()),
                 }
@@ -586,6 +589,10 @@ def test_a_failed_unprepare_keeps_the_pod_until_the_driver_succeeds(
             found = await both(sides, case)
             for kind, seen in found.items():
                 assert seen["kept while failing"], f"{kind}: the pod stays until its claim is unprepared"
+                # at once when the containers' exit is seen (the PLEG relists every second),
+                # then after the kubelet's backoff for a failed sync: 10 s, plus up to half
+                quick, backoff = seen["asked again after"]
+                assert quick <= 2.5 and 9.5 <= backoff <= 16, (kind, seen)
                 assert seen["calls"] == [PREPARE, UNPREPARE], (kind, seen)
                 assert seen["cdi specs left"] == [], (kind, seen)
 
@@ -975,5 +982,47 @@ def test_a_driver_registering_in_a_subdirectory_of_the_registry_is_found(
 
             found = await both(sides, case)
             assert found["real"] == found["fake"] == [PREPARE, UNPREPARE], found
+
+    asyncio.run(scenario())
+
+
+def test_a_pod_whose_prepare_failed_is_tried_again_at_the_next_sync_or_once_it_changes(
+    control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
+) -> None:
+    """The driver is away when two pods arrive and back two seconds later. The kubelet
+    records the failed prepare as an event and ends the sync as if it had succeeded, so it
+    tries again only at the pod's next sync, 60-90 s later (its syncFrequency, jittered),
+    unless the pod changes beyond its status first: an annotation set on one pod brings it
+    up within seconds. (The fake kubelet used to try again within 0.2-5 s.)"""
+
+    async def scenario() -> None:
+        async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
+
+            async def case(side: Side) -> dict[str, float]:
+                await side.template("gpu", [request("gpu", GPU)])
+                await side.node.stop_process("driver", signal.SIGTERM)
+                for name in ("left", "nudged"):
+                    await side.pod(name, {"resourceClaimTemplateName": "gpu"})
+                refused_at = {}
+                for name in ("left", "nudged"):
+                    await side.refused(name, f"DRA driver {GPU} is not registered", 60)
+                    refused_at[name] = time.monotonic()
+                await side.node.start_driver()
+                await side.node.wait_ready(60, side.client)
+                nudged_at = time.monotonic()
+                patch = {"metadata": {"annotations": {"example.com/nudge": "1"}}}
+                await side.client.patch(path_for("v1", "pods", "nudged", side.namespace), patch)
+                await side.running("nudged", 60)
+                nudged_running = time.monotonic() - nudged_at
+                await side.running("left", 150)
+                return {
+                    "nudged: running after the nudge": nudged_running,
+                    "left alone: running after its refusal": time.monotonic() - refused_at["left"],
+                }
+
+            found = await both(sides, case)
+            for kind, seen in found.items():
+                assert seen["nudged: running after the nudge"] < 15, (kind, seen)
+                assert 55 <= seen["left alone: running after its refusal"] <= 100, (kind, seen)
 
     asyncio.run(scenario())

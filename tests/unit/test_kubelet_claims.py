@@ -14,7 +14,7 @@ from testbed.kubeapi import ClaimRef, KubeClient, Obj
 from testbed.kubelet import metrics
 from testbed.kubelet.node import NodeSpec
 from testbed.kubelet.plugins import PluginCallError, PluginManager, PreparedDevice
-from testbed.kubelet.pods import PodManager, StartFailed, _extended_requests, pod_claim_name
+from testbed.kubelet.pods import PodManager, StartFailed, _differs_beyond_status, _extended_requests, pod_claim_name
 
 DRIVER = "gpu.dra-testbed.io"
 
@@ -165,7 +165,9 @@ def test_the_unpreparing_mark_is_not_kept_across_a_restart(book: tuple[PodManage
         ({"name": "c", "resourceClaimTemplateName": "t"}, [{"name": "c"}], (None, True)),
     ],
 )
-def testpod_claim_names_resolve_as_the_kubelet_resolves_them(entry: Obj, status: list[Obj], expected: tuple) -> None:
+def test_pod_claim_names_resolve_as_the_kubelet_resolves_them(
+    entry: Obj, status: list[Obj], expected: tuple[str | None, bool]
+) -> None:
     pod = {"metadata": {"namespace": "ns", "name": "p"}, "status": {"resourceClaimStatuses": status}}
     assert pod_claim_name(pod, entry) == expected
 
@@ -251,3 +253,18 @@ def test_no_claim_is_reconciled_before_the_pods_of_the_node_are_known(book: tupl
     assert manager._pods_listed()
     manager.watch_pods = False
     assert not manager._pods_listed()
+
+
+def test_only_a_change_beyond_the_status_wakes_a_pods_worker() -> None:
+    """As the kubelet's pod config: spec, labels, annotations and deletion make a pod
+    sync again at once; a status-only change (another component's write) does not."""
+    pod: dict[str, Any] = {"metadata": {"name": "p", "labels": {"a": "1"}}, "spec": {"containers": []}, "status": {}}
+    status_only = {**pod, "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled"}]}}
+    assert not _differs_beyond_status(pod, status_only)
+    for change in (
+        {"metadata": {**pod["metadata"], "annotations": {"example.com/retry": "now"}}},
+        {"metadata": {**pod["metadata"], "labels": {"a": "2"}}},
+        {"metadata": {**pod["metadata"], "deletionTimestamp": "2026-11-23T00:00:00Z"}},
+        {"spec": {"containers": [], "activeDeadlineSeconds": 5}},
+    ):
+        assert _differs_beyond_status(pod, {**pod, **change}), change
