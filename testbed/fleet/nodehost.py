@@ -34,6 +34,7 @@ from testbed.fleet.identity import NodeAuthority, bind_driver_token, driver_toke
 from testbed.fleet.loopwatch import LoopWatch
 from testbed.fleet.membership import Membership, NodeRecipe, in_ray
 from testbed.fleet.synthetic_node import SyntheticNode
+from testbed.fleet.tlsmemory import small_tls_read_buffers
 from testbed.kubeapi import KubeClient
 from testbed.kubeletplugin.claims import ClaimReader
 from testbed.kubeletplugin.leftovers import prepared_state
@@ -98,6 +99,7 @@ class NodeHost:
         ones it was created with. ``authority``: run each node under its own identity
         (see identity.py); None: every node uses the host's credentials. ``kubeconfig``:
         a path, or the content (flattened): a host on another machine writes it there."""
+        small_tls_read_buffers()
         self.authority = authority
         self.node_clients: dict[str, list[KubeClient]] = {}
         """A node's own clients (kubelet, drivers), closed when the node goes."""

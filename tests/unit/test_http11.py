@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
+from asyncio import sslproto
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
+from testbed.controlplane import pki
+from testbed.fleet.tlsmemory import TLS_READ_BUFFER, small_tls_read_buffers
 from testbed.http11 import ConnectionPool, TransportError
 
 
@@ -235,3 +240,46 @@ async def _until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
     async with asyncio.timeout(timeout_s):
         while not condition():
             await asyncio.sleep(0.01)
+
+
+def test_a_large_answer_arrives_whole_over_tls_with_a_nodehosts_small_read_buffers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A NodeHost shrinks asyncio's per-connection TLS read buffer (tlsmemory.py): a
+    multi-megabyte answer (a large slice list) must still arrive whole."""
+    monkeypatch.setattr(sslproto.SSLProtocol, "max_size", sslproto.SSLProtocol.max_size)  # restored after
+    small_tls_read_buffers()
+    paths = pki.generate(tmp_path)
+    serving = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    serving.load_cert_chain(paths.serving_cert, paths.serving_key)
+    body = b'{"items": [' + b",".join(b'{"n": %d}' % i for i in range(300_000)) + b"]}"
+
+    async def main() -> bytes:
+        server = Server(lambda seen, writer: _answer_with(writer, body))
+        listener = await asyncio.start_server(server.handle, "127.0.0.1", 0, ssl=serving)
+        port = listener.sockets[0].getsockname()[1]
+        pool = ConnectionPool(f"https://127.0.0.1:{port}", ssl.create_default_context(cafile=paths.ca_cert))
+        try:
+            first = await pool.request("GET", "/big", {})
+            second = await pool.request("GET", "/big", {})  # the kept-alive connection still frames right
+            assert first.body == second.body
+            return first.body
+        finally:
+            pool.close()
+            listener.close()
+
+    received = asyncio.run(main())
+    assert len(body) > 3 * 1024 * 1024 and received == body
+
+    async def buffer_size() -> int:
+        loop = asyncio.get_running_loop()
+        protocol = sslproto.SSLProtocol(loop, asyncio.Protocol(), ssl.create_default_context(), loop.create_future())
+        return len(protocol._ssl_buffer)  # type: ignore[attr-defined] # what the memory saving rests on: a newer Python may size it otherwise
+
+    assert asyncio.run(buffer_size()) == TLS_READ_BUFFER
+
+
+async def _answer_with(writer: asyncio.StreamWriter, body: bytes) -> bool:
+    writer.write(with_length(body))
+    await writer.drain()
+    return True
