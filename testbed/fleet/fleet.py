@@ -171,8 +171,8 @@ class Fleet:
         recipes = [_recipe(pool, i) for pool in self.spec.pools for i in range(pool.count)]
         progress = progress or SilentProgress()
         self._check_resources()
+        placement = self._place(recipes)  # the hosts' processes start while the policy goes in
         self._install_access_policy(progress)
-        placement = self._place(recipes)
         with progress.task(f"starting {len(recipes)} synthetic nodes on {len(placement)} NodeHost actors"):
             self._bring_up(placement, progress, timeout_s)
         pools = ", ".join(f"{p.name}: {p.count} x {p.profile}" for p in self.spec.pools)
