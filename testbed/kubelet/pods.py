@@ -161,7 +161,8 @@ class PodManager:
         self._position = WatchPosition()
         """How far the pod watch got: set once its first list was handed over."""
         self._status_tasks: set[asyncio.Task[None]] = set()
-        self._last_event: dict[tuple[str, str], str] = {}
+        self._events: dict[str, dict[tuple[str, str], tuple[str, int]]] = {}
+        """By pod UID: (reason, message) -> the name of the Event recorded and its count."""
         self._running: dict[str, str] = {}
         """Pods whose containers run, by UID: when they started (RFC 3339)."""
         self._claim_uids: dict[str, dict[str, str]] = {}
@@ -271,24 +272,34 @@ class PodManager:
             await asyncio.wait_for(event.wait(), seconds)
 
     async def event(self, pod: Obj, reason: str, message: str, kind: str = "Warning") -> None:
+        """Record an Event on the pod. The same event again raises the count of the one
+        recorded before (client-go's event recorder, which kubelets use, does so): a pod
+        failing every 10 s shows one Event counting its attempts."""
         meta = pod["metadata"]
-        key = (meta["uid"], reason)
-        if self._last_event.get(key) == message:
-            return
-        self._last_event[key] = message
-        stamp = now_rfc3339()
+        namespace, stamp = meta["namespace"], now_rfc3339()
+        seen = self._events.setdefault(meta["uid"], {})
+        earlier = seen.get((reason, message))
+        if earlier is not None:
+            name, count = earlier
+            change = {"count": count + 1, "lastTimestamp": stamp, "message": message[:1024]}
+            try:
+                await self.client.patch(path_for("v1", "events", name, namespace), change, "strategic")
+                seen[(reason, message)] = (name, count + 1)
+                return
+            except ApiError as exc:
+                if not exc.not_found:  # expired (an hour's TTL): recorded anew below
+                    log.debug("could not count event %s on %s again: %s", reason, meta["name"], exc)
+                    return
+        name = f"{meta['name']}.{uuid.uuid4().hex[:16]}"
         body = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {
-                "name": f"{meta['name']}.{uuid.uuid4().hex[:16]}",
-                "namespace": meta["namespace"],
-            },
+            "metadata": {"name": name, "namespace": namespace},
             "involvedObject": {
                 "apiVersion": "v1",
                 "kind": "Pod",
                 "name": meta["name"],
-                "namespace": meta["namespace"],
+                "namespace": namespace,
                 "uid": meta["uid"],
             },
             "reason": reason,
@@ -302,7 +313,8 @@ class PodManager:
             "reportingInstance": self.node.name,
         }
         try:
-            await self.client.create(path_for("v1", "events", namespace=meta["namespace"]), body)
+            await self.client.create(path_for("v1", "events", namespace=namespace), body)
+            seen[(reason, message)] = (name, 1)
         except ApiError as exc:
             log.debug("could not record event %s on %s: %s", reason, meta["name"], exc)
 
@@ -344,6 +356,7 @@ class PodManager:
     async def _start(self, uid: str) -> bool:
         """As the kubelet's pod worker: a failed attempt is made again at the next sync
         (sooner if the pod's spec, labels, annotations or deletion change)."""
+        sandbox = False  # the kubelet prepares claims before the runtime makes it, containers after
         while not self._deleting(uid):
             pod = self._pod(uid)
             try:
@@ -352,8 +365,16 @@ class PodManager:
                 return True
             except StartFailed as exc:
                 await self.event(pod, exc.reason, str(exc))
-                next_sync = STATUS_SYNC_S if exc.reason == PREPARE_FAILED else SYNC_ERROR_BACKOFF_S
-            await self._pause(uid, jittered(next_sync))
+                if exc.reason == PREPARE_FAILED:
+                    next_sync = jittered(STATUS_SYNC_S)
+                elif not sandbox:
+                    # The sandbox the failed attempt left is new to the PLEG, whose next
+                    # relist syncs the pod once more.
+                    sandbox = True
+                    next_sync = until_next_relist()
+                else:
+                    next_sync = jittered(SYNC_ERROR_BACKOFF_S)
+            await self._pause(uid, next_sync)
         return False
 
     async def _pod_claims(self, pod: Obj) -> list[Obj]:
@@ -716,7 +737,7 @@ class PodManager:
         """Unprepare the claims this pod was the last user of; tried again after the
         kubelet's sync-error backoff until the driver succeeds (the pod is not finished
         before), sooner if the pod changes."""
-        retry_in = PLEG_RELIST_S  # the containers' exit, seen at the next relist, syncs the pod once more
+        retry_in = until_next_relist()  # the containers' exit, seen at the next relist, syncs the pod once more
         while not await self._release_once(pod_uid):
             await self._pause(pod_uid, retry_in)
             retry_in = jittered(SYNC_ERROR_BACKOFF_S)
@@ -845,6 +866,7 @@ class PodManager:
         self._latest.pop(uid, None)
         self._updated.pop(uid, None)
         self._resources_status.pop(uid, None)
+        self._events.pop(uid, None)
         self._workers.pop(uid, None)
 
 
@@ -870,6 +892,11 @@ def _nonzero(quantity: object) -> bool:
 
 def jittered(seconds: float) -> float:
     return seconds * (1 + JITTER * random.random())
+
+
+def until_next_relist() -> float:
+    """The PLEG lists containers on a fixed period: what changed now is seen within one."""
+    return PLEG_RELIST_S * random.random()
 
 
 def _differs_beyond_status(before: Obj, after: Obj) -> bool:

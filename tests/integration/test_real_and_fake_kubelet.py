@@ -573,7 +573,7 @@ def test_a_failed_unprepare_keeps_the_pod_until_the_driver_succeeds(
                 def unprepares() -> int:
                     return sum(1 for c in side.node.calls() if c["method"].endswith("NodeUnprepareResources"))
 
-                await until(lambda: _at_least(unprepares, 3), 120, f"{side.kind}: the unprepare asked again")
+                await until(lambda: _at_least(unprepares, 4), 120, f"{side.kind}: the unprepare asked again")
                 times = [c["time"] for c in side.node.calls() if c["method"].endswith("NodeUnprepareResources")]
                 pod = await side.read_pod("held")
                 kept = bool(pod["metadata"].get("deletionTimestamp"))
@@ -581,7 +581,7 @@ def test_a_failed_unprepare_keeps_the_pod_until_the_driver_succeeds(
                 await side.gone("held")
                 return {
                     "kept while failing": kept,
-                    "asked again after": [b - a for a, b in itertools.pairwise(times[:3])],
+                    "asked again after": [round(b - a, 1) for a, b in itertools.pairwise(times[:4])],
                     "calls": side.calls_by_claim()[claim],
                     "cdi specs left": sorted(p.name for p in side.node.cdi_dir.iterdir()),
                 }
@@ -589,10 +589,14 @@ def test_a_failed_unprepare_keeps_the_pod_until_the_driver_succeeds(
             found = await both(sides, case)
             for kind, seen in found.items():
                 assert seen["kept while failing"], f"{kind}: the pod stays until its claim is unprepared"
-                # at once when the containers' exit is seen (the PLEG relists every second),
-                # then after the kubelet's backoff for a failed sync: 10 s, plus up to half
-                quick, backoff = seen["asked again after"]
-                assert quick <= 2.5 and 9.5 <= backoff <= 16, (kind, seen)
+                # at once when the containers' exit is seen (the PLEG relists every second;
+                # the real kubelet sometimes sees the sandbox stop at the relist after and
+                # asks once more), then after its backoff for a failed sync: 10 s, plus up
+                # to half
+                gaps = seen["asked again after"]
+                quick = list(itertools.takewhile(lambda gap: gap <= 2.5, gaps))
+                assert 1 <= len(quick) <= 2, (kind, seen)
+                assert all(9.5 <= gap <= 16 for gap in gaps[len(quick) :]), (kind, seen)
                 assert seen["calls"] == [PREPARE, UNPREPARE], (kind, seen)
                 assert seen["cdi specs left"] == [], (kind, seen)
 
@@ -613,7 +617,9 @@ both kubelets refuse each with."""
 
 
 @asynccontextmanager
-async def misbehaving_drivers(sides: dict[str, Side]) -> AsyncIterator[None]:
+async def misbehaving_drivers(
+    sides: dict[str, Side], modes: tuple[str, ...] = tuple(MISBEHAVING)
+) -> AsyncIterator[None]:
     """On each node, a plugin per mode (driver ``<mode>.example.com``; none for
     ``absent``) with a one-device slice, and a DeviceClass for each driver."""
     plugin = Path(__file__).with_name("misbehaving_plugin.py")
@@ -621,7 +627,7 @@ async def misbehaving_drivers(sides: dict[str, Side]) -> AsyncIterator[None]:
     processes: list[asyncio.subprocess.Process] = []
     slices: list[str] = []
     try:
-        for mode in MISBEHAVING:
+        for mode in modes:
             driver = f"{mode}.example.com"
             selector = {"cel": {"expression": f"device.driver == '{driver}'"}}
             device_class = {"metadata": {"name": driver}, "spec": {"selectors": [selector]}}
@@ -646,7 +652,7 @@ async def misbehaving_drivers(sides: dict[str, Side]) -> AsyncIterator[None]:
             await process.wait()
         for name in slices:
             await client.delete_if_exists(path_for(RESOURCE, "resourceslices", name))
-        for mode in MISBEHAVING:
+        for mode in modes:
             await client.delete_if_exists(path_for(RESOURCE, "deviceclasses", f"{mode}.example.com"))
 
 
@@ -1024,5 +1030,59 @@ def test_a_pod_whose_prepare_failed_is_tried_again_at_the_next_sync_or_once_it_c
             for kind, seen in found.items():
                 assert seen["nudged: running after the nudge"] < 15, (kind, seen)
                 assert 55 <= seen["left alone: running after its refusal"] <= 100, (kind, seen)
+
+    asyncio.run(scenario())
+
+
+async def _failed_starts(side: Side, pod: str) -> int:
+    """How often the kubelet said it failed to start ``pod``'s container: the real one
+    folds repeats into one Event's count, the fake one writes an Event each time."""
+    items = (await side.client.get(path_for("v1", "events", namespace=side.namespace)))["items"]
+    return sum(e.get("count", 1) for e in items if e["involvedObject"]["name"] == pod and e["reason"] == "Failed")
+
+
+def test_a_container_that_fails_to_start_is_tried_again_every_10_to_15_seconds(
+    control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
+) -> None:
+    """The driver prepares the claim but answers a CDI device no spec defines, so the
+    runtime cannot create the container. The first attempt leaves the pod's sandbox,
+    which the PLEG's next relist (within 1 s) sees, syncing the pod once more; from then
+    on the pod worker syncs it again after its error backoff (10 s, jittered up to 15 s):
+    no exponential container backoff applies to a container never created. The pod stays
+    Pending. (The fake kubelet used to wait 10-15 s before the second attempt too: the
+    real one made it 0.5 s after the first.)"""
+    driver = "wrong-cdi.example.com"
+
+    async def scenario() -> None:
+        async with (
+            two_nodes(control_plane, short_tmp_path, node_binaries) as sides,
+            misbehaving_drivers(sides, ("wrong-cdi",)),
+        ):
+
+            async def case(side: Side) -> dict[str, Any]:
+                registered = side.node.kubelet_dir / "plugins" / driver / "registered"
+                await until(lambda: _at_least(lambda: int(registered.exists()), 1), 60, f"{side.kind}: registration")
+                await side.template("wrong", [request("dev", driver)])
+                await side.pod("wrong", {"resourceClaimTemplateName": "wrong"}, request="dev")
+                seen_at: list[float] = []
+                deadline = time.monotonic() + 90
+                while len(seen_at) < 4 and time.monotonic() < deadline:
+                    count = await _failed_starts(side, "wrong")
+                    seen_at.extend([time.monotonic()] * (count - len(seen_at)))
+                    await asyncio.sleep(0.25)
+                phase = (await side.read_pod("wrong"))["status"]["phase"]
+                events = await side.events("wrong")
+                await side.delete_pod("wrong")
+                await side.gone("wrong")
+                gaps = [round(b - a, 1) for a, b in itertools.pairwise(seen_at)]
+                return {"gaps": gaps, "phase": phase, "events": events[-3:]}
+
+            found = await both(sides, case)
+            for kind, seen in found.items():
+                assert seen["phase"] == "Pending", (kind, seen)
+                assert len(seen["gaps"]) >= 3, (kind, seen)
+                first, *rest = seen["gaps"]
+                assert first <= 2.5, (kind, seen)
+                assert all(9 <= gap <= 17 for gap in rest), (kind, seen)
 
     asyncio.run(scenario())
