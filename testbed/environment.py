@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
-import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -161,7 +160,7 @@ def down(config: ControlPlaneConfig, keep_state: bool = False) -> list[str]:
             attach_fleet(state).stop()
         except Exception as exc:  # that Ray gone too: nothing of ours left in it
             log.warning("could not stop the NodeHosts in the Ray cluster at %s: %s", state.fleet.joined_ray, exc)
-    if "ray" in sys.modules:
+    if state is not None and state.fleet is not None and raycluster.connected_to(state.fleet.ray_address):
         raycluster.disconnect()  # before the head stops, or Ray's client ends this process
     stopped = cluster.down(config, keep_state=keep_state)
     if state is not None:

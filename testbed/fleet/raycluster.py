@@ -151,7 +151,15 @@ def connect(address: str, cluster_name: str, cluster_root: Path | None = None) -
     import ray
 
     if ray.is_initialized():
-        return
+        joined = ray.get_runtime_context()
+        if same_address(joined.gcs_address, address) and joined.namespace == namespace(cluster_name):
+            return
+        raise TestbedError(
+            f"this process is already in the Ray cluster at {joined.gcs_address} (namespace {joined.namespace}); "
+            f"it cannot join the one at {address} for cluster {cluster_name!r} too",
+            hint="Ray lets a process join one cluster at a time: start the second cluster's fleet from another "
+            "process (e.g. `testbed up`)",
+        )
     options: dict[str, Any] = {
         "namespace": namespace(cluster_name),
         "logging_level": logging.WARNING,
@@ -208,6 +216,28 @@ def _reread_ray_config() -> None:
 
     Config.initialize("")
     AuthenticationTokenLoader.instance().reset_cache()
+
+
+def same_address(a: str, b: str) -> bool:
+    """Two host:port addresses of one GCS (a host name against the address Ray reports)."""
+    if a == b:
+        return True
+    (host_a, _, port_a), (host_b, _, port_b) = a.rpartition(":"), b.rpartition(":")
+    if port_a != port_b:
+        return False
+    try:
+        return socket.gethostbyname(host_a) == socket.gethostbyname(host_b)
+    except OSError:
+        return False
+
+
+def connected_to(address: str) -> bool:
+    """Whether this process is in the Ray cluster at ``address``."""
+    if "ray" not in sys.modules:
+        return False
+    import ray
+
+    return bool(ray.is_initialized()) and same_address(ray.get_runtime_context().gcs_address, address)
 
 
 def disconnect() -> None:

@@ -14,12 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from testbed import environment
-from testbed.config import ControlPlaneConfig
+from testbed.config import ControlPlaneConfig, nodes_dir
 from testbed.controlplane import cluster
 from testbed.controlplane.binaries import Binaries
-from testbed.fleet.spec import single_pool
-from testbed.progress import SilentProgress
 from testbed.testing import wait_for
 
 pytestmark = pytest.mark.controlplane
@@ -67,17 +64,29 @@ def test_each_component_killed_comes_back_and_down_stops_what_runs_now(
     assert [p.name for p in running if p.alive()] == [], "down stopped the restarted processes"
 
 
+def _testbed(verb: str, config: ControlPlaneConfig, *args: str) -> None:
+    """`testbed up`/`down` as a user runs them: a process of its own, which joins the
+    cluster's own Ray (this one may be in the session fleet's already)."""
+    command = [sys.executable, "-m", "testbed.cli", verb, "--name", config.name, "--state-dir", str(config.cluster_dir)]
+    done = subprocess.run([*command, *args], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def _up_with_two_nodes(config: ControlPlaneConfig) -> None:
+    _testbed("up", config, "--nodes", "2", "--profile", "tiny", "--nodes-per-host", "2")
+
+
 @pytest.fixture(scope="module")
 def small_cluster(kube_binaries: Binaries) -> Iterator[ControlPlaneConfig]:
-    """A cluster of its own (components get killed) with one tiny synthetic node."""
+    """A cluster of its own (components get killed) with two tiny synthetic nodes."""
     import tempfile
 
     config = ControlPlaneConfig(name="riding", state_dir=Path(tempfile.mkdtemp(prefix="tbs-")) / "c")
-    environment.up(config, single_pool(2, "tiny", nodes_per_host=2, prefix="sv"), SilentProgress(), kube_binaries)
+    _up_with_two_nodes(config)
     try:
         yield config
     finally:
-        environment.down(config)
+        _testbed("down", config)
 
 
 def _run(config: ControlPlaneConfig, output: Path, *args: str) -> subprocess.Popen[str]:
@@ -125,12 +134,13 @@ def test_down_during_a_run_ends_it_with_error_and_a_report(kube_binaries: Binari
     import tempfile
 
     config = ControlPlaneConfig(name="downed", state_dir=Path(tempfile.mkdtemp(prefix="tbd-")) / "c")
-    environment.up(config, single_pool(2, "tiny", nodes_per_host=2, prefix="dn"), SilentProgress(), kube_binaries)
+    _up_with_two_nodes(config)
+    nodes = nodes_dir(config.cluster_dir)
     try:
         proc = _run(config, tmp_path / "report", "--set", "phases.0.runSeconds=30")
         wait_for(lambda: _running_pods(config), 120, "the run's pods to run")
     finally:
-        environment.down(config)
+        _testbed("down", config)
     stopped = time.monotonic()
     _, stderr = proc.communicate(timeout=180)
     took = time.monotonic() - stopped
@@ -141,6 +151,7 @@ def test_down_during_a_run_ends_it_with_error_and_a_report(kube_binaries: Binari
     for phase in report["phases"]:  # a startup SLO only where every pod started
         assert phase["slo_met"] is None or phase["pods_running"] == phase["pods_expected"], phase
     assert took < 90, f"the run took {took:.0f} s to give up"
+    assert not nodes.exists(), "the synthetic nodes' directories went with the cluster"
 
 
 def test_the_supervisor_deletes_a_namespace_a_run_left_behind(control_plane: cluster.ClusterState) -> None:
