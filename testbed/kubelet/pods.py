@@ -40,7 +40,6 @@ import logging
 import random
 import re
 import time
-import uuid
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -49,6 +48,7 @@ from testbed.files import write_atomically
 from testbed.keys import CONTAINER_ENV_ANNOTATION, RUN_SECONDS_ANNOTATION
 from testbed.kubeapi import ApiError, ClaimRef, KubeClient, Obj, WatchPosition, path_for
 from testbed.kubelet import metrics
+from testbed.kubelet.events import EventRecorder
 from testbed.kubelet.node import NodeSpec, now_rfc3339
 from testbed.kubelet.plugins import PluginCallError, PluginManager, PreparedDevice
 from testbed.kubeletplugin import cdi
@@ -161,8 +161,7 @@ class PodManager:
         self._position = WatchPosition()
         """How far the pod watch got: set once its first list was handed over."""
         self._status_tasks: set[asyncio.Task[None]] = set()
-        self._events: dict[str, dict[tuple[str, str], tuple[str, int]]] = {}
-        """By pod UID: (reason, message) -> the name of the Event recorded and its count."""
+        self._events = EventRecorder(node.name)
         self._running: dict[str, str] = {}
         """Pods whose containers run, by UID: when they started (RFC 3339)."""
         self._claim_uids: dict[str, dict[str, str]] = {}
@@ -272,51 +271,24 @@ class PodManager:
             await asyncio.wait_for(event.wait(), seconds)
 
     async def event(self, pod: Obj, reason: str, message: str, kind: str = "Warning") -> None:
-        """Record an Event on the pod. The same event again raises the count of the one
-        recorded before (client-go's event recorder, which kubelets use, does so): a pod
-        failing every 10 s shows one Event counting its attempts."""
-        meta = pod["metadata"]
-        namespace, stamp = meta["namespace"], now_rfc3339()
-        seen = self._events.setdefault(meta["uid"], {})
-        earlier = seen.get((reason, message))
-        if earlier is not None:
-            name, count = earlier
-            change = {"count": count + 1, "lastTimestamp": stamp, "message": message[:1024]}
-            try:
-                await self.client.patch(path_for("v1", "events", name, namespace), change, "strategic")
-                seen[(reason, message)] = (name, count + 1)
-                return
-            except ApiError as exc:
-                if not exc.not_found:  # expired (an hour's TTL): recorded anew below
-                    log.debug("could not count event %s on %s again: %s", reason, meta["name"], exc)
-                    return
-        name = f"{meta['name']}.{uuid.uuid4().hex[:16]}"
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"name": name, "namespace": namespace},
-            "involvedObject": {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "name": meta["name"],
-                "namespace": namespace,
-                "uid": meta["uid"],
-            },
-            "reason": reason,
-            "message": message[:1024],
-            "type": kind,
-            "count": 1,
-            "firstTimestamp": stamp,
-            "lastTimestamp": stamp,
-            "source": {"component": "kubelet", "host": self.node.name},
-            "reportingComponent": "kubelet",
-            "reportingInstance": self.node.name,
-        }
+        """Record an Event on the pod as a kubelet's event recorder does (events.py)."""
+        namespace, stamp = pod["metadata"]["namespace"], now_rfc3339()
+        write = self._events.record(pod, kind, reason, message, stamp)
         try:
-            await self.client.create(path_for("v1", "events", namespace=namespace), body)
-            seen[(reason, message)] = (name, 1)
+            if write is None:
+                return
+            if write.name is None:
+                await self.client.create(path_for("v1", "events", namespace=namespace), write.body)
+                return
+            try:
+                await self.client.patch(path_for("v1", "events", write.name, namespace), write.body, "strategic")
+            except ApiError as exc:
+                if not exc.not_found:
+                    raise
+                again = self._events.recreated(pod, kind, reason, message, stamp)
+                await self.client.create(path_for("v1", "events", namespace=namespace), again.body)
         except ApiError as exc:
-            log.debug("could not record event %s on %s: %s", reason, meta["name"], exc)
+            log.debug("could not record event %s on %s: %s", reason, pod["metadata"]["name"], exc)
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -866,7 +838,7 @@ class PodManager:
         self._latest.pop(uid, None)
         self._updated.pop(uid, None)
         self._resources_status.pop(uid, None)
-        self._events.pop(uid, None)
+        self._events.forget(uid)
         self._workers.pop(uid, None)
 
 
