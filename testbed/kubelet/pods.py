@@ -14,7 +14,11 @@ containers run ``sleep N`` (and do not restart) or that carries
 - each status PATCH carries the pod's UID (PatchPodStatus), so a write meant for a pod
   deleted meanwhile is refused instead of landing on a namesake created since;
 - a failed prepare is recorded as an event and made again at the pod's next sync (60 s,
-  jittered to 60-90 s), or at once when the pod changes beyond its status;
+  jittered to 60-90 s), or at once when the pod changes beyond its status; a container
+  the runtime could not create is tried again at the next PLEG relist (which sees the
+  sandbox the attempt left), then every 10-15 s;
+- Events are written as the kubelet's event recorder writes them (events.py): a repeat
+  counts up the Event recorded before;
 - when a pod's containers end, its claims are unprepared BEFORE the new status is
   written, and a failed unprepare is retried until it succeeds (once more at the next
   PLEG relist, then every 10-15 s); a deleted pod is removed for good only after that;
