@@ -55,11 +55,14 @@ def decode(data: bytes) -> dict[str, NodeRecipe]:
 
 
 def in_ray() -> bool:
+    """Whether this runs as a Ray actor, which Ray restarts after a crash: only then is
+    there a later life to remember nodes for (a process merely joined to Ray, such as a
+    test session, has none)."""
     try:
         import ray
     except ImportError:
         return False
-    return bool(ray.is_initialized())
+    return bool(ray.is_initialized()) and ray.get_runtime_context().get_actor_id() is not None
 
 
 class Membership:

@@ -43,6 +43,7 @@ from testbed.grpcapi import (
     pluginregistration_pb2,
     pluginregistration_pb2_grpc,
 )
+from testbed.grpcapi.channels import unix_channel
 from testbed.kubeapi import ClaimRef
 from testbed.kubelet.health import DeviceHealthStatus, DeviceReport, HealthCache, timeout_from_wire, truncate_message
 from testbed.tasks import cancel_and_wait
@@ -248,7 +249,7 @@ class PluginManager:
         self.changed = asyncio.Event()
 
     async def _register(self, sock: Path) -> None:
-        async with grpc.aio.insecure_channel(f"unix://{sock}") as channel:
+        async with unix_channel(sock) as channel:
             stub = pluginregistration_pb2_grpc.RegistrationStub(channel)
             try:
                 info = await stub.GetInfo(pluginregistration_pb2.InfoRequest(), timeout=5.0)
@@ -274,9 +275,7 @@ class PluginManager:
                 info.endpoint,
                 service,
                 health,
-                grpc.aio.insecure_channel(
-                    f"unix://{info.endpoint}", options=[("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MAX_MS)]
-                ),
+                unix_channel(info.endpoint, ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MAX_MS)),
                 identity=_identity(sock),
             )
             self._by_socket[sock] = plugin

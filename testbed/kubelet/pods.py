@@ -32,7 +32,8 @@ containers run ``sleep N`` (and do not restart) or that carries
   that are gone (force-deleted, or deleted while this kubelet was down) are unprepared;
 - ``status.containerStatuses[].allocatedResourcesStatus`` shows each claimed device's
   health from the drivers' health streams, updated when health changes and on every
-  periodic pod sync (a device not heard of within its timeout reads Unknown).
+  periodic pod sync, each pod's own 60-90 s after its last (resync.py); a device not
+  heard of within its timeout reads Unknown.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ from testbed.kubelet import metrics
 from testbed.kubelet.events import EventRecorder
 from testbed.kubelet.node import NodeSpec, now_rfc3339
 from testbed.kubelet.plugins import PluginCallError, PluginManager, PreparedDevice
+from testbed.kubelet.resync import ResyncSchedule
 from testbed.kubeletplugin import cdi
 from testbed.tasks import cancel_and_wait
 
@@ -158,6 +160,8 @@ class PodManager:
         self._workers: dict[str, asyncio.Task[None]] = {}
         self._latest: dict[str, Obj] = {}
         self._updated: dict[str, asyncio.Event] = {}
+        self._changes: dict[str, int] = {}
+        """By pod UID: how often the pod changed beyond its status (or was deleted)."""
         self._claims_lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._resync_task: asyncio.Task[None] | None = None
@@ -168,6 +172,9 @@ class PodManager:
         self._events = EventRecorder(node.name)
         self._running: dict[str, str] = {}
         """Pods whose containers run, by UID: when they started (RFC 3339)."""
+        self._resync_schedule = ResyncSchedule(STATUS_SYNC_S, JITTER)
+        self._resync_wake = asyncio.Event()
+        """Set when a pod starts running: it may be due before the one slept for."""
         self._claim_uids: dict[str, dict[str, str]] = {}
         """By pod UID: the pod's claim name -> ResourceClaim UID."""
         self._resources_status: dict[str, object] = {}
@@ -248,6 +255,7 @@ class PodManager:
         before = self._latest.get(uid)
         self._latest[uid] = dict(pod, _deleted=kind == "DELETED")
         if kind == "DELETED" or before is None or _differs_beyond_status(before, pod):
+            self._changes[uid] = self._changes.get(uid, 0) + 1
             self._updated.setdefault(uid, asyncio.Event()).set()
         if (
             uid not in self._workers
@@ -267,10 +275,15 @@ class PodManager:
         pod = self._latest[uid]
         return bool(pod.get("_deleted") or pod["metadata"].get("deletionTimestamp"))
 
-    async def _pause(self, uid: str, seconds: float) -> None:
-        """Sleep, but wake at once if the pod changes (e.g. is being deleted)."""
+    async def _pause(self, uid: str, seconds: float, seen: int | None = None) -> None:
+        """Sleep, but wake at once if the pod changes (e.g. is being deleted), or return at
+        once if it changed since ``seen`` (from ``_changes``, taken when the attempt that
+        ends here began): as a kubelet's pod worker syncs again right away for an update
+        that came in during a sync."""
         event = self._updated.setdefault(uid, asyncio.Event())
         event.clear()
+        if seen is not None and self._changes.get(uid, 0) != seen:
+            return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(event.wait(), seconds)
 
@@ -308,7 +321,7 @@ class PodManager:
                     if not self._deleting(uid):
                         # The kubelet unprepares after the containers stopped and before
                         # the pod's new status reaches the API server.
-                        self._running.pop(uid, None)
+                        self._not_running(uid)
                         await self._release(uid)
                         await self._set_succeeded(uid)
                 while not self._deleting(uid):
@@ -334,7 +347,7 @@ class PodManager:
         (sooner if the pod's spec, labels, annotations or deletion change)."""
         sandbox = False  # the kubelet prepares claims before the runtime makes it, containers after
         while not self._deleting(uid):
-            pod = self._pod(uid)
+            seen, pod = self._changes.get(uid, 0), self._pod(uid)
             try:
                 env = await self._adopt(pod) if self._kept_running(pod) else await self._prepare(pod)
                 await self._set_running(pod, env)
@@ -350,7 +363,7 @@ class PodManager:
                     next_sync = until_next_relist()
                 else:
                     next_sync = jittered(SYNC_ERROR_BACKOFF_S)
-            await self._pause(uid, next_sync)
+            await self._pause(uid, next_sync, seen)
         return False
 
     async def _pod_claims(self, pod: Obj) -> list[Obj]:
@@ -535,6 +548,8 @@ class PodManager:
         stamp = stamp or now_rfc3339()
         ip = self.node.internal_ip()
         self._running[meta["uid"]] = stamp
+        self._resync_schedule.add(meta["uid"], time.monotonic())
+        self._resync_wake.set()
 
         def condition(kind: str) -> Obj:
             return {"type": kind, "status": "True", "lastTransitionTime": stamp}
@@ -648,11 +663,20 @@ class PodManager:
                 task.add_done_callback(self._status_tasks.discard)
 
     async def _resync(self) -> None:
+        """Sync each running pod again 60-90 s after its last sync (resync.py)."""
         while True:
-            await asyncio.sleep(STATUS_SYNC_S)
-            for uid in list(self._running):
+            next_at = self._resync_schedule.next_at()
+            self._resync_wake.clear()
+            with contextlib.suppress(TimeoutError):
+                wait_s = None if next_at is None else max(0.0, next_at - time.monotonic())
+                await asyncio.wait_for(self._resync_wake.wait(), wait_s)
+            for uid in self._resync_schedule.due(time.monotonic()):
+                if uid not in self._running:
+                    continue
                 if self._claim_uids.get(uid):
                     await self._sync_status(uid)
+                if uid in self._running:
+                    self._resync_schedule.add(uid, time.monotonic())
 
     async def _sync_status(self, uid: str) -> None:
         """Write the running pod's container statuses again if their device health changed."""
@@ -714,8 +738,11 @@ class PodManager:
         kubelet's sync-error backoff until the driver succeeds (the pod is not finished
         before), sooner if the pod changes."""
         retry_in = until_next_relist()  # the containers' exit, seen at the next relist, syncs the pod once more
-        while not await self._release_once(pod_uid):
-            await self._pause(pod_uid, retry_in)
+        while True:
+            seen = self._changes.get(pod_uid, 0)
+            if await self._release_once(pod_uid):
+                break
+            await self._pause(pod_uid, retry_in, seen)
             retry_in = jittered(SYNC_ERROR_BACKOFF_S)
         self._claim_uids.pop(pod_uid, None)
 
@@ -823,8 +850,12 @@ class PodManager:
         by someone else's watch, it cannot tell, and claims are left alone."""
         return self.watch_pods and bool(self._position.resource_version)
 
-    async def _finish_deletion(self, uid: str) -> None:
+    def _not_running(self, uid: str) -> None:
         self._running.pop(uid, None)
+        self._resync_schedule.remove(uid)
+
+    async def _finish_deletion(self, uid: str) -> None:
+        self._not_running(uid)
         await self._release(uid)
         pod = self._latest.get(uid)
         if pod is not None and not pod.get("_deleted"):
@@ -841,6 +872,7 @@ class PodManager:
                 )
         self._latest.pop(uid, None)
         self._updated.pop(uid, None)
+        self._changes.pop(uid, None)
         self._resources_status.pop(uid, None)
         self._events.forget(uid)
         self._workers.pop(uid, None)

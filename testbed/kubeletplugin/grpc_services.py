@@ -35,6 +35,7 @@ from testbed.grpcapi import (
     pluginregistration_pb2,
     pluginregistration_pb2_grpc,
 )
+from testbed.grpcapi.channels import unix_channel
 from testbed.kubeapi import ClaimRef
 from testbed.kubeletplugin import metrics
 from testbed.kubeletplugin.driver import Driver
@@ -303,13 +304,13 @@ class LivenessService(health_pb2_grpc.HealthServicer):
         """Empty string if healthy, else what is wrong."""
         for registration_socket, dra_socket in self.sockets:
             try:
-                async with grpc.aio.insecure_channel(f"unix://{registration_socket}") as channel:
+                async with unix_channel(registration_socket) as channel:
                     info = await pluginregistration_pb2_grpc.RegistrationStub(channel).GetInfo(
                         pluginregistration_pb2.InfoRequest(), timeout=self.timeout_s
                     )
                     if info.type != "DRAPlugin":
                         return f"{registration_socket} answers type {info.type!r}"
-                async with grpc.aio.insecure_channel(f"unix://{dra_socket}") as channel:
+                async with unix_channel(dra_socket) as channel:
                     await dra_v1_pb2_grpc.DRAPluginStub(channel).NodePrepareResources(
                         dra_v1_pb2.NodePrepareResourcesRequest(), timeout=self.timeout_s
                     )

@@ -28,6 +28,7 @@ from testbed.files import private_dir, write_secret
 from testbed.fleet.external import ExternalDriver, ExternalDriverSpec, ShortPaths, driver_environment
 from testbed.fleet.identity import DRIVER_NAMESPACE, NodeAuthority, driver_pod_name, driver_token, install_access_policy
 from testbed.grpcapi import pluginregistration_pb2, pluginregistration_pb2_grpc
+from testbed.grpcapi.channels import unix_channel
 from testbed.kubeapi import ApiError, ClaimRef, KubeClient, Obj, path_for
 from testbed.kubelet.node import NodeAgent, NodeSpec
 from testbed.kubelet.plugins import DRA_SERVICES, HEALTH_SERVICES
@@ -214,7 +215,7 @@ class Harness:
         names: dict[str, Path] = {}
         for sock in sorted(sockets, key=lambda p: p.lstat().st_ctime):
             with contextlib.suppress(grpc.aio.AioRpcError):
-                async with grpc.aio.insecure_channel(f"unix://{sock}") as channel:
+                async with unix_channel(sock) as channel:
                     info = await pluginregistration_pb2_grpc.RegistrationStub(channel).GetInfo(
                         pluginregistration_pb2.InfoRequest(), timeout=10.0
                     )
@@ -230,7 +231,7 @@ class Harness:
         )
 
     async def register(self, socket: Path) -> Registration:
-        async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
+        async with unix_channel(socket) as channel:
             stub = pluginregistration_pb2_grpc.RegistrationStub(channel)
             info = await stub.GetInfo(pluginregistration_pb2.InfoRequest(), timeout=10.0)
             await stub.NotifyRegistrationStatus(
@@ -249,7 +250,7 @@ class Harness:
         request = getattr(pb2, f"{method}Request")(
             claims=[pb2.Claim(namespace=r.namespace, uid=r.uid, name=r.name) for r in refs]
         )
-        async with grpc.aio.insecure_channel(f"unix://{endpoint}") as channel:
+        async with unix_channel(endpoint) as channel:
             return await getattr(pb2_grpc.DRAPluginStub(channel), method)(request, timeout=CALL_TIMEOUT_S)
 
     async def health_messages(
@@ -258,7 +259,7 @@ class Harness:
         """The first ``count`` messages of the health stream, each with when it came."""
         pb2, pb2_grpc = HEALTH_SERVICES[service]
         messages: list[tuple[float, Any]] = []
-        async with grpc.aio.insecure_channel(f"unix://{endpoint}") as channel:
+        async with unix_channel(endpoint) as channel:
             stream = pb2_grpc.DRAResourceHealthStub(channel).NodeWatchResources(pb2.NodeWatchResourcesRequest())
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout_s):

@@ -1018,7 +1018,11 @@ def test_a_pod_whose_prepare_failed_is_tried_again_at_the_next_sync_or_once_it_c
                 nudged_at = time.monotonic()
                 patch = {"metadata": {"annotations": {"example.com/nudge": "1"}}}
                 await side.client.patch(path_for("v1", "pods", "nudged", side.namespace), patch)
-                await side.running("nudged", 60)
+                try:
+                    await side.running("nudged", 60)
+                except AssertionError as exc:
+                    said = f"events {await side.events('nudged')}; kubelet log: {side.node.log_tail('kubelet')}"
+                    raise AssertionError(f"{exc}; {said}") from None
                 nudged_running = time.monotonic() - nudged_at
                 await side.running("left", 150)
                 return {
