@@ -73,14 +73,11 @@ def _ray_node_address() -> str:
 
 
 def _restarted_by_ray() -> bool:
-    try:
-        import ray
-
-        if not ray.is_initialized():  # asking the runtime context would start a local Ray
-            return False
-        return bool(ray.get_runtime_context().was_current_actor_reconstructed)
-    except Exception:  # not in a Ray actor (a plain object in a test or a script)
+    if not in_ray():  # a plain object in a test or a script, joined to Ray or not
         return False
+    import ray
+
+    return bool(ray.get_runtime_context().was_current_actor_reconstructed)
 
 
 class NodeHost:
