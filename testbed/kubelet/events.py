@@ -5,9 +5,11 @@ API sees, and users read the result in `kubectl describe pod`:
 - the same event again (source, object, type, reason, message) raises the count of the
   Event recorded before (a PATCH of count, lastTimestamp and message), so a pod failing
   every 10 s shows one Event counting its attempts;
+- the tenth different message of one type and reason within 10 minutes is folded into
+  an Event of its own, "(combined from similar events): <message>", counted up from then
+  on, so a driver whose error text changes each time does not flood the pod with Events;
 - a spam filter per object and type lets 25 events through at once and then one every
   5 minutes; one held back still counts, so the next written count jumps.
-(Its folding of more than 10 similar events with different messages is not done here.)
 """
 
 from __future__ import annotations
@@ -21,6 +23,11 @@ from testbed.kubeapi import Obj
 
 SPAM_BURST = 25
 SPAM_REFILL_PER_S = 1 / 300
+SIMILAR_MESSAGES = 10
+"""Different messages of one type and reason from which on they are combined."""
+SIMILAR_WINDOW_S = 600
+"""A type and reason quiet for this long starts counting its messages afresh."""
+COMBINED = "(combined from similar events): "
 
 
 @dataclass
@@ -39,12 +46,19 @@ class _Bucket:
         return True
 
 
+Key = tuple[str, str, str | None]
+"""An event's type, reason and message (None: the combined Event of that type and
+reason): the same again is counted on one Event."""
+
+
 @dataclass(frozen=True)
 class Write:
     """Create ``body`` (``name`` is None) or patch the Event ``name`` with it."""
 
     name: str | None
     body: Obj
+    key: Key = field(default=("", "", None), compare=False)
+    """Which Event this is, for `EventRecorder.recreated`."""
 
 
 @dataclass
@@ -52,18 +66,36 @@ class _Recorded:
     name: str
     count: int
     first: str
+    message: str = ""
     written: bool = False
     """The Event exists in the API (the first ones may all have been held back)."""
 
 
-Key = tuple[str, str, str]
-"""An event's type, reason and message: the same again is counted on one Event."""
+@dataclass
+class _Similar:
+    """The messages one type and reason had lately (client-go's aggregate record)."""
+
+    last: float
+    messages: set[str] = field(default_factory=set)
 
 
 @dataclass
 class _PodEvents:
     recorded: dict[Key, _Recorded] = field(default_factory=dict)
     buckets: dict[str, _Bucket] = field(default_factory=dict)
+    similar: dict[tuple[str, str], _Similar] = field(default_factory=dict)
+
+    def correlate(self, kind: str, reason: str, message: str, now: float) -> tuple[Key, str]:
+        """The Event this one is counted on, and the message it writes there."""
+        similar = self.similar.get((kind, reason))
+        if similar is None or now - similar.last > SIMILAR_WINDOW_S:
+            similar = self.similar[(kind, reason)] = _Similar(now)
+        similar.last = now
+        similar.messages.add(message)
+        if len(similar.messages) < SIMILAR_MESSAGES:
+            return (kind, reason, message), message
+        similar.messages.pop()  # any one, as client-go drops any: the set stays below the bar
+        return (kind, reason, None), COMBINED + message
 
 
 class EventRecorder:
@@ -75,34 +107,32 @@ class EventRecorder:
     def record(self, pod: Obj, kind: str, reason: str, message: str, stamp: str) -> Write | None:
         """The write for this event (``stamp``: now, RFC 3339), or None if held back."""
         events = self._pods.setdefault(pod["metadata"]["uid"], _PodEvents())
-        key = (kind, reason, message)
+        now = self.clock()
+        key, message = events.correlate(kind, reason, message, now)
         seen = events.recorded.get(key)
         if seen is None:
             seen = events.recorded[key] = _Recorded(_event_name(pod), 0, stamp)
         seen.count += 1
-        now = self.clock()
+        seen.message = message
         if not events.buckets.setdefault(kind, _Bucket(now)).take(now):
             return None
         if seen.written:
-            return Write(seen.name, {"count": seen.count, "lastTimestamp": stamp, "message": message[:1024]})
+            return Write(seen.name, {"count": seen.count, "lastTimestamp": stamp, "message": message[:1024]}, key)
         seen.written = True
-        return Write(None, self._event(pod, key, seen, stamp))
+        return Write(None, self._event(pod, key, seen, stamp), key)
 
-    def recreated(self, pod: Obj, kind: str, reason: str, message: str, stamp: str) -> Write:
-        """The Event to create when the one to patch is gone (Events expire after an
-        hour): under a new name, with the count so far."""
-        events = self._pods.setdefault(pod["metadata"]["uid"], _PodEvents())
-        key = (kind, reason, message)
-        seen = events.recorded.setdefault(key, _Recorded("", 1, stamp))
-        seen.name, seen.written = _event_name(pod), True
-        return Write(None, self._event(pod, key, seen, stamp))
+    def recreated(self, pod: Obj, patch: Write, stamp: str) -> Write:
+        """The Event to create when the one ``patch`` was for is gone (Events expire
+        after an hour): under the same name, with the count so far."""
+        seen = self._pods[pod["metadata"]["uid"]].recorded[patch.key]
+        return Write(None, self._event(pod, patch.key, seen, stamp), patch.key)
 
     def forget(self, pod_uid: str) -> None:
         self._pods.pop(pod_uid, None)
 
     def _event(self, pod: Obj, key: Key, seen: _Recorded, stamp: str) -> Obj:
         meta = pod["metadata"]
-        kind, reason, message = key
+        kind, reason, _ = key
         return {
             "apiVersion": "v1",
             "kind": "Event",
@@ -115,7 +145,7 @@ class EventRecorder:
                 "uid": meta["uid"],
             },
             "reason": reason,
-            "message": message[:1024],
+            "message": seen.message[:1024],
             "type": kind,
             "count": seen.count,
             "firstTimestamp": seen.first,

@@ -18,7 +18,8 @@ containers run ``sleep N`` (and do not restart) or that carries
   the runtime could not create is tried again at the next PLEG relist (which sees the
   sandbox the attempt left), then every 10-15 s;
 - Events are written as the kubelet's event recorder writes them (events.py): a repeat
-  counts up the Event recorded before;
+  counts up the Event recorded before, the tenth different message of one reason is
+  combined into an Event of its own, and a pod's burst of events is rate-limited;
 - when a pod's containers end, its claims are unprepared BEFORE the new status is
   written, and a failed unprepare is retried until it succeeds (once more at the next
   PLEG relist, then every 10-15 s); a deleted pod is removed for good only after that;
@@ -302,7 +303,7 @@ class PodManager:
             except ApiError as exc:
                 if not exc.not_found:
                     raise
-                again = self._events.recreated(pod, kind, reason, message, stamp)
+                again = self._events.recreated(pod, write, stamp)
                 await self.client.create(path_for("v1", "events", namespace=namespace), again.body)
         except ApiError as exc:
             log.debug("could not record event %s on %s: %s", reason, pod["metadata"]["name"], exc)

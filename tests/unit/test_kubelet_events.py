@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from testbed.kubelet.events import SPAM_BURST, EventRecorder, Write
+from testbed.kubelet.events import SIMILAR_WINDOW_S, SPAM_BURST, EventRecorder, Write
 
 POD = {"metadata": {"name": "web", "namespace": "ns", "uid": "u1"}}
 FAILED = ("Warning", "Failed", "Error: unresolvable CDI device x")
@@ -61,16 +61,48 @@ def test_each_event_type_and_each_pod_has_its_own_allowance() -> None:
     assert recorder.record(other_pod, *FAILED, "t") is not None
 
 
-def test_an_expired_event_is_recreated_with_the_count_so_far() -> None:
+def test_an_expired_event_is_recreated_under_its_name_with_the_count_so_far() -> None:
     recorder = EventRecorder("node-1", Clock())
     first = recorder.record(POD, *FAILED, "t1")
-    recorder.record(POD, *FAILED, "t2")
-    again = recorder.recreated(POD, *FAILED, "t3")
-    assert first is not None and again.name is None
-    assert again.body["count"] == 2 and again.body["firstTimestamp"] == "t1"
-    assert again.body["metadata"]["name"] != first.body["metadata"]["name"]
+    patch = recorder.record(POD, *FAILED, "t2")
+    assert first is not None and patch is not None
+    again = recorder.recreated(POD, patch, "t2")
+    assert again.name is None and again.body["metadata"]["name"] == first.body["metadata"]["name"]
+    assert again.body["count"] == 2 and again.body["firstTimestamp"] == "t1" and again.body["lastTimestamp"] == "t2"
     follow = recorder.record(POD, *FAILED, "t4")
-    assert follow == Write(again.body["metadata"]["name"], {"count": 3, "lastTimestamp": "t4", "message": FAILED[2]})
+    assert follow == Write(first.body["metadata"]["name"], {"count": 3, "lastTimestamp": "t4", "message": FAILED[2]})
+
+
+def failed_with(recorder: EventRecorder, attempts: range, pod: dict[str, dict[str, str]] = POD) -> list[Write | None]:
+    return [recorder.record(pod, "Warning", "Failed", f"Error: attempt {i}", f"t{i}") for i in attempts]
+
+
+def test_the_tenth_different_message_of_a_reason_is_folded_into_one_combined_event() -> None:
+    recorder = EventRecorder("node-1", Clock())
+    own = failed_with(recorder, range(1, 10))
+    assert [w.body["message"] for w in own if w is not None and w.name is None] == [
+        f"Error: attempt {i}" for i in range(1, 10)
+    ]
+    assert len({w.body["metadata"]["name"] for w in own if w is not None}) == 9
+    tenth, eleventh = failed_with(recorder, range(10, 12))
+    assert tenth is not None and tenth.name is None
+    assert tenth.body["message"] == "(combined from similar events): Error: attempt 10" and tenth.body["count"] == 1
+    assert eleventh == Write(
+        tenth.body["metadata"]["name"],
+        {"count": 2, "lastTimestamp": "t11", "message": "(combined from similar events): Error: attempt 11"},
+    )
+    other_reason = recorder.record(POD, "Warning", "FailedPrepareDynamicResources", "Error: attempt 12", "t12")
+    assert other_reason is not None and other_reason.name is None and other_reason.body["count"] == 1
+    assert other_reason.body["message"] == "Error: attempt 12"
+
+
+def test_similar_messages_are_counted_afresh_after_10_quiet_minutes() -> None:
+    clock = Clock()
+    recorder = EventRecorder("node-1", clock)
+    failed_with(recorder, range(1, 10))
+    clock.now += SIMILAR_WINDOW_S + 1
+    later = failed_with(recorder, range(10, 19))
+    assert all(w is not None and not w.body["message"].startswith("(combined") for w in later)
 
 
 def test_a_pod_forgotten_starts_afresh() -> None:
