@@ -213,4 +213,4 @@ class PrepareIntents:
             write_atomically(self.path, "".join(f"{uid}\n" for uid in sorted(keep)).encode(), mode=0o600, durable=False)
         else:
             with contextlib.suppress(FileNotFoundError):
-                os.truncate(self.path, 0)
+                os.unlink(self.path)  # a truncate makes ext4 write the old lines out first

@@ -4,6 +4,7 @@ namespace and name, shared by pods, held while being unprepared, and reconciled.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 from typing import Any, cast
 
@@ -135,22 +136,39 @@ def test_reconcile_unprepares_claims_of_pods_that_are_gone_and_leaves_the_others
     assert manager.claims["u3"].users == {"running"}
 
 
+def restart(manager: PodManager, driver: Driver) -> PodManager:
+    """Another kubelet on the same node, as it starts: with what the checkpoint holds."""
+    restarted = PodManager(
+        cast(KubeClient, None),
+        NodeSpec("node"),
+        cast(PluginManager, driver),
+        manager.cdi_dir,
+        checkpoint=manager.checkpoint,
+    )
+    restarted._load_checkpoint()
+    return restarted
+
+
 def test_the_unpreparing_mark_is_not_kept_across_a_restart(book: tuple[PodManager, Driver], tmp_path: Path) -> None:
     """As the kubelet restores its claim info: the reconcile, not a mark, unprepares it."""
     manager, driver = book
     run(manager._prepare_claims("pod-a", [claim("held", "u1")]))
     driver.failing = True
     run(manager._release_once("pod-a"))
-    restarted = PodManager(
-        cast(KubeClient, None),
-        NodeSpec("node"),
-        cast(PluginManager, driver),
-        tmp_path / "cdi",
-        checkpoint=manager.checkpoint,
-    )
-    restarted._load_checkpoint()
+    restarted = restart(manager, driver)
     assert restarted.claims["u1"].users == {"pod-a"}
     assert not restarted.claims["u1"].unpreparing
+
+
+def test_a_restarted_kubelet_knows_every_claim_as_it_was_but_not_yet_prepared(
+    book: tuple[PodManager, Driver], tmp_path: Path
+) -> None:
+    manager, driver = book
+    run(manager._prepare_claims("pod-a", [claim("one", "u1"), claim("two", "u2")]))
+    run(manager._prepare_claims("pod-b", [claim("two", "u2")]))
+    restarted = restart(manager, driver)
+    assert restarted.claims["u2"].users == {"pod-a", "pod-b"} and restarted.claims["u2"].devices
+    assert restarted.claims == {uid: dataclasses.replace(c, prepared=False) for uid, c in manager.claims.items()}
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from testbed import files
 from testbed.errors import TestbedError
 from testbed.files import private_dir, write_atomically, write_secret
 
@@ -73,3 +74,18 @@ def test_an_atomic_write_that_fails_leaves_the_old_file_and_no_temporary(tmp_pat
         write_atomically(tmp_path / "file-is-now-a-dir", b"new")
     assert path.read_bytes() == b"old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "file-is-now-a-dir"]
+
+
+@pytest.mark.parametrize("swap", [True, False], ids=["swapped-in", "renamed-over"])
+def test_a_reader_of_the_old_file_reads_it_whole_while_it_is_replaced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, swap: bool
+) -> None:
+    if not swap:  # a system without renameat2's swap
+        monkeypatch.setattr(files, "_renameat2", None)
+    path = tmp_path / "checkpoint.json"
+    write_atomically(path, b"old " * 10_000, mode=0o600, durable=False)
+    with path.open("rb") as reader:
+        write_atomically(path, b"new", mode=0o600, durable=False)
+        assert reader.read() == b"old " * 10_000
+    assert path.read_bytes() == b"new" and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.json"], "the old file is gone"
