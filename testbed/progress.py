@@ -6,9 +6,10 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from rich.console import Console
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 class Progress(Protocol):
@@ -28,6 +29,8 @@ class ConsoleProgress:
     """Writes to stderr so stdout stays machine-readable (the kubeconfig path)."""
 
     def __init__(self, console: Console | None = None, plain_interval_s: float = 15.0):
+        from rich.console import Console  # only where progress is shown: not in NodeHosts
+
         self.console = console or Console(stderr=True, highlight=False, soft_wrap=True)
         self.plain_interval_s = plain_interval_s
         self._status: object | None = None
