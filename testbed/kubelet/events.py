@@ -121,10 +121,14 @@ class EventRecorder:
         seen.written = True
         return Write(None, self._event(pod, key, seen, stamp), key)
 
-    def recreated(self, pod: Obj, patch: Write, stamp: str) -> Write:
+    def recreated(self, pod: Obj, patch: Write, stamp: str) -> Write | None:
         """The Event to create when the one ``patch`` was for is gone (Events expire
-        after an hour): under the same name, with the count so far."""
-        seen = self._pods[pod["metadata"]["uid"]].recorded[patch.key]
+        after an hour): under the same name, with the count so far. None if the pod was
+        forgotten meanwhile (it went while the patch was on its way)."""
+        events = self._pods.get(pod["metadata"]["uid"])
+        seen = events.recorded.get(patch.key) if events is not None else None
+        if seen is None:
+            return None
         return Write(None, self._event(pod, patch.key, seen, stamp), patch.key)
 
     def forget(self, pod_uid: str) -> None:

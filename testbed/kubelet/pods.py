@@ -130,7 +130,7 @@ class PreparedClaim:
 
     def checkpointed(self) -> dict[str, object]:
         """What the checkpoint keeps (not ``unpreparing``). By hand: dataclasses' asdict
-        deep-copies every field, and was a seventh of a GPU pod's CPU on its node."""
+        deep-copies every field, and was a tenth of a GPU pod's CPU on its node."""
         return {
             "namespace": self.namespace,
             "name": self.name,
@@ -315,7 +315,8 @@ class PodManager:
                 if not exc.not_found:
                     raise
                 again = self._events.recreated(pod, write, stamp)
-                await self.client.create(path_for("v1", "events", namespace=namespace), again.body)
+                if again is not None:
+                    await self.client.create(path_for("v1", "events", namespace=namespace), again.body)
         except ApiError as exc:
             log.debug("could not record event %s on %s: %s", reason, pod["metadata"]["name"], exc)
 

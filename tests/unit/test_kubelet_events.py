@@ -67,7 +67,7 @@ def test_an_expired_event_is_recreated_under_its_name_with_the_count_so_far() ->
     patch = recorder.record(POD, *FAILED, "t2")
     assert first is not None and patch is not None
     again = recorder.recreated(POD, patch, "t2")
-    assert again.name is None and again.body["metadata"]["name"] == first.body["metadata"]["name"]
+    assert again is not None and again.name is None and again.body["metadata"]["name"] == first.body["metadata"]["name"]
     assert again.body["count"] == 2 and again.body["firstTimestamp"] == "t1" and again.body["lastTimestamp"] == "t2"
     follow = recorder.record(POD, *FAILED, "t4")
     assert follow == Write(first.body["metadata"]["name"], {"count": 3, "lastTimestamp": "t4", "message": FAILED[2]})
@@ -112,3 +112,12 @@ def test_a_pod_forgotten_starts_afresh() -> None:
     recorder.forget("u1")
     fresh = recorder.record(POD, *FAILED, "t")
     assert fresh is not None and fresh.name is None and fresh.body["count"] == 1
+
+
+def test_an_expired_event_of_a_pod_forgotten_meanwhile_is_not_recreated() -> None:
+    recorder = EventRecorder("node-1", Clock())
+    recorder.record(POD, *FAILED, "t1")
+    patch = recorder.record(POD, *FAILED, "t2")
+    assert patch is not None
+    recorder.forget("u1")  # the pod went while the patch was on its way
+    assert recorder.recreated(POD, patch, "t3") is None
