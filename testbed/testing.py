@@ -67,12 +67,15 @@ def kube_binaries() -> Binaries:
 def control_plane(kube_binaries: Binaries) -> Iterator[cluster.ClusterState]:
     """A running control plane shared by the whole session, stopped at its end."""
     # Short on purpose: synthetic nodes put unix sockets under it (105-byte limit).
-    config = ControlPlaneConfig(name="pytest", state_dir=Path(tempfile.mkdtemp(prefix="tbc-")))
+    state_dir = Path(tempfile.mkdtemp(prefix="tbc-"))
+    config = ControlPlaneConfig(name="pytest", state_dir=state_dir)
     state = cluster.up(config, PrintProgress(), binaries=kube_binaries)
     try:
         yield state
     finally:
         cluster.down(config)
+        with contextlib.suppress(OSError):
+            state_dir.rmdir()  # emptied by down (one left behind per session before)
 
 
 def driver_fleet(

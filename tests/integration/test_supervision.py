@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -87,6 +88,7 @@ def small_cluster(kube_binaries: Binaries) -> Iterator[ControlPlaneConfig]:
         yield config
     finally:
         _testbed("down", config)
+        shutil.rmtree(config.state_dir.parent, ignore_errors=True)  # the temporary made above
 
 
 def _run(config: ControlPlaneConfig, output: Path, *args: str) -> subprocess.Popen[str]:
@@ -144,6 +146,7 @@ def test_down_during_a_run_ends_it_with_error_and_a_report(kube_binaries: Binari
     stopped = time.monotonic()
     _, stderr = proc.communicate(timeout=180)
     took = time.monotonic() - stopped
+    shutil.rmtree(config.state_dir.parent, ignore_errors=True)  # the temporary made above
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     assert proc.returncode == 1
     assert report["verdict"] == "ERROR", (report.get("error"), stderr[-2000:])
