@@ -25,6 +25,12 @@ CLAIM_READ_RETRIES = Counter(
     "Claim reads the fake kubelet made again because the node authorizer had not yet linked a "
     "newly bound pod's claims to the node (a real kubelet reads later, after mounting volumes)",
 )
+LINK_WAITS = Histogram(
+    "dra_testbed_kubelet_claim_link_wait_seconds",
+    "How long a pod start waited, before PrepareResources, for the node authorizer to link its "
+    "claims to the node (pods that waited only; it stands in for the kubelet's volume mount)",
+    buckets=DURATION_BUCKETS,
+)
 ANY_DRIVER = "<any>"
 """The kubelet's driver_name for claims counted once, whatever drivers they use."""
 

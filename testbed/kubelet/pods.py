@@ -142,6 +142,13 @@ class PreparedClaim:
         }
 
 
+@dataclass
+class LinkWait:
+    """How long a pod start waited for the node authorizer to link its claims to the node."""
+
+    seconds: float = 0.0
+
+
 class StartFailed(Exception):
     def __init__(self, reason: str, message: str):
         super().__init__(message)
@@ -379,9 +386,10 @@ class PodManager:
             await self._pause(uid, next_sync, seen)
         return False
 
-    async def _pod_claims(self, pod: Obj) -> list[Obj]:
+    async def _pod_claims(self, pod: Obj, link_wait: LinkWait | None = None) -> list[Obj]:
         """The pod's ResourceClaims, each allocated and reserved for it (and, made from a
         template, owned by it). Failures read as the kubelet's (FailedPrepareDynamicResources)."""
+        link_wait = link_wait or LinkWait()
         meta = pod["metadata"]
         claims = []
         entries = list(pod["spec"].get("resourceClaims", []))
@@ -394,7 +402,7 @@ class PodManager:
                 continue  # no claim was needed: the entry is ignored
             try:
                 claim = await self._read_claim(
-                    path_for("resource.k8s.io/v1", "resourceclaims", name, meta["namespace"])
+                    path_for("resource.k8s.io/v1", "resourceclaims", name, meta["namespace"]), link_wait
                 )
             except ApiError as exc:
                 raise StartFailed(
@@ -418,21 +426,27 @@ class PodManager:
             claims.append(dict(claim, _pod_claim_name=entry["name"]))
         return claims
 
-    async def _read_claim(self, path: str) -> Obj:
+    async def _read_claim(self, path: str, link_wait: LinkWait) -> Obj:
         """The kubelet reads a claim only after it mounted the pod's volumes (at least its
         service-account token, by a reconciler that runs every 100 ms); by then the API
         server's node authorizer has linked the newly bound pod's claims to the node. This
         kubelet mounts nothing and asks at once, and so can ask before that link exists:
         it then asks again, for up to ~0.15 s, rather than fail a start the real kubelet
-        would not have failed (its next attempt comes at the pod's next sync, 60-90 s later)."""
-        for delay in (*AUTHORIZER_CATCH_UP_S, None):
-            try:
-                return await self.client.get(path)
-            except ApiError as exc:
-                if delay is None or not (exc.status == 403 and NO_RELATIONSHIP in exc.message):
-                    raise
-                metrics.CLAIM_READ_RETRIES.inc()
-            await asyncio.sleep(delay)
+        would not have failed (its next attempt comes at the pod's next sync, 60-90 s
+        later). The time refused is added to ``link_wait``: it stands in for the mount."""
+        first_asked = asked = time.perf_counter()
+        try:
+            for delay in (*AUTHORIZER_CATCH_UP_S, None):
+                asked = time.perf_counter()
+                try:
+                    return await self.client.get(path)
+                except ApiError as exc:
+                    if delay is None or not (exc.status == 403 and NO_RELATIONSHIP in exc.message):
+                        raise
+                    metrics.CLAIM_READ_RETRIES.inc()
+                await asyncio.sleep(delay)
+        finally:
+            link_wait.seconds += asked - first_asked
         raise AssertionError("unreachable")
 
     def _kept_running(self, pod: Obj) -> bool:
@@ -449,18 +463,25 @@ class PodManager:
     async def _prepare(self, pod: Obj) -> dict[str, dict[str, str]]:
         """The timed part is what a kubelet times as PrepareResources: reading the pod's
         claims from the API server and the NodePrepareResources calls, for every pod
-        start (claim-less pods too); resolving CDI IDs is the runtime's work, not timed."""
+        start (claim-less pods too). Not timed: resolving CDI IDs (the runtime's work),
+        and the reads the node authorizer refused while it caught up (they stand in for
+        the volume mount a kubelet waits for before it prepares anything)."""
         uid = pod["metadata"]["uid"]
         started = time.perf_counter()
+        link_wait = LinkWait()
         failed = True
         try:
-            claims = await self._pod_claims(pod)
+            claims = await self._pod_claims(pod, link_wait)
             if claims:
                 async with self._claims_lock:
                     await self._prepare_claims(uid, claims)
             failed = False
         finally:
-            metrics.OPERATIONS.labels("PrepareResources", str(failed).lower()).observe(time.perf_counter() - started)
+            metrics.OPERATIONS.labels("PrepareResources", str(failed).lower()).observe(
+                time.perf_counter() - started - link_wait.seconds
+            )
+            if link_wait.seconds:
+                metrics.LINK_WAITS.observe(link_wait.seconds)
         return self._container_env(pod, claims) if claims else {}
 
     async def _prepare_claims(self, pod_uid: str, claims: list[Obj]) -> None:

@@ -157,8 +157,15 @@ def explain(phase: dict[str, Any], nodes: int) -> dict[str, str]:
         )
     prepare, lag = figures["nodes"]["prepare"], figures["nodes"]["event_loop_lag"]
     if prepare["count"] or lag["count"]:
+        link = figures["nodes"].get("link_wait")  # absent from reports written before it
+        waited = (
+            f"; {link['count']:g} pod starts first waited for the node authorizer to link their "
+            f"claims, p99 {_ms(link['p99_s'])}"
+            if link and link["count"]
+            else ""
+        )
         sentences.append(
-            f"Nodes: kubelet PrepareResources p99 {_ms(prepare['p99_s'])}; "
+            f"Nodes: kubelet PrepareResources p99 {_ms(prepare['p99_s'])}{waited}; "
             f"NodeHost event-loop lag p99 {_ms(lag['p99_s'])}."
         )
     machine_text = _machine_sentence(figures)

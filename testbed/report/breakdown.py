@@ -46,6 +46,7 @@ ONLY = {
         CPU,
         "process_start_time_seconds",
         "dra_operations_duration_seconds",
+        "dra_testbed_kubelet_claim_link_wait_seconds",
         "dra_testbed_event_loop_lag_seconds",
     ),
 }
@@ -160,6 +161,7 @@ def phase(start: Snapshot, end: Snapshot) -> dict[str, Any]:
         },
         "nodes": {
             "prepare": histogram(fleet, "dra_operations_duration_seconds", {"operation_name": "PrepareResources"}),
+            "link_wait": histogram(fleet, "dra_testbed_kubelet_claim_link_wait_seconds", {}),
             "event_loop_lag": histogram(fleet, "dra_testbed_event_loop_lag_seconds", {}),
         },
         "partial": "; ".join(partial),

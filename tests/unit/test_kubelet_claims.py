@@ -5,17 +5,25 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
 from prometheus_client import REGISTRY
 
-from testbed.kubeapi import ClaimRef, KubeClient, Obj
-from testbed.kubelet import metrics
+from testbed.kubeapi import ApiError, ClaimRef, KubeClient, Obj
+from testbed.kubelet import metrics, pods
 from testbed.kubelet.node import NodeSpec
 from testbed.kubelet.plugins import PluginCallError, PluginManager, PreparedDevice
-from testbed.kubelet.pods import PodManager, StartFailed, _differs_beyond_status, _extended_requests, pod_claim_name
+from testbed.kubelet.pods import (
+    NO_RELATIONSHIP,
+    PodManager,
+    StartFailed,
+    _differs_beyond_status,
+    _extended_requests,
+    pod_claim_name,
+)
 
 DRIVER = "gpu.dra-testbed.io"
 
@@ -286,3 +294,74 @@ def test_only_a_change_beyond_the_status_wakes_a_pods_worker() -> None:
         {"spec": {"containers": [], "activeDeadlineSeconds": 5}},
     ):
         assert _differs_beyond_status(pod, {**pod, **change}), change
+
+
+class LaggingAuthorizer:
+    """An API server whose node authorizer links the pod's claim to the node only after
+    refusing ``refusals`` reads, as it does for a pod bound a moment ago."""
+
+    def __init__(self, claim: Obj, refusals: int) -> None:
+        self.claim = claim
+        self.refusals = refusals
+        self.reads = 0
+
+    async def get(self, path: str) -> Obj:
+        self.reads += 1
+        if self.reads <= self.refusals:
+            raise ApiError(
+                403, "Forbidden", f'resourceclaims "c" is forbidden: {NO_RELATIONSHIP} "node" and this object'
+            )
+        return self.claim
+
+
+def prepare_durations() -> tuple[float, float]:
+    labels = {"operation_name": "PrepareResources", "is_error": "false"}
+    count = REGISTRY.get_sample_value("dra_operations_duration_seconds_count", labels) or 0.0
+    return count, REGISTRY.get_sample_value("dra_operations_duration_seconds_sum", labels) or 0.0
+
+
+def test_prepare_resources_is_timed_from_the_read_the_node_authorizer_allowed(
+    book: tuple[PodManager, Driver], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real kubelet prepares only after mounting the pod's volumes, by when the node
+    authorizer has caught up: the refused reads stand in for that wait, which the
+    kubelet's dra_operations_duration_seconds does not count."""
+    manager, driver = book
+    monkeypatch.setattr(pods, "AUTHORIZER_CATCH_UP_S", (0.4, 0.4))
+    bound = claim("c", "u1")
+    bound["status"]["reservedFor"] = [{"resource": "pods", "name": "p", "uid": "pod-a"}]
+    api = LaggingAuthorizer(bound, refusals=2)
+    manager.client = cast(KubeClient, api)
+    pod = {
+        "metadata": {"namespace": "ns", "name": "p", "uid": "pod-a"},
+        "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": "c"}], "containers": []},
+        "status": {},
+    }
+    count, total = prepare_durations()
+    waits = REGISTRY.get_sample_value("dra_testbed_kubelet_claim_link_wait_seconds_sum") or 0.0
+    began = time.perf_counter()
+    run(manager._prepare(pod))
+    took = time.perf_counter() - began
+    assert api.reads == 3 and driver.calls == [("prepare", ["c"])]
+    new_count, new_total = prepare_durations()
+    assert new_count == count + 1
+    assert took >= 0.8, "the pod's start still waited for the authorizer"
+    assert new_total - total < 0.4, "the refused reads are not part of PrepareResources"
+    waited = (REGISTRY.get_sample_value("dra_testbed_kubelet_claim_link_wait_seconds_sum") or 0.0) - waits
+    assert 0.8 <= waited <= took
+
+
+def test_a_read_refused_to_the_end_fails_the_start_in_the_kubelets_words(
+    book: tuple[PodManager, Driver], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    manager, driver = book
+    monkeypatch.setattr(pods, "AUTHORIZER_CATCH_UP_S", (0.0, 0.0))
+    manager.client = cast(KubeClient, LaggingAuthorizer(claim("c", "u1"), refusals=3))
+    pod = {
+        "metadata": {"namespace": "ns", "name": "p", "uid": "pod-a"},
+        "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": "c"}], "containers": []},
+        "status": {},
+    }
+    with pytest.raises(StartFailed, match=f"fetch ResourceClaim c: .*{NO_RELATIONSHIP}"):
+        run(manager._prepare(pod))
+    assert driver.calls == []

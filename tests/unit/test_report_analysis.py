@@ -303,3 +303,27 @@ def test_report_md_reads_well_cluster_table_quiet_queues_and_no_zero_artefacts()
     assert "| pool gpu | 100 x gpu8 (fake kubelet) |" in text and "{'name'" not in text, "a table, not a dict"
     assert "No queue built up" in text and "Deepest queue" not in text
     assert "### fill: no bottleneck" in text
+
+
+def test_the_nodes_sentence_names_the_wait_for_the_node_authorizer_apart_from_prepare() -> None:
+    """The fake kubelet's wait for the authorizer is part of a pod's start but not of
+    its PrepareResources time: the report says both."""
+
+    def host(prepares: list[float], waits: list[float]) -> Scrape:
+        scrape = _process(5.0)
+        labels = {"operation_name": "PrepareResources", "is_error": "false"}
+        _histogram(scrape, "dra_operations_duration_seconds", labels, prepares)
+        _histogram(scrape, "dra_testbed_kubelet_claim_link_wait_seconds", {}, waits)
+        return scrape
+
+    parts = {"apiserver": _apiserver(3.0, [], []), "scheduler": _scheduler(1.0, [], 0, [])}
+    start = _snapshot(0.0, (0.0, 10.0), **parts)
+    end = _snapshot(10.0, (5.0, 20.0), **parts)
+    start.nodehosts, end.nodehosts = [host([], [])], [host([0.005] * 20, [0.05] * 7)]
+    figures = breakdown.phase(start, end)
+    assert figures["nodes"]["link_wait"]["count"] == 7
+    text = bottleneck.explain(_phase(figures), nodes=10)["text"]
+    assert "kubelet PrepareResources p99 9.9 ms; 7 pod starts first waited for the node authorizer" in text
+    assert "link their claims, p99 99.1 ms" in text
+    del figures["nodes"]["link_wait"]
+    assert "authorizer" not in bottleneck.explain(_phase(figures), nodes=10)["text"], "an older report reads as before"
