@@ -437,7 +437,6 @@ class PodManager:
         first_asked = asked = time.perf_counter()
         try:
             for delay in (*AUTHORIZER_CATCH_UP_S, None):
-                asked = time.perf_counter()
                 try:
                     return await self.client.get(path)
                 except ApiError as exc:
@@ -445,6 +444,7 @@ class PodManager:
                         raise
                     metrics.CLAIM_READ_RETRIES.inc()
                 await asyncio.sleep(delay)
+                asked = time.perf_counter()
         finally:
             link_wait.seconds += asked - first_asked
         raise AssertionError("unreachable")

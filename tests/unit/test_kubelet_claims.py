@@ -349,6 +349,12 @@ def test_prepare_resources_is_timed_from_the_read_the_node_authorizer_allowed(
     assert new_total - total < 0.4, "the refused reads are not part of PrepareResources"
     waited = (REGISTRY.get_sample_value("dra_testbed_kubelet_claim_link_wait_seconds_sum") or 0.0) - waits
     assert 0.8 <= waited <= took
+    waits_counted = REGISTRY.get_sample_value("dra_testbed_kubelet_claim_link_wait_seconds_count")
+    api.reads, api.refusals = 0, 0
+    run(manager._prepare(pod))
+    assert REGISTRY.get_sample_value("dra_testbed_kubelet_claim_link_wait_seconds_count") == waits_counted, (
+        "a pod read at once did not wait"
+    )
 
 
 def test_a_read_refused_to_the_end_fails_the_start_in_the_kubelets_words(
