@@ -146,6 +146,7 @@ def build(data: RunData, leaks: dict[str, int], cluster: dict[str, Any]) -> dict
         "testbed": {
             "event_loop_lag_p99_s": _p99(data, "fleet", "dra_testbed_event_loop_lag_seconds", {}),
             "gc_pause_p99_s": _p99(data, "fleet", "dra_testbed_gc_pause_seconds", {}),
+            "claim_link_wait_p99_s": _p99(data, "fleet", "dra_testbed_kubelet_claim_link_wait_seconds", {}),
         },
     }
     queues = {
@@ -327,6 +328,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"| scheduler algorithm duration p99 | {_fmt(m['scheduler']['scheduling_algorithm_duration_p99_s'])} |",
         f"| kubelet `dra_operations_duration_seconds` Prepare p99 | {_fmt(m['kubelet']['prepare_p99_s'])} |",
         f"| kubelet `dra_operations_duration_seconds` Unprepare p99 | {_fmt(m['kubelet']['unprepare_p99_s'])} |",
+        "| fake kubelet's wait for the node authorizer, before Prepare and not in it, p99 | "
+        f"{_fmt(m['testbed'].get('claim_link_wait_p99_s'))} |",
         f"| plugin NodePrepareResources p99 | {_fmt(m['plugin']['NodePrepareResources_p99_s'])} |",
         f"| plugin NodeUnprepareResources p99 | {_fmt(m['plugin']['NodeUnprepareResources_p99_s'])} |",
         f"| NodeHost event-loop lag p99 (the testbed's own delay) | {_fmt(m['testbed']['event_loop_lag_p99_s'])} |",

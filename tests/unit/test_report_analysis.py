@@ -296,10 +296,11 @@ def test_report_md_reads_well_cluster_table_quiet_queues_and_no_zero_artefacts()
         "scheduler": {"pod_scheduling_sli_duration_p99_s": None, "scheduling_algorithm_duration_p99_s": None},
         "kubelet": {"prepare_p99_s": None, "unprepare_p99_s": None},
         "plugin": {"NodePrepareResources_p99_s": None, "NodeUnprepareResources_p99_s": None},
-        "testbed": {"event_loop_lag_p99_s": None, "gc_pause_p99_s": None},
+        "testbed": {"event_loop_lag_p99_s": None, "gc_pause_p99_s": None, "claim_link_wait_p99_s": 0.0371},
         "deepest_queue": quiet,
     }
     text = markdown(report)
+    assert "| fake kubelet's wait for the node authorizer, before Prepare and not in it, p99 | 37.1 ms |" in text
     assert "| pool gpu | 100 x gpu8 (fake kubelet) |" in text and "{'name'" not in text, "a table, not a dict"
     assert "No queue built up" in text and "Deepest queue" not in text
     assert "### fill: no bottleneck" in text
