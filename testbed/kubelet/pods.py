@@ -183,7 +183,6 @@ class PodManager:
         self._updated: dict[str, asyncio.Event] = {}
         self._changes: dict[str, int] = {}
         """By pod UID: how often the pod changed beyond its status (or was deleted)."""
-        self._claims_lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._resync_task: asyncio.Task[None] | None = None
         self._reconcile_task: asyncio.Task[None] | None = None
@@ -473,8 +472,7 @@ class PodManager:
         try:
             claims = await self._pod_claims(pod, link_wait)
             if claims:
-                async with self._claims_lock:
-                    await self._prepare_claims(uid, claims)
+                await self._prepare_claims(uid, claims)
             failed = False
         finally:
             metrics.OPERATIONS.labels("PrepareResources", str(failed).lower()).observe(
@@ -488,7 +486,11 @@ class PodManager:
         """As the kubelet does, a claim is recorded (and checkpointed) with its pod BEFORE
         the driver is asked: a claim whose prepare failed is still unprepared when the
         pod goes. A claim counts as prepared once every driver it uses prepared it; the
-        others are asked again on the next attempt (prepare is idempotent)."""
+        others are asked again on the next attempt (prepare is idempotent).
+
+        As in the kubelet, only the bookkeeping is one step (here: no await within it);
+        the drivers are called while other pods' claims are prepared and unprepared, so a
+        driver gets concurrent calls, as from a real kubelet's parallel pod workers."""
         by_driver: dict[str, list[Obj]] = {}
         for claim in claims:
             for driver in _drivers(claim):
@@ -523,9 +525,16 @@ class PodManager:
                 answered.setdefault(claim_uid, set()).add(driver)
                 devices.setdefault(claim_uid, []).extend(prepared)
         for claim in claims:
-            known = self.claims[claim["metadata"]["uid"]]
-            if not known.prepared and answered.get(known.uid) == set(known.drivers):
-                known.devices, known.prepared = devices[known.uid], True
+            held = self.claims.get(claim["metadata"]["uid"])
+            if held is None:  # as the kubelet words it; the pod's user record prevents it
+                meta = claim["metadata"]
+                raise StartFailed(
+                    PREPARE_FAILED,
+                    f"{PREPARE_FAILED_MESSAGE}: internal error: unable to get claim info for ResourceClaim "
+                    f"{meta['name']} in namespace {meta['namespace']}",
+                )
+            if not held.prepared and answered.get(held.uid) == set(held.drivers):
+                held.devices, held.prepared = devices[held.uid], True
         self._save_checkpoint()
 
     def _record_user(self, pod_uid: str, claim: Obj) -> PreparedClaim:
@@ -784,25 +793,24 @@ class PodManager:
         """True once nothing is left to unprepare for this pod. As the kubelet: a claim
         other pods still use only loses this user; a claim this pod was the last user of
         keeps it as its user until every driver unprepared it, and is then forgotten."""
-        async with self._claims_lock:
-            last: list[PreparedClaim] = []
-            changed = False
-            for claim in self.claims.values():
-                if pod_uid in claim.users:
-                    changed = True
-                    if len(claim.users) > 1:
-                        claim.users.discard(pod_uid)
-                    else:
-                        last.append(claim)
-            done = await self._unprepare(last)
-            if changed:
-                self._save_checkpoint()
+        last: list[PreparedClaim] = []
+        changed = False
+        for claim in self.claims.values():
+            if pod_uid in claim.users:
+                changed = True
+                if len(claim.users) > 1:
+                    claim.users.discard(pod_uid)
+                else:
+                    last.append(claim)
+        done = await self._unprepare(last)
+        if changed:
+            self._save_checkpoint()
         return done
 
     async def _unprepare(self, claims: list[PreparedClaim]) -> bool:
-        """Ask each driver to unprepare these claims (under the claims lock); False if one
-        failed: the attempt ends there, as in the kubelet, and is made again later. Until
-        then no new pod may use them."""
+        """Ask each driver to unprepare these claims; False if one failed: the attempt ends
+        there, as in the kubelet, and is made again later. They are marked as being
+        unprepared before the first call, so no new pod may use them until then."""
         if not claims:
             return True
         started = time.perf_counter()
@@ -869,15 +877,14 @@ class PodManager:
 
     async def reconcile_once(self, active: set[str]) -> None:
         """``active``: the pods still running or stopping here."""
-        async with self._claims_lock:
-            # (no users at all: a claim recorded so by a fake kubelet before 2026-11-23)
-            stale = [c for c in self.claims.values() if c.users - active or not c.users]
-            for claim in stale:
-                if claim.users & active:
-                    claim.users &= active
-            if stale:
-                await self._unprepare([c for c in stale if not c.users & active])
-                self._save_checkpoint()
+        # (no users at all: a claim recorded so by a fake kubelet before 2026-11-23)
+        stale = [c for c in self.claims.values() if c.users - active or not c.users]
+        for claim in stale:
+            if claim.users & active:
+                claim.users &= active
+        if stale:
+            await self._unprepare([c for c in stale if not c.users & active])
+            self._save_checkpoint()
 
     def _pods_listed(self) -> bool:
         """Whether the pods bound here are all known: before, every pod looks gone. Fed

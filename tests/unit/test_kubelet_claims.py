@@ -371,3 +371,104 @@ def test_a_read_refused_to_the_end_fails_the_start_in_the_kubelets_words(
     with pytest.raises(StartFailed, match=f"fetch ResourceClaim c: .*{NO_RELATIONSHIP}"):
         run(manager._prepare(pod))
     assert driver.calls == []
+
+
+class GatedDriver(Driver):
+    """A driver whose calls wait at a gate, counting how many are in flight at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.in_flight = 0
+        self.entered: asyncio.Queue[str] = asyncio.Queue()
+
+    async def _through_gate(self, call: Any) -> Any:
+        self.in_flight += 1
+        try:
+            await self.entered.put("in")
+            await self.gate.wait()
+            return await call
+        finally:
+            self.in_flight -= 1
+
+    async def prepare(self, driver: str, claims: list[ClaimRef]) -> dict[str, list[PreparedDevice]]:
+        return cast(dict[str, list[PreparedDevice]], await self._through_gate(super().prepare(driver, claims)))
+
+    async def unprepare(self, driver: str, claims: list[ClaimRef]) -> None:
+        await self._through_gate(super().unprepare(driver, claims))
+
+
+class Claims:
+    """An API server that lets the node read every claim, each reserved for its pod."""
+
+    def __init__(self) -> None:
+        self.by_name: dict[str, Obj] = {}
+
+    def add(self, name: str, uid: str, pod_uid: str) -> Obj:
+        bound = claim(name, uid)
+        bound["status"]["reservedFor"] = [{"resource": "pods", "name": pod_uid, "uid": pod_uid}]
+        self.by_name[name] = bound
+        return {
+            "metadata": {"namespace": "ns", "name": pod_uid, "uid": pod_uid},
+            "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": name}], "containers": []},
+            "status": {},
+        }
+
+    async def get(self, path: str) -> Obj:
+        return self.by_name[path.rsplit("/", 1)[1]]
+
+
+def gated_book(tmp_path: Path) -> tuple[PodManager, GatedDriver, Claims]:
+    driver, api = GatedDriver(), Claims()
+    manager = PodManager(
+        cast(KubeClient, api),
+        NodeSpec("node"),
+        cast(PluginManager, driver),
+        tmp_path / "cdi",
+        checkpoint=tmp_path / "dra_manager_state.json",
+    )
+    return manager, driver, api
+
+
+def test_a_driver_is_called_for_several_pods_at_once_as_a_real_kubelets_pod_workers_call_it(tmp_path: Path) -> None:
+    """The kubelet holds its claim cache's lock for bookkeeping only, never across
+    NodePrepareResources or NodeUnprepareResources: a driver must cope with concurrent
+    calls, and a fake kubelet that called it one pod at a time would hide that."""
+    manager, driver, api = gated_book(tmp_path)
+    old, first, second = api.add("old", "u3", "pod-c"), api.add("one", "u1", "pod-a"), api.add("two", "u2", "pod-b")
+
+    async def scenario() -> None:
+        driver.gate.set()
+        await manager._prepare(old)
+        driver.gate.clear()
+        starts = [asyncio.create_task(manager._prepare(first)), asyncio.create_task(manager._prepare(second))]
+        release = asyncio.create_task(manager._release_once("pod-c"))
+        for _ in range(3):
+            await asyncio.wait_for(driver.entered.get(), 5)
+        assert driver.in_flight == 3, "two prepares and an unprepare, all waiting in the driver"
+        driver.gate.set()
+        await asyncio.wait_for(asyncio.gather(*starts, release), 5)
+
+    run(scenario())
+    assert manager.claims["u1"].prepared and manager.claims["u2"].prepared and "u3" not in manager.claims
+
+
+def test_a_claim_whose_unprepare_is_under_way_is_refused_to_a_new_pod_meanwhile(tmp_path: Path) -> None:
+    manager, driver, api = gated_book(tmp_path)
+    first = api.add("held", "u1", "pod-a")
+
+    async def scenario() -> None:
+        driver.gate.set()
+        await manager._prepare(first)
+        driver.gate.clear()
+        release = asyncio.create_task(manager._release_once("pod-a"))
+        await asyncio.wait_for(driver.entered.get(), 5)
+        api.by_name["held"]["status"]["reservedFor"].append({"resource": "pods", "name": "pod-b", "uid": "pod-b"})
+        second = {**first, "metadata": {"namespace": "ns", "name": "pod-b", "uid": "pod-b"}}
+        with pytest.raises(StartFailed, match="ResourceClaim held is being unprepared"):
+            await asyncio.wait_for(manager._prepare(second), 5)
+        driver.gate.set()
+        assert await asyncio.wait_for(release, 5)
+
+    run(scenario())
+    assert manager.claims == {}
