@@ -57,17 +57,20 @@ def claim(name: str, uid: str) -> Obj:
     }
 
 
-@pytest.fixture
-def book(tmp_path: Path) -> tuple[PodManager, Driver]:
-    driver = Driver()
-    manager = PodManager(
-        cast(KubeClient, None),
+def pod_manager(tmp_path: Path, driver: Driver, api: object = None) -> PodManager:
+    return PodManager(
+        cast(KubeClient, api),
         NodeSpec("node"),
         cast(PluginManager, driver),
         tmp_path / "cdi",
         checkpoint=tmp_path / "dra_manager_state.json",
     )
-    return manager, driver
+
+
+@pytest.fixture
+def book(tmp_path: Path) -> tuple[PodManager, Driver]:
+    driver = Driver()
+    return pod_manager(tmp_path, driver), driver
 
 
 def run(coroutine: Any) -> Any:
@@ -420,14 +423,7 @@ class Claims:
 
 def gated_book(tmp_path: Path) -> tuple[PodManager, GatedDriver, Claims]:
     driver, api = GatedDriver(), Claims()
-    manager = PodManager(
-        cast(KubeClient, api),
-        NodeSpec("node"),
-        cast(PluginManager, driver),
-        tmp_path / "cdi",
-        checkpoint=tmp_path / "dra_manager_state.json",
-    )
-    return manager, driver, api
+    return pod_manager(tmp_path, driver, api), driver, api
 
 
 def test_a_driver_is_called_for_several_pods_at_once_as_a_real_kubelets_pod_workers_call_it(tmp_path: Path) -> None:
