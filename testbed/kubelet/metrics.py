@@ -25,6 +25,13 @@ CLAIM_READ_RETRIES = Counter(
     "Claim reads the fake kubelet made again because the node authorizer had not yet linked a "
     "newly bound pod's claims to the node (a real kubelet reads later, after mounting volumes)",
 )
+GRPC_OPERATIONS = Histogram(
+    "dra_grpc_operations_duration_seconds",
+    "Duration in seconds of each DRA gRPC call the kubelet made to a driver, by its full method name "
+    "and the status it ended with",
+    ["driver_name", "method_name", "grpc_status_code"],
+    buckets=DURATION_BUCKETS,
+)
 LINK_WAITS = Histogram(
     "dra_testbed_kubelet_claim_link_wait_seconds",
     "How long a pod start waited, before PrepareResources, for the node authorizer to link its "

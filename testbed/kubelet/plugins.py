@@ -44,7 +44,9 @@ from testbed.grpcapi import (
     pluginregistration_pb2_grpc,
 )
 from testbed.grpcapi.channels import unix_channel
+from testbed.grpcapi.status import go_status_name
 from testbed.kubeapi import ClaimRef
+from testbed.kubelet import metrics
 from testbed.kubelet.health import DeviceHealthStatus, DeviceReport, HealthCache, timeout_from_wire, truncate_message
 from testbed.tasks import cancel_and_wait
 
@@ -390,11 +392,20 @@ class PluginManager:
         pb2 = plugin.pb2
         request_type = getattr(pb2, f"{method}Request")
         request = request_type(claims=[pb2.Claim(namespace=c.namespace, uid=c.uid, name=c.name) for c in claims])
+        started = time.perf_counter()
+        status = grpc.StatusCode.OK
         try:
             response = await getattr(plugin.stub(), method)(request, timeout=CALL_TIMEOUT_S)
         except grpc.aio.AioRpcError as exc:
-            code = "".join(part.capitalize() for part in exc.code().name.split("_"))  # as Go prints it
+            status = exc.code()
+            code = go_status_name(status)
             raise PluginCallError(f"{method}: rpc error: code = {code} desc = {exc.details()}") from exc
+        finally:
+            # As the kubelet's client interceptor times every unary call on the connection.
+            full_method = f"/{pb2.DESCRIPTOR.package}.DRAPlugin/{method}"
+            metrics.GRPC_OPERATIONS.labels(driver, full_method, go_status_name(status)).observe(
+                time.perf_counter() - started
+            )
         asked = {c.uid: c for c in claims}
         for uid, entry in response.claims.items():
             claim = asked.get(uid)

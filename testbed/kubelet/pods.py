@@ -197,6 +197,8 @@ class PodManager:
         """Set when a pod starts running: it may be due before the one slept for."""
         self._claim_uids: dict[str, dict[str, str]] = {}
         """By pod UID: the pod's claim name -> ResourceClaim UID."""
+        self._terminated: set[str] = set()
+        """Pods whose claims were released after their containers stopped (until deleted)."""
         self._resources_status: dict[str, object] = {}
         self._started_before_restart: set[str] = set()
         """Pods whose claims were prepared when the checkpoint was written: those still
@@ -777,9 +779,13 @@ class PodManager:
         await self._patch_status(pod, {"status": status})
 
     async def _release(self, pod_uid: str) -> None:
-        """Unprepare the claims this pod was the last user of; tried again after the
-        kubelet's sync-error backoff until the driver succeeds (the pod is not finished
-        before), sooner if the pod changes."""
+        """Unprepare the claims this pod was the last user of, once the pod's containers
+        stopped (the kubelet's terminated-pod sync); tried again after the kubelet's
+        sync-error backoff until the driver succeeds (the pod is not finished before),
+        sooner if the pod changes. A pod whose termination was synced is not again when
+        it is deleted later, as in the kubelet."""
+        if pod_uid in self._terminated:
+            return
         retry_in = until_next_relist()  # the containers' exit, seen at the next relist, syncs the pod once more
         while True:
             seen = self._changes.get(pod_uid, 0)
@@ -788,23 +794,33 @@ class PodManager:
             await self._pause(pod_uid, retry_in, seen)
             retry_in = jittered(SYNC_ERROR_BACKOFF_S)
         self._claim_uids.pop(pod_uid, None)
+        self._terminated.add(pod_uid)
 
     async def _release_once(self, pod_uid: str) -> bool:
         """True once nothing is left to unprepare for this pod. As the kubelet: a claim
         other pods still use only loses this user; a claim this pod was the last user of
-        keeps it as its user until every driver unprepared it, and is then forgotten."""
-        last: list[PreparedClaim] = []
-        changed = False
-        for claim in self.claims.values():
-            if pod_uid in claim.users:
-                changed = True
-                if len(claim.users) > 1:
-                    claim.users.discard(pod_uid)
-                else:
-                    last.append(claim)
-        done = await self._unprepare(last)
-        if changed:
-            self._save_checkpoint()
+        keeps it as its user until every driver unprepared it, and is then forgotten.
+        Every attempt is timed as the kubelet's UnprepareResources, for every pod (those
+        without claims, or sharing them, too)."""
+        started = time.perf_counter()
+        done = False
+        try:
+            last: list[PreparedClaim] = []
+            changed = False
+            for claim in self.claims.values():
+                if pod_uid in claim.users:
+                    changed = True
+                    if len(claim.users) > 1:
+                        claim.users.discard(pod_uid)
+                    else:
+                        last.append(claim)
+            done = await self._unprepare(last)
+            if changed:
+                self._save_checkpoint()
+        finally:
+            metrics.OPERATIONS.labels("UnprepareResources", str(not done).lower()).observe(
+                time.perf_counter() - started
+            )
         return done
 
     async def _unprepare(self, claims: list[PreparedClaim]) -> bool:
@@ -813,7 +829,6 @@ class PodManager:
         unprepared before the first call, so no new pod may use them until then."""
         if not claims:
             return True
-        started = time.perf_counter()
         failed = False
         for claim in claims:
             claim.unpreparing = True
@@ -830,7 +845,6 @@ class PodManager:
         for claim in claims:
             if not claim.drivers:
                 self.claims.pop(claim.uid, None)
-        metrics.OPERATIONS.labels("UnprepareResources", str(failed).lower()).observe(time.perf_counter() - started)
         return not failed
 
     def active_uids(self) -> set[str]:
@@ -915,6 +929,7 @@ class PodManager:
         self._updated.pop(uid, None)
         self._changes.pop(uid, None)
         self._resources_status.pop(uid, None)
+        self._terminated.discard(uid)
         self._events.forget(uid)
         self._workers.pop(uid, None)
 

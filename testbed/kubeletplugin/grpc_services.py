@@ -36,6 +36,7 @@ from testbed.grpcapi import (
     pluginregistration_pb2_grpc,
 )
 from testbed.grpcapi.channels import unix_channel
+from testbed.grpcapi.status import go_status_name
 from testbed.kubeapi import ClaimRef
 from testbed.kubeletplugin import metrics
 from testbed.kubeletplugin.driver import Driver
@@ -74,9 +75,7 @@ def _timed(driver: str, method: str, call: Callable[[], Awaitable[R]]) -> Awaita
             code = grpc.StatusCode.INTERNAL
             raise
         finally:
-            metrics.GRPC_OPERATIONS.labels(driver, method, metrics.go_status_name(code)).observe(
-                time.perf_counter() - started
-            )
+            metrics.GRPC_SERVED.labels(driver, method, go_status_name(code)).observe(time.perf_counter() - started)
 
     return run()
 

@@ -1,9 +1,9 @@
-"""Driver-side metrics, named and labelled as the kubelet's, so the PromQL the
-cluster-admin guide gives works unchanged against the testbed."""
+"""Driver-side metrics. The kubelet's own DRA metrics (named and labelled as the real
+kubelet's, so the cluster-admin guide's PromQL works unchanged) are in
+testbed/kubelet/metrics.py; these say what the driver itself saw."""
 
 from __future__ import annotations
 
-import grpc
 from prometheus_client import Counter, Gauge, Histogram
 
 # Finer than the kubelet's 0.1..40 s range so millisecond targets (10 ms, 20 ms) can be
@@ -33,9 +33,10 @@ DURATION_BUCKETS = (
     40,
 )
 
-GRPC_OPERATIONS = Histogram(
-    "dra_grpc_operations_duration_seconds",
-    "Duration in seconds of the DRA gRPC operations, as served by the driver",
+GRPC_SERVED = Histogram(
+    "dra_testbed_driver_grpc_duration_seconds",
+    "Duration in seconds of the DRA gRPC calls as the driver served them (the kubelet's "
+    "dra_grpc_operations_duration_seconds times them as it made them, transport included)",
     ["driver_name", "method_name", "grpc_status_code"],
     buckets=DURATION_BUCKETS,
 )
@@ -60,10 +61,3 @@ CLAIM_LOOKUPS = Counter(
     "ResourceClaims NodePrepareResources read (source: api, one GET per claim)",
     ["source"],
 )
-
-
-def go_status_name(code: grpc.StatusCode) -> str:
-    """grpc.StatusCode.DEADLINE_EXCEEDED -> "DeadlineExceeded", as Go's codes.Code prints."""
-    if code is grpc.StatusCode.OK:
-        return "OK"
-    return "".join(part.capitalize() for part in code.name.split("_"))

@@ -6,9 +6,11 @@ import asyncio
 from pathlib import Path
 
 import grpc
+import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from testbed.grpcapi.channels import unix_channel
+from testbed.grpcapi.status import go_status_name
 
 
 async def _serve(socket: Path) -> grpc.aio.Server:
@@ -47,3 +49,18 @@ def test_a_new_channel_to_a_restarted_server_does_not_inherit_the_old_ones_failu
             await server.stop(None)
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("code", "go"),
+    [
+        (grpc.StatusCode.OK, "OK"),
+        (grpc.StatusCode.CANCELLED, "Canceled"),
+        (grpc.StatusCode.DEADLINE_EXCEEDED, "DeadlineExceeded"),
+        (grpc.StatusCode.UNAVAILABLE, "Unavailable"),
+        (grpc.StatusCode.INVALID_ARGUMENT, "InvalidArgument"),
+    ],
+)
+def test_status_codes_are_named_as_go_prints_them(code: grpc.StatusCode, go: str) -> None:
+    """The kubelet's grpc_status_code label and its "rpc error: code = ..." messages."""
+    assert go_status_name(code) == go

@@ -468,3 +468,45 @@ def test_a_claim_whose_unprepare_is_under_way_is_refused_to_a_new_pod_meanwhile(
 
     run(scenario())
     assert manager.claims == {}
+
+
+def unprepare_counts() -> tuple[float, float]:
+    """UnprepareResources observations so far: (succeeded, failed)."""
+    return tuple(  # type: ignore[return-value]
+        REGISTRY.get_sample_value(
+            "dra_operations_duration_seconds_count", {"operation_name": "UnprepareResources", "is_error": error}
+        )
+        or 0.0
+        for error in ("false", "true")
+    )
+
+
+def test_unprepare_resources_is_timed_once_per_pod_termination_as_the_kubelet_times_it(
+    book: tuple[PodManager, Driver],
+) -> None:
+    """The kubelet times UnprepareResources in every terminated-pod sync, for every pod
+    (with no claim to unprepare, or a claim others still use, too) and every failed
+    attempt; never for its reconcile loop; and a pod synced as terminated (it completed)
+    is not synced again when it is deleted. The real kubelet's counts are what a user
+    compares the fake kubelet's with."""
+    manager, driver = book
+    ok, failed = unprepare_counts()
+    run(manager._prepare_claims("pod-a", [claim("shared", "u1")]))
+    run(manager._prepare_claims("pod-b", [claim("shared", "u1")]))
+    run(manager._release("pod-a"))
+    run(manager._release("pod-none"))
+    assert unprepare_counts() == (ok + 2, failed), "a pod sharing a claim and a pod without one"
+    assert driver.calls == [("prepare", ["shared"])]
+    driver.failing = True
+    assert not run(manager._release_once("pod-b"))
+    assert unprepare_counts() == (ok + 2, failed + 1)
+    driver.failing = False
+    run(manager._release("pod-b"))
+    run(manager._release("pod-b"))
+    assert unprepare_counts() == (ok + 3, failed + 1), "its deletion after it completed is not synced again"
+    assert driver.calls[-1] == ("unprepare", ["shared"])
+
+    run(manager._prepare_claims("pod-gone", [claim("orphan", "u2")]))
+    run(manager.reconcile_once(active=set()))
+    assert driver.calls[-1] == ("unprepare", ["orphan"])
+    assert unprepare_counts() == (ok + 3, failed + 1), "the reconcile loop's unprepares are not timed"
