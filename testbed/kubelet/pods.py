@@ -198,7 +198,8 @@ class PodManager:
         self._claim_uids: dict[str, dict[str, str]] = {}
         """By pod UID: the pod's claim name -> ResourceClaim UID."""
         self._terminated: set[str] = set()
-        """Pods whose claims were released after their containers stopped (until deleted)."""
+        """Pods whose claims were released after their containers stopped, until the API
+        says they are gone: their late events must not release them again."""
         self._resources_status: dict[str, object] = {}
         self._started_before_restart: set[str] = set()
         """Pods whose claims were prepared when the checkpoint was written: those still
@@ -277,13 +278,13 @@ class PodManager:
         if kind == "DELETED" or before is None or _differs_beyond_status(before, pod):
             self._changes[uid] = self._changes.get(uid, 0) + 1
             self._updated.setdefault(uid, asyncio.Event()).set()
-        if (
-            uid not in self._workers
-            and kind != "DELETED"
-            and pod.get("status", {}).get("phase") not in ("Succeeded", "Failed")
-        ):
+        if uid in self._workers:
+            return
+        if kind == "DELETED" and uid in self._terminated:
+            self._forget(uid)  # released, and now gone from the API: nothing is left to do
+        elif kind != "DELETED" and pod.get("status", {}).get("phase") not in ("Succeeded", "Failed"):
             self._workers[uid] = asyncio.create_task(self._run(uid), name=f"pod-{uid}")
-        elif uid not in self._workers and pod["metadata"].get("deletionTimestamp"):
+        elif pod["metadata"].get("deletionTimestamp"):
             self._workers[uid] = asyncio.create_task(self._finish_deletion(uid), name=f"pod-del-{uid}")
 
     # --- helpers ---------------------------------------------------------------------
@@ -925,13 +926,22 @@ class PodManager:
                         "preconditions": {"uid": uid},
                     },
                 )
+        if pod is None or pod.get("_deleted"):
+            self._forget(uid)
+        else:
+            # Still in the API until the delete above shows: its released claims stay
+            # released when its last events come in (the DELETED one forgets it).
+            self._forget(uid, keep_terminated=True)
+        self._workers.pop(uid, None)
+
+    def _forget(self, uid: str, keep_terminated: bool = False) -> None:
         self._latest.pop(uid, None)
         self._updated.pop(uid, None)
         self._changes.pop(uid, None)
         self._resources_status.pop(uid, None)
-        self._terminated.discard(uid)
+        if not keep_terminated:
+            self._terminated.discard(uid)
         self._events.forget(uid)
-        self._workers.pop(uid, None)
 
 
 def _extended_requests(pod: Obj, container: Obj) -> list[str]:

@@ -510,3 +510,43 @@ def test_unprepare_resources_is_timed_once_per_pod_termination_as_the_kubelet_ti
     run(manager.reconcile_once(active=set()))
     assert driver.calls[-1] == ("unprepare", ["orphan"])
     assert unprepare_counts() == (ok + 3, failed + 1), "the reconcile loop's unprepares are not timed"
+
+
+class Deletions:
+    """An API server that takes the kubelet's final pod deletes and counts them."""
+
+    def __init__(self) -> None:
+        self.deletes = 0
+
+    async def delete(self, path: str, body: Obj | None = None) -> Obj:
+        self.deletes += 1
+        return {}
+
+
+def test_a_deleted_pods_late_events_release_nothing_again_and_leave_nothing_behind(tmp_path: Path) -> None:
+    """A pod being deleted sends several events (its deletionTimestamp, the kubelet's own
+    final delete, DELETED); some come in after the pod was released. The kubelet syncs a
+    terminated pod once: one UnprepareResources, and no state kept once it is gone."""
+    api = Deletions()
+    manager = pod_manager(tmp_path, Driver(), api)
+    meta = {"namespace": "ns", "name": "p", "uid": "u", "deletionTimestamp": "2026-11-24T00:00:00Z"}
+    pod = {"metadata": meta, "spec": {"containers": []}, "status": {"phase": "Running"}}
+
+    async def settled() -> None:
+        while manager._workers:
+            await asyncio.wait_for(asyncio.gather(*manager._workers.values()), 5)
+
+    async def scenario() -> None:
+        manager.observe("MODIFIED", pod)
+        await settled()
+        manager.observe("MODIFIED", {**pod, "metadata": {**meta, "deletionGracePeriodSeconds": 0}})
+        await settled()
+        manager.observe("DELETED", pod)
+        await settled()
+
+    ok, failed = unprepare_counts()
+    run(scenario())
+    assert unprepare_counts() == (ok + 1, failed)
+    assert api.deletes >= 1, "the kubelet deleted the pod once it was released"
+    state = (manager._latest, manager._changes, manager._updated, manager._terminated, manager._workers)
+    assert not any(state), state
