@@ -7,8 +7,9 @@ own process on both) on a fresh local control plane. Pods with a GPU claim are c
 on both nodes at once, four at a time per node; each pod's created -> Running is read
 from the pod itself (``status.conditions[Ready].lastTransitionTime`` has one-second
 resolution, so the wall time of the poll that first saw Running is used). Prints p50
-and p99 side by side, their ratio, and the resident memory of the real node's processes.
-Needs root; says why and exits 0 otherwise.
+and p99 side by side, their ratio, each kubelet's own PrepareResources/UnprepareResources
+and gRPC call times from its /metrics (counts and means), and the resident memory of the
+real node's processes. Needs root; says why and exits 0 otherwise.
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ from testbed.kubeapi import KubeClient, Obj, path_for
 from testbed.kubelet.node import SYNTHETIC_TOLERATION, NodeSpec
 from testbed.progress import ConsoleProgress
 from testbed.realnode.node import KUBELET_KINDS, ProcessNode, unsupported_reason
+from testbed.report.metrics import Scrape
 
 GPU = "gpu.dra-testbed.io"
+DRA_METHOD = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/"
 BATCH = 4
 
 
@@ -115,6 +118,7 @@ async def measure(state: cluster.ClusterState, root: Path, pods: int) -> None:
         )
         figures = dict(zip(nodes, results, strict=True))
         memory = nodes["real"].memory_bytes()
+        scrapes = {kind: Scrape.parse(await node.kubelet_metrics()) for kind, node in nodes.items()}
     finally:
         for node in nodes.values():
             await node.stop()
@@ -128,9 +132,35 @@ async def measure(state: cluster.ClusterState, root: Path, pods: int) -> None:
         )
     ratio = percentile(figures["fake"], 0.5) / percentile(figures["real"], 0.5)
     print(f"fake/real p50 ratio: {ratio:.2f}")
+    print_kubelet_figures(scrapes)
     total = sum(memory.values())
     parts = ", ".join(f"{k} {v / 2**20:.0f} MB" for k, v in sorted(memory.items()))
     print(f"real-kubelet node resident memory: {total / 2**20:.0f} MB ({parts})")
+
+
+KUBELET_FIGURES = (
+    ("PrepareResources", "dra_operations_duration_seconds", {"operation_name": "PrepareResources"}),
+    ("UnprepareResources", "dra_operations_duration_seconds", {"operation_name": "UnprepareResources"}),
+    *(
+        (call, "dra_grpc_operations_duration_seconds", {"method_name": DRA_METHOD + call})
+        for call in ("NodePrepareResources", "NodeUnprepareResources")
+    ),
+)
+
+
+def print_kubelet_figures(scrapes: dict[str, Scrape]) -> None:
+    """Each kubelet's own histograms from its /metrics. The real kubelet's buckets start
+    at 0.1 s, so only counts and means compare."""
+    print("\nas each kubelet times them (its /metrics, whole run): count, mean ms")
+    print(f"{'':24}" + "".join(f"{kind + ' kubelet':>24}" for kind in scrapes) + f"{'fake/real':>11}")
+    for label, name, match in KUBELET_FIGURES:
+        means = {}
+        cells = ""
+        for kind, scrape in scrapes.items():
+            count = scrape.value(f"{name}_count", match)
+            means[kind] = scrape.value(f"{name}_sum", match) / count * 1000 if count else float("nan")
+            cells += f"{f'{count:.0f}, {means[kind]:.1f}':>24}"
+        print(f"{label:24}{cells}{means['fake'] / means['real']:>10.2f}x")
 
 
 def main() -> int:

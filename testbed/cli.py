@@ -6,6 +6,7 @@ progress and diagnostics go to stderr.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shlex
 import shutil
@@ -35,7 +36,8 @@ from testbed.fleet import spec as fleet_spec
 from testbed.fleet.external import recorded_drivers
 from testbed.fleet.fleet import FAULT_ACTIONS
 from testbed.progress import ConsoleProgress
-from testbed.realnode.node import recorded_processes
+from testbed.realnode import kubelet_api
+from testbed.realnode.node import recorded_kubelet_pid, recorded_processes
 
 if TYPE_CHECKING:
     from testbed.scenarios.runner import FaultInjector
@@ -454,6 +456,30 @@ def logs(node: str, log_name: str | None, name: str, state_dir: Path | None, tai
         raise TestbedError(f"node {node} has no log {log_name!r}", hint=f"it has: {', '.join(available) or 'none'}")
     lines = (directory / f"{log_name}.log").read_text(errors="replace").splitlines()
     click.echo("\n".join(lines[-tail_lines:] if tail_lines else lines))
+
+
+@main.command("metrics")
+@cluster_options
+@click.argument("node")
+@click.option(
+    "--only", "prefixes", multiple=True, help="Only the metrics whose names start with this (repeatable): --only dra_"
+)
+@reports_errors
+def metrics_command(node: str, name: str, state_dir: Path | None, prefixes: tuple[str, ...]) -> None:
+    """Print what a process node's kubelet serves on /metrics: the real kubelet's (HTTPS
+    inside its namespace, with the cluster admin's credentials) or a fake kubelet
+    process's. Synthetic nodes' kubelets count in their NodeHost's /metrics."""
+    _about(name, f"the kubelet metrics of node {node}")
+    state = _running(name, state_dir)
+    nodes = state.fleet.nodes_dir if state.fleet else ""
+    root = Path(nodes) / node if nodes else None
+    if root is None or not root.is_dir():
+        raise TestbedError(f"cluster {name!r} has no node {node!r}", hint=f"see `testbed status --name {name}`")
+    text = asyncio.run(kubelet_api.kubelet_metrics(root, node, state.kubeconfig, recorded_kubelet_pid(root)))
+    if prefixes:
+        families = tuple(f"# {kind} {prefix}" for kind in ("HELP", "TYPE") for prefix in prefixes)
+        text = "".join(line for line in text.splitlines(keepends=True) if line.startswith((*prefixes, *families)))
+    click.echo(text, nl=False)
 
 
 @main.command()

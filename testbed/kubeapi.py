@@ -158,15 +158,23 @@ def flattened_kubeconfig(path: Path) -> bytes:
     return yaml.safe_dump(document, sort_keys=False).encode()
 
 
-def credentials_from_kubeconfig(path: Path, context_name: str | None = None) -> Credentials:
+def _current(path: Path, context_name: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A kubeconfig's cluster and user entries for a context (by default the current one)."""
     document = yaml.safe_load(path.read_text())
     context_name = context_name or document["current-context"]
     context = next(c["context"] for c in document["contexts"] if c["name"] == context_name)
     cluster = next(c["cluster"] for c in document["clusters"] if c["name"] == context["cluster"])
     users = document.get("users") or []
     user: dict[str, Any] = next((u["user"] for u in users if u["name"] == context.get("user")), {})
+    return cluster, user
+
+
+def credentials_from_kubeconfig(path: Path, context_name: str | None = None, trust: bytes | None = None) -> Credentials:
+    """``trust``: a CA (PEM) to check the server against instead of the cluster's (a
+    kubelet's self-signed serving certificate, say); the user's credentials are the same."""
+    cluster, user = _current(path, context_name)
     base = path.parent
-    ca = _field(cluster, "certificate-authority", base)
+    ca = trust or _field(cluster, "certificate-authority", base)
     if ca is not None:
         # That CA alone, as client-go trusts it: loading the system's store as well cost
         # each NodeHost a third of a second at start, for certificates never used.
@@ -179,6 +187,13 @@ def credentials_from_kubeconfig(path: Path, context_name: str | None = None) -> 
     if cert is not None and key is not None:
         load_pem_pair(ssl_context, cert, key)
     return Credentials(cluster["server"], ssl_context, user.get("token"))
+
+
+def cluster_ca(path: Path) -> bytes | None:
+    """The CA (PEM) a kubeconfig's current cluster is checked against; None when it
+    relies on the system's store."""
+    cluster, _ = _current(path)
+    return _field(cluster, "certificate-authority", path.parent)
 
 
 def in_cluster_credentials() -> Credentials:

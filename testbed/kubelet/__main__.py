@@ -19,6 +19,7 @@ from testbed.errors import TestbedError
 from testbed.kubeapi import KubeClient, path_for
 from testbed.kubelet.kubelet import FakeKubelet
 from testbed.kubelet.node import NodeSpec
+from testbed.metrics_server import MetricsServer
 
 
 def _arguments(argv: list[str]) -> argparse.Namespace:
@@ -29,6 +30,8 @@ def _arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--cdi-dir", type=Path, required=True, help="where drivers write CDI specs")
     parser.add_argument("--label", action="append", default=[], help="KEY=VALUE, repeatable")
     parser.add_argument("--delete-node", action="store_true", help="delete the Node on exit")
+    parser.add_argument("--metrics-port", type=int, help="serve /metrics on 127.0.0.1:PORT (0: any free port)")
+    parser.add_argument("--metrics-socket", type=Path, help="serve /metrics on this unix socket (0600)")
     return parser.parse_args(argv)
 
 
@@ -45,11 +48,20 @@ async def _run(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    metrics = None
+    if args.metrics_port is not None or args.metrics_socket is not None:
+        metrics = MetricsServer(port=args.metrics_port or 0, path=args.metrics_socket)
     try:
         await kubelet.start()
+        if metrics is not None:
+            port = await metrics.start()
+            where = args.metrics_socket or f"http://127.0.0.1:{port}/metrics"
+            logging.getLogger("testbed.kubelet").info("serving /metrics on %s", where)
         logging.getLogger("testbed.kubelet").info("fake kubelet for node %s running", args.node)
         await stop.wait()
     finally:
+        if metrics is not None:
+            await metrics.stop()
         await kubelet.stop()
         if args.delete_node:
             await client.delete_if_exists(path_for("v1", "nodes", args.node))

@@ -37,8 +37,9 @@ import yaml
 from testbed.controlplane import processes
 from testbed.controlplane.binaries import Binaries
 from testbed.errors import TestbedError
-from testbed.kubeapi import KubeClient, Obj, default_credentials, path_for
+from testbed.kubeapi import KubeClient, Obj, cluster_ca, default_credentials, path_for
 from testbed.kubelet.node import NodeSpec, node_object
+from testbed.realnode import kubelet_api
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ def unsupported_reason() -> str:
     """Why real-kubelet nodes cannot run here, or "" if they can."""
     if os.geteuid() != 0:
         return "real-kubelet nodes need root (network and mount namespaces, bind mounts)"
-    missing = [tool for tool in ("unshare", "ip", "mount") if shutil.which(tool) is None]
+    missing = [tool for tool in ("unshare", "nsenter", "ip", "mount") if shutil.which(tool) is None]
     if missing:
         return f"real-kubelet nodes need {', '.join(missing)} on PATH (util-linux, iproute2)"
     return ""
@@ -63,16 +64,20 @@ def check_supported() -> None:
         raise TestbedError(reason, hint="run as root on Linux, or use `kubelet: fake` pools")
 
 
-def kubelet_config(root: Path, taints: list[Obj]) -> Obj:
-    """A KubeletConfiguration that creates no host cgroups and listens on loopback only."""
+def kubelet_config(root: Path, taints: list[Obj], client_ca: Path | None = None) -> Obj:
+    """A KubeletConfiguration that creates no host cgroups and listens on loopback only
+    (of its namespace). Its API is guarded as kubeadm guards it: client certificates
+    from ``client_ca`` (the cluster's) or tokens the API server vouches for, each request
+    authorized by the API server; nobody anonymous."""
+    x509 = {"x509": {"clientCAFile": str(client_ca)}} if client_ca else {}
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
         "address": "127.0.0.1",
         "healthzBindAddress": "127.0.0.1",
         "readOnlyPort": 0,
-        "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": False}},
-        "authorization": {"mode": "AlwaysAllow"},
+        "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True}, **x509},
+        "authorization": {"mode": "Webhook"},
         "cgroupDriver": "cgroupfs",
         "cgroupsPerQOS": False,
         "enforceNodeAllocatable": [],
@@ -351,11 +356,16 @@ class ProcessNode:
                 f"--kubeconfig={self.kubelet_kubeconfig}",
             ]
             command += [f"--root-dir={self.kubelet_dir}", f"--cdi-dir={self.cdi_dir}", *labels]
+            command.append(f"--metrics-socket={self.root / kubelet_api.FAKE_METRICS_SOCKET}")
             await self._spawn("kubelet", command)
             return
         assert self.binaries is not None
         config = self.root / "kubelet-config.yaml"
-        config.write_text(yaml.safe_dump(kubelet_config(self.root, list(self.spec.taints))))
+        client_ca = None
+        if (ca := cluster_ca(self.kubeconfig)) is not None:
+            client_ca = self.root / "private" / "client-ca.crt"
+            client_ca.write_bytes(ca)
+        config.write_text(yaml.safe_dump(kubelet_config(self.root, list(self.spec.taints), client_ca)))
         labels = node_object(self.spec)["metadata"]["labels"]
         kubelet = [
             str(self.binaries.path("kubelet")),
@@ -453,6 +463,14 @@ class ProcessNode:
 
     # --- inspection ----------------------------------------------------------------------
 
+    async def kubelet_metrics(self) -> str:
+        """What the node's kubelet serves on /metrics, read with the node's host's
+        credentials (see kubelet_api.py)."""
+        kubelet = self.processes.get("kubelet")
+        running = kubelet is not None and kubelet.returncode is None
+        pid = kubelet.pid if kubelet is not None and running and self.kind == "real" else None
+        return await kubelet_api.kubelet_metrics(self.root, self.name, self.kubeconfig, pid)
+
     def memory_bytes(self) -> dict[str, int]:
         """Resident memory of each of the node's processes (the kubelet without its sandbox)."""
         sizes = {}
@@ -470,6 +488,14 @@ class ProcessNode:
         if not self.containers_log.exists():
             return []
         return [json.loads(line) for line in self.containers_log.read_text().splitlines() if line]
+
+
+def recorded_kubelet_pid(root: Path) -> int | None:
+    """The real kubelet the node under ``root`` runs, if it is alive (from its records)."""
+    for record in recorded_processes(root.parent).get(root.name, []):
+        if record.name == "kubelet" and record.alive() and record.command[:1] == ["unshare"]:
+            return record.pid
+    return None
 
 
 def recorded_processes(nodes_dir: Path) -> dict[str, list[processes.ProcessRecord]]:

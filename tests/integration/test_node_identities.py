@@ -256,5 +256,20 @@ def test_a_real_kubelet_node_runs_its_kubelet_and_driver_under_their_own_identit
                 await client.close()
 
         wait_for(lambda: asyncio.run(driver_pod_phase()) == "Running", 60, "the real kubelet to run the driver pod")
+
+        # Its /metrics, as an admin reads it: the kubelet (under its node identity) asks
+        # the API server whether the admin's certificate may, and counted the pod starts.
+        ask = [*cli, "metrics", "ref-000", *where, "--only", "dra_operations_duration_seconds_count"]
+        metrics = subprocess.run(ask, capture_output=True, text=True, timeout=60)
+        assert metrics.returncode == 0, metrics.stderr[-2000:]
+        starts = [
+            float(line.rsplit(" ", 1)[1])
+            for line in metrics.stdout.splitlines()
+            if 'operation_name="PrepareResources"' in line and 'is_error="false"' in line
+        ]
+        assert starts and starts[0] >= 2, metrics.stdout  # the driver pod and the scenario's
+        assert all(line.startswith("dra_operations_duration_seconds_count") for line in metrics.stdout.splitlines())
+        missing = subprocess.run([*cli, "metrics", "nosuch", *where], capture_output=True, text=True, timeout=60)
+        assert missing.returncode != 0 and "has no node 'nosuch'" in missing.stderr, missing.stderr
     finally:
         subprocess.run([*cli, "down", *where], capture_output=True, timeout=300)

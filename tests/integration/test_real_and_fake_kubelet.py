@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 import grpc
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from testbed.controlplane.binaries import Binaries, ensure_node_binaries
 from testbed.controlplane.cluster import ClusterState
@@ -310,6 +311,95 @@ def test_claims_prepare_and_unprepare_alike_on_real_and_fake_kubelets(
             assert _by_pod(real) == _by_pod(fake), (real, fake)
             assert _by_pod(real)["aligned-c"] == [PREPARE, UNPREPARE]
             assert _by_pod(real)["shared"] == [PREPARE, UNPREPARE], "a shared claim is prepared once"
+
+    asyncio.run(scenario())
+
+
+KUBELET_DRA_METRICS = (
+    "dra_operations_duration_seconds",
+    "dra_grpc_operations_duration_seconds",
+    "dra_resource_claims_in_use",
+)
+
+
+def _kubelet_figures(text: str) -> dict[str, Any]:
+    """A kubelet's DRA metrics as a user reads them: each family's label names, counts
+    by labels (histograms) and values (gauges)."""
+    figures: dict[str, Any] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name not in KUBELET_DRA_METRICS:
+            continue
+        labels = {name for s in family.samples for name in s.labels if name != "le"}
+        values = {
+            tuple(sorted(s.labels.items())): s.value
+            for s in family.samples
+            if s.name.endswith("_count") or family.type == "gauge"
+        }
+        figures[family.name] = {"labels": labels, "values": values}
+    return figures
+
+
+def test_kubelet_metrics_name_label_and_count_alike_on_real_and_fake_kubelets(
+    control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
+) -> None:
+    """What a cluster admin's dashboards read off a node: the real kubelet's /metrics
+    (HTTPS inside its namespace, the admin's certificate) and the fake kubelet's carry
+    the same DRA families with the same labels, and count the same operations: every pod
+    start and stop (one without a claim too; a shared claim prepared once), every gRPC
+    call by method and status, the claims in use while the pods run and after."""
+
+    async def scenario() -> None:
+        async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
+
+            async def case(side: Side) -> tuple[dict[str, Any], dict[str, Any]]:
+                await side.template("gpu", [request("gpu", GPU)])
+                await side.template("nic", [request("nic", NIC)])
+                await side.claim("shared", [request("gpu", PARTITION)])
+                await side.pod("own-a", {"resourceClaimTemplateName": "gpu"})
+                await side.running("own-a")  # a whole GPU first: the partition then takes the other
+                await side.pod("own-b", {"resourceClaimTemplateName": "nic"})
+                await side.pod("share-a", {"resourceClaimName": "shared"})
+                # Once the claim is prepared: two pods starting at once may both ask the
+                # driver, on either kubelet, as neither holds its lock across the call.
+                await side.running("share-a")
+                await side.pod("share-b", {"resourceClaimName": "shared"})
+                plain = {"name": "main", "image": "registry.invalid/workload", "command": ["sleep", "3600"]}
+                await side.create_pod("plain", containers=[plain])
+                names = ("own-a", "own-b", "share-a", "share-b", "plain")
+                for pod in names:
+                    await side.running(pod)
+                running = _kubelet_figures(await side.node.kubelet_metrics())
+                for pod in names:
+                    await side.delete_pod(pod)
+                for pod in names:
+                    await side.gone(pod)
+                return running, _kubelet_figures(await side.node.kubelet_metrics())
+
+            found = await both(sides, case)
+            (real_running, real_after), (fake_running, fake_after) = found["real"], found["fake"]
+            assert set(real_after) == set(KUBELET_DRA_METRICS), sorted(real_after)
+            for name in KUBELET_DRA_METRICS:
+                assert fake_after[name]["labels"] == real_after[name]["labels"], name
+            assert fake_running["dra_resource_claims_in_use"] == real_running["dra_resource_claims_in_use"]
+            in_use = {k[0][1]: v for k, v in real_running["dra_resource_claims_in_use"]["values"].items()}
+            assert in_use == {"<any>": 3, GPU: 2, NIC: 1}, in_use
+            assert all(v == 0 for v in real_after["dra_resource_claims_in_use"]["values"].values())
+            assert fake_after["dra_resource_claims_in_use"] == real_after["dra_resource_claims_in_use"]
+
+            def succeeded(figures: dict[str, Any], name: str) -> dict[Any, float]:
+                values = figures[name]["values"]
+                return {k: v for k, v in values.items() if ("is_error", "true") not in k}
+
+            operations = succeeded(real_after, "dra_operations_duration_seconds")
+            assert set(operations.values()) == {5.0}, operations
+            assert succeeded(fake_after, "dra_operations_duration_seconds") == operations
+            calls = real_after["dra_grpc_operations_duration_seconds"]["values"]
+            assert calls == {
+                (("driver_name", driver), ("grpc_status_code", "OK"), ("method_name", method)): count
+                for driver, count in ((GPU, 2.0), (NIC, 1.0))
+                for method in (PREPARE, UNPREPARE)
+            }, calls
+            assert fake_after["dra_grpc_operations_duration_seconds"]["values"] == calls
 
     asyncio.run(scenario())
 

@@ -44,3 +44,15 @@ def test_the_kubelet_listens_on_loopback_and_makes_no_host_cgroups(tmp_path: Pat
     assert config["readOnlyPort"] == 0 and config["authentication"]["anonymous"]["enabled"] is False
     assert config["cgroupsPerQOS"] is False and config["enforceNodeAllocatable"] == []
     assert config["containerRuntimeEndpoint"] == f"unix://{tmp_path / 'cri.sock'}"
+
+
+def test_the_kubelets_api_is_guarded_as_kubeadm_guards_it(tmp_path: Path) -> None:
+    """Certificates from the cluster CA or tokens the API server vouches for, each request
+    authorized by the API server: so the admin can read /metrics and nobody anonymous can."""
+    config = realnode.kubelet_config(tmp_path, [], client_ca=tmp_path / "ca.crt")
+    assert config["authentication"] == {
+        "anonymous": {"enabled": False},
+        "webhook": {"enabled": True},
+        "x509": {"clientCAFile": str(tmp_path / "ca.crt")},
+    }
+    assert config["authorization"] == {"mode": "Webhook"}
