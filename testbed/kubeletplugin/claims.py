@@ -13,8 +13,12 @@ from testbed.kubeapi import KubeClient, Obj, path_for
 from testbed.kubeletplugin.metrics import CLAIM_LOOKUPS
 
 API_VERSION = "resource.k8s.io/v1"
-FETCH_ATTEMPTS = 3
-"""A prepare waits on these reads: a few quick retries, not a client's minutes of backoff."""
+FETCH_ATTEMPTS = 7
+"""Retried with backoff (0.2 s doubling to 5 s) while the API server is unreachable or
+overloaded, about 10 s in all: long enough to ride out an API server restart, which
+would otherwise fail the pod's prepare and leave the pod waiting a minute or more for
+its kubelet's next sync. A prepare bounds the wait itself (CLAIM_FETCH_BUDGET_S), well
+within the kubelet's 45 s."""
 
 
 class ClaimReader:

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 
 from fake_devices.hardware import NodeHardware
 from testbed.drivers import KINDS, load_profile
@@ -85,3 +86,33 @@ def test_claims_the_api_must_answer_fail_alone_and_in_time(
         assert "no answer from the API server" in error or "cannot reach https://127.0.0.1" in error
     assert took < 2.0 + 1.5, f"each claim's error came in {took:.1f} s, within the budget"
     assert unprepare_took < 1.0, f"an unrelated unprepare waited {unprepare_took:.1f} s"
+
+
+def test_a_claim_read_rides_out_an_api_server_restart() -> None:
+    """An API server that refuses connections for a second and a half (as while the
+    supervisor restarts it) and then answers: the driver's claim read waits for it,
+    rather than failing the pod's prepare and leaving the pod for its kubelet's next
+    sync, a minute or more later."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+
+    async def claim(request: web.Request) -> web.Response:
+        return web.json_response(_claim("a", "uid-a", "gpu-0"))
+
+    async def scenario() -> Obj:
+        client = KubeClient(Credentials(f"http://127.0.0.1:{port}", ssl.create_default_context()))
+        reading = asyncio.create_task(ClaimReader(client).get("ns", "a"))
+        await asyncio.sleep(1.5)  # the API server is down this long
+        app = web.Application()
+        app.router.add_get("/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/a", claim)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        try:
+            return await asyncio.wait_for(reading, prepare.CLAIM_FETCH_BUDGET_S)
+        finally:
+            await client.close()
+            await runner.cleanup()
+
+    assert asyncio.run(scenario())["metadata"]["uid"] == "uid-a"
