@@ -28,6 +28,8 @@ class TransportError(ConnectionError):
 
     stale = False
     """It was a kept-alive connection that failed before any byte of the answer."""
+    unreachable = False
+    """No connection could be made (refused, no route): the request never left."""
 
 
 @dataclass(frozen=True)
@@ -287,7 +289,9 @@ class ConnectionPool:
         except ssl.SSLError:
             raise  # a certificate problem: trying again will not help
         except OSError as exc:
-            raise TransportError(f"cannot reach {self.server}: {exc}") from exc
+            error = TransportError(f"cannot reach {self.server}: {exc}")
+            error.unreachable = True
+            raise error from exc
         self._busy.add(connection)
         return connection
 

@@ -316,11 +316,14 @@ class KubeClient:
         timeout_s: float = 30.0,
         attempts: int = RETRY_ATTEMPTS,
         metadata_only: bool = False,
+        retry_unreachable: bool = True,
     ) -> Obj:
         """One call, retried with backoff while the server is overloaded (429, 5xx, timeouts),
         as client-go does. A create whose earlier attempt went unanswered and that then meets
         409 AlreadyExists made the object itself (the answer was lost, e.g. etcd restarting):
-        it returns that object rather than failing."""
+        it returns that object rather than failing. ``retry_unreachable=False``: a server
+        that refuses the connection fails the call at once, as client-go's requests do
+        (they retry a GET whose connection was reset, never one that was refused)."""
         delay = RETRY_FIRST_DELAY_S
         for attempt in range(1, attempts + 1):
             try:
@@ -331,8 +334,8 @@ class KubeClient:
                     return await self._request_once("GET", f"{path}/{name}", None, None, content_type, timeout_s)
                 if exc.status not in RETRIABLE_STATUS or attempt == attempts:
                     raise
-            except (TimeoutError, TransportError, aiohttp.ClientConnectionError):
-                if attempt == attempts:
+            except (TimeoutError, TransportError, aiohttp.ClientConnectionError) as exc:
+                if attempt == attempts or (not retry_unreachable and getattr(exc, "unreachable", False)):
                     raise
             await asyncio.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, RETRY_MAX_DELAY_S)
@@ -358,8 +361,8 @@ class KubeClient:
             raise _api_error(response.status, response.body.decode(errors="replace"))
         return json.loads(response.body) if response.body else {}
 
-    async def get(self, path: str, params: Mapping[str, str] | None = None) -> Obj:
-        return await self.request("GET", path, params=params)
+    async def get(self, path: str, params: Mapping[str, str] | None = None, retry_unreachable: bool = True) -> Obj:
+        return await self.request("GET", path, params=params, retry_unreachable=retry_unreachable)
 
     async def get_text(self, path: str, timeout_s: float = 10.0) -> str:
         """A plain-text endpoint such as /metrics; one attempt, errors as ApiError."""

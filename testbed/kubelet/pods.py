@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from testbed.files import write_atomically
+from testbed.http11 import TransportError
 from testbed.keys import CONTAINER_ENV_ANNOTATION, RUN_SECONDS_ANNOTATION
 from testbed.kubeapi import ApiError, ClaimRef, KubeClient, Obj, WatchPosition, path_for
 from testbed.kubelet import metrics
@@ -410,6 +411,10 @@ class PodManager:
                 raise StartFailed(
                     PREPARE_FAILED, f"{PREPARE_FAILED_MESSAGE}: fetch ResourceClaim {name}: {exc.message}"
                 ) from None
+            except (TransportError, TimeoutError) as exc:
+                raise StartFailed(
+                    PREPARE_FAILED, f"{PREPARE_FAILED_MESSAGE}: fetch ResourceClaim {name}: {exc or 'timed out'}"
+                ) from None
             if generated and not _controlled_by(claim, meta["uid"]):
                 raise StartFailed(
                     PREPARE_FAILED,
@@ -440,7 +445,9 @@ class PodManager:
         try:
             for delay in (*AUTHORIZER_CATCH_UP_S, None):
                 try:
-                    return await self.client.get(path)
+                    # As the kubelet's client-go: an API server that refuses the
+                    # connection (restarting, say) fails the read, and so the start.
+                    return await self.client.get(path, retry_unreachable=False)
                 except ApiError as exc:
                     if delay is None or not (exc.status == 403 and NO_RELATIONSHIP in exc.message):
                         raise

@@ -5,10 +5,13 @@ a 409 on its own Job after an etcd restart was the symptom."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 
+import pytest
 from aiohttp import web
 
+from testbed.http11 import TransportError
 from testbed.kubeapi import ApiError, Credentials, KubeClient
 
 STATUS_409 = {"kind": "Status", "code": 409, "reason": "AlreadyExists", "message": "already exists"}
@@ -56,3 +59,32 @@ def test_a_retried_create_that_meets_already_exists_returns_the_object() -> None
     job, seen = asyncio.run(scenario())
     assert job["metadata"] == {"name": "j1", "uid": "u1"}  # type: ignore[comparison-overlap]
     assert seen == ["POST j1", "POST j1", "GET j1", "POST j1"]
+
+
+def test_a_refused_connection_fails_at_once_when_asked_to_and_is_retried_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What a fake kubelet's claim read needs to fail as client-go's does (see pods.py),
+    while the testbed's own calls keep riding out an API server restart."""
+    with socket.socket() as refusing:
+        refusing.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+        port = refusing.getsockname()[1]
+        pauses: list[float] = []
+
+        async def no_pause(seconds: float) -> None:
+            pauses.append(seconds)
+
+        async def read(retry_unreachable: bool) -> TransportError:
+            client = KubeClient(Credentials(f"http://127.0.0.1:{port}", ssl.create_default_context()))
+            try:
+                with pytest.raises(TransportError) as raised:
+                    await client.request("GET", "/api/v1/nodes", attempts=4, retry_unreachable=retry_unreachable)
+                return raised.value
+            finally:
+                await client.close()
+
+        monkeypatch.setattr(asyncio, "sleep", no_pause)
+        error = asyncio.run(read(retry_unreachable=False))
+        assert error.unreachable and pauses == []
+        asyncio.run(read(retry_unreachable=True))
+        assert len(pauses) == 3, "the default rides it out: four attempts"

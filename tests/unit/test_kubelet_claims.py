@@ -12,6 +12,7 @@ from typing import Any, cast
 import pytest
 from prometheus_client import REGISTRY
 
+from testbed.http11 import TransportError
 from testbed.kubeapi import ApiError, ClaimRef, KubeClient, Obj
 from testbed.kubelet import metrics, pods
 from testbed.kubelet.node import NodeSpec
@@ -308,7 +309,7 @@ class LaggingAuthorizer:
         self.refusals = refusals
         self.reads = 0
 
-    async def get(self, path: str) -> Obj:
+    async def get(self, path: str, retry_unreachable: bool = True) -> Obj:
         self.reads += 1
         if self.reads <= self.refusals:
             raise ApiError(
@@ -417,7 +418,7 @@ class Claims:
             "status": {},
         }
 
-    async def get(self, path: str) -> Obj:
+    async def get(self, path: str, retry_unreachable: bool = True) -> Obj:
         return self.by_name[path.rsplit("/", 1)[1]]
 
 
@@ -550,3 +551,37 @@ def test_a_deleted_pods_late_events_release_nothing_again_and_leave_nothing_behi
     assert api.deletes >= 1, "the kubelet deleted the pod once it was released"
     state = (manager._latest, manager._changes, manager._updated, manager._terminated, manager._workers)
     assert not any(state), state
+
+
+class Restarting:
+    """An API server that refuses connections (the supervisor is restarting it)."""
+
+    def __init__(self) -> None:
+        self.reads: list[bool] = []
+
+    async def get(self, path: str, retry_unreachable: bool = True) -> Obj:
+        self.reads.append(retry_unreachable)
+        error = TransportError("cannot reach https://127.0.0.1:6443: [Errno 111] Connection refused")
+        error.unreachable = True
+        raise error
+
+
+def test_a_claim_read_the_api_server_refuses_fails_the_start_as_a_real_kubelets_does(
+    book: tuple[PodManager, Driver],
+) -> None:
+    """client-go retries a GET whose connection was reset, never one refused: a real
+    kubelet's prepare fails while the API server restarts, and the pod waits for its next
+    sync. A fake kubelet that waited for the API server would hide that delay."""
+    manager, driver = book
+    api = Restarting()
+    manager.client = cast(KubeClient, api)
+    pod = {
+        "metadata": {"namespace": "ns", "name": "p", "uid": "pod-a"},
+        "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": "c"}], "containers": []},
+        "status": {},
+    }
+    with pytest.raises(StartFailed, match="prepare dynamic resources: fetch ResourceClaim c: cannot reach") as raised:
+        run(manager._prepare(pod))
+    assert raised.value.reason == "FailedPrepareDynamicResources"
+    assert api.reads == [False], "one read, not retried while refused"
+    assert driver.calls == []
