@@ -330,8 +330,10 @@ def markdown(report: dict[str, Any]) -> str:
         f"| kubelet `dra_operations_duration_seconds` Unprepare p99 | {_fmt(m['kubelet']['unprepare_p99_s'])} |",
         "| fake kubelet's wait for the node authorizer, before Prepare and not in it, p99 | "
         f"{_fmt(m['testbed'].get('claim_link_wait_p99_s'))} |",
-        f"| plugin NodePrepareResources p99 | {_fmt(m['plugin']['NodePrepareResources_p99_s'])} |",
-        f"| plugin NodeUnprepareResources p99 | {_fmt(m['plugin']['NodeUnprepareResources_p99_s'])} |",
+        "| kubelet `dra_grpc_operations_duration_seconds` NodePrepareResources p99 | "
+        f"{_fmt(m['plugin']['NodePrepareResources_p99_s'])} |",
+        "| kubelet `dra_grpc_operations_duration_seconds` NodeUnprepareResources p99 | "
+        f"{_fmt(m['plugin']['NodeUnprepareResources_p99_s'])} |",
         f"| NodeHost event-loop lag p99 (the testbed's own delay) | {_fmt(m['testbed']['event_loop_lag_p99_s'])} |",
         f"| NodeHost GC pause p99 | {_fmt(m['testbed']['gc_pause_p99_s'])} |",
         "",
