@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 import sys
 from pathlib import Path
 
@@ -48,8 +49,8 @@ async def kubelet_metrics(root: Path, node: str, kubeconfig: Path, kubelet_pid: 
     if kubelet_pid is None:
         raise TestbedError(
             f"node {node}: no kubelet running",
-            hint="only process nodes (`kubelet: real` or `kubelet: fake` pools) have a kubelet of their own; "
-            "a synthetic node's metrics are summed in its NodeHost's",
+            hint="only a `kubelet: real` pool's nodes (or a fake kubelet run as a process) have a kubelet of "
+            "their own; a synthetic node's kubelet counts in its NodeHost's /metrics",
         )
     credentials = credentials_from_kubeconfig(kubeconfig, trust=_serving_certificate(root, node))
     try:
@@ -59,6 +60,11 @@ async def kubelet_metrics(root: Path, node: str, kubeconfig: Path, kubelet_pid: 
                 sock=connection, ssl=credentials.ssl_context, server_hostname=node
             )
             return _body(node, await _get(reader, writer, "/metrics", node, credentials.token))
+    except ssl.SSLCertVerificationError as exc:
+        raise TestbedError(
+            f"node {node}: the kubelet's serving certificate does not match {root / SERVING_CERT} ({exc})",
+            hint="the kubelet writes a new one when its cert dir is emptied; restart the node",
+        ) from None
     except (OSError, TimeoutError) as exc:
         raise TestbedError(
             f"node {node}: its kubelet does not answer on port {KUBELET_PORT} ({exc or type(exc).__name__})",
