@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
@@ -9,7 +10,10 @@ import pytest
 from click.testing import CliRunner
 
 from testbed import cli
+from testbed.errors import TestbedError
 from testbed.fleet import spec
+from testbed.metrics_server import MetricsServer
+from testbed.realnode import kubelet_api
 from testbed.realnode import node as realnode
 
 
@@ -56,3 +60,27 @@ def test_the_kubelets_api_is_guarded_as_kubeadm_guards_it(tmp_path: Path) -> Non
         "x509": {"clientCAFile": str(tmp_path / "ca.crt")},
     }
     assert config["authorization"] == {"mode": "Webhook"}
+
+
+def test_a_fake_kubelet_process_serves_its_metrics_on_a_private_socket(short_tmp_path: Path) -> None:
+    """What `testbed metrics` and the real-vs-fake comparison read off a fake kubelet run
+    as a process; a node with no kubelet of its own is refused in one line."""
+    import testbed.kubelet.metrics  # noqa: F401 - registers the kubelet's families
+
+    socket_path = short_tmp_path / kubelet_api.FAKE_METRICS_SOCKET
+
+    async def scenario() -> tuple[str, int]:
+        server = MetricsServer(path=socket_path)
+        await server.start()
+        try:
+            mode = socket_path.stat().st_mode & 0o777
+            return await kubelet_api.kubelet_metrics(short_tmp_path, "n", short_tmp_path / "unused", None), mode
+        finally:
+            await server.stop()
+
+    text, mode = asyncio.run(scenario())
+    assert "# TYPE dra_operations_duration_seconds histogram" in text and mode == 0o600
+    bare = short_tmp_path / "synthetic"
+    bare.mkdir()
+    with pytest.raises(TestbedError, match="node n: no kubelet running"):
+        asyncio.run(kubelet_api.kubelet_metrics(bare, "n", short_tmp_path / "unused", None))
