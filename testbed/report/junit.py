@@ -15,9 +15,11 @@ def _phase_problem(phase: dict[str, Any]) -> str:
     if phase["slo_met"] is None:
         return f"not measured: {phase['pods_running']}/{phase['pods_expected']} pods ran before the run ended"
     if phase["pods_running"] < phase["pods_expected"] or phase["unschedulable"]:
+        not_started = phase.get("pods_not_started", 0)
         return (
             f"{phase['pods_expected'] - phase['pods_running']} of {phase['pods_expected']} pods never ran "
-            f"({phase['unschedulable']} unschedulable)"
+            f"({phase['unschedulable']} unschedulable"
+            + (f", {not_started} on a node but never started)" if not_started else ")")
         )
     return f"pod startup p99 {phase['pod_startup_s']['p99']} s exceeds the SLO of {phase['slo_p99_s']} s"
 

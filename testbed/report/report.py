@@ -43,7 +43,7 @@ def slo_verdict(result: PhaseResult, p99: float | None, slo: float) -> bool | No
     (not measured) for a phase cut short; False for a finished one that left pods behind."""
     if result.pods_running < result.pods_expected or result.stalled:
         return None if result.interrupted else False
-    return p99 is not None and p99 <= slo and not result.unschedulable
+    return p99 is not None and p99 <= slo and not result.unschedulable and not result.not_started
 
 
 def slo_text(met: bool | None, phase: dict[str, Any]) -> str:
@@ -78,6 +78,7 @@ def build(data: RunData, leaks: dict[str, int], cluster: dict[str, Any]) -> dict
                 "pods_succeeded": result.pods_succeeded,
                 "pods_removed": result.pods_removed,
                 "unschedulable": result.unschedulable,
+                "pods_not_started": result.not_started,
                 "stalled": result.stalled,
                 "duration_s": round(duration, 2),
                 "pods_per_s": round(result.pods_running / duration, 3),
@@ -307,8 +308,9 @@ def markdown(report: dict[str, Any]) -> str:
         lat = p["pod_startup_s"]
         lines.append(
             f"| {p['name']} | {p['jobs']} | {p['pods_expected']} | {p['pods_running']} | {p['pods_succeeded']} | "
-            f"{p.get('pods_removed', 0)} | {p['unschedulable']} | "
-            f"{p['pods_per_s']} | {_fmt(lat['p50'])} | {_fmt(lat['p90'])} | {_fmt(lat['p99'])} | "
+            f"{p.get('pods_removed', 0)} | {p['unschedulable']}"
+            + (f" (+{p['pods_not_started']} on a node, never started)" if p.get("pods_not_started") else "")
+            + f" | {p['pods_per_s']} | {_fmt(lat['p50'])} | {_fmt(lat['p90'])} | {_fmt(lat['p99'])} | "
             f"{slo_text(p['slo_met'], p)} (<= {p['slo_p99_s']} s) |"
         )
     m = report["metrics"]
@@ -469,7 +471,8 @@ def phase_line(p: dict[str, Any]) -> str:
         f"{p['name']}: {p['pods_running']}/{p['pods_expected']} pods ran"
         + (f" ({p['pods_removed']} removed before finishing)" if p.get("pods_removed") else "")
         + f", {p['unschedulable']} unschedulable, "
-        f"startup p50 {_fmt(lat['p50'])} p99 {_fmt(lat['p99'])}, {p['pods_per_s']} pods/s, "
+        + (f"{p['pods_not_started']} on a node but never started, " if p.get("pods_not_started") else "")
+        + f"startup p50 {_fmt(lat['p50'])} p99 {_fmt(lat['p99'])}, {p['pods_per_s']} pods/s, "
         f"SLO {slo_text(p['slo_met'], p)}"
     )
 

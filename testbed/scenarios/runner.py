@@ -4,7 +4,8 @@ Everything happens in one namespace per run. Pod startup is timed as a watch see
 from the pod's ADDED event to the first event that shows it Running. Claim allocation
 is timed from the claim's ADDED event to the first event with an allocation. A phase
 that stops making progress while pods stay unschedulable ends with those pods counted,
-so asking for more devices than exist reports instead of hanging.
+so asking for more devices than exist reports instead of hanging; pods already on nodes
+are given a kubelet's retry (KUBELET_RETRY_S) first.
 """
 
 from __future__ import annotations
@@ -47,6 +48,30 @@ class PodRecord:
     """Deleted before it finished, not by the run (e.g. the Job controller removing a
     surplus pod it created twice when a create's answer was lost)."""
     node: str = ""
+    bound: float | None = None
+    """When the scheduler's binding (``spec.nodeName``) was first seen."""
+
+
+KUBELET_RETRY_S = 100.0
+"""A kubelet tries a failed start (a prepare that met an API server restart, say) again
+at the pod's next sync, 60-90 s later: a phase whose waiting pods are all on nodes waits
+that long before it calls itself stalled."""
+
+
+def stall_window(stall_seconds: float, waiting: list[PodRecord]) -> float:
+    """How long a phase may go without progress: ``stall_seconds``, or a kubelet's retry
+    when every pod it waits for is bound (those are not unschedulable: their kubelets
+    have them, and may be waiting for their next sync)."""
+    if waiting and all(p.bound is not None for p in waiting):
+        return max(stall_seconds, KUBELET_RETRY_S)
+    return stall_seconds
+
+
+def never_ran(pods: list[PodRecord]) -> tuple[int, int]:
+    """Pods that never ran and were not removed: (never bound to a node, bound)."""
+    left = [p for p in pods if p.running is None and p.removed is None]
+    unbound = sum(1 for p in left if p.bound is None)
+    return unbound, len(left) - unbound
 
 
 @dataclass
@@ -60,6 +85,9 @@ class PhaseResult:
     pods_succeeded: int = 0
     pods_removed: int = 0
     unschedulable: int = 0
+    """Pods that never ran and were never bound to a node."""
+    not_started: int = 0
+    """Pods bound to a node whose kubelet never ran them."""
     stalled: bool = False
     interrupted: bool = False
     """Cut short (Ctrl-C, the control plane gone): what it did not get to is not measured."""
@@ -243,6 +271,8 @@ class Runner:
             if record is None:
                 phase = pod["metadata"].get("labels", {}).get(PHASE_LABEL, "")
                 record = self.data.pods[uid] = PodRecord(phase, now)
+            if record.bound is None and pod["spec"].get("nodeName"):
+                record.bound = now
             status = pod.get("status", {}).get("phase")
             if status == "Running" and record.running is None:
                 record.running = now
@@ -391,7 +421,7 @@ class Runner:
         result.pods_running = sum(1 for p in mine if p.running is not None)
         result.pods_succeeded = sum(1 for p in mine if p.finished is not None)
         result.pods_removed = sum(1 for p in mine if p.removed is not None)
-        result.unschedulable = sum(1 for p in mine if p.running is None and p.removed is None)
+        result.unschedulable, result.not_started = never_ran(mine)
 
     async def _wait(self, phase: Phase, jobs: int, result: PhaseResult) -> None:
         if phase.wait == "none":
@@ -413,9 +443,11 @@ class Runner:
                 if self.progress is not None:
                     self.progress.update(f"phase {phase.name}: {done}/{want} pods {phase.wait}")
             now = time.monotonic()
-            if now - last_progress > phase.stall_seconds or now > deadline:
+            waiting = [p for p in mine if (p.running if phase.wait == "running" else p.finished) is None]
+            window = stall_window(phase.stall_seconds, waiting)
+            if now - last_progress > window or now > deadline:
                 result.stalled = True
-                self._say(f"phase {phase.name}: no progress for {phase.stall_seconds:.0f}s at {done}/{want}; moving on")
+                self._say(f"phase {phase.name}: no progress for {window:.0f}s at {done}/{want}; moving on")
                 return
             self._changed.clear()
             with contextlib.suppress(TimeoutError):

@@ -103,9 +103,9 @@ def test_a_scenario_rides_out_a_component_killed_mid_run(
 ) -> None:
     # Longer pods, so the kill lands while they run. A pod whose claims the kubelet
     # could not read while the API server was down is tried again at the kubelet's next
-    # sync, 60-90 s later, as a real kubelet does: the phase waits that long for it.
-    settings = ["--set", "phases.0.runSeconds=8", "--set", "phases.0.stallSeconds=120"]
-    proc = _run(small_cluster, tmp_path / "report", *settings)
+    # sync, 60-90 s later, as a real kubelet does: the runner waits that long for pods
+    # already on nodes (runner.KUBELET_RETRY_S) before it calls a phase stalled.
+    proc = _run(small_cluster, tmp_path / "report", "--set", "phases.0.runSeconds=8")
     wait_for(lambda: _running_pods(small_cluster), 120, "the run's first pods to run")
     os.kill(_pid(small_cluster, component), signal.SIGKILL)  # while they run
     _, stderr = proc.communicate(timeout=300)

@@ -48,6 +48,34 @@ def test_slow_startups_miss_the_slo() -> None:
     assert built["phases"][0]["slo_met"] is False and built["verdict"] == "FAIL"
 
 
+def test_pods_on_nodes_that_never_started_are_not_called_unschedulable() -> None:
+    """The scheduler did its part for a bound pod: if it never ran, its kubelet did not
+    start it (a prepare that met an API server restart waits for the kubelet's next
+    sync), and the report says so rather than blaming capacity."""
+    unbound = PodRecord(phase="fill", added=1.0)
+    bound = PodRecord(phase="fill", added=1.0, bound=1.2)
+    ran = PodRecord(phase="fill", added=1.0, bound=1.1, running=1.5)
+    assert runner.never_ran([unbound, bound, ran]) == (1, 1)
+    phase = PhaseResult("fill", jobs=3, pods_expected=3, started=0.0, ended=10.0, pods_running=1)
+    phase.unschedulable, phase.not_started = runner.never_ran([unbound, bound, ran])
+    data = RunData(spec.load("smoke"), "ns", 0.0, 0.0, ended=10.0)
+    data.phases.append(phase)
+    data.pods.update({"u": unbound, "b": bound, "r": ran})
+    built = report.build(data, LEAKS, {})
+    assert built["phases"][0]["pods_not_started"] == 1 and built["verdict"] == "FAIL"
+    assert "1 unschedulable, 1 on a node but never started" in "\n".join(report.summary_lines(built))
+    assert "| 1 (+1 on a node, never started) |" in report.markdown(built)
+
+
+def test_a_phase_waiting_only_for_pods_on_nodes_gives_their_kubelets_a_sync_before_it_stalls() -> None:
+    bound = PodRecord(phase="fill", added=1.0, bound=1.2)
+    unbound = PodRecord(phase="fill", added=1.0)
+    assert runner.stall_window(30.0, [bound]) == runner.KUBELET_RETRY_S > 90
+    assert runner.stall_window(30.0, [bound, unbound]) == 30.0, "an unschedulable pod: no capacity, stop at 30 s"
+    assert runner.stall_window(300.0, [bound]) == 300.0, "a longer window the scenario asked for stays"
+    assert runner.stall_window(30.0, []) == 30.0
+
+
 def test_the_leak_check_counts_only_what_the_run_created(tmp_path: Path) -> None:
     """A user's own pods on the fleet hold claims too: those are not the run's leaks."""
     ours, theirs, leaked = (str(uuid.uuid4()) for _ in range(3))
