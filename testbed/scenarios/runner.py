@@ -443,7 +443,9 @@ class Runner:
                 if self.progress is not None:
                     self.progress.update(f"phase {phase.name}: {done}/{want} pods {phase.wait}")
             now = time.monotonic()
-            waiting = [p for p in mine if (p.running if phase.wait == "running" else p.finished) is None]
+            waiting = [
+                p for p in mine if p.removed is None and (p.running if phase.wait == "running" else p.finished) is None
+            ]
             window = stall_window(phase.stall_seconds, waiting)
             if now - last_progress > window or now > deadline:
                 result.stalled = True
