@@ -40,8 +40,10 @@ from testbed.kubeletplugin.claims import ClaimReader
 from testbed.kubeletplugin.leftovers import prepared_state
 from testbed.kubeletplugin.slices import SliceWatcher
 from testbed.metrics_server import MetricsServer
+from testbed.realnode.kubelet_api import reference_lines
 from testbed.realnode.node import ProcessNode
 
+log = logging.getLogger(__name__)
 START_CONCURRENCY = 8
 """Nodes a host brings up at once; the fleet lowers it when there are many hosts."""
 
@@ -345,8 +347,21 @@ class NodeHost:
         return self.ready_count
 
     async def metrics_text(self) -> str:
-        """What this host's /metrics serves, for a run that cannot reach its port."""
-        return generate_latest(REGISTRY).decode()
+        """What this host's /metrics serves, for a run that cannot reach its port, and
+        its real-kubelet nodes' own DRA histograms (kubelet_api.reference_lines): the
+        reference a run's report sets the fake kubelets' figures beside."""
+        text = generate_latest(REGISTRY).decode()
+        real = [node for node in self.process_nodes.values() if node.kind == "real"]
+        if not real:
+            return text
+        answers = await asyncio.gather(*(node.kubelet_metrics() for node in real), return_exceptions=True)
+        lines = []
+        for node, answer in zip(real, answers, strict=True):
+            if isinstance(answer, BaseException):
+                log.warning("node %s: kubelet metrics not read: %s", node.name, answer)
+                continue
+            lines += reference_lines(node.name, answer)
+        return text + "".join(f"{line}\n" for line in lines)
 
     async def metrics_port(self) -> int:
         """Where this host's drivers and kubelets export their metrics (one registry)."""

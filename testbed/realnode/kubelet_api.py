@@ -142,3 +142,25 @@ def _body(node: str, answer: tuple[int, bytes]) -> str:
             hint="the credentials need `get` on nodes/metrics (the cluster admin's have it)",
         )
     return body.decode()
+
+
+REFERENCE_PREFIX = "real_kubelet:"
+"""Prefixed to a real kubelet's DRA series in its NodeHost's metrics: read beside the fake
+kubelets' figures, never summed with them (the real kubelet's buckets start at 0.1 s)."""
+REFERENCE_FAMILIES = ("dra_operations_duration_seconds", "dra_grpc_operations_duration_seconds")
+
+
+def reference_lines(node: str, text: str) -> list[str]:
+    """A real kubelet's DRA histogram samples from its /metrics text, renamed with
+    REFERENCE_PREFIX and labelled with its node (so nodes' series stay apart)."""
+    lines = []
+    for line in text.splitlines():
+        if not line.startswith(REFERENCE_FAMILIES):
+            continue
+        name, brace, rest = line.partition("{")
+        if brace:
+            lines.append(f'{REFERENCE_PREFIX}{name}{{node="{node}",{rest}')
+        else:
+            name, _, value = line.partition(" ")
+            lines.append(f'{REFERENCE_PREFIX}{name}{{node="{node}"}} {value}')
+    return lines

@@ -9,6 +9,7 @@ from typing import Any
 
 from testbed.report import bottleneck, breakdown
 from testbed.report.metrics import Scrape, quantile
+from testbed.report.reference import kubelet_reference, reference_lines_md
 from testbed.scenarios.runner import PhaseResult, RunData
 
 GRPC_PREFIX = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/"
@@ -156,6 +157,7 @@ def build(data: RunData, leaks: dict[str, int], cluster: dict[str, Any]) -> dict
     }
     metrics["deepest_queue"] = {"component": max(queues, key=lambda k: queues[k]), "max_depths": queues}
     metrics["fleet_partial"] = data.fleet_partial
+    metrics["kubelet_reference"] = kubelet_reference(fleet_after)
     prepared_now = fleet_after.value("dra_testbed_prepared_claims", {})
     leak_report = {**leaks, "claims_prepared_at_end": prepared_now}
     leak_report["ok"] = not any(leak_report.get(k) for k in ("checkpoint_entries", "cdi_specs", "unchecked"))
@@ -342,6 +344,7 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         _queue_line(m["deepest_queue"]),
         "",
+        *reference_lines_md(m.get("kubelet_reference")),
         "## Where the time went, per phase",
         "",
         *[line for phase in report["phases"] for line in phase_section(phase)],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -246,6 +247,12 @@ def test_a_real_kubelet_node_runs_its_kubelet_and_driver_under_their_own_identit
         command = [*cli, "run", "smoke", *where, "--output", str(tmp_path / "report")]
         run = subprocess.run(command, capture_output=True, text=True, timeout=300)
         assert run.returncode == 0, run.stderr[-2000:]
+        # The report carries the real kubelet's own figures, the reference for fake ones.
+        report = json.loads((tmp_path / "report" / "report.json").read_text())
+        reference = report["metrics"]["kubelet_reference"]
+        ran = sum(p["pods_running"] for p in report["phases"])
+        assert reference["real_nodes"] == 1 and reference["figures"]["PrepareResources"]["real"]["count"] >= ran
+        assert "real kubelet(s) of this run" in (tmp_path / "report" / "report.md").read_text()
 
         async def driver_pod_phase() -> str:
             client = KubeClient.from_kubeconfig(state.kubeconfig)
