@@ -53,6 +53,7 @@ handshake; 64 per host made handshakes a tenth of a starting NodeHost's CPU, and
 API server, not the connection count, is what limits a fleet's start."""
 
 CREDENTIALS_DIR = ".credentials"
+REAL_KUBELET_SCRAPE_S = 4.0
 
 
 def _ray_node() -> str:
@@ -354,7 +355,12 @@ class NodeHost:
         real = [node for node in self.process_nodes.values() if node.kind == "real"]
         if not real:
             return text
-        answers = await asyncio.gather(*(node.kubelet_metrics() for node in real), return_exceptions=True)
+        answers = await asyncio.gather(
+            # Well inside the 10 s a run gives a host's answer: one slow kubelet must not
+            # cost the run the whole host's figures.
+            *(asyncio.wait_for(node.kubelet_metrics(), REAL_KUBELET_SCRAPE_S) for node in real),
+            return_exceptions=True,
+        )
         lines = []
         for node, answer in zip(real, answers, strict=True):
             if isinstance(answer, BaseException):
