@@ -32,9 +32,9 @@ from testbed.kubelet.node import SYNTHETIC_TOLERATION, NodeSpec
 from testbed.progress import ConsoleProgress
 from testbed.realnode.node import KUBELET_KINDS, ProcessNode, unsupported_reason
 from testbed.report.metrics import Scrape
+from testbed.report.reference import FIGURES
 
 GPU = "gpu.dra-testbed.io"
-DRA_METHOD = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/"
 BATCH = 4
 
 
@@ -138,22 +138,12 @@ async def measure(state: cluster.ClusterState, root: Path, pods: int) -> None:
     print(f"real-kubelet node resident memory: {total / 2**20:.0f} MB ({parts})")
 
 
-KUBELET_FIGURES = (
-    ("PrepareResources", "dra_operations_duration_seconds", {"operation_name": "PrepareResources"}),
-    ("UnprepareResources", "dra_operations_duration_seconds", {"operation_name": "UnprepareResources"}),
-    *(
-        (call, "dra_grpc_operations_duration_seconds", {"method_name": DRA_METHOD + call})
-        for call in ("NodePrepareResources", "NodeUnprepareResources")
-    ),
-)
-
-
 def print_kubelet_figures(scrapes: dict[str, Scrape]) -> None:
     """Each kubelet's own histograms from its /metrics. The real kubelet's buckets start
     at 0.1 s, so only counts and means compare."""
     print("\nas each kubelet times them (its /metrics, whole run): count, mean ms")
     print(f"{'':24}" + "".join(f"{kind + ' kubelet':>24}" for kind in scrapes) + f"{'fake/real':>11}")
-    for label, name, match in KUBELET_FIGURES:
+    for label, name, match in FIGURES:
         means = {}
         cells = ""
         for kind, scrape in scrapes.items():
