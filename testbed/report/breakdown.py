@@ -80,7 +80,7 @@ def machine_cpu(stat: Path = Path("/proc/stat")) -> tuple[float, float] | None:
 def _cpu(start: Scrape, end: Scrape) -> float | None:
     if start.failed or end.failed or CPU not in end.samples:
         return None
-    counted, _ = increase(start, end)
+    counted, _, _ = increase(start, end)
     return round(counted.value(CPU, {}), 2)
 
 
@@ -123,7 +123,7 @@ def phase(start: Snapshot, end: Snapshot) -> dict[str, Any]:
         if before.failed or after.failed or not after.samples:
             partial.append(f"{component} not scraped ({before.failed or after.failed or 'no source'})")
             continue
-        counted[component], restarted = increase(before, after)
+        counted[component], restarted, _ = increase(before, after)
         if restarted:
             partial.append(f"{component} restarted during the phase: what it counted before is lost")
     fleet, fleet_partial = fleet_increase(start.nodehosts, end.nodehosts)

@@ -69,20 +69,42 @@ COUNTER_SUFFIXES = ("_total", "_bucket", "_count", "_sum")
 START_TIME = "process_start_time_seconds"
 
 
-def increase(start: Scrape, end: Scrape) -> tuple[Scrape, bool]:
+def _series(name: str, labels: Labels) -> tuple[str, Labels]:
+    """A histogram's buckets, sum and count are one series: they start from zero together."""
+    for suffix in ("_bucket", "_count", "_sum"):
+        if name.endswith(suffix):
+            return name.removesuffix(suffix), frozenset(kv for kv in labels if kv[0] != "le")
+    return name, labels
+
+
+def increase(start: Scrape, end: Scrape) -> tuple[Scrape, bool, set[str]]:
     """What one process counted between two scrapes: counters and histograms as
-    increases, gauges as they are at the end. True when the process restarted in between
-    (its start time changed): then it counted from zero, and the increase is what it
-    counted since."""
+    increases, gauges as they are at the end. Then whether the process restarted in
+    between (its start time changed: it counted from zero, and the increase is what it
+    counted since), and the series that started from zero again without it (a counter
+    that fell, as Prometheus's increase() reads one: a process whose figures it passes
+    on restarted, such as a NodeHost's real kubelet)."""
     restarted = start.value(START_TIME, {}) != end.value(START_TIME, {})
+    fell: set[tuple[str, Labels]] = set()
+    if not restarted:
+        for name, series in end.samples.items():
+            if name.endswith(COUNTER_SUFFIXES):
+                before = start.samples.get(name, {})
+                fell |= {_series(name, labels) for labels, value in series.items() if value < before.get(labels, 0.0)}
     result = Scrape()
     for name, series in end.samples.items():
         counter = name.endswith(COUNTER_SUFFIXES)
         target = result.samples.setdefault(name, {})
         for labels, value in series.items():
-            base = start.samples.get(name, {}).get(labels, 0.0) if counter and not restarted else 0.0
-            target[labels] = value - base
-    return result, restarted
+            counted_since_start = counter and not restarted and _series(name, labels) not in fell
+            target[labels] = value - (start.samples.get(name, {}).get(labels, 0.0) if counted_since_start else 0.0)
+    return result, restarted, {_named(name, labels) for name, labels in fell}
+
+
+def _named(name: str, labels: Labels) -> str:
+    """A series as a reader finds it: its name, and its node if it has one."""
+    node = dict(labels).get("node")
+    return f'{name}{{node="{node}"}}' if node else name
 
 
 def fleet_increase(before: list[Scrape], after: list[Scrape]) -> tuple[Scrape, str]:
@@ -97,9 +119,14 @@ def fleet_increase(before: list[Scrape], after: list[Scrape]) -> tuple[Scrape, s
         if end.failed or start.failed:
             reasons.append(f"NodeHost {index} not scraped ({end.failed or start.failed})")
             continue
-        counted, restarted = increase(start, end)
+        counted, restarted, reset = increase(start, end)
         if restarted:
             reasons.append(f"NodeHost {index} restarted during the run: what it counted before is lost")
+        elif reset:
+            reasons.append(
+                f"NodeHost {index}: {', '.join(sorted(reset))} started again from zero during the run "
+                "(a process it reports for restarted): what they counted before is lost"
+            )
         for name, series in counted.samples.items():
             target = total.samples.setdefault(name, {})
             for labels, value in series.items():

@@ -13,15 +13,20 @@ from typing import Any
 from testbed.realnode.kubelet_api import REFERENCE_PREFIX
 from testbed.report.metrics import Scrape
 
-GRPC = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/"
+DRA_V1_METHODS = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/"
+"""What a kubelet's gRPC metrics call the DRA v1 methods, less the method's own name."""
 FIGURES = (
     ("PrepareResources", "dra_operations_duration_seconds", {"operation_name": "PrepareResources"}),
     ("UnprepareResources", "dra_operations_duration_seconds", {"operation_name": "UnprepareResources"}),
-    ("NodePrepareResources", "dra_grpc_operations_duration_seconds", {"method_name": GRPC + "NodePrepareResources"}),
+    (
+        "NodePrepareResources",
+        "dra_grpc_operations_duration_seconds",
+        {"method_name": DRA_V1_METHODS + "NodePrepareResources"},
+    ),
     (
         "NodeUnprepareResources",
         "dra_grpc_operations_duration_seconds",
-        {"method_name": GRPC + "NodeUnprepareResources"},
+        {"method_name": DRA_V1_METHODS + "NodeUnprepareResources"},
     ),
 )
 

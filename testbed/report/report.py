@@ -9,10 +9,8 @@ from typing import Any
 
 from testbed.report import bottleneck, breakdown
 from testbed.report.metrics import Scrape, quantile
-from testbed.report.reference import kubelet_reference, reference_lines_md
+from testbed.report.reference import DRA_V1_METHODS, kubelet_reference, reference_lines_md
 from testbed.scenarios.runner import PhaseResult, RunData
-
-GRPC_PREFIX = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/"
 
 
 def _percentiles(values: list[float]) -> dict[str, float | int | None]:
@@ -136,13 +134,13 @@ def build(data: RunData, leaks: dict[str, int], cluster: dict[str, Any]) -> dict
                 data,
                 "fleet",
                 "dra_grpc_operations_duration_seconds",
-                {"method_name": GRPC_PREFIX + "NodePrepareResources"},
+                {"method_name": DRA_V1_METHODS + "NodePrepareResources"},
             ),
             "NodeUnprepareResources_p99_s": _p99(
                 data,
                 "fleet",
                 "dra_grpc_operations_duration_seconds",
-                {"method_name": GRPC_PREFIX + "NodeUnprepareResources"},
+                {"method_name": DRA_V1_METHODS + "NodeUnprepareResources"},
             ),
         },
         "testbed": {

@@ -62,3 +62,20 @@ def test_the_report_compares_fake_and_real_kubelets_by_count_and_mean_over_the_r
 def test_no_real_kubelet_no_reference() -> None:
     run, _ = fleet_increase([Scrape()], [Scrape.parse(fake_kubelets(3, 0.1))])
     assert kubelet_reference(run) is None and reference_lines_md(None) == []
+
+
+def test_a_real_kubelet_restarted_during_the_run_counts_from_zero_and_the_report_says_so() -> None:
+    """Its NodeHost did not restart, but the kubelet's histograms fell back to zero: what
+    it counted since is the run's share (as Prometheus's increase() reads a reset), never
+    a negative count, and the figures are marked partial, naming the node."""
+    start = Scrape.parse(fake_kubelets(10, 0.5) + "\n".join(reference_lines("real-0", REAL_KUBELET)) + "\n")
+    restarted = REAL_KUBELET.replace("} 2", "} 1").replace("0.06", "0.04")
+    steady = reference_lines("real-1", REAL_KUBELET)
+    end = Scrape.parse(fake_kubelets(14, 0.7) + "\n".join(reference_lines("real-0", restarted) + steady) + "\n")
+    run, partial = fleet_increase([start], [end])
+    reference = kubelet_reference(run)
+    assert reference is not None
+    assert reference["figures"]["PrepareResources"]["real"] == {"count": 3, "mean_s": round(0.1 / 3, 5)}
+    assert reference["figures"]["PrepareResources"]["fake"] == {"count": 4, "mean_s": 0.05}
+    assert 'real_kubelet:dra_operations_duration_seconds{node="real-0"}' in partial
+    assert "real-1" not in partial
