@@ -34,16 +34,43 @@ from testbed.progress import ConsoleProgress
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def processes_matching(fragment: str) -> list[int]:
+def processes_matching(fragment: str, within: int | None = None) -> list[int]:
+    """Processes whose command line holds ``fragment``; with ``within``, only that
+    process and its descendants (this benchmark's Ray, not another one on the machine)."""
+    scope = descendants(within) if within is not None else None
     found = []
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
+        if entry.name.isdigit() and (scope is None or int(entry.name) in scope):
             try:
                 if fragment in (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
                     found.append(int(entry.name))
             except OSError:
                 continue
     return found
+
+
+def descendants(root: int) -> set[int]:
+    """``root``, the processes it started, theirs, and so on."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    found, pending = set(), [root]
+    while pending:
+        pid = pending.pop()
+        found.add(pid)
+        pending += children.get(pid, [])
+    return found
+
+
+def ray_head_pid(state: cluster.ClusterState) -> int:
+    """The `ray start` process of the Ray this benchmark started: every Ray process of
+    its own (NodeHosts included) descends from it."""
+    return next(r.pid for r in state.processes if r.name == "ray")
 
 
 def rss_mb(pids: list[int]) -> float:
@@ -122,9 +149,10 @@ def main() -> int:
             return 1
         elapsed = time.monotonic() - started
         cpu = {name: cpu_seconds(pid) - cpu_before.get(name, 0.0) for name, pid in components.items()}
-        hosts = processes_matching("ray::NodeHost")
+        head = ray_head_pid(state)
+        hosts = processes_matching("ray::NodeHost", head)
         cpu["NodeHosts"] = sum(cpu_seconds(pid) for pid in hosts)  # they began with the fleet
-        drivers_pids = processes_matching("testbed.drivers.main")
+        drivers_pids = processes_matching("testbed.drivers.main")  # may outlive their NodeHost: not under Ray
         if drivers_pids:
             cpu["external drivers"] = sum(cpu_seconds(pid) for pid in drivers_pids)
         hosts_rss = rss_mb(hosts)
@@ -133,8 +161,8 @@ def main() -> int:
             for _ in fleet.hosts
         ]
         ray.get([e.metrics_port.remote() for e in empty])  # wait until they exist
-        empty_rss = rss_mb(processes_matching("ray::NodeHost")) - hosts_rss
-        ray_base = rss_mb(processes_matching("ray")) - hosts_rss - empty_rss
+        empty_rss = rss_mb(processes_matching("ray::NodeHost", head)) - hosts_rss
+        ray_base = rss_mb(processes_matching("ray", head)) - hosts_rss - empty_rss
         per_node = (hosts_rss - empty_rss) / args.nodes
         print(
             f"\nfleet benchmark: {args.nodes} x {args.profile}, {len(fleet.hosts)} NodeHosts "

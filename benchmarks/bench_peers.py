@@ -1,10 +1,10 @@
 """KWOK and the testbed side by side on one control plane: what emulating a node costs.
 
     python benchmarks/bench_peers.py [--nodes 500] [--pods 200] [--qps 20] [--idle-seconds 30]
-                                     [--reports DIR]
+                                     [--runs 3] [--reports DIR]
 
-``--reports DIR`` keeps each side's full run report (DIR/kwok, DIR/testbed): the per-phase
-breakdown says where the time went when a ratio is off.
+``--reports DIR`` keeps each side's full run report (DIR/run<N>/kwok, DIR/run<N>/testbed):
+the per-phase breakdown says where the time went when a ratio is off.
 
 KWOK (sigs.k8s.io/kwok, built from the Go module proxy once and cached) runs nodes that go
 Ready and keep a Lease, and pods that run once bound (benchmarks/kwok/config.yaml). Each
@@ -12,8 +12,10 @@ KWOK node gets the 8-GPU ResourceSlice the testbed's gpu8 profile publishes, wri
 this script, as a fake GPU operator does: KWOK calls no driver, so its pods' claims are
 allocated and never prepared. Then the testbed starts as many gpu8 synthetic nodes, and
 both run the same workload: pods without a claim, then pods with a GPU claim, at a rate.
-KWOK first, then the testbed, one round each; the control plane is the same process for
-both, so its warm-up favours the second.
+Each run starts both sides afresh (the testbed with a Ray of its own), the first side
+alternating from run to run: the control plane is the same process for both, and its
+warm-up favours whichever comes second. With more than one run, each ratio is taken within
+a run and the median of those printed.
 """
 
 from __future__ import annotations
@@ -22,14 +24,16 @@ import argparse
 import asyncio
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from bench_fleet import cpu_seconds, processes_matching
+from bench_fleet import cpu_seconds, descendants, processes_matching, ray_head_pid
 
 from fake_devices.hardware import build_inventory
 from testbed.config import ControlPlaneConfig, cache_root
@@ -37,6 +41,7 @@ from testbed.controlplane import cluster
 from testbed.drivers import KINDS, load_profile
 from testbed.environment import install_device_classes, start_fleet
 from testbed.errors import TestbedError
+from testbed.fleet import raycluster
 from testbed.fleet.spec import DEFAULT_NODES_PER_HOST, single_pool
 from testbed.keys import PROFILE_LABEL, SLICE_NODE_LABEL, SYNTHETIC
 from testbed.kubeapi import KubeClient, path_for
@@ -49,6 +54,7 @@ KWOK_VERSION = "v0.8.0"
 KWOK_CONFIG = Path(__file__).with_name("kwok") / "config.yaml"
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 GPU = "gpu.dra-testbed.io"
+T = TypeVar("T")
 
 
 def kwok_binary() -> Path:
@@ -159,31 +165,16 @@ def idle_cpu(pids: list[int], seconds: float) -> float:
     return (sum(cpu_seconds(p) for p in pids) - before) / seconds
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--nodes", type=int, default=500)
-    parser.add_argument("--pods", type=int, default=200)
-    parser.add_argument("--qps", type=float, default=20.0)
-    parser.add_argument("--idle-seconds", type=float, default=30.0)
-    parser.add_argument("--nodes-per-host", type=int, default=DEFAULT_NODES_PER_HOST)
-    parser.add_argument("--reports", type=Path, help="keep each side's run report under this directory")
-    args = parser.parse_args()
-    kwok = kwok_binary()
-    scratch = Path(tempfile.mkdtemp(prefix="tbp-"))
-    config = ControlPlaneConfig.from_env(name="bench-peers", state_dir=scratch / "c")
-    state = cluster.up(config)
-    figures: dict[str, dict[str, Any]] = {}
-    kwok_process = None
-    try:
-        install_device_classes(state.kubeconfig)
-        components = {r.name: r.pid for r in state.processes}
-        scenario = workload(args.pods, args.qps)
-
-        # --- KWOK ---
-        log = open(scratch / "kwok.log", "wb")  # noqa: SIM115 - the child writes to it until stopped
+def kwok_side(
+    state: cluster.ClusterState, args: argparse.Namespace, scenario: spec.Scenario, keep: Path | None
+) -> dict[str, Any]:
+    """KWOK started, its nodes made Ready with slices (timed), idle, the workload; then its
+    nodes deleted and KWOK stopped, leaving the control plane as it found it."""
+    components = {r.name: r.pid for r in state.processes}
+    with open(state.root / "kwok.log", "ab") as log:
         kwok_process = subprocess.Popen(
             [
-                str(kwok),
+                str(kwok_binary()),
                 f"--kubeconfig={state.kubeconfig}",
                 f"--config={KWOK_CONFIG}",
                 "--manage-all-nodes=false",
@@ -194,51 +185,86 @@ def main() -> int:
             stdout=log,
             stderr=subprocess.STDOUT,
         )
+    try:
         before = {n: cpu_seconds(p) for n, p in components.items()} | {"emulation": cpu_seconds(kwok_process.pid)}
-
-        async def up() -> float:
-            client = KubeClient.from_kubeconfig(state.kubeconfig)
-            try:
-                return await kwok_nodes_up(client, args.nodes)
-            finally:
-                await client.close()
-
-        ready_s = asyncio.run(up())
+        ready_s = asyncio.run(_with_client(state, lambda client: kwok_nodes_up(client, args.nodes)))
         start_cpu = {n: cpu_seconds(p) - before[n] for n, p in components.items()}
         start_cpu["emulation"] = cpu_seconds(kwok_process.pid) - before["emulation"]
         idle = idle_cpu([kwok_process.pid], args.idle_seconds)
-        report = run_workload(state, scenario, None, args.reports and args.reports / "kwok")
-        figures["KWOK"] = {"ready_s": ready_s, "idle_cores": idle, "start_cpu": start_cpu, "report": report}
-
-        async def down() -> None:
-            client = KubeClient.from_kubeconfig(state.kubeconfig)
-            try:
-                await kwok_nodes_down(client)
-            finally:
-                await client.close()
-
-        asyncio.run(down())
+        report = run_workload(state, scenario, None, keep)
+        asyncio.run(_with_client(state, kwok_nodes_down))
+    finally:
         kwok_process.terminate()
         kwok_process.wait(timeout=30)
-        kwok_process = None
+    return {"ready_s": ready_s, "idle_cores": idle, "start_cpu": start_cpu, "report": report}
 
-        # --- the testbed ---
-        before = {n: cpu_seconds(p) for n, p in components.items()}
-        started = time.monotonic()
-        fleet = start_fleet(state, single_pool(args.nodes, "gpu8", args.nodes_per_host), ConsoleProgress())
+
+def testbed_side(
+    state: cluster.ClusterState, args: argparse.Namespace, scenario: spec.Scenario, keep: Path | None
+) -> dict[str, Any]:
+    """Ray and the fleet started, its nodes Ready with slices (timed, Ray's start
+    included), idle, the workload; then the nodes removed and Ray stopped."""
+    components = {r.name: r.pid for r in state.processes}
+    before = {n: cpu_seconds(p) for n, p in components.items()}
+    started = time.monotonic()
+    fleet = start_fleet(state, single_pool(args.nodes, "gpu8", args.nodes_per_host), ConsoleProgress())
+    try:
         ready_s = time.monotonic() - started
         start_cpu = {n: cpu_seconds(p) - before[n] for n, p in components.items()}
-        hosts = processes_matching("ray::NodeHost")
-        start_cpu["emulation"] = sum(cpu_seconds(p) for p in hosts)
-        emulation = (
-            hosts + processes_matching("/ray/") + processes_matching("raylet") + processes_matching("gcs_server")
-        )
-        idle = idle_cpu(sorted(set(emulation)), args.idle_seconds)
-        report = run_workload(state, scenario, fleet.metrics_texts, args.reports and args.reports / "testbed")
-        figures["testbed"] = {"ready_s": ready_s, "idle_cores": idle, "start_cpu": start_cpu, "report": report}
+        head = ray_head_pid(state)
+        start_cpu["emulation"] = sum(cpu_seconds(p) for p in processes_matching("ray::NodeHost", head))
+        idle = idle_cpu(sorted(descendants(head)), args.idle_seconds)  # the NodeHosts and Ray itself
+        report = run_workload(state, scenario, fleet.metrics_texts, keep)
     finally:
-        if kwok_process is not None:
-            kwok_process.terminate()
+        fleet.stop(remove_nodes=True)
+        raycluster.disconnect()
+        for record in [r for r in state.processes if r.name == "ray"]:
+            raycluster.stop_head(record, state.root)
+            state.processes.remove(record)
+        state.fleet = None
+        state.save()
+    return {"ready_s": ready_s, "idle_cores": idle, "start_cpu": start_cpu, "report": report}
+
+
+async def _with_client(state: cluster.ClusterState, work: Callable[[KubeClient], Awaitable[T]]) -> T:
+    client = KubeClient.from_kubeconfig(state.kubeconfig)
+    try:
+        return await work(client)
+    finally:
+        await client.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, default=500)
+    parser.add_argument("--pods", type=int, default=200)
+    parser.add_argument("--qps", type=float, default=20.0)
+    parser.add_argument("--idle-seconds", type=float, default=30.0)
+    parser.add_argument("--nodes-per-host", type=int, default=DEFAULT_NODES_PER_HOST)
+    parser.add_argument("--runs", type=int, default=3, help="runs of both sides, the first side alternating")
+    parser.add_argument("--reports", type=Path, help="keep each side's run report under this directory")
+    args = parser.parse_args()
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
+    kwok_binary()  # built before anything starts
+    scratch = Path(tempfile.mkdtemp(prefix="tbp-"))
+    config = ControlPlaneConfig.from_env(name="bench-peers", state_dir=scratch / "c")
+    state = cluster.up(config)
+    runs: list[dict[str, dict[str, Any]]] = []
+    try:
+        install_device_classes(state.kubeconfig)
+        scenario = workload(args.pods, args.qps)
+        sides = {"KWOK": kwok_side, "testbed": testbed_side}
+        for index in range(args.runs):
+            order = list(sides) if index % 2 == 0 else list(reversed(sides))
+            print(f"run {index + 1} of {args.runs}: {order[0]} first", flush=True)
+            figures = {}
+            for name in order:
+                keep = args.reports / f"run{index + 1}" / name.lower() if args.reports else None
+                figures[name] = sides[name](state, args, scenario, keep)
+            runs.append(figures)
+            print_run(args, figures)
+    finally:
         import ray
 
         if ray.is_initialized():
@@ -247,50 +273,61 @@ def main() -> int:
 
         environment.down(config)
         shutil.rmtree(scratch, ignore_errors=True)
-    print_table(args, figures)
+    if len(runs) > 1:
+        print_medians(args, runs)
     return 0
 
 
-def print_table(args: argparse.Namespace, figures: dict[str, dict[str, Any]]) -> None:
-    kwok, bed = figures["KWOK"], figures["testbed"]
+Row = tuple[str, float | None, float | None, str]
+"""measure, KWOK, testbed, target (testbed/KWOK)."""
 
+
+def rows(args: argparse.Namespace, kwok: dict[str, Any], bed: dict[str, Any]) -> list[Row]:
     def phase(side: dict[str, Any], name: str) -> dict[str, Any]:
         return next(p for p in side["report"]["phases"] if p["name"] == name)
 
-    rows: list[tuple[str, float | None, float | None, bool, str]] = [
-        (f"{args.nodes} gpu8 nodes Ready with slices, s", kwok["ready_s"], bed["ready_s"], True, "<= 1.3x"),
+    table: list[Row] = [
+        (f"{args.nodes} gpu8 nodes Ready with slices, s", kwok["ready_s"], bed["ready_s"], "<= 1.3x"),
         (
             "idle emulation CPU per 100 nodes, cores",
             kwok["idle_cores"] * 100 / args.nodes,
             bed["idle_cores"] * 100 / args.nodes,
-            True,
             "<= 2x",
         ),
-    ]  # (measure, KWOK, testbed, higher is worse, target)
+    ]
     for name, target in (("no-claim", "<= 1.1x"), ("gpu-claim", "<= 1.2x")):
         first, second = phase(kwok, name), phase(bed, name)
-        rows += [
-            (
-                f"{name}: startup p50, s",
-                first["pod_startup_s"]["p50"],
-                second["pod_startup_s"]["p50"],
-                True,
-                target,
-            ),
-            (f"{name}: startup p99, s", first["pod_startup_s"]["p99"], second["pod_startup_s"]["p99"], True, ""),
-            (f"{name}: pods/s", first["pods_per_s"], second["pods_per_s"], False, ">= 0.9x"),
+        table += [
+            (f"{name}: startup p50, s", first["pod_startup_s"]["p50"], second["pod_startup_s"]["p50"], target),
+            (f"{name}: startup p99, s", first["pod_startup_s"]["p99"], second["pod_startup_s"]["p99"], ""),
+            (f"{name}: pods/s", first["pods_per_s"], second["pods_per_s"], ">= 0.9x"),
         ]
-    print(
-        f"\npeers benchmark: {args.nodes} nodes, {args.pods} pods per phase at {args.qps:g}/s, {os.cpu_count()} cores"
-    )
+    return table
+
+
+def _ratio(kwok: float | None, bed: float | None) -> float | None:
+    return bed / kwok if kwok and bed else None
+
+
+def _shown(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4g}"
+
+
+def print_rows(title: str, table: list[tuple[str, float | None, float | None, float | None, str]]) -> None:
+    print(f"\n{title}")
     print(f"  {'measure':<44}{'KWOK':>10}{'testbed':>10}{'ratio':>8}  target (testbed/KWOK)")
+    for label, kwok, bed, ratio, target in table:
+        shown_ratio = "n/a" if ratio is None else f"{ratio:.2f}x"
+        print(f"  {label:<44}{_shown(kwok):>10}{_shown(bed):>10}{shown_ratio:>8}  {target}")
 
-    def shown(value: float | None) -> str:
-        return "n/a" if value is None else f"{value:.4g}"
 
-    for label, first, second, _, target in rows:
-        ratio = f"{second / first:.2f}x" if first and second else "n/a"
-        print(f"  {label:<44}{shown(first):>10}{shown(second):>10}{ratio:>8}  {target}")
+def print_run(args: argparse.Namespace, figures: dict[str, dict[str, Any]]) -> None:
+    measured = rows(args, figures["KWOK"], figures["testbed"])
+    table = [(label, kwok, bed, _ratio(kwok, bed), target) for label, kwok, bed, target in measured]
+    print_rows(
+        f"peers benchmark: {args.nodes} nodes, {args.pods} pods per phase at {args.qps:g}/s, {os.cpu_count()} cores",
+        table,
+    )
     for side_name, side in figures.items():
         cpu = ", ".join(f"{n} {s:.1f}" for n, s in sorted(side["start_cpu"].items(), key=lambda kv: -kv[1]))
         print(f"  {side_name} start-up CPU-seconds: {cpu}")
@@ -298,6 +335,30 @@ def print_table(args: argparse.Namespace, figures: dict[str, dict[str, Any]]) ->
             spent = p.get("breakdown", {}).get("cpu_seconds", {})
             listed = ", ".join(f"{n} {s:g}" for n, s in spent.items() if s is not None)
             print(f"  {side_name} {p['name']} CPU-seconds: {listed}")
+
+
+def print_medians(args: argparse.Namespace, runs: list[dict[str, dict[str, Any]]]) -> None:
+    """Each ratio is taken within a run (both sides met the same moment of the machine),
+    then the median over the runs; the figures beside it are each side's medians."""
+    tables = [rows(args, figures["KWOK"], figures["testbed"]) for figures in runs]
+
+    def median(values: list[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return statistics.median(known) if known else None
+
+    table = []
+    for position, (label, _, _, target) in enumerate(tables[0]):
+        column = [t[position] for t in tables]
+        table.append(
+            (
+                label,
+                median([r[1] for r in column]),
+                median([r[2] for r in column]),
+                median([_ratio(r[1], r[2]) for r in column]),
+                target,
+            )
+        )
+    print_rows(f"medians of {len(runs)} runs (ratios within each run, then their median):", table)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ component, and no machine-wide `ray stop` is ever needed.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import logging
 import os
 import secrets
@@ -116,7 +117,7 @@ def start_head(cluster_root: Path, log_path: Path, num_cpus: int | None = None) 
     ports = {"AUTOSCALER_METRIC_PORT": str(autoscaler_metrics), "DASHBOARD_METRIC_PORT": str(dashboard_metrics)}
     env = {**auth_env(cluster_root), **LOOPBACK_ENV, **ports, **QUIET_ENV}
     _, record = processes.start("ray", command, log_path, cwd=cluster_root, env=env)
-    address = f"127.0.0.1:{port}"
+    importlib.import_module("ray")  # a second of imports `connect` needs, done while the head starts
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if not record.alive():
@@ -127,8 +128,8 @@ def start_head(cluster_root: Path, log_path: Path, num_cpus: int | None = None) 
         with socket.socket() as sock:
             sock.settimeout(0.5)
             if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return record, address
-        time.sleep(0.1)
+                return record, f"127.0.0.1:{port}"
+        time.sleep(0.05)
     raise TestbedError("ray did not start within 60 s", detail=processes.log_tail(log_path))
 
 
@@ -172,6 +173,7 @@ def connect(address: str, cluster_name: str, cluster_root: Path | None = None) -
         from ray._private import ray_constants
 
         ray_constants.ENABLE_RAY_CLUSTER = False
+        _wait_for_a_raylet(address)
         ray.init(address=address, **options)
         return
     # A Ray cluster the user runs: a refusal shows only as a line a second on stderr from
@@ -195,6 +197,24 @@ def connect(address: str, cluster_name: str, cluster_root: Path | None = None) -
         finally:
             os.dup2(saved, 2)
             os.close(saved)
+
+
+def _wait_for_a_raylet(address: str, timeout_s: float = 60.0) -> None:
+    """Until the head's raylet has joined its GCS. Ray's `init` waits for that too, but
+    looks once a second: a second of every `up` (a head's raylet joins soon after the
+    GCS listens). Past the timeout, `init` says what is wrong in its own words."""
+    from ray._raylet import GcsClient  # type: ignore[attr-defined]
+    from ray.core.generated.gcs_pb2 import GcsNodeInfo  # type: ignore[attr-defined]
+
+    client = GcsClient(address=address)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if client.get_all_node_info(timeout=5, state_filter=GcsNodeInfo.GcsNodeState.ALIVE):
+                return
+        except Exception:  # not answering yet: init says so in its words if that lasts
+            pass
+        time.sleep(0.05)
 
 
 _replaced_environment: dict[str, str | None] = {}
