@@ -48,6 +48,7 @@ from testbed.kubeapi import KubeClient, path_for
 from testbed.kubeletplugin.slices import desired_slices, slice_object
 from testbed.progress import ConsoleProgress
 from testbed.report import report as reporting
+from testbed.report.metrics import Scrape
 from testbed.scenarios import runner, spec
 
 KWOK_VERSION = "v0.8.0"
@@ -104,6 +105,11 @@ async def _ready_nodes(client: KubeClient, selector: str) -> int:
     )
 
 
+KWOK_SELECTOR = f"{PROFILE_LABEL}=kwok-gpu8"
+SETTLE_S = 300.0
+"""How long KWOK's nodes get to become Ready, or to be gone: beyond it, something broke."""
+
+
 async def kwok_nodes_up(client: KubeClient, count: int) -> float:
     """Nodes KWOK makes Ready, each with a gpu8 slice; seconds until all are Ready."""
     names = [f"kwok-{i:04d}" for i in range(count)]
@@ -116,15 +122,31 @@ async def kwok_nodes_up(client: KubeClient, count: int) -> float:
         specs = desired_slices(GPU, name, devices, pools, [])
         slices += [slice_object(GPU, name, s, 1, len(specs)) for s in specs]
     await _bounded([client.create(path_for("resource.k8s.io/v1", "resourceslices"), s) for s in slices])
-    while await _ready_nodes(client, f"{PROFILE_LABEL}=kwok-gpu8") < count:
+    while (ready := await _ready_nodes(client, KWOK_SELECTOR)) < count:
+        if time.monotonic() - started > SETTLE_S:
+            raise TestbedError(f"KWOK made {ready} of {count} nodes Ready in {SETTLE_S:.0f} s", hint="see kwok.log")
         await asyncio.sleep(0.5)
     return time.monotonic() - started
 
 
 async def kwok_nodes_down(client: KubeClient) -> None:
-    slices = path_for("resource.k8s.io/v1", "resourceslices")
-    await client.request("DELETE", slices, params={"labelSelector": SLICE_NODE_LABEL})
-    await client.request("DELETE", path_for("v1", "nodes"), params={"labelSelector": f"{PROFILE_LABEL}=kwok-gpu8"})
+    """KWOK's nodes, their slices and Leases deleted, and waited for: the next run
+    creates nodes of the same names, which a Node or Lease left behind would spoil."""
+    nodes, slices = path_for("v1", "nodes"), path_for("resource.k8s.io/v1", "resourceslices")
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        await client.request("DELETE", slices, params={"labelSelector": SLICE_NODE_LABEL})
+        await client.request("DELETE", nodes, params={"labelSelector": KWOK_SELECTOR})
+        left = (await client.get(nodes, {"labelSelector": KWOK_SELECTOR}))["items"]
+        if not left:
+            break
+        if time.monotonic() > deadline:
+            raise TestbedError(f"{len(left)} KWOK nodes still there {SETTLE_S:.0f} s after their deletion")
+        await asyncio.sleep(1.0)
+    leases = path_for("coordination.k8s.io/v1", "leases", namespace="kube-node-lease")
+    for lease in (await client.get(leases))["items"]:
+        if lease["metadata"]["name"].startswith("kwok-"):
+            await client.delete_if_exists(f"{leases}/{lease['metadata']['name']}")
 
 
 def workload(pods: int, qps: float) -> spec.Scenario:
@@ -186,17 +208,25 @@ def kwok_side(
             stderr=subprocess.STDOUT,
         )
     try:
+        requests = api_requests(state)
         before = {n: cpu_seconds(p) for n, p in components.items()} | {"emulation": cpu_seconds(kwok_process.pid)}
         ready_s = asyncio.run(_with_client(state, lambda client: kwok_nodes_up(client, args.nodes)))
         start_cpu = {n: cpu_seconds(p) - before[n] for n, p in components.items()}
         start_cpu["emulation"] = cpu_seconds(kwok_process.pid) - before["emulation"]
+        start_requests = per_node(requests, api_requests(state), args.nodes)
         idle = idle_cpu([kwok_process.pid], args.idle_seconds)
         report = run_workload(state, scenario, None, keep)
         asyncio.run(_with_client(state, kwok_nodes_down))
     finally:
         kwok_process.terminate()
         kwok_process.wait(timeout=30)
-    return {"ready_s": ready_s, "idle_cores": idle, "start_cpu": start_cpu, "report": report}
+    return {
+        "ready_s": ready_s,
+        "idle_cores": idle,
+        "start_cpu": start_cpu,
+        "start_requests": start_requests,
+        "report": report,
+    }
 
 
 def testbed_side(
@@ -205,12 +235,14 @@ def testbed_side(
     """Ray and the fleet started, its nodes Ready with slices (timed, Ray's start
     included), idle, the workload; then the nodes removed and Ray stopped."""
     components = {r.name: r.pid for r in state.processes}
+    requests = api_requests(state)
     before = {n: cpu_seconds(p) for n, p in components.items()}
     started = time.monotonic()
     fleet = start_fleet(state, single_pool(args.nodes, "gpu8", args.nodes_per_host), ConsoleProgress())
     try:
         ready_s = time.monotonic() - started
         start_cpu = {n: cpu_seconds(p) - before[n] for n, p in components.items()}
+        start_requests = per_node(requests, api_requests(state), args.nodes)
         head = ray_head_pid(state)
         start_cpu["emulation"] = sum(cpu_seconds(p) for p in processes_matching("ray::NodeHost", head))
         idle = idle_cpu(sorted(descendants(head)), args.idle_seconds)  # the NodeHosts and Ray itself
@@ -223,7 +255,37 @@ def testbed_side(
             state.processes.remove(record)
         state.fleet = None
         state.save()
-    return {"ready_s": ready_s, "idle_cores": idle, "start_cpu": start_cpu, "report": report}
+    return {
+        "ready_s": ready_s,
+        "idle_cores": idle,
+        "start_cpu": start_cpu,
+        "start_requests": start_requests,
+        "report": report,
+    }
+
+
+REQUESTS = "apiserver_request_total"
+
+
+def api_requests(state: cluster.ClusterState) -> dict[str, float]:
+    """The API server's requests so far, by verb and resource ("POST nodes"); every
+    client's, this benchmark's own reads included."""
+
+    async def read(client: KubeClient) -> str:
+        return await client.get_text("/metrics")
+
+    scrape = Scrape.parse(asyncio.run(_with_client(state, read)), (REQUESTS,))
+    counts: dict[str, float] = {}
+    for labels, value in scrape.samples.get(REQUESTS, {}).items():
+        named = dict(labels)
+        resource = "/".join(filter(None, (named.get("resource", ""), named.get("subresource", ""))))
+        key = f"{named.get('verb', '?')} {resource or named.get('component', '?')}"
+        counts[key] = counts.get(key, 0.0) + value
+    return counts
+
+
+def per_node(before: dict[str, float], after: dict[str, float], nodes: int) -> dict[str, float]:
+    return {key: (value - before.get(key, 0.0)) / nodes for key, value in after.items() if value > before.get(key, 0.0)}
 
 
 async def _with_client(state: cluster.ClusterState, work: Callable[[KubeClient], Awaitable[T]]) -> T:
@@ -331,6 +393,9 @@ def print_run(args: argparse.Namespace, figures: dict[str, dict[str, Any]]) -> N
     for side_name, side in figures.items():
         cpu = ", ".join(f"{n} {s:.1f}" for n, s in sorted(side["start_cpu"].items(), key=lambda kv: -kv[1]))
         print(f"  {side_name} start-up CPU-seconds: {cpu}")
+        asked = sorted(side["start_requests"].items(), key=lambda kv: -kv[1])
+        shown = ", ".join(f"{key} {count:.2f}" for key, count in asked if count >= 0.05)
+        print(f"  {side_name} start-up API requests per node: {shown}")
         for p in side["report"]["phases"]:
             spent = p.get("breakdown", {}).get("cpu_seconds", {})
             listed = ", ".join(f"{n} {s:g}" for n, s in spent.items() if s is not None)

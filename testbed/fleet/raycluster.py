@@ -199,10 +199,11 @@ def connect(address: str, cluster_name: str, cluster_root: Path | None = None) -
             os.close(saved)
 
 
-def _wait_for_a_raylet(address: str, timeout_s: float = 60.0) -> None:
-    """Until the head's raylet has joined its GCS. Ray's `init` waits for that too, but
-    looks once a second: a second of every `up` (a head's raylet joins soon after the
-    GCS listens). Past the timeout, `init` says what is wrong in its own words."""
+def _wait_for_a_raylet(address: str, timeout_s: float = 20.0) -> None:
+    """Until the head's raylet has joined its GCS (at once for a Ray that runs already).
+    Ray's `init` waits for that too, but looks once a second: a second of every `up`,
+    where the raylet joins a few seconds after the GCS listens. Past the timeout, `init`
+    goes on waiting, and says what is wrong in its own words."""
     from ray._raylet import GcsClient  # type: ignore[attr-defined]
     from ray.core.generated.gcs_pb2 import GcsNodeInfo  # type: ignore[attr-defined]
 
