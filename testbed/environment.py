@@ -8,6 +8,7 @@ The fleet's NodeHost actors are detached and live in a Ray head that the cluster
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import shutil
 from collections.abc import Awaitable, Callable
@@ -82,17 +83,20 @@ def check_real_kubelets(fleet: FleetFile, progress: Progress) -> None:
 
 
 def start_fleet(state: cluster.ClusterState, spec: FleetFile, progress: Progress) -> Fleet:
-    if spec.ray.address:
-        address = spec.ray.address
-        raycluster.check_reachable(address)
-        progress.step(f"joining the Ray cluster at {address}")
-    else:
-        with progress.task("starting Ray on 127.0.0.1"):
+    joined = spec.ray.address
+    if joined:
+        raycluster.check_reachable(joined)
+        progress.step(f"joining the Ray cluster at {joined}")
+    # Framed until this process is in Ray: most of Ray's start comes after its head listens.
+    with contextlib.nullcontext() if joined else progress.task("starting Ray on 127.0.0.1"):
+        if joined:
+            address = joined
+        else:
             record, address = raycluster.start_head(state.root, state.layout.log("ray"))
-        state.processes.insert(0, record)
-    fleet_record = state.fleet = cluster.FleetRecord(spec.model_dump(mode="json", by_alias=True), address)
-    state.save()
-    raycluster.connect(address, state.name, None if spec.ray.address else state.root)
+            state.processes.insert(0, record)
+        fleet_record = state.fleet = cluster.FleetRecord(spec.model_dump(mode="json", by_alias=True), address)
+        state.save()
+        raycluster.connect(address, state.name, None if joined else state.root)
     nodes = config.nodes_dir(state.root)
     fleet_record.nodes_dir = str(nodes)
     state.save()
