@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -187,9 +188,23 @@ def idle_cpu(pids: list[int], seconds: float) -> float:
     return (sum(cpu_seconds(p) for p in pids) - before) / seconds
 
 
+@dataclass(frozen=True)
+class SideFigures:
+    """One side's figures from one run."""
+
+    ready_s: float
+    idle_cores: float
+    start_cpu: dict[str, float]
+    """CPU-seconds per component over the start."""
+    start_requests: dict[str, float]
+    """API requests per node over the start, by verb and resource."""
+    report: dict[str, Any]
+    """The workload's run report."""
+
+
 def kwok_side(
     state: cluster.ClusterState, args: argparse.Namespace, scenario: spec.Scenario, keep: Path | None
-) -> dict[str, Any]:
+) -> SideFigures:
     """KWOK started, its nodes made Ready with slices (timed), idle, the workload; then its
     nodes deleted and KWOK stopped, leaving the control plane as it found it."""
     components = {r.name: r.pid for r in state.processes}
@@ -220,18 +235,12 @@ def kwok_side(
     finally:
         kwok_process.terminate()
         kwok_process.wait(timeout=30)
-    return {
-        "ready_s": ready_s,
-        "idle_cores": idle,
-        "start_cpu": start_cpu,
-        "start_requests": start_requests,
-        "report": report,
-    }
+    return SideFigures(ready_s, idle, start_cpu, start_requests, report)
 
 
 def testbed_side(
     state: cluster.ClusterState, args: argparse.Namespace, scenario: spec.Scenario, keep: Path | None
-) -> dict[str, Any]:
+) -> SideFigures:
     """Ray and the fleet started, its nodes Ready with slices (timed, Ray's start
     included), idle, the workload; then the nodes removed and Ray stopped."""
     components = {r.name: r.pid for r in state.processes}
@@ -255,13 +264,7 @@ def testbed_side(
             state.processes.remove(record)
         state.fleet = None
         state.save()
-    return {
-        "ready_s": ready_s,
-        "idle_cores": idle,
-        "start_cpu": start_cpu,
-        "start_requests": start_requests,
-        "report": report,
-    }
+    return SideFigures(ready_s, idle, start_cpu, start_requests, report)
 
 
 REQUESTS = "apiserver_request_total"
@@ -312,7 +315,7 @@ def main() -> int:
     scratch = Path(tempfile.mkdtemp(prefix="tbp-"))
     config = ControlPlaneConfig.from_env(name="bench-peers", state_dir=scratch / "c")
     state = cluster.up(config)
-    runs: list[dict[str, dict[str, Any]]] = []
+    runs: list[dict[str, SideFigures]] = []
     try:
         install_device_classes(state.kubeconfig)
         scenario = workload(args.pods, args.qps)
@@ -344,16 +347,16 @@ Row = tuple[str, float | None, float | None, str]
 """measure, KWOK, testbed, target (testbed/KWOK)."""
 
 
-def rows(args: argparse.Namespace, kwok: dict[str, Any], bed: dict[str, Any]) -> list[Row]:
-    def phase(side: dict[str, Any], name: str) -> dict[str, Any]:
-        return next(p for p in side["report"]["phases"] if p["name"] == name)
+def rows(args: argparse.Namespace, kwok: SideFigures, bed: SideFigures) -> list[Row]:
+    def phase(side: SideFigures, name: str) -> dict[str, Any]:
+        return next(p for p in side.report["phases"] if p["name"] == name)
 
     table: list[Row] = [
-        (f"{args.nodes} gpu8 nodes Ready with slices, s", kwok["ready_s"], bed["ready_s"], "<= 1.3x"),
+        (f"{args.nodes} gpu8 nodes Ready with slices, s", kwok.ready_s, bed.ready_s, "<= 1.3x"),
         (
             "idle emulation CPU per 100 nodes, cores",
-            kwok["idle_cores"] * 100 / args.nodes,
-            bed["idle_cores"] * 100 / args.nodes,
+            kwok.idle_cores * 100 / args.nodes,
+            bed.idle_cores * 100 / args.nodes,
             "<= 2x",
         ),
     ]
@@ -383,7 +386,7 @@ def print_rows(title: str, table: list[tuple[str, float | None, float | None, fl
         print(f"  {label:<44}{_shown(kwok):>10}{_shown(bed):>10}{shown_ratio:>8}  {target}")
 
 
-def print_run(args: argparse.Namespace, figures: dict[str, dict[str, Any]]) -> None:
+def print_run(args: argparse.Namespace, figures: dict[str, SideFigures]) -> None:
     measured = rows(args, figures["KWOK"], figures["testbed"])
     table = [(label, kwok, bed, _ratio(kwok, bed), target) for label, kwok, bed, target in measured]
     print_rows(
@@ -391,18 +394,18 @@ def print_run(args: argparse.Namespace, figures: dict[str, dict[str, Any]]) -> N
         table,
     )
     for side_name, side in figures.items():
-        cpu = ", ".join(f"{n} {s:.1f}" for n, s in sorted(side["start_cpu"].items(), key=lambda kv: -kv[1]))
+        cpu = ", ".join(f"{n} {s:.1f}" for n, s in sorted(side.start_cpu.items(), key=lambda kv: -kv[1]))
         print(f"  {side_name} start-up CPU-seconds: {cpu}")
-        asked = sorted(side["start_requests"].items(), key=lambda kv: -kv[1])
+        asked = sorted(side.start_requests.items(), key=lambda kv: -kv[1])
         shown = ", ".join(f"{key} {count:.2f}" for key, count in asked if count >= 0.05)
         print(f"  {side_name} start-up API requests per node: {shown}")
-        for p in side["report"]["phases"]:
+        for p in side.report["phases"]:
             spent = p.get("breakdown", {}).get("cpu_seconds", {})
             listed = ", ".join(f"{n} {s:g}" for n, s in spent.items() if s is not None)
             print(f"  {side_name} {p['name']} CPU-seconds: {listed}")
 
 
-def print_medians(args: argparse.Namespace, runs: list[dict[str, dict[str, Any]]]) -> None:
+def print_medians(args: argparse.Namespace, runs: list[dict[str, SideFigures]]) -> None:
     """Each ratio is taken within a run (both sides met the same moment of the machine),
     then the median over the runs; the figures beside it are each side's medians."""
     tables = [rows(args, figures["KWOK"], figures["testbed"]) for figures in runs]
