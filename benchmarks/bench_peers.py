@@ -166,15 +166,7 @@ def run_workload(
     state: cluster.ClusterState, scenario: spec.Scenario, nodehosts: runner.NodeHostMetrics | None, keep: Path | None
 ) -> dict[str, Any]:
     endpoints = runner.Endpoints.local(state.ports, nodehosts)
-
-    async def go() -> runner.RunData:
-        client = KubeClient.from_kubeconfig(state.kubeconfig)
-        try:
-            return await runner.Runner(client, scenario, endpoints).run()
-        finally:
-            await client.close()
-
-    data = asyncio.run(go())
+    data = asyncio.run(_with_client(state, lambda client: runner.Runner(client, scenario, endpoints).run()))
     report = reporting.build(data, {"checkpoint_entries": 0, "cdi_specs": 0}, {})
     if keep is not None:
         print(f"  report: {reporting.write(report, data, keep)}")

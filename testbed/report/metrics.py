@@ -96,7 +96,7 @@ def increase(start: Scrape, end: Scrape) -> tuple[Scrape, bool, set[str]]:
         counter = name.endswith(COUNTER_SUFFIXES)
         target = result.samples.setdefault(name, {})
         for labels, value in series.items():
-            counted_since_start = counter and not restarted and _series(name, labels) not in fell
+            counted_since_start = counter and not restarted and (not fell or _series(name, labels) not in fell)
             target[labels] = value - (start.samples.get(name, {}).get(labels, 0.0) if counted_since_start else 0.0)
     return result, restarted, {_named(name, labels) for name, labels in fell}
 
