@@ -19,7 +19,7 @@ import random
 import ssl
 import sys
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -238,6 +238,9 @@ class WatchPosition:
     """How far a watch has got: the resourceVersion of its last list, event or bookmark."""
 
     resource_version: str = ""
+    synced: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once the watch has listed (or went on from a version it was given): every
+    change after that reaches its consumer as an event, none only as a later list."""
 
 
 class KubeClient:
@@ -432,6 +435,8 @@ class KubeClient:
         listing_params = {"resourceVersion": "0", **base}
         position = position if position is not None else WatchPosition()
         resource_version = position.resource_version
+        if resource_version:
+            position.synced.set()
         known: dict[str, Obj] = {}  # by UID: what a consumer has been told exists
         watch_headers = {"Accept": METADATA_ONLY} if metadata_only else {}
         while True:
@@ -451,6 +456,7 @@ class KubeClient:
                         known[uid] = item
                         yield "ADDED", item
                     resource_version = position.resource_version = listing["metadata"]["resourceVersion"]
+                    position.synced.set()
                 query = dict(
                     base,
                     watch="1",

@@ -157,6 +157,7 @@ class DriverPlugin:
         }
 
     async def _publish_loop(self) -> None:
+        await self.slice_watcher.wait_synced()
         generation = 0
         while True:
             try:

@@ -160,8 +160,12 @@ class SlicePublisher:
         self.owner = owner
         """An ownerReference (the Node), so slices go when the node goes."""
         self.writes = 0
+        self._prefix = f"{node}-{driver.split('.')[0]}-"
+        """Every slice this publisher writes is named so (``desired_slices``)."""
         self._known: dict[str, Obj] | None = None
         """The slices as this publisher last wrote them; None: ask the API server."""
+        self._rechecks = 0
+        """Counts ``recheck``: a list answered while it grew may already be out of date."""
         self._listed_at = 0.0
         self._writing: set[str] = set()
         self.disturbed = asyncio.Event()
@@ -171,11 +175,18 @@ class SlicePublisher:
     def observe(self, kind: str, metadata: Obj) -> None:
         """A slice event from a watch (metadata only). A slice of ours deleted, or at a
         resourceVersion this publisher did not write, means: look again and republish."""
-        if self._known is None:
-            return
         name = metadata.get("name", "")
+        if not name.startswith(self._prefix):
+            return  # another driver's slice on this node
+        if self._known is None or name in self._writing:
+            # A list or a write of it is under way, and its answer may predate this
+            # event: a kubelet that wipes the node's slices while the driver creates
+            # them must not leave the driver believing they exist.
+            if kind == "DELETED":
+                self.recheck()
+            return
         ours = self._known.get(name)
-        if ours is None or name in self._writing:
+        if ours is None:
             return
         if kind == "DELETED" or metadata.get("resourceVersion") != ours["metadata"].get("resourceVersion"):
             self.recheck()
@@ -183,6 +194,7 @@ class SlicePublisher:
     def recheck(self) -> None:
         """Forget what was written and wake the publish loop."""
         self._known = None
+        self._rechecks += 1
         self.disturbed.set()
 
     def assume_none_exist(self) -> None:
@@ -216,10 +228,14 @@ class SlicePublisher:
     async def _publish(self, specs: list[SliceSpec]) -> bool:
         # Now and then look again, in case someone else deleted or changed a slice; the
         # interval is spread so a fleet's nodes do not all list at once.
-        if self._known is None or time.monotonic() - self._listed_at > RELIST_S * random.uniform(0.5, 1.0):
-            self._known = {s["metadata"]["name"]: s for s in await self.existing()}
-            self._listed_at = time.monotonic()
         current = self._known
+        if current is None or time.monotonic() - self._listed_at > RELIST_S * random.uniform(0.5, 1.0):
+            rechecks = self._rechecks
+            current = {s["metadata"]["name"]: s for s in await self.existing()}
+            self._listed_at = time.monotonic()
+            # Kept only if nothing was deleted meanwhile; otherwise the loop, woken by
+            # the recheck, lists again.
+            self._known = current if rechecks == self._rechecks else None
         count = len(specs)
         generation = max((s["spec"]["pool"]["generation"] for s in current.values()), default=0)
         desired = {s.name: slice_object(self.driver, self.node, s, generation, count) for s in specs}
@@ -313,6 +329,11 @@ class SliceWatcher:
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="slice-watch")
+
+    async def wait_synced(self) -> None:
+        """Until the watch has listed: a slice written before then and deleted before its
+        list would reach no publisher, which would go on believing the slice exists."""
+        await self._position.synced.wait()
 
     async def stop(self) -> None:
         await cancel_and_wait(self._task)

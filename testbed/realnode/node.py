@@ -234,7 +234,12 @@ class ProcessNode:
                         hint=f"its log is {self.log(name)}",
                     )
             if time.monotonic() > deadline:
-                raise TestbedError(f"node {self.name} not ready within {timeout_s:.0f}s: {problem}")
+                drivers = sorted(name for name in self.processes if name.startswith("driver"))
+                raise TestbedError(
+                    f"node {self.name} not ready within {timeout_s:.0f}s: {problem}",
+                    detail="\n".join(f"--- {name}:\n{self.log_tail(name)}" for name in ("kubelet", *drivers)),
+                    hint=f"the logs are in {self.root / 'logs'}",
+                )
             await asyncio.sleep(0.5)
 
     async def _not_ready(self, client: KubeClient) -> str:

@@ -178,3 +178,89 @@ def test_a_host_watches_the_slices_of_its_own_nodes_across_a_change_of_them(cont
             await client.close()
 
     asyncio.run(scenario())
+
+
+def test_a_slice_deleted_while_the_publisher_writes_or_lists_is_published_again(
+    control_plane: ClusterState, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A starting kubelet wipes its node's slices once, at a moment of its own: the
+    deletion may land while the driver is creating them, or while it lists them. The
+    publisher must not go on believing in slices that are gone (a node whose driver
+    never published again was how this showed, once in a CI run)."""
+    node = "publish-node-race"
+    hardware = NodeHardware(node, load_profile("tiny"))
+
+    def specs():  # type: ignore[no-untyped-def]
+        return desired_slices(GPU, node, *KINDS[GPU].select(hardware.devices(), hardware.pools()), hardware.health())
+
+    class Spy(SlicePublisher):
+        def __init__(self, client: KubeClient) -> None:
+            super().__init__(client, GPU, node)
+            self.deleted: list[str] = []
+
+        def observe(self, kind: str, metadata: dict[str, object]) -> None:
+            if kind == "DELETED":
+                self.deleted.append(str(metadata["name"]))
+            super().observe(kind, metadata)
+
+    async def scenario() -> None:
+        client = KubeClient.from_kubeconfig(control_plane.kubeconfig)
+        publisher = Spy(client)
+        watcher = SliceWatcher.for_node(client, node, GPU)
+        watcher.add(publisher)
+        watcher.start()
+
+        async def wipe(name: str) -> None:
+            """Delete a slice as a kubelet would, and wait until the publisher has heard."""
+            publisher.deleted.clear()
+            await client.delete_if_exists(f"/apis/resource.k8s.io/v1/resourceslices/{name}")
+            async with asyncio.timeout(30):
+                while name not in publisher.deleted:
+                    await asyncio.sleep(0.02)
+
+        async def published() -> set[str]:
+            return {s["metadata"]["name"] for s in await publisher.existing(consistent=True)}
+
+        wanted = {s.name for s in specs()}
+        try:
+            async with asyncio.timeout(30):
+                await watcher.wait_synced()
+
+            # 1. deleted between the API server's answer to the create and its arrival
+            real_create = client.create
+
+            async def create_then_lose_it(path: str, obj: dict[str, object], **kwargs: object) -> dict[str, object]:
+                written = await real_create(path, obj, **kwargs)  # type: ignore[arg-type]
+                await wipe(str(written["metadata"]["name"]))  # type: ignore[index]
+                return written
+
+            monkeypatch.setattr(client, "create", create_then_lose_it)
+            publisher.assume_none_exist()
+            assert await publisher.publish(specs())
+            monkeypatch.setattr(client, "create", real_create)
+            assert publisher.disturbed.is_set(), "the loop is woken"
+            assert await publisher.publish(specs()), "the lost slices are written again"
+            assert await published() == wanted
+
+            # 2. deleted after the list was answered, before the publisher read the answer
+            real_existing = publisher.existing
+
+            async def list_then_lose_one(consistent: bool = False) -> list[dict[str, object]]:
+                answer = await real_existing(consistent)
+                await wipe(str(answer[0]["metadata"]["name"]))
+                return answer
+
+            publisher.recheck()
+            publisher.disturbed.clear()
+            monkeypatch.setattr(publisher, "existing", list_then_lose_one)
+            assert not await publisher.publish(specs()), "by the stale list nothing is missing"
+            monkeypatch.setattr(publisher, "existing", real_existing)
+            assert publisher.disturbed.is_set()
+            assert await publisher.publish(specs()), "the next call lists again and writes"
+            assert await published() == wanted
+        finally:
+            await watcher.stop()
+            await publisher.remove_all()
+            await client.close()
+
+    asyncio.run(scenario())
