@@ -190,6 +190,8 @@ class SideFigures:
     """CPU-seconds per component over the start."""
     start_requests: dict[str, float]
     """API requests per node over the start, by verb and resource."""
+    workload_requests: dict[str, float]
+    """API requests per pod over the workload (both phases), by verb and resource."""
     report: dict[str, Any]
     """The workload's run report."""
 
@@ -222,12 +224,14 @@ def kwok_side(
         start_cpu["emulation"] = cpu_seconds(kwok_process.pid) - before["emulation"]
         start_requests = per_node(requests, api_requests(state), args.nodes)
         idle = idle_cpu([kwok_process.pid], args.idle_seconds)
+        requests = api_requests(state)
         report = run_workload(state, scenario, None, keep)
+        workload_requests = per_node(requests, api_requests(state), pods_run(scenario))
         asyncio.run(_with_client(state, kwok_nodes_down))
     finally:
         kwok_process.terminate()
         kwok_process.wait(timeout=30)
-    return SideFigures(ready_s, idle, start_cpu, start_requests, report)
+    return SideFigures(ready_s, idle, start_cpu, start_requests, workload_requests, report)
 
 
 def testbed_side(
@@ -247,7 +251,9 @@ def testbed_side(
         head = ray_head_pid(state)
         start_cpu["emulation"] = sum(cpu_seconds(p) for p in processes_matching("ray::NodeHost", head))
         idle = idle_cpu(sorted(descendants(head)), args.idle_seconds)  # the NodeHosts and Ray itself
+        requests = api_requests(state)
         report = run_workload(state, scenario, fleet.metrics_texts, keep)
+        workload_requests = per_node(requests, api_requests(state), pods_run(scenario))
     finally:
         fleet.stop(remove_nodes=True)
         raycluster.disconnect()
@@ -256,7 +262,7 @@ def testbed_side(
             state.processes.remove(record)
         state.fleet = None
         state.save()
-    return SideFigures(ready_s, idle, start_cpu, start_requests, report)
+    return SideFigures(ready_s, idle, start_cpu, start_requests, workload_requests, report)
 
 
 REQUESTS = "apiserver_request_total"
@@ -280,7 +286,12 @@ def api_requests(state: cluster.ClusterState) -> dict[str, float]:
 
 
 def per_node(before: dict[str, float], after: dict[str, float], nodes: int) -> dict[str, float]:
+    """Requests between two readings, per node (or per pod: any divisor)."""
     return {key: (value - before.get(key, 0.0)) / nodes for key, value in after.items() if value > before.get(key, 0.0)}
+
+
+def pods_run(scenario: spec.Scenario) -> int:
+    return sum(phase.jobs or 0 for phase in scenario.phases)
 
 
 async def _with_client(state: cluster.ClusterState, work: Callable[[KubeClient], Awaitable[T]]) -> T:
@@ -388,9 +399,13 @@ def print_run(args: argparse.Namespace, figures: dict[str, SideFigures]) -> None
     for side_name, side in figures.items():
         cpu = ", ".join(f"{n} {s:.1f}" for n, s in sorted(side.start_cpu.items(), key=lambda kv: -kv[1]))
         print(f"  {side_name} start-up CPU-seconds: {cpu}")
-        asked = sorted(side.start_requests.items(), key=lambda kv: -kv[1])
-        shown = ", ".join(f"{key} {count:.2f}" for key, count in asked if count >= 0.05)
-        print(f"  {side_name} start-up API requests per node: {shown}")
+        for what, requests in (
+            ("start-up API requests per node", side.start_requests),
+            ("workload API requests per pod", side.workload_requests),
+        ):
+            asked = sorted(requests.items(), key=lambda kv: -kv[1])
+            shown = ", ".join(f"{key} {count:.2f}" for key, count in asked if count >= 0.05)
+            print(f"  {side_name} {what}: {shown}")
         for p in side.report["phases"]:
             spent = p.get("breakdown", {}).get("cpu_seconds", {})
             listed = ", ".join(f"{n} {s:g}" for n, s in spent.items() if s is not None)
