@@ -55,21 +55,47 @@ def up(
         check_real_kubelets(fleet, progress)
     if fleet is not None and fleet.ray.address:
         raycluster.check_reachable(fleet.ray.address)  # before anything starts, not after
+    ray_head: list[raycluster.StartingHead] = []
     if external_kubeconfig is not None:
         state = cluster.attach(config, external_kubeconfig, progress)
         progress.step(f"using the cluster of {external_kubeconfig}; no control plane started")
     else:
-        state = cluster.up(config, progress, binaries)
+        own_ray = fleet is not None and not fleet.ray.address
+        state = _start_control_plane(config, progress, binaries, ray_head if own_ray else None)
     state.settings = config.tunables()
     state.save()
     try:
         names = install_device_classes(state.kubeconfig)
         progress.step(f"DeviceClasses: {', '.join(names)}")
         if fleet is not None:  # even with empty pools: `testbed scale` fills them later
-            start_fleet(state, fleet, progress)
+            start_fleet(state, fleet, progress, ray_head[0] if ray_head else None)
         return state
     except BaseException:
         down(config)
+        raise
+
+
+def _start_control_plane(
+    config: ControlPlaneConfig,
+    progress: Progress,
+    binaries: Binaries | None,
+    ray_head: list[raycluster.StartingHead] | None,
+) -> cluster.ClusterState:
+    """The control plane; with ``ray_head`` (a list to put it in), the fleet's Ray head
+    launched while etcd and the API server start: each takes about 3 s, mostly waiting."""
+    if ray_head is None:
+        return cluster.up(config, progress, binaries)
+
+    def launch_ray(state: cluster.ClusterState) -> None:
+        head = raycluster.launch_head(state.root, state.layout.log("ray"))
+        state.processes.insert(0, head.record)
+        ray_head.append(head)
+
+    try:
+        return cluster.up(config, progress, binaries, alongside=launch_ray)
+    except BaseException:
+        for head in ray_head:  # stopped with the control plane; its temp dir is left to us
+            raycluster.remove_temp_dir(head.cluster_root)
         raise
 
 
@@ -82,7 +108,10 @@ def check_real_kubelets(fleet: FleetFile, progress: Progress) -> None:
     ensure_node_binaries(progress)
 
 
-def start_fleet(state: cluster.ClusterState, spec: FleetFile, progress: Progress) -> Fleet:
+def start_fleet(
+    state: cluster.ClusterState, spec: FleetFile, progress: Progress, head: raycluster.StartingHead | None = None
+) -> Fleet:
+    """``head``: the cluster's Ray head, already launched (and recorded in ``state``)."""
     joined = spec.ray.address
     if joined:
         raycluster.check_reachable(joined)
@@ -91,6 +120,8 @@ def start_fleet(state: cluster.ClusterState, spec: FleetFile, progress: Progress
     with contextlib.nullcontext() if joined else progress.task("starting Ray on 127.0.0.1"):
         if joined:
             address = joined
+        elif head is not None:
+            address = head.wait()
         else:
             record, address = raycluster.start_head(state.root, state.layout.log("ray"))
             state.processes.insert(0, record)

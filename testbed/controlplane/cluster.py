@@ -389,9 +389,12 @@ def up(
     config: ControlPlaneConfig,
     progress: Progress | None = None,
     binaries: Binaries | None = None,
+    alongside: Callable[[ClusterState], None] | None = None,
 ) -> ClusterState:
     """Start etcd, kube-apiserver, kube-controller-manager and kube-scheduler; wait for
-    all four to be healthy and the default service account to exist."""
+    all four to be healthy and the default service account to exist. ``alongside``:
+    launches more while etcd and the API server start (the fleet's Ray head); what it
+    adds to ``state.processes`` is stopped if the start fails."""
     progress = progress or SilentProgress()
     t0 = time.monotonic()
     root = _prepare_directory(config, progress)
@@ -421,6 +424,9 @@ def up(
 
         launch("etcd", components.etcd_command(binaries, layout, ports, config))
         launch("kube-apiserver", components.apiserver_command(binaries, layout, ports, config))
+        if alongside is not None:
+            alongside(state)
+            state.save()
         with progress.task("starting etcd and kube-apiserver"):
             _wait_healthy(state, running, ["etcd", "kube-apiserver"], deadline, progress)
         t_apiserver = time.monotonic()

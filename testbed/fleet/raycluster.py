@@ -17,6 +17,7 @@ import socket
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +69,40 @@ HEAD_LABEL = "dra-testbed.io/ray-head"
 """A Ray node label of the head the testbed starts: a pool's placement.labels can name it."""
 
 
+@dataclass
+class StartingHead:
+    """A Ray head launched and not yet waited for: ``testbed up`` launches it beside the
+    control plane, whose start takes as long as Ray's, and waits for both."""
+
+    record: ProcessRecord
+    port: int
+    log_path: Path
+    cluster_root: Path
+
+    def wait(self, timeout_s: float = 60.0) -> str:
+        """The head's address once its GCS listens."""
+        importlib.import_module("ray")  # a second of imports `connect` needs, done while the head starts
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not self.record.alive():
+                raise TestbedError(
+                    "ray exited during start-up",
+                    detail=f"last lines of {self.log_path}:\n{processes.log_tail(self.log_path)}",
+                )
+            with socket.socket() as sock:
+                sock.settimeout(0.5)
+                if sock.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return f"127.0.0.1:{self.port}"
+            time.sleep(0.05)
+        raise TestbedError(f"ray did not start within {timeout_s:.0f} s", detail=processes.log_tail(self.log_path))
+
+
 def start_head(cluster_root: Path, log_path: Path, num_cpus: int | None = None) -> tuple[ProcessRecord, str]:
+    head = launch_head(cluster_root, log_path, num_cpus)
+    return head.record, head.wait()
+
+
+def launch_head(cluster_root: Path, log_path: Path, num_cpus: int | None = None) -> StartingHead:
     ray = shutil.which("ray", path=str(Path(sys.executable).parent)) or shutil.which("ray")
     if ray is None:
         raise TestbedError("the `ray` command is not installed", hint="run `make install`")
@@ -117,20 +151,7 @@ def start_head(cluster_root: Path, log_path: Path, num_cpus: int | None = None) 
     ports = {"AUTOSCALER_METRIC_PORT": str(autoscaler_metrics), "DASHBOARD_METRIC_PORT": str(dashboard_metrics)}
     env = {**auth_env(cluster_root), **LOOPBACK_ENV, **ports, **QUIET_ENV}
     _, record = processes.start("ray", command, log_path, cwd=cluster_root, env=env)
-    importlib.import_module("ray")  # a second of imports `connect` needs, done while the head starts
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if not record.alive():
-            raise TestbedError(
-                "ray exited during start-up",
-                detail=f"last lines of {log_path}:\n{processes.log_tail(log_path)}",
-            )
-        with socket.socket() as sock:
-            sock.settimeout(0.5)
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return record, f"127.0.0.1:{port}"
-        time.sleep(0.05)
-    raise TestbedError("ray did not start within 60 s", detail=processes.log_tail(log_path))
+    return StartingHead(record, port, log_path, cluster_root)
 
 
 def check_reachable(address: str, timeout_s: float = 5.0) -> None:

@@ -11,10 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from testbed import environment
 from testbed.config import ControlPlaneConfig
 from testbed.controlplane import cluster, processes
 from testbed.controlplane.binaries import Binaries
 from testbed.errors import TestbedError
+from testbed.fleet import raycluster
+from testbed.fleet.spec import FleetFile
 from testbed.progress import SilentProgress
 from testbed.testing import wait_for
 
@@ -86,6 +89,34 @@ def test_component_dying_at_start_up_shows_its_log(kube_binaries: Binaries, tmp_
     assert cluster.ClusterState.load(config.cluster_dir) is None
     for line in (logs / "etcd.log").read_text().splitlines()[:1]:
         assert line  # the log stays for the post-mortem
+
+
+def test_a_control_plane_that_fails_to_start_takes_the_ray_head_launched_beside_it(
+    kube_binaries: Binaries, tmp_path: Path
+) -> None:
+    """`testbed up` with a fleet launches its Ray head while the API server starts; when
+    the API server never comes up, that head goes too, with its temp dir."""
+    config = ControlPlaneConfig(
+        name="dying-ray", state_dir=tmp_path / "c", extra_feature_gates={"NoSuchGateAnywhere": True}
+    )
+    fleet = FleetFile.model_validate({"pools": [{"name": "p", "count": 1, "profile": "tiny"}]})
+    temp_dir = raycluster.ray_temp_dir(config.cluster_dir).parent
+
+    def ray_processes() -> list[int]:
+        found = []
+        for entry in Path("/proc").iterdir():
+            try:
+                if entry.name.isdigit() and str(temp_dir).encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue  # gone meanwhile
+        return found
+
+    with pytest.raises(cluster.ComponentFailed, match="kube-apiserver exited during start-up"):
+        environment.up(config, fleet, SilentProgress(), binaries=kube_binaries)
+    assert (config.cluster_dir / "logs" / "ray.log").exists(), "Ray was launched beside the control plane"
+    wait_for(lambda: not ray_processes(), 30, "the Ray head and its processes to be gone")
+    assert not temp_dir.exists()
 
 
 def _cli(*args: str, env: dict[str, str], timeout: float = 180) -> subprocess.CompletedProcess[str]:
