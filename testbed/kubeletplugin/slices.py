@@ -96,9 +96,9 @@ def desired_slices(
         for p in pools
         if p.name in used_pools
     ]
-    prefix = f"{node}-{driver.split('.')[0]}"
+    prefix = slice_name_prefix(driver, node)
     specs = [
-        SliceSpec(f"{prefix}-counters-{i}", shared_counters=tuple(chunk))
+        SliceSpec(f"{prefix}counters-{i}", shared_counters=tuple(chunk))
         for i, chunk in enumerate(_chunks(counter_sets, MAX_COUNTER_SETS))
     ]
     plain = [e for e in entries if "consumesCounters" not in e and "taints" not in e]
@@ -107,10 +107,15 @@ def desired_slices(
     groups = list(_chunks(plain, min(most, MAX_DEVICES))) + list(
         _chunks(limited, min(most, MAX_DEVICES_WITH_TAINTS_OR_COUNTERS))
     )
-    specs += [SliceSpec(f"{prefix}-{i}", devices=tuple(group)) for i, group in enumerate(groups)]
+    specs += [SliceSpec(f"{prefix}{i}", devices=tuple(group)) for i, group in enumerate(groups)]
     if not specs:  # an empty pool is still published, so the scheduler knows it is empty
-        specs.append(SliceSpec(f"{prefix}-0"))
+        specs.append(SliceSpec(f"{prefix}0"))
     return specs
+
+
+def slice_name_prefix(driver: str, node: str) -> str:
+    """How the names of a driver's slices on a node begin."""
+    return f"{node}-{driver.split('.')[0]}-"
 
 
 def slice_object(driver: str, node: str, spec: SliceSpec, generation: int, count: int) -> Obj:
@@ -160,8 +165,7 @@ class SlicePublisher:
         self.owner = owner
         """An ownerReference (the Node), so slices go when the node goes."""
         self.writes = 0
-        self._prefix = f"{node}-{driver.split('.')[0]}-"
-        """Every slice this publisher writes is named so (``desired_slices``)."""
+        self._prefix = slice_name_prefix(driver, node)
         self._known: dict[str, Obj] | None = None
         """The slices as this publisher last wrote them; None: ask the API server."""
         self._rechecks = 0
