@@ -36,6 +36,7 @@ from testbed.fleet.membership import Membership, NodeRecipe, in_ray
 from testbed.fleet.synthetic_node import SyntheticNode
 from testbed.fleet.tlsmemory import small_tls_read_buffers
 from testbed.kubeapi import KubeClient
+from testbed.kubelet.node import NodeWatcher
 from testbed.kubeletplugin.claims import ClaimReader
 from testbed.kubeletplugin.leftovers import prepared_state
 from testbed.kubeletplugin.slices import SliceWatcher
@@ -121,6 +122,7 @@ class NodeHost:
         """Shared by every node's drivers: their tokens ride on the same TLS connections."""
         self.claims: ClaimReader | None = None
         self.slice_watcher: SliceWatcher | None = None
+        self.node_watcher: NodeWatcher | None = None
         self.metrics = MetricsServer()
         self.loop_watch = LoopWatch()
         self._restart: asyncio.Task[list[str]] | None = None
@@ -170,6 +172,13 @@ class NodeHost:
         await node.stop()
         await self._close_clients(node.name)
 
+    async def _watch_own_nodes(self) -> None:
+        """Point the host's watches at its synthetic nodes (a real-kubelet node's kubelet
+        and driver watch their own)."""
+        for watcher in (self.slice_watcher, self.node_watcher):
+            if watcher is not None:
+                await watcher.watch_nodes(self.nodes)
+
     async def start(self, ready_timeout_s: float = 300.0, concurrency: int = START_CONCURRENCY) -> list[str]:
         self.client = KubeClient.from_kubeconfig(self.kubeconfig, HOST_CONNECTIONS)
         # Each kubelet's pod watch holds a connection; under shared credentials they come
@@ -180,6 +189,8 @@ class NodeHost:
         self.claims = ClaimReader(self.client)
         self.slice_watcher = SliceWatcher.for_host(self.client)
         self.slice_watcher.start()
+        self.node_watcher = NodeWatcher.for_host(self.client)
+        self.node_watcher.start()
         self.loop_watch.start()
         await self.add_nodes(list(self.recipes.values()), ready_timeout_s, concurrency)
         await self.metrics.start()
@@ -217,6 +228,7 @@ class NodeHost:
                 labels=recipe.labels,
                 taints=recipe.taints,
                 slice_watcher=self.slice_watcher,
+                node_watcher=self.node_watcher,
                 driver_client=driver_client,
                 bind_drivers=bind_drivers,
                 devices_per_slice=recipe.devices_per_slice,
@@ -229,8 +241,7 @@ class NodeHost:
             self.nodes[recipe.name] = node
             fresh.append(node)
         self._remember()
-        assert self.slice_watcher is not None
-        await self.slice_watcher.watch_nodes(self.nodes)  # a real-kubelet node's driver watches its own
+        await self._watch_own_nodes()
         # Bounded: a burst of every node at once makes etcd time out, and retries waste more.
         gate = asyncio.Semaphore(concurrency)
 
@@ -325,8 +336,7 @@ class NodeHost:
 
         results = await asyncio.gather(*(retire(name) for name in names))
         heap.release()
-        if self.slice_watcher is not None:
-            await self.slice_watcher.watch_nodes(self.nodes)  # a real-kubelet node's driver watches its own
+        await self._watch_own_nodes()
         return [asdict(r) for r in results]
 
     async def forget(self) -> None:
@@ -381,8 +391,9 @@ class NodeHost:
         await asyncio.gather(*(node.stop() for node in self.process_nodes.values()), return_exceptions=True)
         for name in list(self.node_clients):
             await self._close_clients(name)
-        if self.slice_watcher is not None:
-            await self.slice_watcher.stop()
+        for watcher in (self.slice_watcher, self.node_watcher):
+            if watcher is not None:
+                await watcher.stop()
         if self.client is not None:
             await self.client.close()
         if self.watch_client is not None:

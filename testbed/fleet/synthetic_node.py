@@ -23,7 +23,7 @@ from testbed.fleet.external import ExternalDriver, ExternalDriverSpec, ShortPath
 from testbed.keys import PROFILE_LABEL
 from testbed.kubeapi import KubeClient
 from testbed.kubelet.kubelet import FakeKubelet
-from testbed.kubelet.node import LeaseFence, NodeSpec
+from testbed.kubelet.node import LeaseFence, NodeSpec, NodeWatcher
 from testbed.kubeletplugin.claims import ClaimReader
 from testbed.kubeletplugin.prepare import DriverPaths
 from testbed.kubeletplugin.slices import SliceWatcher
@@ -58,6 +58,7 @@ class SyntheticNode:
         labels: Mapping[str, str] | None = None,
         taints: list[dict[str, str]] | None = None,
         slice_watcher: SliceWatcher | None = None,
+        node_watcher: NodeWatcher | None = None,
         driver_client: KubeClient | None = None,
         bind_drivers: Callable[[], Awaitable[None]] | None = None,
         devices_per_slice: int | None = None,
@@ -74,7 +75,8 @@ class SyntheticNode:
         gives the drivers their node-bound credentials). ``drivers``: the built-in
         drivers to run (default: those the profile's hardware needs); ``external``:
         drivers run from a command, which ``driver_credentials`` gives a kubeconfig and a
-        pod UID (default: ``client``'s).
+        pod UID (default: ``client``'s). ``slice_watcher``, ``node_watcher``: the host's
+        watches of its nodes' slices and Nodes (default: each of this node's own).
         ``fence``: the node is one of a fleet's, which one NodeHost at a time serves."""
         self.name = name
         self.bind_drivers = bind_drivers
@@ -94,6 +96,7 @@ class SyntheticNode:
             registry_dir=None if self.short_paths is None else self.short_paths.registry,
             watch_client=watch_client,
             fence=fence,
+            node_watcher=node_watcher,
             durable=False,  # as its drivers: a synthetic node's state is throw-away
         )
         self.drivers = [

@@ -12,7 +12,7 @@ import grpc
 from testbed.grpcapi import podresources_v1_pb2_grpc
 from testbed.kubeapi import ApiError, KubeClient, path_for
 from testbed.kubelet import podresources
-from testbed.kubelet.node import LeaseFence, NodeAgent, NodeSpec
+from testbed.kubelet.node import LeaseFence, NodeAgent, NodeSpec, NodeWatcher
 from testbed.kubelet.plugins import SCAN_INTERVAL_S, PluginManager
 from testbed.kubelet.pods import PodManager
 from testbed.tasks import cancel_and_wait
@@ -34,16 +34,20 @@ class FakeKubelet:
         watch_client: KubeClient | None = None,
         fence: LeaseFence | None = None,
         durable: bool = True,
+        node_watcher: NodeWatcher | None = None,
     ):
         """``registry_dir``: where plugins register (default ``kubelet_dir/plugins_registry``).
         ``watch_client``: what the pod watch holds its connection on (default ``client``).
         ``fence``: for a node another server may take over (see NodeAgent).
-        ``durable``: fsync its claim checkpoint, as a kubelet does (False: synthetic nodes)."""
+        ``durable``: fsync its claim checkpoint, as a kubelet does (False: synthetic nodes).
+        ``node_watcher``: a NodeHost's watch of its nodes (default: one of this Node alone)."""
         self.client = client
         self.spec = spec
         self.kubelet_dir = kubelet_dir
         self.cdi_dir = cdi_dir
         self.node = NodeAgent(client, spec, fence)
+        self._own_node_watcher = node_watcher is None
+        self.node_watcher = node_watcher or NodeWatcher.for_node(watch_client or client, spec.name)
         self.plugins = PluginManager(
             registry_dir or kubelet_dir / "plugins_registry",
             on_driver_gone=self.wipe_slices,
@@ -68,6 +72,9 @@ class FakeKubelet:
         return self.kubelet_dir / podresources.SOCKET
 
     async def start(self) -> None:
+        self.node_watcher.add(self.spec.name, self.node)
+        if self._own_node_watcher:
+            self.node_watcher.start()
         await self.node.register()
         if not self.node.created:
             # As a starting kubelet does, in the background: no driver is registered yet,
@@ -99,6 +106,9 @@ class FakeKubelet:
         await self.pods.stop()
         await self.plugins.stop()
         await self.node.stop()
+        self.node_watcher.remove(self.spec.name, self.node)
+        if self._own_node_watcher:
+            await self.node_watcher.stop()
 
     async def wipe_slices(self, driver: str | None) -> None:
         """Delete this node's ResourceSlices (of one driver, or all): at start-up, and once

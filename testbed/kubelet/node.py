@@ -6,7 +6,9 @@ only to take off the not-ready taint the API server's admission puts on every ne
 (not to see it NotReady, then Ready). It carries labels and
 (by default) a NoSchedule taint that keeps ordinary DaemonSets and workloads off
 synthetic nodes; its Lease in ``kube-node-lease`` is renewed every 10 s so the node
-lifecycle controller keeps it Ready.
+lifecycle controller keeps it Ready. Every 10 s too, its status is written when the Node
+as last seen differs from it (marked Unknown, say) and every 5 minutes (nodestatus.py):
+the kubelet watches its own Node for that, here through a ``NodeWatcher``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from typing import Protocol
 
 from testbed import config
 from testbed.keys import SERVED_BY_ANNOTATION, SYNTHETIC
-from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
+from testbed.kubeapi import PATCH_TYPES, ApiError, KubeClient, Obj, path_for
+from testbed.kubelet import nodestatus
+from testbed.routedwatch import RoutedWatch
 from testbed.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -65,6 +69,7 @@ class NodeSpec:
         return f"10.{100 + digest[0] % 100}.{digest[1]}.{digest[2] % 250 + 2}"
 
 
+HOSTNAME_LABEL = "kubernetes.io/hostname"
 CONTROLLER_MANAGED_ATTACH = "volumes.kubernetes.io/controller-managed-attach-detach"
 """The kubelet's default: volumes are attached and detached by the controller manager."""
 
@@ -72,7 +77,7 @@ CONTROLLER_MANAGED_ATTACH = "volumes.kubernetes.io/controller-managed-attach-det
 def node_object(spec: NodeSpec) -> Obj:
     """The Node as a kubelet registers it: metadata, spec and its first status."""
     labels = {
-        "kubernetes.io/hostname": spec.name,
+        HOSTNAME_LABEL: spec.name,
         "kubernetes.io/os": "linux",
         "kubernetes.io/arch": "amd64",
         # The kubelet still sets the deprecated labels; without them the node lifecycle
@@ -167,6 +172,31 @@ class LeaseFence(Protocol):
 TAKE_POLL_S = 1.0
 
 
+def _version(obj: Obj) -> int:
+    """An object's resourceVersion as a number (etcd's revision), to tell a newer state
+    from an older one arriving late; -1 if it is not one."""
+    try:
+        return int(obj.get("metadata", {}).get("resourceVersion", ""))
+    except ValueError:
+        return -1
+
+
+class NodeWatcher(RoutedWatch):
+    """The Node of one fake kubelet (as a kubelet watches its own) or of every node of a
+    NodeHost (one watch, routed by the hostname label: routedwatch.py)."""
+
+    def __init__(self, client: KubeClient, params: dict[str, str] | None):
+        super().__init__(client, path_for("v1", "nodes"), HOSTNAME_LABEL, params)
+
+    @classmethod
+    def for_node(cls, client: KubeClient, node: str) -> NodeWatcher:
+        return cls(client, {"fieldSelector": f"metadata.name={node}"})
+
+    @classmethod
+    def for_host(cls, client: KubeClient) -> NodeWatcher:
+        return cls(client, None)
+
+
 class NodeAgent:
     def __init__(self, client: KubeClient, spec: NodeSpec, fence: LeaseFence | None = None):
         self.client = client
@@ -181,6 +211,13 @@ class NodeAgent:
         """The Lease as last written or read; renewals update it."""
         self._renewals = 0
         self._task: asyncio.Task[None] | None = None
+        self.observed: Obj | None = None
+        """The Node as last seen: written, read, or from the watch (``observe``)."""
+        self._own_status = node_status(spec)["status"]
+        """What the kubelet sets in the status (its stamps are replaced on each write)."""
+        self._verified: Obj | None = None
+        """The Node last found to need no status change (skips working it out again)."""
+        self._reports = nodestatus.ReportClock()
 
     async def register(self) -> None:
         """Create the Node, Ready from the start, or adopt an existing one of the same name
@@ -194,16 +231,65 @@ class NodeAgent:
                 raise
             node = await self.client.get(path)
         self.uid = node["metadata"]["uid"]
+        self.observe("ADDED", node)
         if self.fence is not None:
             await self._take_lease()  # before any write in the node's name
-        if not self.created:
-            await self.client.patch(
-                path_for("v1", "nodes", self.spec.name, subresource="status"),
-                node_status(self.spec),
-                "strategic",
-            )
+        if self.created:
+            self._reports.reported(time.monotonic(), changed=True)  # the create carried the status
+        else:
+            await self.sync_status()  # a restarted kubelet's first sync reports
         if self.fence is None:
             await self.renew_lease()
+
+    def observe(self, kind: str, node: Obj) -> None:
+        """The Node as the API server has it now (a watch event or an answer)."""
+        if kind == "DELETED":
+            self.observed = None
+        elif self.observed is None or _version(node) >= _version(self.observed):
+            self.observed = node
+
+    async def sync_status(self) -> None:
+        """Write the Node's status if it differs from what the kubelet would set, or a
+        periodic report is due (nodestatus.py). Up to five tries, each after the first
+        reading the Node afresh, as the kubelet's ``updateNodeStatus`` does."""
+        failure: Exception | None = None
+        for attempt in range(nodestatus.STATUS_UPDATE_TRIES):
+            if self.lost:
+                return
+            try:
+                if attempt > 0 or self.observed is None:
+                    read = await self.client.request("GET", path_for("v1", "nodes", self.spec.name), attempts=1)
+                    self.observed = read
+                await self._report_status()
+                return
+            except Exception as exc:  # each try may fail its own way; the last one is raised
+                failure = exc
+        assert failure is not None
+        raise failure
+
+    async def _report_status(self) -> None:
+        node = self.observed
+        assert node is not None
+        now = time.monotonic()
+        due = self._reports.due(now)
+        if node is self._verified and not due:
+            return
+        status = node.get("status", {})
+        desired = nodestatus.refreshed(status, self._own_status, now_rfc3339())
+        changed = nodestatus.changed(status, desired)
+        if not changed and not due:
+            self._verified = node
+            return
+        answer = await self.client.request(
+            "PATCH",
+            path_for("v1", "nodes", self.spec.name, subresource="status"),
+            nodestatus.status_patch(status, desired),
+            content_type=PATCH_TYPES["strategic"],
+            attempts=1,
+        )
+        self._reports.reported(now, changed)
+        self.observe("MODIFIED", answer)
+        self._verified = self.observed
 
     def _lease_path(self) -> str:
         return path_for("coordination.k8s.io/v1", "leases", self.spec.name, namespace="kube-node-lease")
@@ -324,6 +410,10 @@ class NodeAgent:
                 await self.renew_lease()
             except Exception as exc:  # keep trying: a kubelet never gives up on its lease
                 log.warning("lease renewal for %s failed: %s", self.spec.name, exc)
+            try:  # the kubelet's status sync runs every 10 s too, in a loop of its own
+                await self.sync_status()
+            except Exception as exc:
+                log.warning("node status update for %s failed: %s", self.spec.name, exc)
 
     async def stop(self) -> None:
         await cancel_and_wait(self._task)

@@ -125,7 +125,7 @@ class DriverPlugin:
             await liveness.start()
             self._liveness = liveness
         if self.publish_slices:
-            self.slice_watcher.add(self.publisher)
+            self.slice_watcher.add(self.node, self.publisher)
             if self._own_watcher:
                 self.slice_watcher.start()
             self._tasks.append(asyncio.create_task(self._publish_loop(), name=f"slices-{self.name}-{self.node}"))
@@ -157,6 +157,8 @@ class DriverPlugin:
         }
 
     async def _publish_loop(self) -> None:
+        # A slice written before the watch lists and deleted before that list would reach
+        # no publisher, which would go on believing the slice exists.
         await self.slice_watcher.wait_synced()
         generation = 0
         while True:
@@ -192,7 +194,7 @@ class DriverPlugin:
     async def stop(self, grace_s: float = 1.0) -> None:
         await cancel_and_wait(*self._tasks)
         self._tasks.clear()
-        self.slice_watcher.remove(self.publisher)
+        self.slice_watcher.remove(self.node, self.publisher)
         if self._own_watcher:
             await self.slice_watcher.stop()
         for server in (self._liveness, self._registration_server, self._server):

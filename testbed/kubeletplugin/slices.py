@@ -19,8 +19,8 @@ from typing import Any
 from fake_devices.hardware import DeviceHealth, Health
 from fake_devices.kinds import Device, SharedPool
 from testbed.keys import SLICE_NODE_LABEL, UNHEALTHY_TAINT_KEY
-from testbed.kubeapi import ApiError, KubeClient, Obj, WatchPosition, path_for
-from testbed.tasks import cancel_and_wait
+from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
+from testbed.routedwatch import RoutedWatch
 
 API_VERSION = "resource.k8s.io/v1"
 MAX_DEVICES = 128
@@ -176,9 +176,10 @@ class SlicePublisher:
         """Set when the API's slices may no longer be what this publisher wrote: a kubelet
         wiped them (at its start, or after losing the driver), or someone edited one."""
 
-    def observe(self, kind: str, metadata: Obj) -> None:
+    def observe(self, kind: str, obj: Obj) -> None:
         """A slice event from a watch (metadata only). A slice of ours deleted, or at a
         resourceVersion this publisher did not write, means: look again and republish."""
+        metadata = obj.get("metadata", {})
         name = metadata.get("name", "")
         if not name.startswith(self._prefix):
             return  # another driver's slice on this node
@@ -285,21 +286,12 @@ class SlicePublisher:
             pass
 
 
-class SliceWatcher:
+class SliceWatcher(RoutedWatch):
     """One metadata-only watch of ResourceSlices feeding the publishers of one node (a
-    driver on a real node) or of every node of a NodeHost (one watch, not one per node,
-    selecting the slices of the host's nodes only: a watch of every slice would cost each
-    host the whole fleet's start-up, and the fleet's cost would grow with its hosts)."""
+    driver on a real node) or of every node of a NodeHost (routedwatch.py)."""
 
     def __init__(self, client: KubeClient, params: dict[str, str] | None):
-        """``params``: what to watch; None: the slices of the nodes given to ``watch_nodes``."""
-        self.client = client
-        self.params = params
-        self._nodes: frozenset[str] = frozenset()
-        self._publishers: dict[str, list[SlicePublisher]] = {}
-        self._task: asyncio.Task[None] | None = None
-        self._position = WatchPosition()
-        """How far the watch has got: a watch of other nodes goes on from there."""
+        super().__init__(client, path_for(API_VERSION, "resourceslices"), SLICE_NODE_LABEL, params, metadata_only=True)
 
     @classmethod
     def for_node(cls, client: KubeClient, node: str, driver: str) -> SliceWatcher:
@@ -308,56 +300,3 @@ class SliceWatcher:
     @classmethod
     def for_host(cls, client: KubeClient) -> SliceWatcher:
         return cls(client, None)
-
-    async def watch_nodes(self, nodes: Iterable[str]) -> None:
-        """Watch the slices of exactly these nodes (a host's, before they start or after
-        some left). The new watch goes on from the last version the old one saw: a change
-        in between reaches it, and nothing is listed again."""
-        wanted = frozenset(nodes)
-        if wanted == self._nodes:
-            return
-        self._nodes = wanted
-        if self._task is not None:
-            await cancel_and_wait(self._task)
-            self.start()
-
-    def add(self, publisher: SlicePublisher) -> None:
-        self._publishers.setdefault(publisher.node, []).append(publisher)
-
-    def remove(self, publisher: SlicePublisher) -> None:
-        mine = self._publishers.get(publisher.node, [])
-        if publisher in mine:
-            mine.remove(publisher)
-        if not mine:
-            self._publishers.pop(publisher.node, None)
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="slice-watch")
-
-    async def wait_synced(self) -> None:
-        """Until the watch has listed: a slice written before then and deleted before its
-        list would reach no publisher, which would go on believing the slice exists."""
-        await self._position.synced.wait()
-
-    async def stop(self) -> None:
-        await cancel_and_wait(self._task)
-        self._task = None
-
-    def _selection(self) -> dict[str, str] | None:
-        if self.params is not None:
-            return self.params
-        if not self._nodes:
-            return None
-        return {"labelSelector": f"{SLICE_NODE_LABEL} in ({','.join(sorted(self._nodes))})"}
-
-    async def _run(self) -> None:
-        params = self._selection()
-        if params is None:  # a host with no nodes yet: nothing to watch
-            return
-        path = path_for(API_VERSION, "resourceslices")
-        async for kind, obj in self.client.watch(path, params, metadata_only=True, position=self._position):
-            metadata = obj.get("metadata", {})
-            node = metadata.get("labels", {}).get(SLICE_NODE_LABEL)
-            targets = self._publishers.get(node, []) if node else [p for ps in self._publishers.values() for p in ps]
-            for publisher in targets:
-                publisher.observe(kind, metadata)

@@ -45,7 +45,10 @@ log = logging.getLogger(__name__)
 
 STOP_TIMEOUT_S = 10.0
 NODE_STATUS_UPDATE_S = 10
-"""How often the kubelet reports node status (its default); a Lease every 10 s too."""
+"""How often the kubelet works out its node status (its default); a Lease every 10 s too."""
+NODE_STATUS_REPORT_S = 300
+"""How often it writes an unchanged one (its default; left unset, it would follow the
+update frequency above and write every 10 s)."""
 
 
 def unsupported_reason() -> str:
@@ -91,6 +94,7 @@ def kubelet_config(root: Path, taints: list[Obj], client_ca: Path | None = None)
         "staticPodPath": "",
         "registerWithTaints": taints,
         "nodeStatusUpdateFrequency": f"{NODE_STATUS_UPDATE_S}s",
+        "nodeStatusReportFrequency": f"{NODE_STATUS_REPORT_S}s",
         "evictionHard": {"memory.available": "1Ki", "nodefs.available": "0%", "imagefs.available": "0%"},
         "imageGCHighThresholdPercent": 100,
         "imageGCLowThresholdPercent": 99,

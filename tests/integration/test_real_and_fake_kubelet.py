@@ -31,7 +31,7 @@ from testbed.controlplane.cluster import ClusterState
 from testbed.environment import install_device_classes
 from testbed.keys import CONTAINER_ENV_ANNOTATION
 from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
-from testbed.kubelet.node import SYNTHETIC_TOLERATION, NodeSpec
+from testbed.kubelet.node import SYNTHETIC_TOLERATION, NodeSpec, now_rfc3339
 from testbed.realnode.node import ProcessNode, unsupported_reason
 
 pytestmark = [
@@ -508,6 +508,54 @@ def test_a_kubelet_restart_wipes_and_gets_slices_back_within_seconds_and_keeps_r
 async def _ready(side: Side) -> bool:
     node = await side.client.get(path_for("v1", "nodes", side.node.name))
     return any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"]["conditions"])
+
+
+def test_a_node_marked_unknown_is_ready_again_alike_within_a_status_sync(
+    control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
+) -> None:
+    """The node lifecycle controller marks a silent kubelet's Node Unknown; only the
+    kubelet sets it back, at its next status sync (every 10 s), once it sees its Node so."""
+
+    async def scenario() -> None:
+        async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
+
+            async def case(side: Side) -> dict[str, Any]:
+                path = path_for("v1", "nodes", side.node.name)
+                node = await side.client.get(path)
+                marked_at = now_rfc3339()
+                marked = [
+                    dict(
+                        c,
+                        status="Unknown",
+                        reason="NodeStatusUnknown",
+                        message="Kubelet stopped posting node status.",
+                        lastTransitionTime=marked_at,
+                    )
+                    for c in node["status"]["conditions"]
+                ]
+                await side.client.patch(f"{path}/status", {"status": {"conditions": marked}}, "strategic")
+                started = time.monotonic()
+                await until(lambda: _ready(side), 30, f"{side.kind}: node Ready again")
+                back = time.monotonic() - started
+                node = await side.client.get(path)
+                conditions = {c["type"]: (c["status"], c["reason"]) for c in node["status"]["conditions"]}
+                renewed = all(c["lastTransitionTime"] >= marked_at for c in node["status"]["conditions"])
+                events = (await side.client.get(path_for("v1", "events", namespace="default")))["items"]
+                reasons = sorted(
+                    e["reason"]
+                    for e in events
+                    if e["involvedObject"]["name"] == side.node.name
+                    and (e.get("lastTimestamp") or e.get("eventTime") or "") >= marked_at
+                )
+                return {"back_s": back, "conditions": conditions, "renewed": renewed, "events": reasons}
+
+            found = await both(sides, case)
+            for kind, seen in found.items():
+                assert seen["back_s"] < 15, (kind, seen)
+                assert seen["renewed"], f"{kind}: each condition's transition time is the recovery's"
+            assert found["fake"]["conditions"] == found["real"]["conditions"]
+
+    asyncio.run(scenario())
 
 
 def _health(pod: Obj) -> dict[str, str]:

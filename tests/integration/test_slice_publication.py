@@ -9,7 +9,7 @@ import pytest
 from fake_devices.hardware import Health, NodeHardware
 from testbed.controlplane.cluster import ClusterState
 from testbed.drivers import KINDS, load_profile
-from testbed.kubeapi import ApiError, KubeClient
+from testbed.kubeapi import ApiError, KubeClient, Obj
 from testbed.kubeletplugin import slices
 from testbed.kubeletplugin.slices import SlicePublisher, SliceWatcher, desired_slices
 
@@ -140,9 +140,9 @@ def test_a_host_watches_the_slices_of_its_own_nodes_across_a_change_of_them(cont
             super().__init__(client, GPU, node)
             self.events: list[str] = []
 
-        def observe(self, kind: str, metadata: dict[str, object]) -> None:
+        def observe(self, kind: str, obj: Obj) -> None:
             self.events.append(kind)
-            super().observe(kind, metadata)
+            super().observe(kind, obj)
 
     async def scenario() -> None:
         client = KubeClient.from_kubeconfig(control_plane.kubeconfig)
@@ -152,7 +152,7 @@ def test_a_host_watches_the_slices_of_its_own_nodes_across_a_change_of_them(cont
             await watcher.watch_nodes([first])
             watcher.start()
             for name in (first, elsewhere):
-                watcher.add(publishers[name])  # the other host's node is known, never watched
+                watcher.add(name, publishers[name])  # the other host's node is known, never watched
                 publishers[name].assume_none_exist()
                 assert await publishers[name].publish(specs(name))
             async with asyncio.timeout(30):
@@ -160,7 +160,7 @@ def test_a_host_watches_the_slices_of_its_own_nodes_across_a_change_of_them(cont
                     await asyncio.sleep(0.05)
 
             await watcher.watch_nodes([first, second])  # the host takes on a node
-            watcher.add(publishers[second])
+            watcher.add(second, publishers[second])
             publishers[second].assume_none_exist()
             assert await publishers[second].publish(specs(second))
             [victim] = [s["metadata"]["name"] for s in await publishers[first].existing(consistent=True)][:1]
@@ -198,16 +198,16 @@ def test_a_slice_deleted_while_the_publisher_writes_or_lists_is_published_again(
             super().__init__(client, GPU, node)
             self.deleted: list[str] = []
 
-        def observe(self, kind: str, metadata: dict[str, object]) -> None:
+        def observe(self, kind: str, obj: Obj) -> None:
             if kind == "DELETED":
-                self.deleted.append(str(metadata["name"]))
-            super().observe(kind, metadata)
+                self.deleted.append(str(obj["metadata"]["name"]))
+            super().observe(kind, obj)
 
     async def scenario() -> None:
         client = KubeClient.from_kubeconfig(control_plane.kubeconfig)
         publisher = Spy(client)
         watcher = SliceWatcher.for_node(client, node, GPU)
-        watcher.add(publisher)
+        watcher.add(node, publisher)
         watcher.start()
 
         async def wipe(name: str) -> None:
