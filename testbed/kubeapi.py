@@ -18,6 +18,7 @@ import os
 import random
 import ssl
 import sys
+import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -231,6 +232,14 @@ def path_for(
     if subresource is not None:
         parts.append(subresource)
     return "/".join(parts)
+
+
+def now_rfc3339(micro: bool = False) -> str:
+    """UTC now, as the API wants it. Formatted by hand: every lease renewal asks, and
+    datetime.strftime showed up in a NodeHost's profile."""
+    now = time.time()
+    seconds = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now))
+    return f"{seconds}.{int(now % 1 * 1_000_000):06d}Z" if micro else f"{seconds}Z"
 
 
 @dataclass

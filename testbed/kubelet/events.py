@@ -1,4 +1,5 @@
-"""What a kubelet's event recorder writes for an Event on a pod, decided without I/O.
+"""What a kubelet's event recorder writes for an Event on a pod or its Node, decided
+without I/O (``write_event`` at the end does the writing).
 
 Kubelets record events through client-go's recorder, whose correlator shapes what the
 API sees, and users read the result in `kubectl describe pod`:
@@ -19,7 +20,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from testbed.kubeapi import Obj
+from testbed.kubeapi import ApiError, KubeClient, Obj, now_rfc3339, path_for
 
 SPAM_BURST = 25
 SPAM_REFILL_PER_S = 1 / 300
@@ -105,7 +106,8 @@ class EventRecorder:
         self._pods: dict[str, _PodEvents] = {}
 
     def record(self, pod: Obj, kind: str, reason: str, message: str, stamp: str) -> Write | None:
-        """The write for this event (``stamp``: now, RFC 3339), or None if held back."""
+        """The write for this event on ``pod`` (or on a Node: an object whose ``kind``
+        says so), ``stamp`` being now (RFC 3339); None if held back."""
         events = self._pods.setdefault(pod["metadata"]["uid"], _PodEvents())
         now = self.clock()
         key, message = events.correlate(kind, reason, message, now)
@@ -137,17 +139,21 @@ class EventRecorder:
     def _event(self, pod: Obj, key: Key, seen: _Recorded, stamp: str) -> Obj:
         meta = pod["metadata"]
         kind, reason, _ = key
-        return {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"name": seen.name, "namespace": meta["namespace"]},
-            "involvedObject": {
+        if pod.get("kind") == "Node":  # the kubelet's node reference: no namespace, no apiVersion
+            involved = {"kind": "Node", "name": meta["name"], "uid": meta["uid"]}
+        else:
+            involved = {
                 "apiVersion": "v1",
                 "kind": "Pod",
                 "name": meta["name"],
                 "namespace": meta["namespace"],
                 "uid": meta["uid"],
-            },
+            }
+        return {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": seen.name, "namespace": event_namespace(pod)},
+            "involvedObject": involved,
             "reason": reason,
             "message": seen.message[:1024],
             "type": kind,
@@ -162,3 +168,31 @@ class EventRecorder:
 
 def _event_name(pod: Obj) -> str:
     return f"{pod['metadata']['name']}.{uuid.uuid4().hex[:16]}"
+
+
+def event_namespace(obj: Obj) -> str:
+    """Where an Event on ``obj`` goes: its namespace, or "default" for a Node."""
+    return str(obj["metadata"].get("namespace") or "default")
+
+
+async def write_event(
+    client: KubeClient, recorder: EventRecorder, obj: Obj, kind: str, reason: str, message: str
+) -> None:
+    """Record an Event on ``obj`` as the kubelet's recorder does: created, counted up on the
+    one recorded before, or created again under its name if it expired meanwhile."""
+    namespace, stamp = event_namespace(obj), now_rfc3339()
+    write = recorder.record(obj, kind, reason, message, stamp)
+    if write is None:
+        return
+    events = path_for("v1", "events", namespace=namespace)
+    if write.name is None:
+        await client.create(events, write.body)
+        return
+    try:
+        await client.patch(path_for("v1", "events", write.name, namespace), write.body, "strategic")
+    except ApiError as exc:
+        if not exc.not_found:
+            raise
+        again = recorder.recreated(obj, write, stamp)
+        if again is not None:
+            await client.create(events, again.body)

@@ -24,8 +24,9 @@ from typing import Protocol
 
 from testbed import config
 from testbed.keys import SERVED_BY_ANNOTATION, SYNTHETIC
-from testbed.kubeapi import PATCH_TYPES, ApiError, KubeClient, Obj, path_for
+from testbed.kubeapi import PATCH_TYPES, ApiError, KubeClient, Obj, now_rfc3339, path_for
 from testbed.kubelet import nodestatus
+from testbed.kubelet.events import EventRecorder, write_event
 from testbed.routedwatch import RoutedWatch
 from testbed.tasks import cancel_and_wait
 
@@ -40,14 +41,6 @@ SYNTHETIC_TOLERATION = {
     "operator": "Exists",
     "effect": "NoSchedule",
 }
-
-
-def now_rfc3339(micro: bool = False) -> str:
-    """UTC now, as the API wants it. Formatted by hand: every lease renewal asks, and
-    datetime.strftime showed up in a NodeHost's profile."""
-    now = time.time()
-    seconds = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now))
-    return f"{seconds}.{int(now % 1 * 1_000_000):06d}Z" if micro else f"{seconds}Z"
 
 
 @dataclass
@@ -118,7 +111,7 @@ def node_status(spec: NodeSpec) -> Obj:
                     "MemoryPressure",
                     "False",
                     "KubeletHasSufficientMemory",
-                    "kubelet has sufficient memory",
+                    "kubelet has sufficient memory available",
                 ),
                 condition(
                     "DiskPressure",
@@ -126,12 +119,12 @@ def node_status(spec: NodeSpec) -> Obj:
                     "KubeletHasNoDiskPressure",
                     "kubelet has no disk pressure",
                 ),
-                condition("PIDPressure", "False", "KubeletHasSufficientPID", "kubelet has sufficient PID"),
+                condition("PIDPressure", "False", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
                 condition(
                     "Ready",
                     "True",
                     "KubeletReady",
-                    "dra-testbed fake kubelet is posting ready status",
+                    "kubelet is posting ready status",
                 ),
             ],
             "addresses": [
@@ -218,6 +211,7 @@ class NodeAgent:
         self._verified: Obj | None = None
         """The Node last found to need no status change (skips working it out again)."""
         self._reports = nodestatus.ReportClock()
+        self._events = EventRecorder(spec.name)
 
     async def register(self) -> None:
         """Create the Node, Ready from the start, or adopt an existing one of the same name
@@ -290,6 +284,16 @@ class NodeAgent:
         self._reports.reported(now, changed)
         self.observe("MODIFIED", answer)
         self._verified = self.observed
+        for reason in nodestatus.transition_events(status, desired):
+            await self._node_event(reason)
+
+    async def _node_event(self, reason: str) -> None:
+        node = {"kind": "Node", "metadata": {"name": self.spec.name, "uid": self.uid}}
+        message = f"Node {self.spec.name} status is now: {reason}"
+        try:
+            await write_event(self.client, self._events, node, "Normal", reason, message)
+        except ApiError as exc:
+            log.debug("could not record event %s on node %s: %s", reason, self.spec.name, exc)
 
     def _lease_path(self) -> str:
         return path_for("coordination.k8s.io/v1", "leases", self.spec.name, namespace="kube-node-lease")

@@ -96,6 +96,30 @@ def status_patch(observed: Obj, desired: Obj) -> Obj:
     return {"status": patch}
 
 
+TRANSITION_EVENTS = {
+    "MemoryPressure": ("NodeHasInsufficientMemory", "NodeHasSufficientMemory"),
+    "DiskPressure": ("NodeHasDiskPressure", "NodeHasNoDiskPressure"),
+    "PIDPressure": ("NodeHasInsufficientPID", "NodeHasSufficientPID"),
+    "Ready": ("NodeReady", "NodeNotReady"),
+}
+"""The Event a kubelet records when it sets one of its conditions to True, or to
+anything else."""
+
+
+def transition_events(observed: Obj, desired: Obj) -> list[str]:
+    """The reasons of the Events the kubelet records on its Node for this write, in its
+    setters' order: one per condition whose status it changes, and per pressure condition
+    it adds (Ready is added without one)."""
+    before = {c.get("type"): c.get("status") for c in observed.get("conditions") or []}
+    after = {c.get("type"): c.get("status") for c in desired.get("conditions") or []}
+    reasons = []
+    for kind, (when_true, otherwise) in TRANSITION_EVENTS.items():
+        if kind not in after or before.get(kind) == after[kind] or (kind == "Ready" and kind not in before):
+            continue
+        reasons.append(when_true if after[kind] == "True" else otherwise)
+    return reasons
+
+
 class ReportClock:
     """When the next periodic status report is due."""
 

@@ -53,10 +53,10 @@ from pathlib import Path
 from testbed.files import write_atomically
 from testbed.http11 import TransportError
 from testbed.keys import CONTAINER_ENV_ANNOTATION, RUN_SECONDS_ANNOTATION
-from testbed.kubeapi import ApiError, ClaimRef, KubeClient, Obj, WatchPosition, path_for
+from testbed.kubeapi import ApiError, ClaimRef, KubeClient, Obj, WatchPosition, now_rfc3339, path_for
 from testbed.kubelet import metrics
-from testbed.kubelet.events import EventRecorder
-from testbed.kubelet.node import NodeSpec, now_rfc3339
+from testbed.kubelet.events import EventRecorder, write_event
+from testbed.kubelet.node import NodeSpec
 from testbed.kubelet.plugins import PluginCallError, PluginManager, PreparedDevice
 from testbed.kubelet.resync import ResyncSchedule
 from testbed.kubeletplugin import cdi
@@ -311,22 +311,8 @@ class PodManager:
 
     async def event(self, pod: Obj, reason: str, message: str, kind: str = "Warning") -> None:
         """Record an Event on the pod as a kubelet's event recorder does (events.py)."""
-        namespace, stamp = pod["metadata"]["namespace"], now_rfc3339()
-        write = self._events.record(pod, kind, reason, message, stamp)
         try:
-            if write is None:
-                return
-            if write.name is None:
-                await self.client.create(path_for("v1", "events", namespace=namespace), write.body)
-                return
-            try:
-                await self.client.patch(path_for("v1", "events", write.name, namespace), write.body, "strategic")
-            except ApiError as exc:
-                if not exc.not_found:
-                    raise
-                again = self._events.recreated(pod, write, stamp)
-                if again is not None:
-                    await self.client.create(path_for("v1", "events", namespace=namespace), again.body)
+            await write_event(self.client, self._events, pod, kind, reason, message)
         except ApiError as exc:
             log.debug("could not record event %s on %s: %s", reason, pod["metadata"]["name"], exc)
 

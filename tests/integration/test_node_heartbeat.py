@@ -16,7 +16,7 @@ import pytest
 
 from testbed.fleet.fencing import NodeFence, Server
 from testbed.keys import SERVED_BY_ANNOTATION
-from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
+from testbed.kubeapi import ApiError, KubeClient, Obj, now_rfc3339, path_for
 from testbed.kubelet import node as node_module
 from testbed.kubelet import nodestatus
 from testbed.kubelet.node import NodeAgent, NodeSpec, NodeWatcher
@@ -193,7 +193,7 @@ def test_a_node_marked_unknown_is_ready_again_at_the_next_status_sync(
                     status="Unknown",
                     reason="NodeStatusUnknown",
                     message="Kubelet stopped posting node status.",
-                    lastTransitionTime=node_module.now_rfc3339(),
+                    lastTransitionTime=now_rfc3339(),
                 )
                 for c in node["status"]["conditions"]
             ]

@@ -30,8 +30,8 @@ from testbed.controlplane.binaries import Binaries, ensure_node_binaries
 from testbed.controlplane.cluster import ClusterState
 from testbed.environment import install_device_classes
 from testbed.keys import CONTAINER_ENV_ANNOTATION
-from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
-from testbed.kubelet.node import SYNTHETIC_TOLERATION, NodeSpec, now_rfc3339
+from testbed.kubeapi import ApiError, KubeClient, Obj, now_rfc3339, path_for
+from testbed.kubelet.node import SYNTHETIC_TOLERATION, NodeSpec
 from testbed.realnode.node import ProcessNode, unsupported_reason
 
 pytestmark = [
@@ -545,6 +545,7 @@ def test_a_node_marked_unknown_is_ready_again_alike_within_a_status_sync(
                     e["reason"]
                     for e in events
                     if e["involvedObject"]["name"] == side.node.name
+                    and e.get("source", {}).get("component") == "kubelet"
                     and (e.get("lastTimestamp") or e.get("eventTime") or "") >= marked_at
                 )
                 return {"back_s": back, "conditions": conditions, "renewed": renewed, "events": reasons}
@@ -554,6 +555,7 @@ def test_a_node_marked_unknown_is_ready_again_alike_within_a_status_sync(
                 assert seen["back_s"] < 15, (kind, seen)
                 assert seen["renewed"], f"{kind}: each condition's transition time is the recovery's"
             assert found["fake"]["conditions"] == found["real"]["conditions"]
+            assert found["fake"]["events"] == found["real"]["events"], "the Events on the Node differ"
 
     asyncio.run(scenario())
 

@@ -11,7 +11,7 @@ import pytest
 
 from testbed.fleet.fencing import CLOCK_SKEW_S, Server, parse_time, process_alive, seconds_until_free
 from testbed.keys import SERVED_BY_ANNOTATION
-from testbed.kubelet.node import now_rfc3339
+from testbed.kubeapi import now_rfc3339
 
 ME = Server("nodehost-f-1", "new", "ray-node-a", 4242)
 OLD_ELSEWHERE = Server("nodehost-f-1", "old", "ray-node-b", 1717)

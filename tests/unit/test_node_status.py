@@ -68,11 +68,18 @@ def test_a_node_marked_unknown_is_a_change_that_sets_each_condition_back_with_a_
         "type": "MemoryPressure",
         "status": "False",
         "reason": "KubeletHasSufficientMemory",
-        "message": "kubelet has sufficient memory",
+        "message": "kubelet has sufficient memory available",
         "lastHeartbeatTime": NOW,
         "lastTransitionTime": NOW,
     }
     assert set(patch) == {"$setElementOrder/conditions", "conditions"}
+    assert nodestatus.transition_events(observed, desired) == [
+        "NodeHasSufficientMemory",
+        "NodeHasNoDiskPressure",
+        "NodeHasSufficientPID",
+        "NodeReady",
+    ]
+    assert nodestatus.transition_events(desired, nodestatus.refreshed(desired, own(), NOW)) == []
 
 
 def test_others_conditions_stay_and_the_kubelets_own_fields_are_put_back() -> None:
@@ -91,6 +98,14 @@ def test_others_conditions_stay_and_the_kubelets_own_fields_are_put_back() -> No
     assert patch["addresses"][:-1] == own()["addresses"]
     assert patch["$setElementOrder/conditions"][0] == {"type": "NetworkUnavailable"}
     assert "NetworkUnavailable" not in {c["type"] for c in patch["conditions"]}
+
+
+def test_a_pressure_condition_someone_removed_comes_back_with_its_event_ready_without() -> None:
+    observed = as_the_api_has_it()
+    observed["conditions"] = [c for c in observed["conditions"] if c["type"] not in ("DiskPressure", "Ready")]
+    desired = nodestatus.refreshed(observed, own(), NOW)
+    assert [c["type"] for c in desired["conditions"]] == ["MemoryPressure", "PIDPressure", "DiskPressure", "Ready"]
+    assert nodestatus.transition_events(observed, desired) == ["NodeHasNoDiskPressure"]
 
 
 def test_reports_come_every_5_minutes_the_first_and_those_after_a_change_spread_by_half() -> None:
