@@ -55,20 +55,20 @@ def up(
         check_real_kubelets(fleet, progress)
     if fleet is not None and fleet.ray.address:
         raycluster.check_reachable(fleet.ray.address)  # before anything starts, not after
-    ray_head: list[raycluster.StartingHead] = []
+    ray_head: raycluster.StartingHead | None = None
     if external_kubeconfig is not None:
         state = cluster.attach(config, external_kubeconfig, progress)
         progress.step(f"using the cluster of {external_kubeconfig}; no control plane started")
     else:
         own_ray = fleet is not None and not fleet.ray.address
-        state = _start_control_plane(config, progress, binaries, ray_head if own_ray else None)
+        state, ray_head = _start_control_plane(config, progress, binaries, with_ray=own_ray)
     state.settings = config.tunables()
     state.save()
     try:
         names = install_device_classes(state.kubeconfig)
         progress.step(f"DeviceClasses: {', '.join(names)}")
         if fleet is not None:  # even with empty pools: `testbed scale` fills them later
-            start_fleet(state, fleet, progress, ray_head[0] if ray_head else None)
+            start_fleet(state, fleet, progress, ray_head)
         return state
     except BaseException:
         down(config)
@@ -76,27 +76,26 @@ def up(
 
 
 def _start_control_plane(
-    config: ControlPlaneConfig,
-    progress: Progress,
-    binaries: Binaries | None,
-    ray_head: list[raycluster.StartingHead] | None,
-) -> cluster.ClusterState:
-    """The control plane; with ``ray_head`` (a list to put it in), the fleet's Ray head
-    launched while etcd and the API server start: each takes about 3 s, mostly waiting."""
-    if ray_head is None:
-        return cluster.up(config, progress, binaries)
+    config: ControlPlaneConfig, progress: Progress, binaries: Binaries | None, with_ray: bool
+) -> tuple[cluster.ClusterState, raycluster.StartingHead | None]:
+    """The control plane and, ``with_ray``, the fleet's Ray head, launched while etcd and
+    the API server start: each takes about 3 s, mostly waiting."""
+    if not with_ray:
+        return cluster.up(config, progress, binaries), None
+    heads: list[raycluster.StartingHead] = []
 
     def launch_ray(state: cluster.ClusterState) -> None:
         head = raycluster.launch_head(state.root, state.layout.log("ray"))
         state.processes.insert(0, head.record)
-        ray_head.append(head)
+        heads.append(head)
 
     try:
-        return cluster.up(config, progress, binaries, alongside=launch_ray)
+        state = cluster.up(config, progress, binaries, alongside=launch_ray)
     except BaseException:
-        for head in ray_head:  # stopped with the control plane; its temp dir is left to us
+        for head in heads:  # stopped with the control plane; its temp dir is left to us
             raycluster.remove_temp_dir(head.cluster_root)
         raise
+    return state, heads[0]
 
 
 def check_real_kubelets(fleet: FleetFile, progress: Progress) -> None:

@@ -70,7 +70,6 @@ CONTROLLER_MANAGED_ATTACH = "volumes.kubernetes.io/controller-managed-attach-det
 def node_object(spec: NodeSpec) -> Obj:
     """The Node as a kubelet registers it: metadata, spec and its first status."""
     labels = {
-        HOSTNAME_LABEL: spec.name,
         "kubernetes.io/os": "linux",
         "kubernetes.io/arch": "amd64",
         # The kubelet still sets the deprecated labels; without them the node lifecycle
@@ -79,6 +78,7 @@ def node_object(spec: NodeSpec) -> Obj:
         "beta.kubernetes.io/arch": "amd64",
         SYNTHETIC: "true",
         **spec.labels,
+        HOSTNAME_LABEL: spec.name,  # a host's watch of its Nodes selects and routes by it
     }
     return {
         "apiVersion": "v1",
@@ -212,6 +212,8 @@ class NodeAgent:
         """The Node last found to need no status change (skips working it out again)."""
         self._reports = nodestatus.ReportClock()
         self._events = EventRecorder(spec.name)
+        self._unschedulable = False
+        """Whether the Node was cordoned when last looked at (a kubelet starts from False)."""
 
     async def register(self) -> None:
         """Create the Node, Ready from the start, or adopt an existing one of the same name
@@ -271,20 +273,24 @@ class NodeAgent:
         status = node.get("status", {})
         desired = nodestatus.refreshed(status, self._own_status, now_rfc3339())
         changed = nodestatus.changed(status, desired)
-        if not changed and not due:
-            self._verified = node
-            return
-        answer = await self.client.request(
-            "PATCH",
-            path_for("v1", "nodes", self.spec.name, subresource="status"),
-            nodestatus.status_patch(status, desired),
-            content_type=PATCH_TYPES["strategic"],
-            attempts=1,
-        )
-        self._reports.reported(now, changed)
-        self.observe("MODIFIED", answer)
+        events = []
+        if changed or due:
+            answer = await self.client.request(
+                "PATCH",
+                path_for("v1", "nodes", self.spec.name, subresource="status"),
+                nodestatus.status_patch(status, desired),
+                content_type=PATCH_TYPES["strategic"],
+                attempts=1,
+            )
+            self._reports.reported(now, changed)
+            self.observe("MODIFIED", answer)
+            events = nodestatus.transition_events(status, desired)
+        unschedulable = bool(node.get("spec", {}).get("unschedulable"))
+        if unschedulable != self._unschedulable:  # as the kubelet's last setter: an Event, no write
+            self._unschedulable = unschedulable
+            events.append("NodeNotSchedulable" if unschedulable else "NodeSchedulable")
         self._verified = self.observed
-        for reason in nodestatus.transition_events(status, desired):
+        for reason in events:
             await self._node_event(reason)
 
     async def _node_event(self, reason: str) -> None:

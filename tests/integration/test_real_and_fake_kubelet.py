@@ -514,13 +514,25 @@ def test_a_node_marked_unknown_is_ready_again_alike_within_a_status_sync(
     control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
 ) -> None:
     """The node lifecycle controller marks a silent kubelet's Node Unknown; only the
-    kubelet sets it back, at its next status sync (every 10 s), once it sees its Node so."""
+    kubelet sets it back, at its next status sync (every 10 s), once it sees its Node so.
+    A cordon and an uncordon it sees at that sync too, and records each as an Event."""
 
     async def scenario() -> None:
         async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
 
             async def case(side: Side) -> dict[str, Any]:
                 path = path_for("v1", "nodes", side.node.name)
+
+                async def node_events() -> dict[str, tuple[str, int]]:
+                    events = (await side.client.get(path_for("v1", "events", namespace="default")))["items"]
+                    return {
+                        e["metadata"]["uid"]: (e["reason"], e.get("count") or 1)
+                        for e in events
+                        if e["involvedObject"]["name"] == side.node.name
+                        and e.get("source", {}).get("component") == "kubelet"
+                    }
+
+                before = {uid: count for uid, (_, count) in (await node_events()).items()}
                 node = await side.client.get(path)
                 marked_at = now_rfc3339()
                 marked = [
@@ -540,15 +552,29 @@ def test_a_node_marked_unknown_is_ready_again_alike_within_a_status_sync(
                 node = await side.client.get(path)
                 conditions = {c["type"]: (c["status"], c["reason"]) for c in node["status"]["conditions"]}
                 renewed = all(c["lastTransitionTime"] >= marked_at for c in node["status"]["conditions"])
-                events = (await side.client.get(path_for("v1", "events", namespace="default")))["items"]
-                reasons = sorted(
-                    e["reason"]
-                    for e in events
-                    if e["involvedObject"]["name"] == side.node.name
-                    and e.get("source", {}).get("component") == "kubelet"
-                    and (e.get("lastTimestamp") or e.get("eventTime") or "") >= marked_at
-                )
-                return {"back_s": back, "conditions": conditions, "renewed": renewed, "events": reasons}
+
+                async def reasons() -> list[str]:
+                    """The kubelet's Events on the Node since it was marked: new ones, and
+                    those counted up (a real kubelet recorded some as it started)."""
+                    return sorted(
+                        reason for uid, (reason, count) in (await node_events()).items() if count > before.get(uid, 0)
+                    )
+
+                async def seen(reason: str) -> list[str] | None:
+                    found = await reasons()
+                    return found if reason in found else None
+
+                recovered = await until(lambda: seen("NodeReady"), 15, f"{side.kind}: NodeReady recorded")
+                for unschedulable, reason in ((True, "NodeNotSchedulable"), (False, "NodeSchedulable")):
+                    await side.client.patch(path, {"spec": {"unschedulable": unschedulable}}, "strategic")
+                    await until(lambda r=reason: seen(r), 30, f"{side.kind}: {reason} recorded")
+                return {
+                    "back_s": back,
+                    "conditions": conditions,
+                    "renewed": renewed,
+                    "events": recovered,
+                    "cordon": await reasons(),
+                }
 
             found = await both(sides, case)
             for kind, seen in found.items():
@@ -556,6 +582,7 @@ def test_a_node_marked_unknown_is_ready_again_alike_within_a_status_sync(
                 assert seen["renewed"], f"{kind}: each condition's transition time is the recovery's"
             assert found["fake"]["conditions"] == found["real"]["conditions"]
             assert found["fake"]["events"] == found["real"]["events"], "the Events on the Node differ"
+            assert found["fake"]["cordon"] == found["real"]["cordon"], "the Events of a cordon differ"
 
     asyncio.run(scenario())
 
