@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from testbed.controlplane.cluster import ClusterState
 from testbed.fleet.fencing import NodeFence, Server
+from testbed.fleet.fleet import Fleet
 from testbed.keys import SERVED_BY_ANNOTATION
 from testbed.kubeapi import ApiError, KubeClient, Obj, now_rfc3339, path_for
 from testbed.kubelet import node as node_module
@@ -251,6 +253,41 @@ def test_an_idle_node_reports_its_status_every_period_and_not_at_every_sync(
         finally:
             await agent.stop()
             await agent.delete()
+            await client.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_fleet_node_marked_unknown_is_ready_again_through_its_hosts_watch(
+    control_plane: ClusterState, fleet: Fleet
+) -> None:
+    """In a fleet the NodeHost watches its nodes' Nodes with one watch and routes each
+    change to its node's kubelet, which writes the status back under its own identity
+    (NodeRestriction lets a kubelet change its own Node's status) and records the Event."""
+    node_name = sorted(fleet.host_of)[0]
+    path = path_for("v1", "nodes", node_name)
+
+    async def scenario() -> None:
+        client = KubeClient.from_kubeconfig(control_plane.kubeconfig)
+        try:
+            node = await client.get(path)
+            marked_at = now_rfc3339()
+            marked = [
+                dict(c, status="Unknown", reason="NodeStatusUnknown", lastTransitionTime=marked_at)
+                for c in node["status"]["conditions"]
+            ]
+            await client.patch(f"{path}/status", {"status": {"conditions": marked}}, "strategic")
+            async with asyncio.timeout(25):  # the kubelet's status sync is every 10 s
+                while True:
+                    conditions = (await client.get(path))["status"]["conditions"]
+                    if all(c["status"] != "Unknown" for c in conditions):
+                        break
+                    await asyncio.sleep(0.25)
+            assert {c["type"]: c["status"] for c in conditions}["Ready"] == "True"
+            events = (await client.get(path_for("v1", "events", namespace="default")))["items"]
+            ready = [e for e in events if e["involvedObject"]["name"] == node_name and e["reason"] == "NodeReady"]
+            assert ready and ready[0]["source"] == {"component": "kubelet", "host": node_name}
+        finally:
             await client.close()
 
     asyncio.run(scenario())
