@@ -9,12 +9,16 @@ process, its restarts, its last exit and when. ``ClusterState.load`` takes the c
 processes from there, so `down`, `status` and a running scenario see what runs now.
 It also deletes the namespaces scenario runs had to leave behind while the API server
 was gone (``leftovers.py``), once every component runs again. SIGTERM ends the supervisor
-and leaves the components to whoever stops the cluster.
+and leaves the components to whoever stops the cluster. If the cluster directory itself
+goes (a CI job that cleans its workspace without `testbed down`, an `rm -rf`), nothing
+could reach the cluster's processes any more: the supervisor stops them all, Ray's head
+too, and ends.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -34,6 +38,15 @@ STABLE_S = 60.0
 """A component that ran this long before exiting starts its back-off from the beginning."""
 CLEANUP_EVERY_S = 5.0
 """How often namespaces that runs left behind (see leftovers.py) are looked at."""
+
+
+def _identity(directory: Path) -> tuple[int, int] | None:
+    """Which directory is at this path (device and inode); None if none is."""
+    try:
+        found = directory.stat()
+    except FileNotFoundError:
+        return None
+    return found.st_dev, found.st_ino
 
 
 def backoff_s(failures_in_a_row: int) -> float:
@@ -84,11 +97,30 @@ def read(root: Path) -> dict[str, Component]:
 
 
 class Supervisor:
-    def __init__(self, root: Path, records: list[ProcessRecord]):
+    def __init__(self, root: Path, records: list[ProcessRecord], others: list[ProcessRecord] | None = None):
+        """``records``: the components to keep running, in the order to stop them;
+        ``others``: the cluster's other processes (Ray's head), stopped if the cluster
+        directory goes."""
         self.root = root
         self.components = {r.name: Component(r, started_at=processes.started_at(r)) for r in records}
+        self.others = list(others or [])
         self.children: dict[str, subprocess.Popen[bytes]] = {}
         self.stopping = False
+        self._directory = _identity(root)
+
+    def cluster_gone(self) -> bool:
+        """The cluster directory was removed, or another took its path: no `testbed down`
+        can find this cluster's processes any more."""
+        return _identity(self.root) != self._directory
+
+    def stop_everything(self) -> list[str]:
+        """Ray's head first, then the components in their stop order."""
+        stopped = processes.stop([r for r in self.others if r.pid != os.getpid()], timeout_s=2.0)
+        for component in self.components.values():  # clients first, etcd last
+            stopped += processes.stop([component.process])
+        for child in self.children.values():
+            child.poll()
+        return stopped
 
     def step(self, now: float) -> list[str]:
         """Notice exits, start what is due; returns what it started."""
@@ -145,6 +177,11 @@ class Supervisor:
                 before = now
             if time.monotonic() >= next_cleanup:
                 next_cleanup = time.monotonic() + CLEANUP_EVERY_S
+                if self.cluster_gone():
+                    self.stopping = True
+                    stopped = self.stop_everything()
+                    print(f"the cluster directory {self.root} is gone: stopped {', '.join(stopped)}", flush=True)
+                    return
                 self.clean_up_after_runs()
             time.sleep(POLL_S)
 
@@ -157,7 +194,7 @@ class Supervisor:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from testbed.controlplane.cluster import STOP_ORDER, ClusterState
+    from testbed.controlplane.cluster import STOP_ORDER, SUPERVISOR, ClusterState
 
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
@@ -166,9 +203,11 @@ def main(argv: list[str] | None = None) -> None:
     state = ClusterState.load(root)
     if state is None:
         sys.exit(f"supervisor: no cluster in {root}")
-    records = [p for p in state.processes if p.name in STOP_ORDER]
+    by_name = {p.name: p for p in state.processes}
+    records = [by_name[name] for name in STOP_ORDER if name in by_name]
+    others = [p for p in state.processes if p.name not in STOP_ORDER and p.name != SUPERVISOR]
     print(f"supervising {', '.join(r.name for r in records)}", flush=True)
-    Supervisor(root, records).run()
+    Supervisor(root, records, others).run()
 
 
 if __name__ == "__main__":

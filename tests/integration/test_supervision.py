@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from testbed.config import ControlPlaneConfig, nodes_dir
-from testbed.controlplane import cluster
+from testbed.controlplane import cluster, processes
 from testbed.controlplane.binaries import Binaries
+from testbed.fleet import raycluster
 from testbed.testing import wait_for
 
 pytestmark = pytest.mark.controlplane
@@ -185,3 +186,38 @@ def test_the_supervisor_deletes_a_namespace_a_run_left_behind(control_plane: clu
         wait_for(taken, 60, "the supervisor to delete the namespace and forget it")
     finally:
         api.close()  # type: ignore[no-untyped-call]
+
+
+def test_a_cluster_whose_directory_is_removed_is_stopped_by_its_supervisor(kube_binaries: Binaries) -> None:
+    """A CI job that cleans its workspace without `testbed down` removes the cluster
+    directory under a running cluster: nothing could find its processes any more, so its
+    supervisor stops them, the Ray head and the NodeHosts too, rather than leave them
+    running for good."""
+    import tempfile
+
+    config = ControlPlaneConfig(name="orphaned", state_dir=Path(tempfile.mkdtemp(prefix="tbo-")) / "c")
+    _up_with_two_nodes(config)
+    state = cluster.ClusterState.load(config.cluster_dir)
+    assert state is not None
+    recorded = list(state.processes)
+    assert {"ray", cluster.SUPERVISOR, *cluster.STOP_ORDER} <= {r.name for r in recorded}
+    ray_dir = str(raycluster.ray_temp_dir(config.cluster_dir)).encode()
+
+    def ray_processes() -> list[int]:
+        found = []
+        for entry in Path("/proc").iterdir():
+            try:
+                if entry.name.isdigit() and ray_dir in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue  # gone meanwhile
+        return found
+
+    assert ray_processes(), "the fleet's Ray runs"
+    try:
+        shutil.rmtree(config.state_dir.parent)
+        wait_for(lambda: not any(r.alive() for r in recorded), 60, "every process of the removed cluster stopped")
+        wait_for(lambda: not ray_processes(), 30, "Ray's processes (raylet, NodeHosts) gone with its head")
+    finally:
+        processes.stop([r for r in recorded if r.alive()])
+        raycluster.remove_temp_dir(config.cluster_dir)
