@@ -170,6 +170,11 @@ class Supervisor:
         before = ""
         next_cleanup = 0.0
         while not self.stopping:
+            if self.cluster_gone():  # before restarting anything, which would recreate its log directory
+                self.stopping = True
+                stopped = self.stop_everything()
+                print(f"the cluster directory {self.root} is gone: stopped {', '.join(stopped)}", flush=True)
+                return
             self.step(time.time())
             now = json.dumps({n: c.next_start_at for n, c in self.components.items()})
             if now != before:  # a component went down or came back
@@ -177,11 +182,6 @@ class Supervisor:
                 before = now
             if time.monotonic() >= next_cleanup:
                 next_cleanup = time.monotonic() + CLEANUP_EVERY_S
-                if self.cluster_gone():
-                    self.stopping = True
-                    stopped = self.stop_everything()
-                    print(f"the cluster directory {self.root} is gone: stopped {', '.join(stopped)}", flush=True)
-                    return
                 self.clean_up_after_runs()
             time.sleep(POLL_S)
 

@@ -218,6 +218,7 @@ def test_a_cluster_whose_directory_is_removed_is_stopped_by_its_supervisor(kube_
         shutil.rmtree(config.state_dir.parent)
         wait_for(lambda: not any(r.alive() for r in recorded), 60, "every process of the removed cluster stopped")
         wait_for(lambda: not ray_processes(), 30, "Ray's processes (raylet, NodeHosts) gone with its head")
+        assert not config.state_dir.parent.exists(), "a restarted component made the cluster directory again"
     finally:
         processes.stop([r for r in recorded if r.alive()])
         raycluster.remove_temp_dir(config.cluster_dir)
