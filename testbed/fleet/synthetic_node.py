@@ -23,7 +23,8 @@ from testbed.fleet.external import ExternalDriver, ExternalDriverSpec, ShortPath
 from testbed.keys import PROFILE_LABEL
 from testbed.kubeapi import KubeClient
 from testbed.kubelet.kubelet import FakeKubelet
-from testbed.kubelet.node import LeaseFence, NodeSpec, NodeWatcher
+from testbed.kubelet.lease import LeaseFence
+from testbed.kubelet.node import NodeSpec, NodeWatcher
 from testbed.kubeletplugin.claims import ClaimReader
 from testbed.kubeletplugin.prepare import DriverPaths
 from testbed.kubeletplugin.slices import SliceWatcher

@@ -12,7 +12,8 @@ import grpc
 from testbed.grpcapi import podresources_v1_pb2_grpc
 from testbed.kubeapi import ApiError, KubeClient, path_for
 from testbed.kubelet import podresources
-from testbed.kubelet.node import LeaseFence, NodeAgent, NodeSpec, NodeWatcher
+from testbed.kubelet.lease import LeaseFence
+from testbed.kubelet.node import NodeAgent, NodeSpec, NodeWatcher
 from testbed.kubelet.plugins import SCAN_INTERVAL_S, PluginManager
 from testbed.kubelet.pods import PodManager
 from testbed.tasks import cancel_and_wait

@@ -20,20 +20,18 @@ import random
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from testbed import config
-from testbed.keys import SERVED_BY_ANNOTATION, SYNTHETIC
+from testbed.keys import SYNTHETIC
 from testbed.kubeapi import PATCH_TYPES, ApiError, KubeClient, Obj, now_rfc3339, path_for
-from testbed.kubelet import nodestatus
+from testbed.kubelet import lease, nodestatus
 from testbed.kubelet.events import EventRecorder, write_event
+from testbed.kubelet.lease import LeaseFence, NodeLease
 from testbed.routedwatch import RoutedWatch
 from testbed.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
-LEASE_DURATION_S = 40
-LEASE_RENEW_S = 10.0
 SYNTHETIC_TAINT = {"key": SYNTHETIC, "value": "true", "effect": "NoSchedule"}
 """Every synthetic node carries its hardware profile here; real nodes do not."""
 SYNTHETIC_TOLERATION = {
@@ -147,24 +145,6 @@ def node_status(spec: NodeSpec) -> Obj:
     }
 
 
-class LeaseFence(Protocol):
-    """For a node that one of several servers may run (a fleet's NodeHosts): the Lease
-    carries the serving one's stamp, and only it renews the Lease (fleet/fencing.py)."""
-
-    stamp: str
-
-    def wait_s(self, lease: Obj) -> float:
-        """How long before this server may take the node from the Lease's holder."""
-        ...
-
-    def lost(self, stamp: str | None) -> None:
-        """Another server took the node: stop serving it, writing nothing more."""
-        ...
-
-
-TAKE_POLL_S = 1.0
-
-
 def _version(obj: Obj) -> int:
     """An object's resourceVersion as a number (etcd's revision), to tell a newer state
     from an older one arriving late; -1 if it is not one."""
@@ -194,15 +174,10 @@ class NodeAgent:
     def __init__(self, client: KubeClient, spec: NodeSpec, fence: LeaseFence | None = None):
         self.client = client
         self.spec = spec
-        self.fence = fence
-        self.lost = False
-        """Another server took the node (with a fence): nothing is renewed any more."""
+        self.lease = NodeLease(client, spec.name, fence)
         self.uid = ""
         self.created = False
         """True if register() made a new Node (rather than adopting one)."""
-        self._lease: Obj | None = None
-        """The Lease as last written or read; renewals update it."""
-        self._renewals = 0
         self._task: asyncio.Task[None] | None = None
         self.observed: Obj | None = None
         """The Node as last seen: written, read, or from the watch (``observe``)."""
@@ -228,14 +203,16 @@ class NodeAgent:
             node = await self.client.get(path)
         self.uid = node["metadata"]["uid"]
         self.observe("ADDED", node)
-        if self.fence is not None:
-            await self._take_lease()  # before any write in the node's name
+        if self.created:
+            self.lease.node_created(self.uid)
+        if self.lease.fence is not None:
+            await self.lease.take()  # before any write in the node's name
         if self.created:
             self._reports.reported(time.monotonic(), changed=True)  # the create carried the status
         else:
             await self.sync_status()  # a restarted kubelet's first sync reports
-        if self.fence is None:
-            await self.renew_lease()
+        if self.lease.fence is None:
+            await self.lease.sync()
 
     def observe(self, kind: str, node: Obj) -> None:
         """The Node as the API server has it now (a watch event or an answer)."""
@@ -301,123 +278,27 @@ class NodeAgent:
         except ApiError as exc:
             log.debug("could not record event %s on node %s: %s", reason, self.spec.name, exc)
 
-    def _lease_path(self) -> str:
-        return path_for("coordination.k8s.io/v1", "leases", self.spec.name, namespace="kube-node-lease")
-
-    async def _read_lease(self) -> Obj | None:
-        try:
-            return await self.client.get(self._lease_path())
-        except ApiError as exc:
-            if not exc.not_found:
-                raise
-            return None
-
-    async def _take_lease(self) -> None:
-        """Stamp the Lease as this server's once its previous holder's claim has lapsed."""
-        assert self.fence is not None
-        # A Node just created has no Lease: create it without asking.
-        lease = None if self.created else await self._read_lease()
-        while True:
-            if lease is None:
-                try:
-                    self._lease = await self.client.create(self._lease_path().rpartition("/")[0], self._new_lease())
-                    return
-                except ApiError as exc:
-                    if not exc.conflict:
-                        raise
-            elif (wait := self.fence.wait_s(lease)) > 0:
-                await asyncio.sleep(min(wait, TAKE_POLL_S))
-            else:
-                try:
-                    self._lease = await self.client.replace(self._lease_path(), self._stamped(lease))
-                    return
-                except ApiError as exc:
-                    if not exc.conflict:  # 409: the holder renewed meanwhile; judge it again
-                        raise
-            lease = await self._read_lease()
+    @property
+    def lost(self) -> bool:
+        """Another server took the node (with a fence): nothing is renewed any more."""
+        return self.lease.lost
 
     async def renew_lease(self) -> None:
-        """As a kubelet does: PUT the Lease it last saw with a new renewTime; on a conflict
-        or a missing Lease, read it again (or create it) next time round. No PATCH: an
-        update of a known object is the cheapest write the API server has."""
-        leases = path_for("coordination.k8s.io/v1", "leases", namespace="kube-node-lease")
-        if self.lost:
-            return
-        if self._lease is None:
-            # A Node this agent just created has no Lease yet: create it without asking.
-            if not (self.created and self._renewals == 0):
-                try:
-                    self._lease = await self.client.get(f"{leases}/{self.spec.name}")
-                except ApiError as exc:
-                    if not exc.not_found:
-                        raise
-            if self._lease is None:
-                try:
-                    self._lease = await self.client.create(leases, self._new_lease())
-                    self._renewals += 1
-                    return
-                except ApiError as exc:
-                    if not exc.conflict:  # 409: a retried create that landed, or a stale Lease
-                        raise
-                    self._lease = await self.client.get(f"{leases}/{self.spec.name}")
-            if self._taken_by_another(self._lease):
-                return
-        self._renewals += 1
-        lease = dict(self._lease, spec=self._lease_spec())
-        try:
-            self._lease = await self.client.replace(f"{leases}/{self.spec.name}", lease)
-        except ApiError as exc:
-            self._lease = None  # read it afresh next time
-            if not (exc.conflict or exc.not_found):
-                raise
-            if exc.conflict and self.fence is not None:  # at once: was it another server's write?
-                self._lease = await self.client.get(f"{leases}/{self.spec.name}")
-                self._taken_by_another(self._lease)
-
-    def _taken_by_another(self, lease: Obj) -> bool:
-        if self.fence is None:
-            return False
-        stamp = lease.get("metadata", {}).get("annotations", {}).get(SERVED_BY_ANNOTATION)
-        if stamp == self.fence.stamp:
-            return False
-        self.lost = True
-        self._lease = None
-        self.fence.lost(stamp)
-        return True
-
-    def _stamped(self, lease: Obj) -> Obj:
-        assert self.fence is not None
-        meta = dict(lease["metadata"])
-        meta["annotations"] = {**meta.get("annotations", {}), SERVED_BY_ANNOTATION: self.fence.stamp}
-        return dict(lease, metadata=meta, spec=self._lease_spec())
-
-    def _lease_spec(self) -> Obj:
-        return {
-            "holderIdentity": self.spec.name,
-            "leaseDurationSeconds": LEASE_DURATION_S,
-            "renewTime": now_rfc3339(micro=True),
-        }
-
-    def _new_lease(self) -> Obj:
-        owner = {"apiVersion": "v1", "kind": "Node", "name": self.spec.name, "uid": self.uid}
-        meta: Obj = {"name": self.spec.name, "ownerReferences": [owner]}
-        if self.fence is not None:
-            meta["annotations"] = {SERVED_BY_ANNOTATION: self.fence.stamp}
-        return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta, "spec": self._lease_spec()}
+        await self.lease.sync()
 
     def start(self, first_delay_s: float | None = None) -> None:
         """Renew every 10 s. The first renewal is spread over that interval, so a fleet's
         nodes do not all renew in the same instant."""
         if first_delay_s is None:
-            first_delay_s = random.uniform(0.5, LEASE_RENEW_S)
+            first_delay_s = random.uniform(0.5, lease.RENEW_S)
         self._task = asyncio.create_task(self._renew_forever(first_delay_s), name=f"lease-{self.spec.name}")
 
     async def _renew_forever(self, delay_s: float) -> None:
         while not self.lost:
             await asyncio.sleep(delay_s)
-            delay_s = LEASE_RENEW_S
+            delay_s = lease.RENEW_S * (1 + lease.RENEW_JITTER * random.random())
             try:
-                await self.renew_lease()
+                await self.lease.sync()
             except Exception as exc:  # keep trying: a kubelet never gives up on its lease
                 log.warning("lease renewal for %s failed: %s", self.spec.name, exc)
             try:  # the kubelet's status sync runs every 10 s too, in a loop of its own

@@ -19,6 +19,7 @@ from testbed.fleet.fencing import NodeFence, Server
 from testbed.fleet.fleet import Fleet
 from testbed.keys import SERVED_BY_ANNOTATION
 from testbed.kubeapi import ApiError, KubeClient, Obj, now_rfc3339, path_for
+from testbed.kubelet import lease as lease_module
 from testbed.kubelet import node as node_module
 from testbed.kubelet import nodestatus
 from testbed.kubelet.node import NodeAgent, NodeSpec, NodeWatcher
@@ -57,13 +58,13 @@ def test_lease_is_created_renewed_recreated_and_adopted(kubeconfig_path: Path) -
             assert renewed["metadata"]["resourceVersion"] != first["metadata"]["resourceVersion"]
             assert renewed["spec"]["renewTime"] > first["spec"]["renewTime"]
 
-            # Someone deletes the Lease: the next renewal notices, the one after recreates it.
+            # Someone deletes the Lease: the next renewal makes it again, owned by the Node.
             await client.delete(f"{LEASES}/{name}")
-            for _ in range(2):
-                await agent.renew_lease()
+            await agent.renew_lease()
             recreated = await _lease(client, name)
             assert recreated is not None, "a deleted Lease was not recreated"
             assert recreated["metadata"]["uid"] != first["metadata"]["uid"]
+            assert recreated["metadata"]["ownerReferences"][0]["uid"] == agent.uid
 
             # A restarted kubelet adopts the Node and its Lease rather than failing.
             again = NodeAgent(client, NodeSpec(name))
@@ -81,11 +82,59 @@ def test_lease_is_created_renewed_recreated_and_adopted(kubeconfig_path: Path) -
     asyncio.run(scenario())
 
 
+def test_a_lease_written_by_another_is_renewed_in_the_same_sync(kubeconfig_path: Path) -> None:
+    """A conflict makes the kubelet read its Lease again and renew at once, not 10 s later:
+    a Lease written by someone else (an operator, a controller adding a label) must not
+    cost the node a heartbeat."""
+    name = f"cfl-{uuid.uuid4().hex[:6]}"
+
+    async def scenario() -> None:
+        client = KubeClient.from_kubeconfig(kubeconfig_path)
+        agent = NodeAgent(client, NodeSpec(name))
+        try:
+            await agent.register()
+            theirs = await client.patch(f"{LEASES}/{name}", {"metadata": {"labels": {"team": "x"}}}, "merge")
+            await agent.renew_lease()
+            renewed = await _lease(client, name)
+            assert renewed is not None
+            assert renewed["metadata"]["resourceVersion"] != theirs["metadata"]["resourceVersion"], "not renewed"
+            assert renewed["spec"]["renewTime"] > theirs["spec"]["renewTime"]
+            assert renewed["metadata"]["labels"] == {"team": "x"}, "the other writer's change was lost"
+        finally:
+            await agent.delete()
+            await client.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_deleted_nodes_lease_is_not_made_again(kubeconfig_path: Path) -> None:
+    """With its Node deleted, a kubelet makes no Lease: a Lease needs the Node as owner,
+    and the kubelet reads the Node for it. One made with the old Node's uid would be
+    deleted by the garbage collector and made again at every sync."""
+    name = f"gone-{uuid.uuid4().hex[:6]}"
+
+    async def scenario() -> None:
+        client = KubeClient.from_kubeconfig(kubeconfig_path)
+        agent = NodeAgent(client, NodeSpec(name))
+        try:
+            await agent.register()
+            await agent.delete()
+            await client.delete_if_exists(f"{LEASES}/{name}")  # as the garbage collector would
+            for _ in range(2):
+                await agent.renew_lease()
+            assert await _lease(client, name) is None, "a Lease was made for a deleted Node"
+        finally:
+            await agent.delete()
+            await client.close()
+
+    asyncio.run(scenario())
+
+
 def test_a_node_is_served_by_one_server_at_a_time(kubeconfig_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two NodeHosts after a lost Ray host: the new one waits while the old one still
     renews the node's Lease, takes the node once the Lease lapses, and the old one, when
     it renews again, lets the node go without writing."""
-    monkeypatch.setattr(node_module, "LEASE_DURATION_S", 3)  # lapse in seconds, not 40
+    monkeypatch.setattr(lease_module, "DURATION_S", 3)  # lapse in seconds, not 40
     name = f"fence-{uuid.uuid4().hex[:6]}"
     lost: list[tuple[str, Server | None]] = []
     old_server = Server("nodehost-x-0", "old", "ray-node-1", os.getpid())
@@ -174,7 +223,7 @@ def test_a_node_marked_unknown_is_ready_again_at_the_next_status_sync(
     it. Only the kubelet sets them back: it watches its Node, and its next status sync
     (every 10 s) finds them differ. A fake kubelet that did not would leave the node
     NotReady for good while its Lease renews."""
-    monkeypatch.setattr(node_module, "LEASE_RENEW_S", 0.5)  # its sync every half second, not 10
+    monkeypatch.setattr(lease_module, "RENEW_S", 0.5)  # its sync every half second, not 10
     name = f"unk-{uuid.uuid4().hex[:6]}"
     path = path_for("v1", "nodes", name)
 
@@ -226,7 +275,7 @@ def test_an_idle_node_reports_its_status_every_period_and_not_at_every_sync(
     """The kubelet writes an unchanged status only every nodeStatusReportFrequency (5 min),
     its conditions' heartbeats moving, never at each 10 s sync: at 5,000 nodes that is 17
     writes a second, not 500."""
-    monkeypatch.setattr(node_module, "LEASE_RENEW_S", 0.2)
+    monkeypatch.setattr(lease_module, "RENEW_S", 0.2)
     monkeypatch.setattr(nodestatus, "STATUS_REPORT_S", 3.0)
     name = f"rep-{uuid.uuid4().hex[:6]}"
     path = path_for("v1", "nodes", name)
