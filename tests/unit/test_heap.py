@@ -27,7 +27,6 @@ class Held:
 
 
 def test_starts_collect_the_young_generation_less_often_until_the_last_one_ends() -> None:
-    default = gc.get_threshold()
     first, second = heap.starting_nodes(), heap.starting_nodes()
     first.__enter__()
     assert gc.get_threshold()[0] == heap.START_THRESHOLD
@@ -35,15 +34,14 @@ def test_starts_collect_the_young_generation_less_often_until_the_last_one_ends(
     first.__exit__(None, None, None)  # overlapping starts: the other is still going
     assert gc.get_threshold()[0] == heap.START_THRESHOLD
     second.__exit__(None, None, None)
-    assert gc.get_threshold() == default
+    assert gc.get_threshold() == heap.STEADY_THRESHOLD
 
 
-def test_what_started_nodes_hold_is_settled_and_a_failed_start_restores_the_collector() -> None:
-    default = gc.get_threshold()
+def test_what_started_nodes_hold_is_settled_and_a_failed_start_ends_the_start_settings() -> None:
     with pytest.raises(RuntimeError), heap.starting_nodes():
         held = Held()  # what the nodes that did start hold
         raise RuntimeError("a node failed to start")
-    assert gc.get_threshold() == default
+    assert gc.get_threshold() == heap.STEADY_THRESHOLD
     assert not _collectable(held), "what started nodes hold is not walked again"
 
 
