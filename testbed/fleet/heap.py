@@ -25,11 +25,11 @@ gpu8 nodes, a full collection of its ~50,000 unsettled objects took 50 ms idle a
 100-500 ms during a cl2-dra run, which saw 4-5 of them, each stopping every node's
 event loop. With the default, requests' short-lived objects are caught young and
 promoted; with 10,000 allocations between young collections most are gone first, and a
-full collection waits for 100 middle ones. cl2-dra on one cluster, runs interleaved:
-the collector's pauses 0.6-0.7 s a run (two runs) against 2.0-2.5 s (four), no full
-collection, and the churn's kubelet-side PrepareResources p99 229 and 234 ms against
-242-600 ms. What full collections found was little (1,670 objects in 15 of them), so
-garbage cycles waiting longer in the old generation cost little memory."""
+full collection waits for 100 middle ones. cl2-dra, runs interleaved
+(docs/performance.md): the collector's pauses 0.6-0.85 s a run instead of 2.0-2.5 s, no
+full collection, the churn's startup p99 2.4-2.6 s instead of 3.2-3.6 s. What full
+collections found was little (1,670 objects in 15 of them), so garbage cycles waiting
+longer in the old generation cost little memory."""
 
 _starts = 0
 
