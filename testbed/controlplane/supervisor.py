@@ -18,7 +18,6 @@ too, and ends.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -115,7 +114,7 @@ class Supervisor:
 
     def stop_everything(self) -> list[str]:
         """Ray's head first, then the components in their stop order."""
-        stopped = processes.stop([r for r in self.others if r.pid != os.getpid()], timeout_s=2.0)
+        stopped = processes.stop(self.others, timeout_s=2.0)
         for component in self.components.values():  # clients first, etcd last
             stopped += processes.stop([component.process])
         for child in self.children.values():

@@ -231,8 +231,9 @@ class NodeAgent:
                 return
             try:
                 if attempt > 0 or self.observed is None:
-                    read = await self.client.request("GET", path_for("v1", "nodes", self.spec.name), attempts=1)
-                    self.observed = read
+                    self.observed = await self.client.request(
+                        "GET", path_for("v1", "nodes", self.spec.name), attempts=1
+                    )
                 await self._report_status()
                 return
             except Exception as exc:  # each try may fail its own way; the last one is raised
