@@ -131,12 +131,8 @@ class NodeLease:
         uid, self._new_node_uid = self._new_node_uid or await self._node_uid(), ""
         if not uid:
             return None, False
-        try:
-            return await self.client.request("POST", LEASES, self._new(uid), attempts=1), True
-        except ApiError as exc:
-            if not exc.conflict:  # made meanwhile (by another server, say): read it next time
-                raise
-            return None, False
+        # A 409 (made meanwhile, by another server say) is retried as any error: read then.
+        return await self.client.request("POST", LEASES, self._new(uid), attempts=1), True
 
     async def _renewed(self, base: Obj) -> Obj:
         """``base`` with a new renewTime, and its Node as owner if it had none."""
