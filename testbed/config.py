@@ -15,6 +15,9 @@ Environment variables read here (and nowhere else):
 - ``TESTBED_ALPHA``: ``1`` turns on every alpha DRA gate and alpha/beta APIs.
 - ``TESTBED_PROFILING``: ``1`` serves Go's pprof on every control-plane component
   (``kubectl get --raw /debug/pprof/profile`` on the API server), to see where its CPU goes.
+- ``HTTP2_READ_IDLE_TIMEOUT_SECONDS`` (default 30; 0 turns the check off) and
+  ``HTTP2_PING_TIMEOUT_SECONDS`` (default 15): client-go's connection health check, which
+  the testbed's API connections make with TCP keepalive (``connection_health_check``).
 """
 
 from __future__ import annotations
@@ -176,6 +179,31 @@ def parse_feature_gates(text: str, source: str) -> dict[str, bool]:
 
 def env_flag(name: str) -> bool:
     return os.environ.get(name, "").lower() in ("1", "true", "yes", "on")
+
+
+def _env_seconds(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise TestbedError(f"{name}={raw!r} is not a whole number of seconds", hint=f"unset it for {default}")
+    return value
+
+
+def connection_health_check() -> tuple[int, int] | None:
+    """(idle, timeout) in seconds for every connection to the API server, or None (off).
+
+    client-go pings an HTTP/2 connection that has been silent for 30 s and drops it when no
+    answer comes within 15 s, so a kubelet's watch on a connection that died without a word
+    (a peer machine gone, a partition) is made again within 45 s. The testbed's connections
+    are HTTP/1.1; TCP keepalive with the same two times does the same, in the kernel."""
+    idle = _env_seconds("HTTP2_READ_IDLE_TIMEOUT_SECONDS", 30)
+    timeout = _env_seconds("HTTP2_PING_TIMEOUT_SECONDS", 15)
+    return (idle, max(timeout, 1)) if idle > 0 else None
 
 
 @dataclass

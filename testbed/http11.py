@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import ssl
 import time
 from collections.abc import Mapping
@@ -36,6 +37,19 @@ class TransportError(ConnectionError):
 class Response:
     status: int
     body: bytes
+
+
+def check_health(transport: asyncio.BaseTransport, health_check: tuple[int, int] | None) -> None:
+    """TCP keepalive on the connection: silent for ``idle`` seconds, it is probed, and
+    closed when no answer comes within ``timeout`` (config.connection_health_check)."""
+    sock = transport.get_extra_info("socket")
+    if health_check is None or sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    idle, timeout = health_check
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, idle)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, timeout)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 1)
 
 
 _HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _TRAILER, _UNTIL_CLOSE = range(6)
@@ -198,10 +212,15 @@ class _Connection(asyncio.Protocol):
 class ConnectionPool:
     """Keep-alive connections to one server, at most ``limit`` of them at once (0: no
     limit); an idle connection is closed after ``keepalive_s`` (under the API server's own
-    idle limit)."""
+    idle limit). ``health_check``: (idle, timeout) seconds of TCP keepalive (check_health)."""
 
     def __init__(
-        self, server: str, ssl_context: ssl.SSLContext | None, limit: int = 64, keepalive_s: float = 60.0
+        self,
+        server: str,
+        ssl_context: ssl.SSLContext | None,
+        limit: int = 64,
+        keepalive_s: float = 60.0,
+        health_check: tuple[int, int] | None = None,
     ) -> None:
         url = urlsplit(server)
         if url.scheme not in ("http", "https") or not url.hostname:
@@ -213,6 +232,7 @@ class ConnectionPool:
         self._host_header = f"{authority}:{self.port}".encode()
         self.server = server
         self.keepalive_s = keepalive_s
+        self.health_check = health_check
         self.limit = limit
         self._loop: asyncio.AbstractEventLoop | None = None
         self._slots = self._new_slots()
@@ -292,6 +312,8 @@ class ConnectionPool:
             error = TransportError(f"cannot reach {self.server}: {exc}")
             error.unreachable = True
             raise error from exc
+        assert connection.transport is not None
+        check_health(connection.transport, self.health_check)
         self._busy.add(connection)
         return connection
 
@@ -305,6 +327,12 @@ class ConnectionPool:
     def connections(self) -> int:
         """Open connections, idle or in use."""
         return sum(1 for c in [*self._idle, *self._busy] if c.reusable)
+
+    def close_idle(self) -> None:
+        """Close the connections no request is using: the next requests connect afresh."""
+        for connection in self._idle:
+            connection.close()
+        self._idle.clear()
 
     def close(self) -> None:
         self.closed = True

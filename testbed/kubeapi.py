@@ -27,7 +27,8 @@ from typing import Any
 import aiohttp
 import yaml
 
-from testbed.http11 import ConnectionPool, TransportError
+from testbed.config import connection_health_check
+from testbed.http11 import ConnectionPool, TransportError, check_health
 
 Obj = dict[str, Any]
 
@@ -38,6 +39,8 @@ RETRY_ATTEMPTS = 8
 RETRY_FIRST_DELAY_S = 0.2
 RETRY_MAX_DELAY_S = 5.0
 KEEPALIVE_S = 60.0
+DIAL_TIMEOUT_S = 30.0
+"""client-go's dialer gives up on a connection after 30 s."""
 
 WATCH_LINE_LIMIT = 4 * 1024 * 1024
 """A watch event is one line; aiohttp refuses lines over twice its read buffer (128 KiB by
@@ -268,6 +271,7 @@ class KubeClient:
         self._session: aiohttp.ClientSession | None = None
         self._pool: ConnectionPool | None = None
         self._lender = borrow
+        self._health_check = connection_health_check()
 
     @classmethod
     def from_kubeconfig(cls, path: Path | None = None, connection_limit: int = 64) -> KubeClient:
@@ -279,8 +283,18 @@ class KubeClient:
             return self._lender._connections()
         if self._pool is None or self._pool.closed:
             ssl_context = self.credentials.ssl_context
-            self._pool = ConnectionPool(self.credentials.server, ssl_context, self._limit, KEEPALIVE_S)
+            self._pool = ConnectionPool(
+                self.credentials.server, ssl_context, self._limit, KEEPALIVE_S, self._health_check
+            )
         return self._pool
+
+    def close_idle_connections(self) -> None:
+        """What a kubelet does after a second failed heartbeat in a row: the next requests
+        connect afresh, in case the kept-alive ones died without a word."""
+        if self._lender is not None:
+            self._lender.close_idle_connections()
+        elif self._pool is not None:
+            self._pool.close_idle()
 
     def _http(self) -> aiohttp.ClientSession:
         if self._lender is not None:
@@ -477,10 +491,14 @@ class KubeClient:
                     path,
                     params=query,
                     headers=self._own(watch_headers),
-                    timeout=aiohttp.ClientTimeout(total=timeout_s + 30),
+                    timeout=aiohttp.ClientTimeout(total=timeout_s + 30, sock_connect=DIAL_TIMEOUT_S),
                 ) as response:
                     if response.status >= 400:
                         raise _api_error(response.status, await response.text())
+                    if response.connection is not None and response.connection.transport is not None:
+                        # A watch may stay silent for minutes: only the health check tells a
+                        # quiet one from one whose server went away without a word.
+                        check_health(response.connection.transport, self._health_check)
                     async for line in response.content:
                         event = json.loads(line)
                         kind, obj = event["type"], event["object"]

@@ -126,29 +126,59 @@ def _netns_exists(netns: str) -> bool:
     return Path("/run/netns", netns).exists()
 
 
+@dataclass(frozen=True)
+class LinkedNamespaces:
+    """Two network namespaces joined by a veth pair, each end with an address of its own."""
+
+    first: str
+    second: str
+    first_ip: str
+    second_ip: str
+    first_end: str
+    """The first namespace's end of the link: down, the second namespace hears nothing
+    from it, nor it from the second, and neither is told."""
+
+    def set_link(self, up: bool) -> None:
+        _run("ip", "-n", self.first, "link", "set", self.first_end, "up" if up else "down")
+
+
 @contextlib.contextmanager
-def two_hosts(scratch: Path, cpus_each: int = 2) -> Iterator[TwoHosts]:
-    """Both hosts up and joined; on exit every process in them is killed and they go.
-    ``scratch``: a short directory (Ray's unix sockets go under it), removed by the caller."""
+def linked_namespaces() -> Iterator[LinkedNamespaces]:
+    """On exit every process in them is killed and they go."""
     tag = secrets.token_hex(3)
     subnet = f"10.{200 + secrets.randbelow(50)}.{secrets.randbelow(250)}"
-    token = scratch / "ray-token"
-    write_secret(token, secrets.token_hex(32).encode())
-    hosts = TwoHosts(f"tb-{tag}-1", f"tb-{tag}-2", f"{subnet}.1", f"{subnet}.2", scratch / "state", token)
-    hosts.state_dir.mkdir()
-    second_disk = scratch / "disk2"
-    second_disk.mkdir()
-    ray_bin = str(Path(sys.executable).with_name("ray"))
+    made = LinkedNamespaces(f"tb-{tag}-1", f"tb-{tag}-2", f"{subnet}.1", f"{subnet}.2", f"tb{tag}a")
     try:
-        _run("ip", "netns", "add", hosts.first)
-        _run("ip", "netns", "add", hosts.second)
-        _run("ip", "link", "add", f"tb{tag}a", "type", "veth", "peer", "name", f"tb{tag}b")
-        ends = ((f"tb{tag}a", hosts.first, hosts.first_ip), (f"tb{tag}b", hosts.second, hosts.second_ip))
+        _run("ip", "netns", "add", made.first)
+        _run("ip", "netns", "add", made.second)
+        _run("ip", "link", "add", made.first_end, "type", "veth", "peer", "name", f"tb{tag}b")
+        ends = ((made.first_end, made.first, made.first_ip), (f"tb{tag}b", made.second, made.second_ip))
         for end, netns, address in ends:
             _run("ip", "link", "set", end, "netns", netns)
             _run("ip", "-n", netns, "addr", "add", f"{address}/30", "dev", end)
             _run("ip", "-n", netns, "link", "set", end, "up")
             _run("ip", "-n", netns, "link", "set", "lo", "up")
+        yield made
+    finally:
+        for netns in (made.first, made.second):
+            if _netns_exists(netns):
+                _empty(netns)
+                subprocess.run(["ip", "netns", "del", netns], capture_output=True)
+
+
+@contextlib.contextmanager
+def two_hosts(scratch: Path, cpus_each: int = 2) -> Iterator[TwoHosts]:
+    """Both hosts up and joined; on exit every process in them is killed and they go.
+    ``scratch``: a short directory (Ray's unix sockets go under it), removed by the caller."""
+    token = scratch / "ray-token"
+    write_secret(token, secrets.token_hex(32).encode())
+    state_dir = scratch / "state"
+    state_dir.mkdir()
+    second_disk = scratch / "disk2"
+    second_disk.mkdir()
+    ray_bin = str(Path(sys.executable).with_name("ray"))
+    with linked_namespaces() as link:
+        hosts = TwoHosts(link.first, link.second, link.first_ip, link.second_ip, state_dir, token)
         head_log = scratch / "ray-first.log"
         _start(
             head_log,
@@ -177,11 +207,6 @@ def two_hosts(scratch: Path, cpus_each: int = 2) -> Iterator[TwoHosts]:
         )
         _poll(lambda: _alive_ray_nodes(hosts) == 2, 120, "the second host to join Ray", second_log)
         yield hosts
-    finally:
-        for netns in (hosts.first, hosts.second):
-            if _netns_exists(netns):
-                _empty(netns)
-                subprocess.run(["ip", "netns", "del", netns], capture_output=True)
 
 
 def _empty(netns: str) -> None:

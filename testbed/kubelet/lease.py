@@ -32,6 +32,9 @@ RENEW_S = 10.0
 RENEW_JITTER = 0.04
 """The kubelet waits ``RENEW_S`` times 1 to 1.04 after each sync ends."""
 UPDATE_TRIES = 5
+HEARTBEAT_TIMEOUT_S = 10.0
+"""The kubelet's heartbeat client (Lease and Node status requests) gives each request its
+status update frequency, 10 s (at most the lease's duration)."""
 ENSURE_FIRST_BACKOFF_S = 0.2
 ENSURE_MAX_BACKOFF_S = 7.0
 TAKE_POLL_S = 1.0
@@ -88,23 +91,27 @@ class NodeLease:
             log.warning("lease of node %s: %d renewals failed; next sync in %.0f s", self.node, UPDATE_TRIES, RENEW_S)
 
     async def _update(self, base: Obj) -> bool:
-        for _ in range(UPDATE_TRIES):
+        for attempt in range(UPDATE_TRIES):
             if self.lost:
                 return False
             try:
                 lease = await self._renewed(base)
-                self.latest = await self.client.request("PUT", self.path, lease, attempts=1)
+                self.latest = await self._call("PUT", self.path, lease)
                 return True
-            except ApiError as exc:
+            except Exception as exc:  # the server away or slow: try again at once, as upstream
                 log.debug("lease of node %s: renewal failed: %s", self.node, exc)
-                if exc.conflict:  # another writer (or server) since: read it again
+                if isinstance(exc, ApiError) and exc.conflict:  # another writer since: read it again
                     again, _ = await self._ensure_with_backoff()
                     if again is None:
                         return False
                     base = again
-            except Exception as exc:  # the server away or slow: try again at once, as upstream
-                log.debug("lease of node %s: renewal failed: %s", self.node, exc)
+                elif attempt > 0:
+                    self.client.close_idle_connections()
         return False
+
+    async def _call(self, method: str, path: str, body: Obj | None = None) -> Obj:
+        """One request of the heartbeat client: one try, its own timeout."""
+        return await self.client.request(method, path, body, timeout_s=HEARTBEAT_TIMEOUT_S, attempts=1)
 
     async def _ensure_with_backoff(self) -> tuple[Obj | None, bool]:
         """The Lease as the server has it, created if missing; (None, False) when it may
@@ -122,7 +129,7 @@ class NodeLease:
     async def _ensure(self) -> tuple[Obj | None, bool]:
         if not self._new_node_uid:
             try:
-                lease = await self.client.request("GET", self.path, attempts=1)
+                lease = await self._call("GET", self.path)
             except ApiError as exc:
                 if not exc.not_found:
                     raise
@@ -132,7 +139,7 @@ class NodeLease:
         if not uid:
             return None, False
         # A 409 (made meanwhile, by another server say) is retried as any error: read then.
-        return await self.client.request("POST", LEASES, self._new(uid), attempts=1), True
+        return await self._call("POST", LEASES, self._new(uid)), True
 
     async def _renewed(self, base: Obj) -> Obj:
         """``base`` with a new renewTime, and its Node as owner if it had none."""
@@ -147,7 +154,7 @@ class NodeLease:
     async def _node_uid(self) -> str:
         """The Node's uid, or "" if there is no such Node."""
         try:
-            node = await self.client.request("GET", path_for("v1", "nodes", self.node), attempts=1)
+            node = await self._call("GET", path_for("v1", "nodes", self.node))
         except ApiError as exc:
             if not exc.not_found:
                 raise

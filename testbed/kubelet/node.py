@@ -232,12 +232,17 @@ class NodeAgent:
             try:
                 if attempt > 0 or self.observed is None:
                     self.observed = await self.client.request(
-                        "GET", path_for("v1", "nodes", self.spec.name), attempts=1
+                        "GET",
+                        path_for("v1", "nodes", self.spec.name),
+                        timeout_s=lease.HEARTBEAT_TIMEOUT_S,
+                        attempts=1,
                     )
                 await self._report_status()
                 return
             except Exception as exc:  # each try may fail its own way; the last one is raised
                 failure = exc
+                if attempt > 0:  # as the kubelet after a second failed heartbeat
+                    self.client.close_idle_connections()
         assert failure is not None
         raise failure
 
@@ -258,6 +263,7 @@ class NodeAgent:
                 path_for("v1", "nodes", self.spec.name, subresource="status"),
                 nodestatus.status_patch(status, desired),
                 content_type=PATCH_TYPES["strategic"],
+                timeout_s=lease.HEARTBEAT_TIMEOUT_S,
                 attempts=1,
             )
             self._reports.reported(now, changed)

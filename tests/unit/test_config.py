@@ -55,3 +55,17 @@ def test_scheduler_knobs_reach_its_config_file_only_when_set(tmp_path: Path) -> 
     document = yaml.safe_load(write_scheduler_config(layout, tuned).read_text())
     assert document["percentageOfNodesToScore"] == 10 and document["parallelism"] == 4
     assert tuned.tunables()["percentageOfNodesToScore"] == 10
+
+
+def test_connection_health_check_follows_client_gos_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HTTP2_READ_IDLE_TIMEOUT_SECONDS", raising=False)
+    monkeypatch.delenv("HTTP2_PING_TIMEOUT_SECONDS", raising=False)
+    assert config.connection_health_check() == (30, 15)
+    monkeypatch.setenv("HTTP2_READ_IDLE_TIMEOUT_SECONDS", "4")
+    monkeypatch.setenv("HTTP2_PING_TIMEOUT_SECONDS", "2")
+    assert config.connection_health_check() == (4, 2)
+    monkeypatch.setenv("HTTP2_READ_IDLE_TIMEOUT_SECONDS", "0")
+    assert config.connection_health_check() is None, "0 turns the check off, as in client-go"
+    monkeypatch.setenv("HTTP2_READ_IDLE_TIMEOUT_SECONDS", "soon")
+    with pytest.raises(TestbedError, match="HTTP2_READ_IDLE_TIMEOUT_SECONDS='soon'"):
+        config.connection_health_check()

@@ -283,3 +283,52 @@ async def _answer_with(writer: asyncio.StreamWriter, body: bytes) -> bool:
     writer.write(with_length(body))
     await writer.drain()
     return True
+
+
+def test_after_close_idle_the_next_request_connects_afresh_and_a_busy_one_is_left_alone() -> None:
+    release = asyncio.Event()
+
+    async def held(seen: Seen, writer: asyncio.StreamWriter) -> bool:
+        if seen.target == "/held":
+            await release.wait()
+        return await echo(seen, writer)
+
+    async def test(pool: ConnectionPool, server: Server) -> None:
+        await pool.request("GET", "/first", {})
+        busy = asyncio.create_task(pool.request("GET", "/held", {}))
+        async with asyncio.timeout(5):
+            while len(server.seen) < 2:
+                await asyncio.sleep(0.01)
+        pool.close_idle()  # the first connection is idle again; the second is busy
+        await pool.request("GET", "/third", {})
+        release.set()
+        assert (await busy).body == b'{"target": "/held"}'
+
+    server = serve(held, test)
+    assert [s.connection for s in server.seen] == [1, 1, 2]
+    assert server.connections == 2, "the busy connection was closed under its request"
+
+
+def test_new_connections_are_health_checked_with_keepalive() -> None:
+    async def test(pool: ConnectionPool, server: Server) -> None:
+        await pool.request("GET", "/", {})
+        (connection,) = pool._idle
+        assert connection.transport is not None
+        sock = connection.transport.get_extra_info("socket")
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 7
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL) == 3
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT) == 1
+
+    async def main() -> None:
+        server = Server(echo)
+        listener = await asyncio.start_server(server.handle, "127.0.0.1", 0)
+        port = listener.sockets[0].getsockname()[1]
+        pool = ConnectionPool(f"http://127.0.0.1:{port}", None, health_check=(7, 3))
+        try:
+            await test(pool, server)
+        finally:
+            pool.close()
+            listener.close()
+
+    asyncio.run(main())
