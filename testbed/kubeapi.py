@@ -41,6 +41,8 @@ RETRY_MAX_DELAY_S = 5.0
 KEEPALIVE_S = 60.0
 DIAL_TIMEOUT_S = 30.0
 """client-go's dialer gives up on a connection after 30 s."""
+WATCH_MIN_S = 300
+"""client-go's shortest watch; each asks for a time between this and twice this."""
 
 WATCH_LINE_LIMIT = 4 * 1024 * 1024
 """A watch event is one line; aiohttp refuses lines over twice its read buffer (128 KiB by
@@ -439,7 +441,7 @@ class KubeClient:
         self,
         path: str,
         params: Mapping[str, str] | None = None,
-        timeout_s: int = 300,
+        timeout_s: int | None = None,
         metadata_only: bool = False,
         position: WatchPosition | None = None,
     ) -> AsyncIterator[tuple[str, Obj]]:
@@ -447,6 +449,7 @@ class KubeClient:
         re-listing when the watch expires (410) and reconnecting after errors.
         An object deleted while the watch was down is yielded as DELETED (its last state
         seen) after the re-list, so no consumer keeps serving something that is gone.
+        ``timeout_s``: how long each watch asks for (default: 5 to 10 minutes at random).
         ``metadata_only``: objects arrive as their metadata alone (PartialObjectMetadata).
         ``position``: where the watch has got to, kept up to date (lists, events and
         bookmarks); a watch given a position that is set starts there, without a list
@@ -480,18 +483,21 @@ class KubeClient:
                         yield "ADDED", item
                     resource_version = position.resource_version = listing["metadata"]["resourceVersion"]
                     position.synced.set()
+                # As client-go's reflector, each watch asks for 5 to 10 minutes at random: the
+                # watches a restart of the API server began together do not all end together.
+                seconds = timeout_s or random.randint(WATCH_MIN_S, 2 * WATCH_MIN_S)
                 query = dict(
                     base,
                     watch="1",
                     resourceVersion=resource_version,
                     allowWatchBookmarks="true",
-                    timeoutSeconds=str(timeout_s),
+                    timeoutSeconds=str(seconds),
                 )
                 async with self._http().get(
                     path,
                     params=query,
                     headers=self._own(watch_headers),
-                    timeout=aiohttp.ClientTimeout(total=timeout_s + 30, sock_connect=DIAL_TIMEOUT_S),
+                    timeout=aiohttp.ClientTimeout(total=seconds + 30, sock_connect=DIAL_TIMEOUT_S),
                 ) as response:
                     if response.status >= 400:
                         raise _api_error(response.status, await response.text())

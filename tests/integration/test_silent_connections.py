@@ -30,7 +30,7 @@ NAME = "silent"
 HEALTH_ENV = {"HTTP2_READ_IDLE_TIMEOUT_SECONDS": "2", "HTTP2_PING_TIMEOUT_SECONDS": "2"}
 """Short times so that the test is quick; the defaults are client-go's 30 and 15 s."""
 WATCH_AGAIN_S = 30.0
-"""Far over the 2 + 2 s health check and a reconnect; far under the watch's own 330 s."""
+"""Far over the 2 + 2 s health check and a reconnect; far under a watch's own 5 to 10 min."""
 
 WATCHER = """
 import asyncio, sys

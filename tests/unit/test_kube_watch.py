@@ -70,3 +70,48 @@ def test_a_relist_yields_deleted_for_objects_gone_meanwhile() -> None:
     assert seen[:2] == [("ADDED", "a"), ("ADDED", "b")]
     # After the re-list: a is gone (told once), b and c are there.
     assert sorted(seen[2:]) == [("ADDED", "b"), ("ADDED", "c"), ("DELETED", "a")]
+
+
+def test_each_watch_asks_for_five_to_ten_minutes_at_random() -> None:
+    """As client-go's reflector: the watches that an API server restart began together
+    must not all end together, every time, for as long as the fleet runs."""
+
+    async def scenario() -> list[int]:
+        asked: list[int] = []
+
+        async def pods(request: web.Request) -> web.StreamResponse:
+            if request.query.get("watch") != "1":
+                return web.json_response({"metadata": {"resourceVersion": "1"}, "items": []})
+            asked.append(int(request.query["timeoutSeconds"]))
+            response = web.StreamResponse()
+            await response.prepare(request)
+            return response  # the watch's time is up at once: the client watches again
+
+        app = web.Application()
+        app.router.add_get("/api/v1/pods", pods)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        client = KubeClient(Credentials(f"http://127.0.0.1:{port}", ssl.create_default_context()))
+
+        async def watch() -> None:
+            async for _ in client.watch("/api/v1/pods"):
+                pass
+
+        task = asyncio.create_task(watch())
+        try:
+            async with asyncio.timeout(5):
+                while len(asked) < 8:
+                    await asyncio.sleep(0.01)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await client.close()
+            await runner.cleanup()
+        return asked
+
+    asked = asyncio.run(scenario())
+    assert all(300 <= seconds <= 600 for seconds in asked), asked
+    assert len(set(asked)) > 1, f"every watch asked for the same time: {asked}"
