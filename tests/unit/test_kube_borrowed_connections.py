@@ -10,6 +10,7 @@ import ssl
 from aiohttp import web
 
 from testbed.kubeapi import Credentials, KubeClient
+from tests.unit.scripted_api import serving
 
 
 def test_borrowers_send_their_own_tokens_over_the_lenders_connections() -> None:
@@ -23,28 +24,22 @@ def test_borrowers_send_their_own_tokens_over_the_lenders_connections() -> None:
 
         app = web.Application()
         app.router.add_get("/api/v1/namespaces", whoami)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        server = f"http://127.0.0.1:{port}"
-        lender = KubeClient(Credentials(server, ssl.create_default_context()), connection_limit=1)
-        borrowers = [
-            KubeClient(Credentials(server, ssl.create_default_context(), token=f"t{i}"), borrow=lender)
-            for i in range(3)
-        ]
-        borrowers[2].use_token("t2-rebound")
-        try:
-            for borrower in borrowers:
-                await borrower.get("/api/v1/namespaces")
-            for borrower in borrowers:
-                await borrower.close()  # closes nothing of the lender's
-            await borrowers[0].get("/api/v1/namespaces")
-            still_open = lender._pool is not None and lender._pool.connections == 1
-        finally:
-            await lender.close()
-            await runner.cleanup()
+        async with serving(app) as server:
+            lender = KubeClient(Credentials(server, ssl.create_default_context()), connection_limit=1)
+            borrowers = [
+                KubeClient(Credentials(server, ssl.create_default_context(), token=f"t{i}"), borrow=lender)
+                for i in range(3)
+            ]
+            borrowers[2].use_token("t2-rebound")
+            try:
+                for borrower in borrowers:
+                    await borrower.get("/api/v1/namespaces")
+                for borrower in borrowers:
+                    await borrower.close()  # closes nothing of the lender's
+                await borrowers[0].get("/api/v1/namespaces")
+                still_open = lender._pool is not None and lender._pool.connections == 1
+            finally:
+                await lender.close()
         return seen, still_open
 
     seen, still_open = asyncio.run(scenario())

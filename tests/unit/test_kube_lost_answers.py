@@ -13,6 +13,7 @@ from aiohttp import web
 
 from testbed.http11 import TransportError
 from testbed.kubeapi import ApiError, Credentials, KubeClient
+from tests.unit.scripted_api import client_of
 
 STATUS_409 = {"kind": "Status", "code": 409, "reason": "AlreadyExists", "message": "already exists"}
 
@@ -38,22 +39,13 @@ def test_a_retried_create_that_meets_already_exists_returns_the_object() -> None
         app = web.Application()
         app.router.add_post("/apis/batch/v1/namespaces/ns/jobs", create)
         app.router.add_get("/apis/batch/v1/namespaces/ns/jobs/{name}", read)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        client = KubeClient(Credentials(f"http://127.0.0.1:{port}", ssl.create_default_context()))
-        try:
+        async with client_of(app) as client:
             job = await client.create("/apis/batch/v1/namespaces/ns/jobs", {"metadata": {"name": "j1"}})
             try:
                 await client.create("/apis/batch/v1/namespaces/ns/jobs", {"metadata": {"name": "j1"}})
                 raise AssertionError("a first-attempt 409 is a real conflict and must raise")
             except ApiError as exc:
                 assert exc.conflict
-        finally:
-            await client.close()
-            await runner.cleanup()
         return job, seen
 
     job, seen = asyncio.run(scenario())

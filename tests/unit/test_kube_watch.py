@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import ssl
 
 from aiohttp import web
 
-from testbed.kubeapi import Credentials, KubeClient, Obj
+from testbed.kubeapi import Obj
+from tests.unit.scripted_api import client_of
 
 
 def _pod(name: str, version: str) -> Obj:
@@ -45,25 +45,18 @@ def test_a_relist_yields_deleted_for_objects_gone_meanwhile() -> None:
     async def scenario() -> list[tuple[str, str]]:
         stop = asyncio.Event()
         lists = [[_pod("a", "1"), _pod("b", "1")], [_pod("b", "2"), _pod("c", "2")]]
-        runner = web.AppRunner(_api_server(lists, stop))
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        client = KubeClient(Credentials(f"http://127.0.0.1:{port}", ssl.create_default_context()))
         seen: list[tuple[str, str]] = []
-        try:
-            async with asyncio.timeout(5):
-                async for kind, pod in client.watch("/api/v1/pods"):
-                    seen.append((kind, pod["metadata"]["name"]))
-                    if len(seen) == 5:
-                        break
-        except TimeoutError:
-            pass  # judged below by what was seen
-        finally:
-            stop.set()
-            await client.close()
-            await runner.cleanup()
+        async with client_of(_api_server(lists, stop)) as client:
+            try:
+                async with asyncio.timeout(5):
+                    async for kind, pod in client.watch("/api/v1/pods"):
+                        seen.append((kind, pod["metadata"]["name"]))
+                        if len(seen) == 5:
+                            break
+            except TimeoutError:
+                pass  # judged below by what was seen
+            finally:
+                stop.set()
         return seen
 
     seen = asyncio.run(scenario())
@@ -89,27 +82,20 @@ def test_each_watch_asks_for_five_to_ten_minutes_at_random() -> None:
 
         app = web.Application()
         app.router.add_get("/api/v1/pods", pods)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        client = KubeClient(Credentials(f"http://127.0.0.1:{port}", ssl.create_default_context()))
+        async with client_of(app) as client:
 
-        async def watch() -> None:
-            async for _ in client.watch("/api/v1/pods"):
-                pass
+            async def watch() -> None:
+                async for _ in client.watch("/api/v1/pods"):
+                    pass
 
-        task = asyncio.create_task(watch())
-        try:
-            async with asyncio.timeout(5):
-                while len(asked) < 8:
-                    await asyncio.sleep(0.01)
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            await client.close()
-            await runner.cleanup()
+            task = asyncio.create_task(watch())
+            try:
+                async with asyncio.timeout(5):
+                    while len(asked) < 8:
+                        await asyncio.sleep(0.01)
+            finally:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         return asked
 
     asked = asyncio.run(scenario())
