@@ -36,6 +36,7 @@ from testbed.fleet.membership import Membership, NodeRecipe, in_ray
 from testbed.fleet.synthetic_node import SyntheticNode
 from testbed.fleet.tlsmemory import small_tls_read_buffers
 from testbed.kubeapi import KubeClient
+from testbed.kubelet.declared import cluster_declared_features
 from testbed.kubelet.node import NodeWatcher
 from testbed.kubeletplugin.claims import ClaimReader
 from testbed.kubeletplugin.leftovers import prepared_state
@@ -117,6 +118,8 @@ class NodeHost:
         self.process_nodes: dict[str, ProcessNode] = {}
         """Real-kubelet nodes: their kubelet, runtime and driver run as processes."""
         self.client: KubeClient | None = None
+        self.declared_features: list[str] = []
+        """What its nodes' kubelets declare: the API server's gates, read at start."""
         self.watch_client: KubeClient | None = None
         self.token_connections: KubeClient | None = None
         """Shared by every node's drivers: their tokens ride on the same TLS connections."""
@@ -192,6 +195,7 @@ class NodeHost:
         self.node_watcher = NodeWatcher.for_host(self.client)
         self.node_watcher.start()
         self.loop_watch.start()
+        self.declared_features = await cluster_declared_features(self.client)
         await self.add_nodes(list(self.recipes.values()), ready_timeout_s, concurrency)
         await self.metrics.start()
         return self._names()
@@ -237,6 +241,7 @@ class NodeHost:
                 driver_credentials=self._external_credentials(recipe.name) if recipe.external else None,
                 watch_client=self.watch_client if self.authority is None else None,
                 fence=self._fence(recipe.name),
+                declared_features=self.declared_features,
             )
             self.nodes[recipe.name] = node
             fresh.append(node)

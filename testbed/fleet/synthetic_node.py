@@ -68,6 +68,7 @@ class SyntheticNode:
         driver_credentials: Callable[[], Awaitable[tuple[Path, str]]] | None = None,
         watch_client: KubeClient | None = None,
         fence: LeaseFence | None = None,
+        declared_features: list[str] | None = None,
     ):
         """``client``: the kubelet's; ``claims``: where drivers read claims without a
         ``driver_client`` of their own; ``driver_client``: the drivers' (the kubelet's by
@@ -78,7 +79,8 @@ class SyntheticNode:
         drivers run from a command, which ``driver_credentials`` gives a kubeconfig and a
         pod UID (default: ``client``'s). ``slice_watcher``, ``node_watcher``: the host's
         watches of its nodes' slices and Nodes (default: each of this node's own).
-        ``fence``: the node is one of a fleet's, which one NodeHost at a time serves."""
+        ``fence``: the node is one of a fleet's, which one NodeHost at a time serves.
+        ``declared_features``: what its kubelet declares (declared.py)."""
         self.name = name
         self.bind_drivers = bind_drivers
         self.root = root
@@ -90,7 +92,7 @@ class SyntheticNode:
             self.short_paths.link(kubelet_dir)
         self.kubelet = FakeKubelet(
             client,
-            self.node_spec(name, profile.name, labels, taints),
+            self.node_spec(name, profile.name, labels, taints, declared_features),
             kubelet_dir,
             cdi_dir,
             scan_interval_s=PLUGIN_SCAN_INTERVAL_S,
@@ -124,9 +126,15 @@ class SyntheticNode:
 
     @staticmethod
     def node_spec(
-        name: str, profile: str, labels: Mapping[str, str] | None, taints: list[dict[str, str]] | None
+        name: str,
+        profile: str,
+        labels: Mapping[str, str] | None,
+        taints: list[dict[str, str]] | None,
+        declared_features: list[str] | None = None,
     ) -> NodeSpec:
-        spec = NodeSpec(name, labels={PROFILE_LABEL: profile, **(labels or {})})
+        spec = NodeSpec(
+            name, labels={PROFILE_LABEL: profile, **(labels or {})}, declared_features=list(declared_features or [])
+        )
         if taints is not None:
             spec.taints = [dict(t) for t in taints]
         return spec

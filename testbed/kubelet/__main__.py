@@ -17,6 +17,7 @@ from pathlib import Path
 
 from testbed.errors import TestbedError
 from testbed.kubeapi import KubeClient, path_for
+from testbed.kubelet.declared import cluster_declared_features
 from testbed.kubelet.kubelet import FakeKubelet
 from testbed.kubelet.node import NodeSpec
 from testbed.metrics_server import MetricsServer
@@ -43,7 +44,8 @@ async def _run(args: argparse.Namespace) -> None:
             raise TestbedError(f"--label {item!r} is not KEY=VALUE")
         labels[key] = value
     client = KubeClient.from_kubeconfig(args.kubeconfig)
-    kubelet = FakeKubelet(client, NodeSpec(args.node, labels=labels), args.root_dir, args.cdi_dir)
+    spec = NodeSpec(args.node, labels=labels, declared_features=await cluster_declared_features(client))
+    kubelet = FakeKubelet(client, spec, args.root_dir, args.cdi_dir)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

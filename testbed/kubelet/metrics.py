@@ -38,6 +38,16 @@ LINK_WAITS = Histogram(
     "claims to the node (pods that waited only; it stands in for the kubelet's volume mount)",
     buckets=DURATION_BUCKETS,
 )
+PREPARE_SKIPS = Counter(
+    "dra_node_prepare_skips_total",
+    "NodePrepareResources calls not made: every device of the driver in the claim skips them (skipNodeOperations)",
+    ["driver_name"],
+)
+UNPREPARE_SKIPS = Counter(
+    "dra_node_unprepare_skips_total",
+    "NodeUnprepareResources calls not made: every device of the driver in the claim skips them (skipNodeOperations)",
+    ["driver_name"],
+)
 ANY_DRIVER = "<any>"
 """The kubelet's driver_name for claims counted once, whatever drivers they use."""
 

@@ -54,6 +54,8 @@ class NodeSpec:
             "ephemeral-storage": "1Ti",
         }
     )
+    declared_features: list[str] = field(default_factory=list)
+    """``status.declaredFeatures``, as declared.py works them out."""
 
     def internal_ip(self) -> str:
         digest = hashlib.sha256(self.name.encode()).digest()
@@ -100,8 +102,10 @@ def node_status(spec: NodeSpec) -> Obj:
             "lastTransitionTime": stamp,
         }
 
+    declared = {"declaredFeatures": list(spec.declared_features)} if spec.declared_features else {}
     return {
         "status": {
+            **declared,
             "capacity": dict(spec.capacity),
             "allocatable": dict(spec.capacity),
             "conditions": [

@@ -54,7 +54,7 @@ from testbed.files import write_atomically
 from testbed.http11 import TransportError
 from testbed.keys import CONTAINER_ENV_ANNOTATION, RUN_SECONDS_ANNOTATION
 from testbed.kubeapi import ApiError, ClaimRef, KubeClient, Obj, WatchPosition, now_rfc3339, path_for
-from testbed.kubelet import metrics
+from testbed.kubelet import metrics, skips
 from testbed.kubelet.events import EventRecorder, write_event
 from testbed.kubelet.node import NodeSpec
 from testbed.kubelet.plugins import PluginCallError, PluginManager, PreparedDevice
@@ -121,6 +121,9 @@ class PreparedClaim:
     users: set[str] = field(default_factory=set)
     prepared: bool = False
     """False while (or after) a prepare failed: it is unprepared all the same."""
+    skipped: dict[str, list[str]] = field(default_factory=dict)
+    """By driver, the calls its devices spare it (skips.py); kept, as the kubelet keeps
+    them in its checkpoint, for the unprepare."""
     unpreparing: bool = False
     """Its last user is gone and its unprepare began: no new pod may use it until the
     unprepare succeeds and it is forgotten (kept in memory only, as the kubelet keeps it)."""
@@ -140,7 +143,12 @@ class PreparedClaim:
             "devices": [vars(d) for d in self.devices],
             "users": sorted(self.users),
             "prepared": self.prepared,
+            "skipped": self.skipped,
         }
+
+    def calls(self, driver: str, call: str) -> bool:
+        """Whether ``driver`` is asked to prepare or unprepare (``call``) this claim."""
+        return call not in self.skipped.get(driver, ())
 
 
 @dataclass
@@ -489,10 +497,12 @@ class PodManager:
         driver gets concurrent calls, as from a real kubelet's parallel pod workers."""
         by_driver: dict[str, list[Obj]] = {}
         for claim in claims:
+            spared = skips.skipped_calls(claim)
             for driver in _drivers(claim):
                 # Before any claim is recorded, as the kubelet checks: a pod that never
-                # reached a driver leaves nothing to unprepare.
-                if self.plugins.plugin_for(driver) is None:
+                # reached a driver leaves nothing to unprepare. A driver it does not call
+                # need not be there.
+                if skips.PREPARE not in spared.get(driver, ()) and self.plugins.plugin_for(driver) is None:
                     raise StartFailed(
                         PREPARE_FAILED, f"{PREPARE_FAILED_MESSAGE}: DRA driver {driver} is not registered"
                     )
@@ -501,7 +511,10 @@ class PodManager:
                 known = self._record_user(pod_uid, claim)
                 if not known.prepared:
                     for driver in known.drivers:
-                        by_driver.setdefault(driver, []).append(claim)
+                        if known.calls(driver, skips.PREPARE):
+                            by_driver.setdefault(driver, []).append(claim)
+                        else:
+                            metrics.PREPARE_SKIPS.labels(driver).inc()
         finally:
             self._save_checkpoint()
         answered: dict[str, set[str]] = {}
@@ -529,8 +542,9 @@ class PodManager:
                     f"{PREPARE_FAILED_MESSAGE}: internal error: unable to get claim info for ResourceClaim "
                     f"{meta['name']} in namespace {meta['namespace']}",
                 )
-            if not held.prepared and answered.get(held.uid) == set(held.drivers):
-                held.devices, held.prepared = devices[held.uid], True
+            called = {d for d in held.drivers if held.calls(d, skips.PREPARE)}
+            if not held.prepared and answered.get(held.uid, set()) == called:
+                held.devices, held.prepared = devices.get(held.uid, []), True
         self._save_checkpoint()
 
     def _record_user(self, pod_uid: str, claim: Obj) -> PreparedClaim:
@@ -542,7 +556,9 @@ class PodManager:
         name, uid = meta["name"], meta["uid"]
         known = self.claim_named(meta["namespace"], name)
         if known is None:
-            known = self.claims[uid] = PreparedClaim(meta["namespace"], name, uid, _drivers(claim))
+            known = self.claims[uid] = PreparedClaim(
+                meta["namespace"], name, uid, _drivers(claim), skipped=skips.skipped_calls(claim)
+            )
         elif known.uid != uid:
             raise StartFailed(
                 PREPARE_FAILED,
@@ -826,6 +842,9 @@ class PodManager:
         failed = False
         for claim in claims:
             claim.unpreparing = True
+            for driver in [d for d in claim.drivers if not claim.calls(d, skips.UNPREPARE)]:
+                metrics.UNPREPARE_SKIPS.labels(driver).inc()
+                claim.drivers.remove(driver)
         for driver in sorted({d for c in claims for d in c.drivers}):
             mine = [c for c in claims if driver in c.drivers]
             try:

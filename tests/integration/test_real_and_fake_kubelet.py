@@ -515,7 +515,8 @@ def test_a_node_marked_unknown_is_ready_again_alike_within_a_status_sync(
 ) -> None:
     """The node lifecycle controller marks a silent kubelet's Node Unknown; only the
     kubelet sets it back, at its next status sync (every 10 s), once it sees its Node so.
-    A cordon and an uncordon it sees at that sync too, and records each as an Event."""
+    A cordon and an uncordon it sees at that sync too, and records each as an Event. The
+    features each kubelet declares in the Node's status are the same."""
 
     async def scenario() -> None:
         async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
@@ -570,6 +571,7 @@ def test_a_node_marked_unknown_is_ready_again_alike_within_a_status_sync(
                     await until(lambda r=reason: seen(r), 30, f"{side.kind}: {reason} recorded")
                 return {
                     "back_s": back,
+                    "declared": node["status"].get("declaredFeatures"),
                     "conditions": conditions,
                     "renewed": renewed,
                     "events": recovered,
@@ -581,6 +583,7 @@ def test_a_node_marked_unknown_is_ready_again_alike_within_a_status_sync(
                 assert seen["back_s"] < 15, (kind, seen)
                 assert seen["renewed"], f"{kind}: each condition's transition time is the recovery's"
             assert found["fake"]["conditions"] == found["real"]["conditions"]
+            assert found["fake"]["declared"] == found["real"]["declared"], "the features the kubelets declare differ"
             assert found["fake"]["events"] == found["real"]["events"], "the Events on the Node differ"
             assert found["fake"]["cordon"] == found["real"]["cordon"], "the Events of a cordon differ"
 
