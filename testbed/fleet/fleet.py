@@ -18,6 +18,7 @@ from testbed.fleet.membership import NodeRecipe
 from testbed.fleet.nodehost import NodeHost
 from testbed.fleet.spec import FleetFile, Placement, Pool
 from testbed.kubeapi import KubeClient, flattened_kubeconfig
+from testbed.kubelet.declared import cluster_declared_features
 from testbed.progress import Progress, SilentProgress
 
 FAULT_ACTIONS = ("unhealthy", "healthy", "lost", "fail-prepare", "latency")
@@ -76,6 +77,8 @@ class Fleet:
         """Several fleets can share one Ray; actor names carry this."""
         self._next_host = 0
         self._unstarted: set[str] = set()
+        self._declared: list[str] | None = None
+        """What the nodes' kubelets declare (declared.py), read once for every host."""
         self.host_pool: dict[str, str] = {}
         """Host name -> the pool it alone serves ("" for hosts shared by pools without a
         placement of their own)."""
@@ -144,9 +147,31 @@ class Fleet:
         self.hosts[name] = (
             ray.remote(NodeHost)
             .options(name=name, **options)
-            .remote(self.kubeconfig_content, str(self.nodes_dir), recipes, self.spec.seed, name, self.authority)
+            .remote(
+                self.kubeconfig_content,
+                str(self.nodes_dir),
+                recipes,
+                self.spec.seed,
+                name,
+                self.authority,
+                self._declared_features(),
+            )
         )
         return name
+
+    def _declared_features(self) -> list[str]:
+        """Read once: the API server's /metrics is megabytes, too much to ask per host."""
+        if self._declared is None:
+
+            async def read() -> list[str]:
+                client = KubeClient.from_kubeconfig(self.kubeconfig)
+                try:
+                    return await cluster_declared_features(client)
+                finally:
+                    await client.close()
+
+            self._declared = asyncio.run(read())
+        return self._declared
 
     def _install_access_policy(self, progress: Progress) -> None:
         if self.authority is None:

@@ -94,13 +94,16 @@ class NodeHost:
         seed: int = 0,
         name: str = "",
         authority: NodeAuthority | None = None,
+        declared_features: list[str] | None = None,
     ):
         """``nodes``: what to run; profiles are shipped names or YAML paths. ``name``: the
         actor's name; with it the host remembers its nodes on disk, so a host that Ray
         restarts after the fleet was scaled comes back with the nodes it had, not the
         ones it was created with. ``authority``: run each node under its own identity
         (see identity.py); None: every node uses the host's credentials. ``kubeconfig``:
-        a path, or the content (flattened): a host on another machine writes it there."""
+        a path, or the content (flattened): a host on another machine writes it there.
+        ``declared_features``: what its kubelets declare (declared.py; the fleet reads it
+        once for all its hosts); None: read from the API server at start."""
         small_tls_read_buffers()
         self.authority = authority
         self.node_clients: dict[str, list[KubeClient]] = {}
@@ -118,8 +121,7 @@ class NodeHost:
         self.process_nodes: dict[str, ProcessNode] = {}
         """Real-kubelet nodes: their kubelet, runtime and driver run as processes."""
         self.client: KubeClient | None = None
-        self.declared_features: list[str] = []
-        """What its nodes' kubelets declare: the API server's gates, read at start."""
+        self.declared_features = declared_features
         self.watch_client: KubeClient | None = None
         self.token_connections: KubeClient | None = None
         """Shared by every node's drivers: their tokens ride on the same TLS connections."""
@@ -195,7 +197,8 @@ class NodeHost:
         self.node_watcher = NodeWatcher.for_host(self.client)
         self.node_watcher.start()
         self.loop_watch.start()
-        self.declared_features = await cluster_declared_features(self.client)
+        if self.declared_features is None:
+            self.declared_features = await cluster_declared_features(self.client)
         await self.add_nodes(list(self.recipes.values()), ready_timeout_s, concurrency)
         await self.metrics.start()
         return self._names()
