@@ -6,8 +6,9 @@ import asyncio
 import time
 import uuid
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from testbed.errors import TestbedError
 from testbed.files import private_dir
@@ -21,6 +22,7 @@ from testbed.kubeapi import KubeClient, flattened_kubeconfig
 from testbed.kubelet.declared import cluster_declared_features
 from testbed.progress import Progress, SilentProgress
 
+T = TypeVar("T")
 FAULT_ACTIONS = ("unhealthy", "healthy", "lost", "fail-prepare", "latency")
 RAY_BUILT_IN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
 RAY_LABELS = ("node:", "accelerator_type:")
@@ -162,31 +164,27 @@ class Fleet:
     def _declared_features(self) -> list[str]:
         """Read once: the API server's /metrics is megabytes, too much to ask per host."""
         if self._declared is None:
-
-            async def read() -> list[str]:
-                client = KubeClient.from_kubeconfig(self.kubeconfig)
-                try:
-                    return await cluster_declared_features(client)
-                finally:
-                    await client.close()
-
-            self._declared = asyncio.run(read())
+            self._declared = self._as_admin(cluster_declared_features)
         return self._declared
+
+    def _as_admin(self, work: Callable[[KubeClient], Awaitable[T]]) -> T:
+        """``work`` with a client of the fleet's kubeconfig, closed afterwards."""
+
+        async def run() -> T:
+            client = KubeClient.from_kubeconfig(self.kubeconfig)
+            try:
+                return await work(client)
+            finally:
+                await client.close()
+
+        return asyncio.run(run())
 
     def _install_access_policy(self, progress: Progress) -> None:
         if self.authority is None:
             if self.spec.identities == "per-node":
                 progress.step("identities: shared (no CA key of this cluster to issue node identities with)")
             return
-
-        async def install() -> list[str]:
-            client = KubeClient.from_kubeconfig(self.kubeconfig)
-            try:
-                return await install_access_policy(client)
-            finally:
-                await client.close()
-
-        asyncio.run(install())
+        self._as_admin(install_access_policy)
         progress.step("identities: kubelets as system:node:<name>, drivers with tokens bound to a pod on their node")
 
     def start(self, progress: Progress | None = None, timeout_s: float = 900.0) -> None:
