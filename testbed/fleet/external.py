@@ -17,7 +17,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -121,13 +121,10 @@ class ExternalDriver:
         spec: ExternalDriverSpec,
         node: str,
         root: Path,
-        on_start: Callable[[], Awaitable[None]] | None = None,
     ):
-        """``on_start``: run after each (re)start, e.g. to have the kubelet look for its socket."""
         self.spec = spec
         self.node = node
         self.root = root
-        self.on_start = on_start
         self.process: asyncio.subprocess.Process | None = None
         self.restarts = 0
         self._supervisor: asyncio.Task[None] | None = None
@@ -179,8 +176,6 @@ class ExternalDriver:
                     hint="give the path of an executable (and its arguments)",
                 ) from None
         self._remember()
-        if self.on_start is not None:
-            await self.on_start()
 
     async def _supervise(self) -> None:
         """Restart it when it exits, waiting 1 s, doubling to 30 s while it keeps dying

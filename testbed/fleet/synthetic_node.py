@@ -31,8 +31,8 @@ from testbed.kubeletplugin.slices import SliceWatcher
 from testbed.tasks import cancel_and_wait
 
 PLUGIN_SCAN_INTERVAL_S = 10.0
-"""A synthetic node's drivers start next to its kubelet, which scans as they do; the poll
-is a safety net. A hundred nodes polling every second cost a NodeHost ~10% of its CPU."""
+"""How often a kubelet polls its registry where inotify cannot be had (see dirwatch): a
+hundred nodes polling every second cost a NodeHost ~10% of its CPU."""
 HEALTH_CHECK_TIMEOUT_S = 120
 """What a synthetic node's drivers advertise: their streams then re-send the health snapshot
 every 40 s, not every 10 s. Changes still go out at once, and a stream that ends makes
@@ -42,9 +42,7 @@ nodes: 0.072 core with them every 10 s, 0.041 without any)."""
 CRASHES_WHILE_STARTING = 2
 """An external driver restarted this often before it ever registered fails the node's start."""
 REGISTRATION_POLL_S = 0.2
-REGISTRATION_WATCH_S = 60.0
-"""After an external driver (re)starts, the kubelet looks for its socket this often, for
-this long: a real kubelet is told by inotify, and the 10 s poll is too slow to mimic it."""
+"""How often a starting node looks whether its kubelet registered its external drivers."""
 
 
 class SyntheticNode:
@@ -118,11 +116,8 @@ class SyntheticNode:
             )
             for driver in (drivers_for(profile) if drivers is None else drivers)
         ]
-        self.external = [
-            ExternalDriver(spec, name, root, self._watch_registration(spec.name)) for spec in external or []
-        ]
+        self.external = [ExternalDriver(spec, name, root) for spec in external or []]
         self.driver_credentials = driver_credentials
-        self._watchers: set[asyncio.Task[None]] = set()
 
     @staticmethod
     def node_spec(
@@ -165,7 +160,7 @@ class SyntheticNode:
             if self.kubelet.node.created:  # a new Node owns no slices yet
                 driver.publisher.assume_none_exist()
             await driver.start()
-        await self.kubelet.plugins.scan()  # register now rather than at the next poll
+        await self.kubelet.plugins.scan()  # registered before the node counts as started
         if self.external:
             self.publish_hardware()
             kubeconfig, pod_uid = await self._external_credentials()
@@ -184,29 +179,6 @@ class SyntheticNode:
         if self.driver_credentials is None:
             raise TestbedError(f"node {self.name}: no credentials to give its external drivers")
         return await self.driver_credentials()
-
-    def _watch_registration(self, driver: str) -> Callable[[], Awaitable[None]]:
-        """After each start of ``driver``, look for its registration socket often until
-        the kubelet has registered the new instance."""
-
-        async def watch() -> None:
-            old = self.kubelet.plugins.plugin_for(driver)
-            before = None if old is None else old.identity
-
-            async def poll() -> None:
-                deadline = time.monotonic() + REGISTRATION_WATCH_S
-                while time.monotonic() < deadline:
-                    await self.kubelet.plugins.scan()
-                    plugin = self.kubelet.plugins.plugin_for(driver)
-                    if plugin is not None and plugin.identity != before:
-                        return
-                    await asyncio.sleep(REGISTRATION_POLL_S)
-
-            task = asyncio.create_task(poll(), name=f"registration-{driver}-{self.name}")
-            self._watchers.add(task)
-            task.add_done_callback(self._watchers.discard)
-
-        return watch
 
     async def wait_ready(self, timeout_s: float) -> None:
         """Every driver registered with the kubelet; the built-in ones' slices published
@@ -233,9 +205,6 @@ class SyntheticNode:
         )
 
     async def stop_external(self) -> None:
-        for task in list(self._watchers):
-            task.cancel()
-        await asyncio.gather(*self._watchers, return_exceptions=True)
         for external in self.external:
             await external.stop()
         if self.short_paths is not None:

@@ -1,9 +1,12 @@
 """The kubelet's side of DRA plugins: watch the registration dir, register, call.
 
 What kubelet v1.37 does (pkg/kubelet/pluginmanager, pkg/kubelet/cm/dra/plugin):
-- a socket appearing in ``plugins_registry`` (names starting with ``.`` ignored) gets
-  GetInfo; a ``DRAPlugin`` with a DRA service the kubelet knows (the first of the
-  plugin's ``supported_versions`` among v1, v1beta1) is registered and told so by
+- it is told by inotify of what is made or removed in ``plugins_registry`` and its
+  subdirectories; its reconciler acts on that within a second (this one at once), and
+  tries again what failed;
+- a socket appearing there (names starting with ``.`` ignored) gets GetInfo; a
+  ``DRAPlugin`` with a DRA service the kubelet knows (the first of the plugin's
+  ``supported_versions`` among v1, v1beta1) is registered and told so by
   NotifyRegistrationStatus, anything else is told why not. A socket re-created at the
   same path (a restarted driver) is a new registration;
 - it keeps a connection to each instance's DRA endpoint and watches it. When no
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import stat
@@ -46,7 +50,7 @@ from testbed.grpcapi import (
 from testbed.grpcapi.channels import unix_channel
 from testbed.grpcapi.status import go_status_name
 from testbed.kubeapi import ClaimRef
-from testbed.kubelet import metrics
+from testbed.kubelet import dirwatch, metrics
 from testbed.kubelet.health import DeviceHealthStatus, DeviceReport, HealthCache, timeout_from_wire, truncate_message
 from testbed.tasks import cancel_and_wait
 
@@ -55,9 +59,11 @@ log = logging.getLogger(__name__)
 CALL_TIMEOUT_S = 45.0
 WIPE_SLICES_AFTER_S = 30.0
 SCAN_INTERVAL_S = 1.0
+"""How often the registry is looked at where inotify cannot be had (see dirwatch)."""
+RETRY_S = 1.0
+"""The kubelet's reconciler runs every second: a socket whose GetInfo failed is tried again
+after this long."""
 STAMP_SETTLED_NS = 1_000_000_000
-"""A kubelet reacts to inotify; polling every second is close enough for one node. Whoever
-starts a driver next to a kubelet can call ``scan()`` at once, and then poll less often."""
 DRA_SERVICES: dict[str, tuple[Any, Any]] = {
     "v1.DRAPlugin": (dra_v1_pb2, dra_v1_pb2_grpc),
     "v1beta1.DRAPlugin": (dra_v1beta1_pb2, dra_v1beta1_pb2_grpc),
@@ -128,6 +134,15 @@ def _identity(sock: Path) -> tuple[int, int]:
     return (stat.st_ino, stat.st_ctime_ns)
 
 
+class WatchesExhausted(Exception):
+    """No inotify watch left for this user: the registry is polled instead."""
+
+    def __init__(self, message: str, first: bool):
+        """``first``: the first time this process ran out (said once, not per node)."""
+        super().__init__(message)
+        self.first = first
+
+
 class PluginManager:
     def __init__(
         self,
@@ -155,6 +170,12 @@ class PluginManager:
         found nothing left to do."""
         self._subdirs: list[Path] = []
         """Subdirectories of the registry directory at the last scan."""
+        self._scanning = asyncio.Lock()
+        self._directories: dirwatch.DirectoryWatcher | None = None
+        self._watches: dict[Path, dirwatch.Watch] = {}
+        self._woken = asyncio.Event()
+        self._unfinished = False
+        """The last scan left a socket neither registered nor refused (its GetInfo failed)."""
 
     def start(self) -> None:
         self.registry_dir.mkdir(parents=True, exist_ok=True)
@@ -187,6 +208,56 @@ class PluginManager:
         return plugin
 
     async def _watch(self) -> None:
+        """Scan whenever inotify tells of a change, and a second after a scan that left a
+        socket unregistered; poll where there is no inotify, or no watch left to add."""
+        self._directories = dirwatch.watcher()
+        try:
+            while self._directories is not None:
+                self._woken.clear()
+                try:
+                    await self.scan()
+                    wait_s = RETRY_S if self._unfinished else None
+                except Exception:
+                    log.exception("plugin watcher scan of %s failed", self.registry_dir)
+                    wait_s = self.scan_interval_s
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._woken.wait(), wait_s)
+        finally:
+            if self._directories is not None:
+                self._watch_only([])
+        await self._poll()
+
+    def _wake(self) -> None:
+        self._woken.set()
+
+    def _watch_only(self, directories: list[Path]) -> list[Path]:
+        """Be told of changes in these directories and in no others; returns those newly
+        watched (a directory removed and made again is watched anew)."""
+        assert self._directories is not None
+        wanted = set(directories)
+        for directory in set(self._watches) - wanted:
+            self._directories.unwatch(self._watches.pop(directory))
+        added = []
+        for directory in directories:
+            known = self._watches.get(directory)
+            if known is not None and self._directories.live(known):
+                continue
+            said = self._directories.exhausted
+            try:
+                self._watches[directory] = self._directories.watch(directory, self._wake)
+            except FileNotFoundError:
+                self._watches.pop(directory, None)
+                continue  # gone since it was listed
+            except OSError as exc:
+                if exc.errno == errno.ENOSPC:
+                    raise WatchesExhausted(
+                        f"cannot watch {directory}: fs.inotify.max_user_watches reached (raise it to watch)", not said
+                    ) from exc
+                raise
+            added.append(directory)
+        return added
+
+    async def _poll(self) -> None:
         while True:
             try:
                 if not self._unchanged():
@@ -232,8 +303,40 @@ class PluginManager:
         self._subdirs = subdirs
         return sockets
 
+    def _watched_listing(self) -> set[Path]:
+        """The listing, taken after the directories it covers are watched (as the kubelet
+        adds its watch before it walks): a socket made after the listing is told of. With
+        no watch left to add, the watcher turns to polling."""
+        if self._directories is not None:
+            try:
+                self._watch_only([self.registry_dir, *self._subdirs])
+                while True:
+                    present = self._listing()
+                    if not self._watch_only([self.registry_dir, *self._subdirs]):
+                        return present  # no subdirectory new since the listing began
+            except WatchesExhausted as exc:
+                first = exc.first
+                log.log(
+                    logging.WARNING if first else logging.DEBUG,
+                    "%s; the registry %s is polled every %g s%s",
+                    exc,
+                    self.registry_dir,
+                    self.scan_interval_s,
+                    " (and so are those of this process's other nodes that find none)" if first else "",
+                )
+                self._watch_only([])
+                self._directories = None
+                self._woken.set()
+        return self._listing()
+
     async def scan(self) -> None:
-        present = self._listing()
+        """Register what appeared, deregister what went or was replaced. Anyone may call it
+        (a fleet, to register the drivers it just started at once); scans never overlap."""
+        async with self._scanning:
+            await self._scan()
+
+    async def _scan(self) -> None:
+        present = self._watched_listing()
         stamp = self._stamp()
         replaced = {s for s, p in self._by_socket.items() if s in present and _identity(s) != p.identity}
         for sock in set(self._by_socket) - present | replaced:
@@ -241,10 +344,11 @@ class PluginManager:
         for sock in sorted(present - set(self._by_socket) - self._rejected):
             await self._register(sock)
         self._rejected &= present
+        self._unfinished = not present - self._rejected <= set(self._by_socket)
         # Trusted only when settled: a stamp under a second old may share its clock tick
         # with a change made just after the listing, and a failed GetInfo is retried.
         settled = time.time_ns() - max(stamp) > STAMP_SETTLED_NS
-        self._scanned_stamp = stamp if settled and present - self._rejected <= set(self._by_socket) else None
+        self._scanned_stamp = stamp if settled and not self._unfinished else None
 
     def _notify(self) -> None:
         self.changed.set()
