@@ -182,7 +182,9 @@ def _ray_hosts_table(hosts: dict[str, dict[str, Any]]) -> Table:
 
 def _about(name: str, what: str) -> None:
     """The first line of every command that changes a cluster: which one, so a default
-    name never acts on someone else's cluster unnoticed."""
+    name never acts on someone else's cluster unnoticed. A name that cannot be a
+    cluster's is refused before it is announced."""
+    cfg.check_cluster_name(name)
     stderr.print(f"cluster {name!r}: {what}", markup=False)
 
 

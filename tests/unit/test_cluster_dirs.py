@@ -59,7 +59,9 @@ def test_cluster_names_must_be_dns_labels(name: str) -> None:
     assert "DNS-1123 label" in str(info.value)
 
 
-def test_a_bad_name_on_the_command_line_is_one_line(tmp_path: Path) -> None:
-    result = CliRunner().invoke(cli.main, ["down", "--name", "x/../other"])
+@pytest.mark.parametrize("command", ["up", "down", "status"])
+def test_a_bad_name_on_the_command_line_is_one_line(command: str) -> None:
+    result = CliRunner().invoke(cli.main, [command, "--name", "x/../other"])
     assert result.exit_code != 0
     assert "is not a DNS-1123 label" in result.output and "Traceback" not in result.output
+    assert "x/../other':" not in result.output  # refused before it is announced
