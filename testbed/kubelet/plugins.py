@@ -337,7 +337,7 @@ class PluginManager:
 
     async def _scan(self) -> None:
         present = self._watched_listing()
-        stamp = self._stamp()
+        stamp = self._stamp() if self._directories is None else None  # what a poll compares
         replaced = {s for s, p in self._by_socket.items() if s in present and _identity(s) != p.identity}
         for sock in set(self._by_socket) - present | replaced:
             await self._deregister(sock)
@@ -345,10 +345,11 @@ class PluginManager:
             await self._register(sock)
         self._rejected &= present
         self._unfinished = not present - self._rejected <= set(self._by_socket)
-        # Trusted only when settled: a stamp under a second old may share its clock tick
-        # with a change made just after the listing, and a failed GetInfo is retried.
-        settled = time.time_ns() - max(stamp) > STAMP_SETTLED_NS
-        self._scanned_stamp = stamp if settled and not self._unfinished else None
+        if stamp is not None:
+            # Trusted only when settled: a stamp under a second old may share its clock tick
+            # with a change made just after the listing, and a failed GetInfo is retried.
+            settled = time.time_ns() - max(stamp) > STAMP_SETTLED_NS
+            self._scanned_stamp = stamp if settled and not self._unfinished else None
 
     def _notify(self) -> None:
         self.changed.set()
