@@ -127,6 +127,8 @@ class ExternalDriver:
         self.root = root
         self.process: asyncio.subprocess.Process | None = None
         self.restarts = 0
+        self.restarted = asyncio.Event()
+        """Set (and replaced) at each restart: what a wait for this driver wakes on."""
         self._supervisor: asyncio.Task[None] | None = None
         self._stopping = False
 
@@ -202,6 +204,8 @@ class ExternalDriver:
                 return
             self.restarts += 1
             await self._spawn()
+            self.restarted.set()
+            self.restarted = asyncio.Event()
 
     def alive(self) -> bool:
         return self.process is not None and self.process.returncode is None

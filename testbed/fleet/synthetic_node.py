@@ -25,10 +25,11 @@ from testbed.kubeapi import KubeClient
 from testbed.kubelet.kubelet import FakeKubelet
 from testbed.kubelet.lease import LeaseFence
 from testbed.kubelet.node import NodeSpec, NodeWatcher
+from testbed.kubelet.plugins import PluginManager
 from testbed.kubeletplugin.claims import ClaimReader
 from testbed.kubeletplugin.prepare import DriverPaths
 from testbed.kubeletplugin.slices import SliceWatcher
-from testbed.tasks import cancel_and_wait
+from testbed.tasks import cancel_and_wait, first_of
 
 PLUGIN_SCAN_INTERVAL_S = 10.0
 """How often a kubelet polls its registry where inotify cannot be had (see dirwatch): a
@@ -41,8 +42,31 @@ read as they last were. The heartbeats were 43% of an idle NodeHost's CPU (200 g
 nodes: 0.072 core with them every 10 s, 0.041 without any)."""
 CRASHES_WHILE_STARTING = 2
 """An external driver restarted this often before it ever registered fails the node's start."""
-REGISTRATION_POLL_S = 0.2
-"""How often a starting node looks whether its kubelet registered its external drivers."""
+
+
+async def wait_registered(plugins: PluginManager, external: ExternalDriver, timeout_s: float) -> None:
+    """Until the kubelet registered the external driver: woken by the plugin watcher and
+    by the driver's restarts, so a driver that keeps crashing fails the start early."""
+    try:
+        async with asyncio.timeout(max(timeout_s, 0.0)):
+            while True:
+                changed, restarted = plugins.changed, external.restarted  # before looking: no wake-up lost
+                if plugins.plugin_for(external.spec.name) is not None:
+                    return
+                if external.restarts >= CRASHES_WHILE_STARTING:
+                    raise _not_registered(external, f"it exited {external.restarts + 1} times")
+                await first_of(changed.wait(), restarted.wait())
+    except TimeoutError:
+        raise _not_registered(external, f"not within {timeout_s:.0f} s") from None
+
+
+def _not_registered(external: ExternalDriver, why: str) -> TestbedError:
+    return TestbedError(
+        f"node {external.node}: driver {external.spec.name} did not register with the kubelet ({why})",
+        detail=external.log_tail(),
+        hint=f"it must create its registration socket in $KUBELET_REGISTRAR_DIRECTORY_PATH; "
+        f"its log is {external.log_path}",
+    )
 
 
 class SyntheticNode:
@@ -189,20 +213,7 @@ class SyntheticNode:
                 await driver.published.wait()
         deadline = time.monotonic() + timeout_s
         for external in self.external:
-            while self.kubelet.plugins.plugin_for(external.spec.name) is None:
-                if external.restarts >= CRASHES_WHILE_STARTING:
-                    self._not_registered(external, f"it exited {external.restarts + 1} times")
-                if time.monotonic() > deadline:
-                    self._not_registered(external, f"not within {timeout_s:.0f} s")
-                await asyncio.sleep(REGISTRATION_POLL_S)
-
-    def _not_registered(self, external: ExternalDriver, why: str) -> None:
-        raise TestbedError(
-            f"node {self.name}: driver {external.spec.name} did not register with the kubelet ({why})",
-            detail=external.log_tail(),
-            hint=f"it must create its registration socket in $KUBELET_REGISTRAR_DIRECTORY_PATH; "
-            f"its log is {external.log_path}",
-        )
+            await wait_registered(self.kubelet.plugins, external, deadline - time.monotonic())
 
     async def stop_external(self) -> None:
         for external in self.external:

@@ -31,7 +31,7 @@ from testbed.kubeletplugin.grpc_services import (
 )
 from testbed.kubeletplugin.prepare import ClaimPreparer, DriverPaths
 from testbed.kubeletplugin.slices import SlicePublisher, SliceWatcher, desired_slices
-from testbed.tasks import cancel_and_wait
+from testbed.tasks import cancel_and_wait, first_of
 
 log = logging.getLogger(__name__)
 MAX_SOCKET_PATH = 105
@@ -181,14 +181,7 @@ class DriverPlugin:
         """Until the hardware changes, the slices were disturbed, or RESYNC_S passed."""
         disturbed = self.publisher.disturbed
         if not disturbed.is_set():
-            waits = [
-                asyncio.ensure_future(self.driver.wait_for_change(generation, RESYNC_S)),
-                asyncio.ensure_future(disturbed.wait()),
-            ]
-            try:
-                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                await cancel_and_wait(*waits)
+            await first_of(self.driver.wait_for_change(generation, RESYNC_S), disturbed.wait())
         disturbed.clear()
 
     async def stop(self, grace_s: float = 1.0) -> None:

@@ -1,0 +1,86 @@
+"""A node with a driver of the user's own starts once its kubelet registered that driver,
+and fails its start with the reason when the driver keeps crashing or never registers:
+a user bringing a driver learns at once why a node did not come up, and from its log."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from testbed.errors import TestbedError
+from testbed.fleet.external import ExternalDriver, ExternalDriverSpec
+from testbed.fleet.synthetic_node import CRASHES_WHILE_STARTING, wait_registered
+from testbed.kubelet.plugins import PluginManager
+from testbed.kubeletplugin.grpc_services import RegistrationService, add_registration_service
+
+DRIVER = "gpu.example.com"
+PATIENCE_S = 60.0
+"""The start timeout the node is given: every outcome here must come well before it."""
+
+pytestmark = pytest.mark.skipif(
+    not Path("/proc/sys/fs/inotify").exists(), reason="inotify is Linux's; elsewhere the registry is polled"
+)
+
+
+def _driver(tmp_path: Path, program: str) -> ExternalDriver:
+    return ExternalDriver(
+        ExternalDriverSpec(name=DRIVER, command=(sys.executable, "-c", program)), "node-0", tmp_path / "node"
+    )
+
+
+async def _wait(tmp_path: Path, external: ExternalDriver, timeout_s: float, serve_after_s: float | None) -> float:
+    """Seconds until ``wait_registered`` returned; a registration socket is served from
+    here after ``serve_after_s`` (the driver's own program stands for the rest)."""
+    registry = tmp_path / "node" / "kubelet" / "plugins_registry"
+    registry.mkdir(parents=True)
+    manager = PluginManager(registry, scan_interval_s=3600.0, watch_health=False)
+    manager.start()
+    server = grpc.aio.server()
+    add_registration_service(server, RegistrationService(DRIVER, str(tmp_path / "dra.sock")))
+
+    async def serve_later() -> None:
+        assert serve_after_s is not None
+        await asyncio.sleep(serve_after_s)  # the driver's start-up, not a synchronisation
+        server.add_insecure_port(f"unix://{registry / 'driver.sock'}")
+        await server.start()
+
+    serving = asyncio.create_task(serve_later()) if serve_after_s is not None else None
+    await external.start({})
+    started = time.monotonic()
+    try:
+        await wait_registered(manager, external, timeout_s)
+        return time.monotonic() - started
+    finally:
+        await external.stop()
+        if serving is not None:
+            await serving
+        await server.stop(None)
+        await manager.stop()
+
+
+def test_a_driver_that_registers_is_waited_for_and_no_longer(tmp_path: Path) -> None:
+    external = _driver(tmp_path, "import time; time.sleep(60)")
+    waited = asyncio.run(_wait(tmp_path, external, PATIENCE_S, serve_after_s=0.3))
+    assert 0.3 <= waited < 5.0
+
+
+def test_a_driver_that_keeps_crashing_fails_the_start_early_with_its_log(tmp_path: Path) -> None:
+    external = _driver(tmp_path, "print('no device plugin socket for you'); raise SystemExit(3)")
+    started = time.monotonic()
+    with pytest.raises(TestbedError) as failure:
+        asyncio.run(_wait(tmp_path, external, PATIENCE_S, serve_after_s=None))
+    assert f"exited {CRASHES_WHILE_STARTING + 1} times" in str(failure.value)
+    assert "did not register" in str(failure.value)
+    assert "no device plugin socket for you" in str(failure.value.detail)
+    assert time.monotonic() - started < PATIENCE_S / 2  # the restarts' back-off (1 s, 2 s), not the timeout
+
+
+def test_a_driver_that_runs_but_never_registers_fails_at_the_timeout(tmp_path: Path) -> None:
+    external = _driver(tmp_path, "import time; time.sleep(60)")
+    with pytest.raises(TestbedError, match=r"did not register with the kubelet \(not within 1 s\)"):
+        asyncio.run(_wait(tmp_path, external, 1.0, serve_after_s=None))
