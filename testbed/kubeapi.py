@@ -3,7 +3,9 @@
 The driver and the fake kubelet are asyncio programs that must stay light (thousands
 of them share a process), so they speak plain JSON over keep-alive connections (http11.py;
 watches stream over aiohttp) instead of the synchronous, model-heavy `kubernetes` client.
-Objects are dicts, as on the wire.
+Objects are dicts, as on the wire; orjson reads and writes them (a pod event decodes
+2.5 times faster than with the standard library, and decoding the kubelets' watch events
+was a NodeHost's largest single cost under a workload).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import orjson
 import yaml
 
 from testbed.config import connection_health_check
@@ -380,14 +383,14 @@ class KubeClient:
         metadata_only: bool = False,
         accept: str = "",
     ) -> Obj:
-        data = None if body is None else json.dumps(body).encode()
+        data = None if body is None else orjson.dumps(body)
         headers = {**self._headers, "Content-Type": content_type} if body is not None else dict(self._headers)
         if metadata_only or accept:
             headers["Accept"] = accept or METADATA_ONLY
         response = await self._connections().request(method, path, headers, data, params, timeout_s)
         if response.status >= 400:
             raise _api_error(response.status, response.body.decode(errors="replace"))
-        return json.loads(response.body) if response.body else {}
+        return orjson.loads(response.body) if response.body else {}
 
     async def get(self, path: str, params: Mapping[str, str] | None = None, retry_unreachable: bool = True) -> Obj:
         return await self.request("GET", path, params=params, retry_unreachable=retry_unreachable)
@@ -506,7 +509,7 @@ class KubeClient:
                         # quiet one from one whose server went away without a word.
                         check_health(response.connection.transport, self._health_check)
                     async for line in response.content:
-                        event = json.loads(line)
+                        event = orjson.loads(line)
                         kind, obj = event["type"], event["object"]
                         if kind == "ERROR":
                             if obj.get("code") == 410:
