@@ -16,7 +16,7 @@ from testbed.controlplane.cluster import ClusterState
 from testbed.errors import TestbedError
 from testbed.fingerprint import code_version
 from testbed.fleet.fleet import Fleet
-from testbed.fleet.raycluster import HEAD_LABEL
+from testbed.fleet.raycluster import HEAD_LABEL, ray_temp_dir
 from testbed.fleet.spec import FleetFile
 from testbed.kubelet.node import SYNTHETIC_TOLERATION
 from testbed.testing import wait_for
@@ -226,3 +226,41 @@ def test_a_fleet_of_empty_pools_starts_and_scale_fills_it(short_tmp_path: Path) 
         assert "2 / 2" in status, status  # the pool's nodes Ready of those asked for
     finally:
         subprocess.run([*base, "down", *where], capture_output=True, timeout=300)
+
+
+def _ray_worker_names(control_plane: ClusterState) -> list[str]:
+    """The process titles of the Ray head's workers (``ray::NodeHost``, ``ray::IDLE``...):
+    the ``ray::`` processes descended from those that run in its temp dir."""
+    ray_dir = str(ray_temp_dir(control_plane.root))
+    parents, titles, roots = {}, {}, set()
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (proc / "stat").read_text()
+            titles[int(proc.name)] = stat[stat.index("(") + 1 : stat.rindex(")")]
+            parents[int(proc.name)] = int(stat[stat.rindex(")") + 2 :].split()[1])
+            if ray_dir in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                roots.add(int(proc.name))
+        except (OSError, ValueError):
+            continue
+
+    def under_head(pid: int) -> bool:
+        while pid > 1:
+            if pid in roots:
+                return True
+            pid = parents.get(pid, 0)
+        return False
+
+    return [title for pid, title in titles.items() if title.startswith("ray::") and under_head(pid)]
+
+
+def test_ray_keeps_no_spare_worker_processes(control_plane: ClusterState, fleet: Fleet) -> None:
+    """Ray starts a spare worker for the first driver (this process) and keeps one per CPU
+    waiting; each costs as much idle CPU as a hundred synthetic nodes' Ray share. The
+    testbed's head runs its NodeHosts and agents, and lets a spare go within seconds."""
+    del fleet  # for its Ray head, its NodeHosts and this process connected as a driver
+    names = wait_for(
+        lambda: (names := _ray_worker_names(control_plane)) and "ray::IDLE" not in names and names,
+        timeout_s=10,
+        what="no idle Ray worker",
+    )
+    assert "ray::NodeHost" in names, names
