@@ -1,6 +1,6 @@
 """Fleet files: pools of synthetic nodes, as validated YAML.
 
-nodesPerHost: 200         # synthetic nodes per NodeHost Ray actor
+nodesPerHost: 250         # synthetic nodes per NodeHost Ray actor
 seed: 0                   # UUIDs, MACs and random faults derive from it
 ray: {address: null}      # null: a local Ray on 127.0.0.1; or host:port of a Ray cluster to join
 pools:
@@ -219,11 +219,13 @@ class RaySettings(_Strict):
     address: str | None = Field(default=None, pattern=r"^[^:\s]+:[0-9]+$")
 
 
-DEFAULT_NODES_PER_HOST = 200
+DEFAULT_NODES_PER_HOST = 250
 """Each NodeHost costs about 2 CPU-seconds before its first node (Python and Ray's
-imports in a new process), as much as 50 gpu8 nodes cost it. 500 nodes started in 47 s
-on 10 hosts, 35 s on 5 and 30 s on 2 (2 cores, one run each); a host of 200 idle
-nodes uses about 0.04 core of its one."""
+imports in a new process), as much as 50 gpu8 nodes cost it, and about 0.014 core idle
+whatever it holds (Ray's task loop, gRPC's threads), as much as 90 idle nodes. 500 nodes
+started in 47 s on 10 hosts, 35 s on 5 and 30 s on 2 (2 cores, one run each). 500 gpu8
+nodes on 2 hosts (250 each) against 3 (200 each), four interleaved pairs (2026-11-26):
+Ready in a median 20.9 s against 22.5 s, idle 0.111 core against 0.128."""
 
 
 class FleetFile(_Strict):
