@@ -25,6 +25,7 @@ import ray
 
 from testbed.config import ControlPlaneConfig
 from testbed.controlplane import cluster
+from testbed.controlplane.processes import descendants
 from testbed.environment import install_device_classes, start_fleet
 from testbed.errors import TestbedError
 from testbed.fleet.nodehost import NodeHost
@@ -46,24 +47,6 @@ def processes_matching(fragment: str, within: int | None = None) -> list[int]:
                     found.append(int(entry.name))
             except OSError:
                 continue
-    return found
-
-
-def descendants(root: int) -> set[int]:
-    """``root``, the processes it started, theirs, and so on."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(parent, []).append(int(entry.name))
-    found, pending = set(), [root]
-    while pending:
-        pid = pending.pop()
-        found.add(pid)
-        pending += children.get(pid, [])
     return found
 
 

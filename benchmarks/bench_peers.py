@@ -35,11 +35,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from bench_fleet import cpu_seconds, descendants, processes_matching, ray_head_pid
+from bench_fleet import cpu_seconds, processes_matching, ray_head_pid
 
 from fake_devices.hardware import build_inventory
 from testbed.config import ControlPlaneConfig, cache_root
 from testbed.controlplane import cluster
+from testbed.controlplane.processes import descendants
 from testbed.drivers import KINDS, load_profile
 from testbed.environment import install_device_classes, start_fleet
 from testbed.errors import TestbedError

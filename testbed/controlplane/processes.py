@@ -65,6 +65,24 @@ def process_start_ticks(pid: int) -> int | None:
     return int(fields[19])
 
 
+def descendants(root: int) -> set[int]:
+    """``root``, the processes it started, theirs, and so on."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    found, pending = set(), [root]
+    while pending:
+        pid = pending.pop()
+        found.add(pid)
+        pending += children.get(pid, [])
+    return found
+
+
 def start(
     name: str, command: list[str], log_path: Path, cwd: Path, env: dict[str, str] | None = None
 ) -> tuple[subprocess.Popen[bytes], ProcessRecord]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from kubernetes import client as k8s
 
 from testbed.config import nodes_dir
 from testbed.controlplane.cluster import ClusterState
+from testbed.controlplane.processes import descendants
 from testbed.errors import TestbedError
 from testbed.fingerprint import code_version
 from testbed.fleet.fleet import Fleet
@@ -232,25 +234,16 @@ def _ray_worker_names(control_plane: ClusterState) -> list[str]:
     """The process titles of the Ray head's workers (``ray::NodeHost``, ``ray::IDLE``...):
     the ``ray::`` processes descended from those that run in its temp dir."""
     ray_dir = str(ray_temp_dir(control_plane.root))
-    parents, titles, roots = {}, {}, set()
+    head: set[int] = set()
     for proc in Path("/proc").glob("[0-9]*"):
-        try:
-            stat = (proc / "stat").read_text()
-            titles[int(proc.name)] = stat[stat.index("(") + 1 : stat.rindex(")")]
-            parents[int(proc.name)] = int(stat[stat.rindex(")") + 2 :].split()[1])
+        with contextlib.suppress(OSError):
             if ray_dir in (proc / "cmdline").read_bytes().decode(errors="replace"):
-                roots.add(int(proc.name))
-        except (OSError, ValueError):
-            continue
-
-    def under_head(pid: int) -> bool:
-        while pid > 1:
-            if pid in roots:
-                return True
-            pid = parents.get(pid, 0)
-        return False
-
-    return [title for pid, title in titles.items() if title.startswith("ray::") and under_head(pid)]
+                head |= descendants(int(proc.name))
+    titles = []
+    for pid in head:
+        with contextlib.suppress(OSError):
+            titles.append(Path(f"/proc/{pid}/comm").read_text().strip())
+    return [title for title in titles if title.startswith("ray::")]
 
 
 def test_ray_keeps_no_spare_worker_processes(control_plane: ClusterState, fleet: Fleet) -> None:
