@@ -16,15 +16,16 @@ import base64
 import ctypes
 import functools
 import json
+import logging
 import os
 import random
 import ssl
 import sys
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import orjson
@@ -34,6 +35,8 @@ from testbed.config import connection_health_check
 from testbed.http11 import ConnectionPool, TransportError, check_health
 
 Obj = dict[str, Any]
+T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 IN_CLUSTER_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
@@ -41,6 +44,8 @@ RETRIABLE_STATUS = {429, 500, 502, 503, 504}
 RETRY_ATTEMPTS = 8
 RETRY_FIRST_DELAY_S = 0.2
 RETRY_MAX_DELAY_S = 5.0
+UNTIL_ANSWERED_FIRST_DELAY_S = 0.1
+UNTIL_ANSWERED_MAX_DELAY_S = 7.0
 KEEPALIVE_S = 60.0
 DIAL_TIMEOUT_S = 30.0
 """client-go's dialer gives up on a connection after 30 s."""
@@ -67,6 +72,10 @@ class ApiError(Exception):
         self.status = status
         self.reason = reason
         self.message = message
+
+    def __reduce__(self) -> tuple[type[ApiError], tuple[int, str, str]]:
+        """Whole across processes: a NodeHost's failure reaches `testbed up` through Ray."""
+        return type(self), (self.status, self.reason, self.message)
 
     @property
     def not_found(self) -> bool:
@@ -362,7 +371,7 @@ class KubeClient:
             except ApiError as exc:
                 name = body.get("metadata", {}).get("name") if isinstance(body, dict) else None
                 if exc.conflict and method == "POST" and attempt > 1 and name:
-                    return await self._request_once("GET", f"{path}/{name}", None, None, content_type, timeout_s)
+                    return await self.request("GET", f"{path}/{name}", timeout_s=timeout_s)
                 if exc.status not in RETRIABLE_STATUS or attempt == attempts:
                     raise
             except (TimeoutError, TransportError, aiohttp.ClientConnectionError) as exc:
@@ -530,6 +539,31 @@ class KubeClient:
                 await asyncio.sleep(1.0)
             except (TimeoutError, TransportError, aiohttp.ClientError, ValueError):  # ValueError: a bad, long line
                 await asyncio.sleep(1.0)
+
+
+async def until_answered(call: Callable[[], Awaitable[T]], what: str) -> T:
+    """``call`` again, with the kubelet's backoff (0.1 s doubling to 7 s), for as long
+    as it fails for a transient reason: the API server overloaded (429 beyond the
+    retries of one request) or restarting. So the kubelet registers its node, and
+    controllers requeue: forever, the caller's own deadline bounding it. Any other
+    error is raised at once."""
+    delay = UNTIL_ANSWERED_FIRST_DELAY_S
+    while True:
+        try:
+            return await call()
+        except Exception as exc:
+            if not transient(exc):
+                raise
+            log.info("%s failed (%s); again in %.1f s", what, str(exc) or type(exc).__name__, delay)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, UNTIL_ANSWERED_MAX_DELAY_S)
+
+
+def transient(exc: BaseException) -> bool:
+    """A failure that asking again may cure: overload, a server restarting, a lost answer."""
+    if isinstance(exc, ApiError):
+        return exc.status in RETRIABLE_STATUS
+    return isinstance(exc, TimeoutError | TransportError | aiohttp.ClientConnectionError)
 
 
 def _api_error(status: int, text: str) -> ApiError:

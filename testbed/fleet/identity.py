@@ -32,7 +32,7 @@ from cryptography.x509.oid import NameOID
 from testbed.controlplane.pki import client_certificate
 from testbed.errors import TestbedError
 from testbed.keys import DRIVER_POD_LABEL
-from testbed.kubeapi import ApiError, Credentials, KubeClient, Obj, load_pem_pair, path_for
+from testbed.kubeapi import ApiError, Credentials, KubeClient, Obj, load_pem_pair, path_for, until_answered
 
 DRIVER_NAMESPACE = "dra-testbed"
 DRIVER_SERVICE_ACCOUNT = "dra-testbed-driver"
@@ -186,7 +186,12 @@ async def bind_driver_token(admin: KubeClient, drivers: KubeClient, node: str) -
 
 async def driver_token(admin: KubeClient, node: str) -> tuple[str, str]:
     """A token bound to the node's driver pod (created if need be), and the pod's UID.
-    The Node need not exist yet: the token names the pod's node either way."""
+    The Node need not exist yet: the token names the pod's node either way. Asked for
+    until answered, as a DaemonSet's pod and a kubelet's token are."""
+    return await until_answered(lambda: _driver_token(admin, node), f"binding the drivers' token of node {node}")
+
+
+async def _driver_token(admin: KubeClient, node: str) -> tuple[str, str]:
     pods = path_for("v1", "pods", namespace=DRIVER_NAMESPACE)
     try:
         pod = await admin.create(pods, driver_pod(node))

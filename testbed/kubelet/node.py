@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from testbed import config
 from testbed.keys import SYNTHETIC
-from testbed.kubeapi import PATCH_TYPES, ApiError, KubeClient, Obj, now_rfc3339, path_for
+from testbed.kubeapi import PATCH_TYPES, ApiError, KubeClient, Obj, now_rfc3339, path_for, until_answered
 from testbed.kubelet import lease, nodestatus
 from testbed.kubelet.events import EventRecorder, write_event
 from testbed.kubelet.lease import LeaseFence, NodeLease
@@ -197,14 +197,7 @@ class NodeAgent:
     async def register(self) -> None:
         """Create the Node, Ready from the start, or adopt an existing one of the same name
         and mark it Ready (a write that waits for the Lease when fenced)."""
-        path = path_for("v1", "nodes", self.spec.name)
-        try:
-            node = await self.client.create(path_for("v1", "nodes"), node_object(self.spec))
-            self.created = True
-        except ApiError as exc:
-            if not exc.conflict:
-                raise
-            node = await self.client.get(path)
+        node = await until_answered(self._create_or_adopt, f"registering node {self.spec.name}")
         self.uid = node["metadata"]["uid"]
         self.observe("ADDED", node)
         if self.created:
@@ -217,6 +210,16 @@ class NodeAgent:
             await self.sync_status()  # a restarted kubelet's first sync reports
         if self.lease.fence is None:
             await self.lease.sync()
+
+    async def _create_or_adopt(self) -> Obj:
+        try:
+            node = await self.client.create(path_for("v1", "nodes"), node_object(self.spec))
+        except ApiError as exc:
+            if not exc.conflict:
+                raise
+            return await self.client.get(path_for("v1", "nodes", self.spec.name))
+        self.created = True
+        return node
 
     def observe(self, kind: str, node: Obj) -> None:
         """The Node as the API server has it now (a watch event or an answer)."""

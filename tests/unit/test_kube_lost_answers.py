@@ -5,14 +5,17 @@ a 409 on its own Job after an etcd restart was the symptom."""
 from __future__ import annotations
 
 import asyncio
+import pickle
 import socket
 import ssl
 
 import pytest
 from aiohttp import web
 
+from testbed.fleet.identity import driver_token
 from testbed.http11 import TransportError
-from testbed.kubeapi import ApiError, Credentials, KubeClient
+from testbed.kubeapi import RETRY_ATTEMPTS, ApiError, Credentials, KubeClient, until_answered
+from testbed.kubelet.node import NodeAgent, NodeSpec
 from tests.unit.scripted_api import client_of
 
 STATUS_409 = {"kind": "Status", "code": 409, "reason": "AlreadyExists", "message": "already exists"}
@@ -80,3 +83,128 @@ def test_a_refused_connection_fails_at_once_when_asked_to_and_is_retried_otherwi
         assert error.unreachable and pauses == []
         asyncio.run(read(retry_unreachable=True))
         assert len(pauses) == 3, "the default rides it out: four attempts"
+
+
+STATUS_429 = {"kind": "Status", "code": 429, "reason": "TooManyRequests", "message": "Too many requests"}
+
+
+def _no_pauses(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    pauses: list[float] = []
+
+    async def no_pause(seconds: float) -> None:
+        pauses.append(seconds)
+
+    monkeypatch.setattr(asyncio, "sleep", no_pause)
+    return pauses
+
+
+def test_the_read_after_a_lost_create_rides_out_an_overloaded_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At 5,000 nodes the read that follows a lost create met 429 and failed a NodeHost."""
+    _no_pauses(monkeypatch)
+
+    async def scenario() -> dict[str, object]:
+        stored: dict[str, object] = {}
+        answers = iter([503, 409])
+        reads = iter([429, 429, 200])
+
+        async def create(request: web.Request) -> web.Response:
+            stored.update(await request.json(), uid="u1")
+            status = next(answers)
+            return web.json_response(STATUS_409 if status == 409 else {"kind": "Status"}, status=status)
+
+        async def read(request: web.Request) -> web.Response:
+            status = next(reads)
+            return web.json_response(stored if status == 200 else STATUS_429, status=status)
+
+        app = web.Application()
+        app.router.add_post("/api/v1/nodes", create)
+        app.router.add_get("/api/v1/nodes/{name}", read)
+        async with client_of(app) as client:
+            return await client.create("/api/v1/nodes", {"metadata": {"name": "n1"}})
+
+    assert asyncio.run(scenario())["uid"] == "u1"
+
+
+def test_a_kubelet_registers_through_an_overload_longer_than_one_requests_retries(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As the kubelet's registration loop does: it asks until the server answers (the
+    NodeHost's start deadline bounds it), where a fleet start used to fail."""
+    pauses = _no_pauses(monkeypatch)
+    refusals = RETRY_ATTEMPTS * 2
+
+    async def scenario() -> NodeAgent:
+        posts: list[int] = []
+
+        async def create_node(request: web.Request) -> web.Response:
+            posts.append(1)
+            if len(posts) <= refusals:
+                return web.json_response(STATUS_429, status=429)
+            body = await request.json()
+            return web.json_response({**body, "metadata": {**body["metadata"], "uid": "u1"}}, status=201)
+
+        async def create_lease(request: web.Request) -> web.Response:
+            return web.json_response(await request.json(), status=201)
+
+        app = web.Application()
+        app.router.add_post("/api/v1/nodes", create_node)
+        app.router.add_post("/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases", create_lease)
+        async with client_of(app) as client:
+            agent = NodeAgent(client, NodeSpec("n1"))
+            await agent.register()
+            return agent
+
+    agent = asyncio.run(scenario())
+    assert agent.uid == "u1" and agent.created
+    assert max(pauses) <= 7.0, "the kubelet's backoff tops out at 7 s"
+
+
+def test_asking_until_answered_gives_up_at_once_on_an_error_asking_again_cannot_cure(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pauses = _no_pauses(monkeypatch)
+    calls: list[int] = []
+
+    async def forbidden() -> None:
+        calls.append(1)
+        raise ApiError(403, "Forbidden", "nodes is forbidden")
+
+    with pytest.raises(ApiError) as raised:
+        asyncio.run(until_answered(forbidden, "registering"))
+    assert raised.value.status == 403 and len(calls) == 1 and pauses == []
+
+
+def test_an_api_error_crosses_processes_whole() -> None:
+    """A NodeHost's failure reaches `testbed up` through Ray, which pickles it; Ray had
+    reported "Failed to deserialize exception" instead of the API server's answer."""
+    error = pickle.loads(pickle.dumps(ApiError(429, "TooManyRequests", "Too many requests")))
+    assert (error.status, error.reason, error.message) == (429, "TooManyRequests", "Too many requests")
+    assert str(error) == "429 TooManyRequests: Too many requests"
+
+
+def test_a_nodes_driver_token_is_asked_for_until_the_overloaded_server_answers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As a DaemonSet controller creates its pod and a kubelet asks for its token again."""
+    _no_pauses(monkeypatch)
+
+    async def scenario() -> tuple[str, str]:
+        refused = iter(range(RETRY_ATTEMPTS + 2))
+
+        async def create_pod(request: web.Request) -> web.Response:
+            if next(refused, None) is not None:
+                return web.json_response(STATUS_429, status=429)
+            body = await request.json()
+            return web.json_response({**body, "metadata": {**body["metadata"], "uid": "pod-uid"}}, status=201)
+
+        async def token(request: web.Request) -> web.Response:
+            bound = (await request.json())["spec"]["boundObjectRef"]
+            return web.json_response({"status": {"token": f"token-for-{bound['uid']}"}}, status=201)
+
+        app = web.Application()
+        app.router.add_post("/api/v1/namespaces/dra-testbed/pods", create_pod)
+        app.router.add_post("/api/v1/namespaces/dra-testbed/serviceaccounts/dra-testbed-driver/token", token)
+        async with client_of(app) as client:
+            return await driver_token(client, "n1")
+
+    assert asyncio.run(scenario()) == ("token-for-pod-uid", "pod-uid")
