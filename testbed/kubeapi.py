@@ -10,17 +10,13 @@ was a NodeHost's largest single cost under a workload).
 
 from __future__ import annotations
 
-import _ssl
 import asyncio
 import base64
-import ctypes
-import functools
 import json
 import logging
 import os
 import random
 import ssl
-import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -33,6 +29,7 @@ import yaml
 
 from testbed.config import connection_health_check
 from testbed.http11 import ConnectionPool, TransportError, check_health
+from testbed.openssl import send_certificate_alone
 
 Obj = dict[str, Any]
 T = TypeVar("T")
@@ -113,40 +110,6 @@ def load_pem_pair(context: ssl.SSLContext, cert: bytes, key: bytes) -> None:
     finally:
         os.close(fd)
     send_certificate_alone(context)
-
-
-_SSL_CTRL_MODE = 33
-_SSL_MODE_NO_AUTO_CHAIN = 0x8
-
-
-@functools.cache
-def _ssl_ctx_ctrl() -> Any:
-    """OpenSSL's SSL_CTX_ctrl, from the library Python's ssl module runs on (None if that
-    library does not export it, e.g. when linked in statically)."""
-    if sys.implementation.name != "cpython":
-        return None
-    try:
-        ctrl = ctypes.CDLL(_ssl.__file__).SSL_CTX_ctrl
-    except (AttributeError, OSError):
-        return None
-    ctrl.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_void_p]
-    ctrl.restype = ctypes.c_long
-    return ctrl
-
-
-def send_certificate_alone(context: ssl.SSLContext) -> None:
-    """Present the client certificate without its issuer, as Go clients (kubelet, kubectl)
-    do. OpenSSL otherwise appends the chain it can build from the trust store, the
-    cluster CA itself; the API server then checks that "intermediate" too, in each of its
-    certificate authenticators, on every request: a quarter of its CPU for a GET. Python's
-    ssl has no switch for this, so the mode is set on its SSL_CTX (the first field after
-    the object header of CPython's context). Without that symbol: as before, only slower."""
-    ctrl = _ssl_ctx_ctrl()
-    if ctrl is None:
-        return
-    ssl_ctx = ctypes.c_void_p.from_address(id(context) + object.__basicsize__).value
-    if ssl_ctx:
-        ctrl(ssl_ctx, _SSL_CTRL_MODE, _SSL_MODE_NO_AUTO_CHAIN, None)
 
 
 def _field(entry: Mapping[str, Any], name: str, base: Path) -> bytes | None:

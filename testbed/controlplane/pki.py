@@ -161,9 +161,12 @@ def _builder(subject: x509.Name, issuer: x509.Name, public_key: object) -> x509.
 
 
 def client_certificate(
-    subject: x509.Name, ca_cert: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey
+    subject: x509.Name,
+    ca_cert: x509.Certificate,
+    ca_key: ec.EllipticCurvePrivateKey,
+    encoding: serialization.Encoding = serialization.Encoding.PEM,
 ) -> tuple[bytes, bytes]:
-    """A fresh key and a client-auth certificate for ``subject`` from this CA, as PEM
+    """A fresh key (PKCS#8) and a client-auth certificate for ``subject`` from this CA
     (for identities issued after the cluster started, e.g. each synthetic node's)."""
     key = _new_key()
     cert = (
@@ -171,10 +174,8 @@ def client_certificate(
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
-    key_pem = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-    return cert.public_bytes(serialization.Encoding.PEM), key_pem
+    key_bytes = key.private_bytes(encoding, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    return cert.public_bytes(encoding), key_bytes
 
 
 def _new_ca(cert_path: Path, key_path: Path, common_name: str) -> tuple[ec.EllipticCurvePrivateKey, x509.Name]:

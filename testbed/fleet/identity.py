@@ -29,6 +29,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from testbed import openssl
 from testbed.controlplane.pki import client_certificate
 from testbed.errors import TestbedError
 from testbed.keys import DRIVER_POD_LABEL
@@ -70,17 +71,24 @@ class NodeAuthority:
 
     def _context(self) -> ssl.SSLContext:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # not the system CAs: ours alone
-        context.load_verify_locations(cadata=self._ca_der)
+        if not openssl.share_trust_store(context, self._trust):
+            context.load_verify_locations(cadata=self._ca_der)
         return context
 
     @cached_property
     def _ca_der(self) -> bytes:
-        """The CA as DER: a context per node loads it, and PEM was parsed again each time."""
         return self._ca[0].public_bytes(serialization.Encoding.DER)
+
+    @cached_property
+    def _trust(self) -> ssl.SSLContext:
+        """The CA, parsed once: every node's context shares its trust store."""
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.load_verify_locations(cadata=self._ca_der)
+        return context
 
     def __getstate__(self) -> dict[str, object]:
         """Only the content travels (to NodeHosts); the parsed CA is rebuilt there."""
-        return {k: v for k, v in self.__dict__.items() if k not in ("_ca", "_ca_der")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_ca", "_ca_der", "_trust")}
 
     @cached_property
     def _ca(self) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
@@ -88,7 +96,9 @@ class NodeAuthority:
         assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
         return x509.load_pem_x509_certificate(self.ca_cert_pem), ca_key
 
-    def node_certificate(self, node: str) -> tuple[bytes, bytes]:
+    def node_certificate(
+        self, node: str, encoding: serialization.Encoding = serialization.Encoding.PEM
+    ) -> tuple[bytes, bytes]:
         """A client certificate and key for system:node:<node> (P-256: well under 1 ms)."""
         subject = x509.Name(
             [
@@ -96,12 +106,13 @@ class NodeAuthority:
                 x509.NameAttribute(NameOID.COMMON_NAME, f"system:node:{node}"),
             ]
         )
-        return client_certificate(subject, *self._ca)
+        return client_certificate(subject, *self._ca, encoding=encoding)
 
     def kubelet_client(self, node: str) -> KubeClient:
         """A client that is this node's kubelet, as the API server sees it."""
         context = self._context()
-        load_pem_pair(context, *self.node_certificate(node))
+        if not openssl.use_der_key_pair(context, *self.node_certificate(node, serialization.Encoding.DER)):
+            load_pem_pair(context, *self.node_certificate(node))
         return KubeClient(Credentials(self.server, context), connection_limit=NODE_CONNECTIONS)
 
     def kubeconfig(self, user: dict[str, str]) -> bytes:
