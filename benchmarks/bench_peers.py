@@ -47,7 +47,7 @@ from testbed.errors import TestbedError
 from testbed.fleet import raycluster
 from testbed.fleet.spec import DEFAULT_NODES_PER_HOST, single_pool
 from testbed.keys import PROFILE_LABEL, SLICE_NODE_LABEL, SYNTHETIC
-from testbed.kubeapi import KubeClient, path_for
+from testbed.kubeapi import KubeClient, path_for, until_answered
 from testbed.kubeletplugin.slices import desired_slices, slice_object
 from testbed.progress import ConsoleProgress
 from testbed.report import report as reporting
@@ -240,6 +240,7 @@ def kwok_side(
         requests = api_requests(state)
         before = {n: cpu_seconds(p) for n, p in components.items()} | {"emulation": cpu_seconds(kwok_process.pid)}
         ready_s = asyncio.run(_with_client(state, lambda client: kwok_nodes_up(client, args.nodes)))
+        print(f"KWOK: {args.nodes} nodes Ready with slices in {ready_s:.1f} s", flush=True)
         start_cpu = {n: cpu_seconds(p) - before[n] for n, p in components.items()}
         start_cpu["emulation"] = cpu_seconds(kwok_process.pid) - before["emulation"]
         start_requests = per_node(requests, api_requests(state), args.nodes)
@@ -267,6 +268,7 @@ def testbed_side(
     try:
         ready_s = time.monotonic() - started
         ray_s = sum(s for task, s in progress.took.items() if task.startswith("starting Ray"))
+        print(f"testbed: {args.nodes} nodes Ready with slices in {ready_s:.1f} s ({ray_s:.1f} s of it Ray's start)")
         start_cpu = {n: cpu_seconds(p) - before[n] for n, p in components.items()}
         start_requests = per_node(requests, api_requests(state), args.nodes)
         head = ray_head_pid(state)
@@ -276,7 +278,10 @@ def testbed_side(
         report = run_workload(state, scenario, fleet.metrics_texts, keep)
         workload_requests = per_node(requests, api_requests(state), pods_run(scenario))
     finally:
-        fleet.stop(remove_nodes=True)
+        try:
+            fleet.stop(remove_nodes=True)
+        except Exception as exc:  # Ray is stopped all the same: the next side needs the machine
+            print(f"removing the testbed's nodes failed ({type(exc).__name__}: {exc}); stopping Ray anyway", flush=True)
         raycluster.disconnect()
         for record in [r for r in state.processes if r.name == "ray"]:
             raycluster.stop_head(record, state.root)
@@ -287,6 +292,7 @@ def testbed_side(
 
 
 REQUESTS = "apiserver_request_total"
+SCRAPE_PATIENCE_S = 300.0
 
 
 def api_requests(state: cluster.ClusterState) -> dict[str, float]:
@@ -294,7 +300,10 @@ def api_requests(state: cluster.ClusterState) -> dict[str, float]:
     client's, this benchmark's own reads included."""
 
     async def read(client: KubeClient) -> str:
-        return await client.get_text("/metrics")
+        # Right after 5,000 nodes start, the API server can take longer than a scrape's
+        # usual 10 s even to accept the connection.
+        async with asyncio.timeout(SCRAPE_PATIENCE_S):
+            return await until_answered(lambda: client.get_text("/metrics", timeout_s=60.0), "reading /metrics")
 
     scrape = Scrape.parse(asyncio.run(_with_client(state, read)), (REQUESTS,))
     counts: dict[str, float] = {}
