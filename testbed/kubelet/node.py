@@ -202,8 +202,8 @@ class NodeAgent:
         self.observe("ADDED", node)
         if self.created:
             self.lease.node_created(self.uid)
-        if self.lease.fence is not None:
-            await self.lease.take()  # before any write in the node's name
+        if self.lease.fence is not None:  # before any write in the node's name
+            await until_answered(self.lease.take, f"taking the Lease of node {self.spec.name}")
         if self.created:
             self._reports.reported(time.monotonic(), changed=True)  # the create carried the status
         else:

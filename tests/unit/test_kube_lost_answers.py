@@ -125,37 +125,63 @@ def test_the_read_after_a_lost_create_rides_out_an_overloaded_server(monkeypatch
     assert asyncio.run(scenario())["uid"] == "u1"
 
 
+class ThisHostsFence:
+    """A fleet's fencing as one NodeHost sees it, with no other host about."""
+
+    stamp = "host-a"
+
+    def wait_s(self, lease: dict[str, object]) -> float:
+        return 0.0
+
+    def lost(self, stamp: str | None) -> None:
+        raise AssertionError("no other host takes the node here")
+
+
+@pytest.mark.parametrize("fenced", [False, True], ids=["one server", "fenced"])
 def test_a_kubelet_registers_through_an_overload_longer_than_one_requests_retries(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, fenced: bool
 ) -> None:
     """As the kubelet's registration loop does: it asks until the server answers (the
-    NodeHost's start deadline bounds it), where a fleet start used to fail."""
+    NodeHost's start deadline bounds it), where a fleet start used to fail: at 5,000
+    nodes on the Node's create, then on a fenced node's first Lease."""
     _no_pauses(monkeypatch)
     refusals = RETRY_ATTEMPTS * 2
 
-    async def scenario() -> NodeAgent:
-        posts: list[int] = []
+    async def scenario() -> tuple[NodeAgent, dict[str, list[int]]]:
+        posts: dict[str, list[int]] = {"nodes": [], "leases": []}
 
-        async def create_node(request: web.Request) -> web.Response:
-            posts.append(1)
-            if len(posts) <= refusals:
+        def refused(kind: str) -> bool:
+            posts[kind].append(1)
+            return len(posts[kind]) <= refusals
+
+        stored: dict[str, dict[str, object]] = {}
+
+        async def create(request: web.Request) -> web.Response:
+            kind = request.path.rsplit("/", 1)[1]
+            if refused(kind):
                 return web.json_response(STATUS_429, status=429)
             body = await request.json()
-            return web.json_response({**body, "metadata": {**body["metadata"], "uid": "u1"}}, status=201)
+            stored[kind] = {**body, "metadata": {**body["metadata"], "uid": f"{kind}-uid"}}
+            return web.json_response(stored[kind], status=201)
 
-        async def create_lease(request: web.Request) -> web.Response:
-            return web.json_response(await request.json(), status=201)
+        async def read(request: web.Request) -> web.Response:
+            kind = request.path.rsplit("/", 2)[1]
+            if kind not in stored:
+                return web.json_response({"kind": "Status", "code": 404, "reason": "NotFound"}, status=404)
+            return web.json_response(stored[kind])
 
         app = web.Application()
-        app.router.add_post("/api/v1/nodes", create_node)
-        app.router.add_post("/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases", create_lease)
+        for path in ("/api/v1/nodes", "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases"):
+            app.router.add_post(path, create)
+            app.router.add_get(path + "/{name}", read)
         async with client_of(app) as client:
-            agent = NodeAgent(client, NodeSpec("n1"))
+            agent = NodeAgent(client, NodeSpec("n1"), fence=ThisHostsFence() if fenced else None)
             await agent.register()
-            return agent
+            return agent, posts
 
-    agent = asyncio.run(scenario())
-    assert agent.uid == "u1" and agent.created
+    agent, posts = asyncio.run(scenario())
+    assert agent.uid == "nodes-uid" and agent.created
+    assert len(posts["leases"]) == refusals + 1 and agent.lease.latest is not None
 
 
 def test_asking_until_answered_backs_off_as_the_kubelets_registration_does(monkeypatch: pytest.MonkeyPatch) -> None:
