@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from testbed import http11
 from testbed.controlplane import pki
 from testbed.fleet.tlsmemory import TLS_READ_BUFFER, small_tls_read_buffers
 from testbed.http11 import ConnectionPool, TransportError
@@ -198,6 +199,50 @@ def test_a_request_that_times_out_leaves_no_connection_to_reuse() -> None:
         assert (await pool.request("GET", "/fast", {})).body == b"/fast", "not the late answer to /slow"
 
     assert serve(late, test).connections == 2
+
+
+def test_a_connection_owed_a_late_answer_serves_again_once_it_is_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Closing it would cost the next request a TLS handshake: on an overloaded API server
+    every timeout then made more work."""
+
+    async def late(seen: Seen, writer: asyncio.StreamWriter) -> bool:
+        if seen.target == "/slow":
+            await asyncio.sleep(0.3)
+        writer.write(with_length(seen.target.encode()))
+        await writer.drain()
+        return True
+
+    async def test(pool: ConnectionPool, server: Server) -> None:
+        with pytest.raises(TimeoutError):
+            await pool.request("GET", "/slow", {}, timeout_s=0.05)
+        async with asyncio.timeout(5):
+            while not pool._idle:  # the late answer arrived and was set aside
+                await asyncio.sleep(0.01)
+        assert (await pool.request("GET", "/next", {})).body == b"/next"
+
+    server = serve(late, test)
+    assert server.connections == 1
+    assert [s.target for s in server.seen] == ["/slow", "/next"]
+
+
+def test_a_connection_whose_late_answer_never_comes_is_closed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(http11, "LATE_ANSWER_S", 0.1)
+
+    async def silent_once(seen: Seen, writer: asyncio.StreamWriter) -> bool:
+        if seen.target == "/never":
+            await asyncio.sleep(3600)
+        return await echo(seen, writer)
+
+    async def test(pool: ConnectionPool, server: Server) -> None:
+        with pytest.raises(TimeoutError):
+            await pool.request("GET", "/never", {}, timeout_s=0.05)
+        async with asyncio.timeout(5):
+            while pool.connections:  # closed on our side
+                await asyncio.sleep(0.01)
+        assert (await pool.request("GET", "/next", {})).status == 200
+        assert pool.connections == 1
+
+    assert serve(silent_once, test).connections == 2
 
 
 def test_at_most_limit_connections_at_once() -> None:
