@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 IN_CLUSTER_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 RETRIABLE_STATUS = {429, 500, 502, 503, 504}
+TRANSIENT_ERRORS = (TimeoutError, TransportError, aiohttp.ClientConnectionError)
+"""No answer, for now: what a request retries and `until_answered` waits out."""
 RETRY_ATTEMPTS = 8
 RETRY_FIRST_DELAY_S = 0.2
 RETRY_MAX_DELAY_S = 5.0
@@ -337,7 +339,7 @@ class KubeClient:
                     return await self.request("GET", f"{path}/{name}", timeout_s=timeout_s)
                 if exc.status not in RETRIABLE_STATUS or attempt == attempts:
                     raise
-            except (TimeoutError, TransportError, aiohttp.ClientConnectionError) as exc:
+            except TRANSIENT_ERRORS as exc:
                 if attempt == attempts or (not retry_unreachable and getattr(exc, "unreachable", False)):
                     raise
             await asyncio.sleep(delay * (0.5 + random.random()))
@@ -526,7 +528,7 @@ def transient(exc: BaseException) -> bool:
     """A failure that asking again may cure: overload, a server restarting, a lost answer."""
     if isinstance(exc, ApiError):
         return exc.status in RETRIABLE_STATUS
-    return isinstance(exc, TimeoutError | TransportError | aiohttp.ClientConnectionError)
+    return isinstance(exc, TRANSIENT_ERRORS)
 
 
 def _api_error(status: int, text: str) -> ApiError:
