@@ -27,7 +27,7 @@ from testbed.config import ControlPlaneConfig
 from testbed.controlplane import cluster
 from testbed.controlplane.processes import descendants
 from testbed.environment import install_device_classes, start_fleet
-from testbed.errors import TestbedError
+from testbed.errors import TestbedError, interrupt_on_sigterm
 from testbed.fleet.nodehost import NodeHost
 from testbed.fleet.spec import single_pool
 from testbed.progress import ConsoleProgress
@@ -187,4 +187,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    interrupt_on_sigterm()
     raise SystemExit(main())

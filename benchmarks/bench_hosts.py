@@ -21,6 +21,7 @@ from pathlib import Path
 from bench_fleet import cpu_seconds, rss_mb
 
 from testbed import twohosts
+from testbed.errors import interrupt_on_sigterm
 
 CONTROL_PLANE = ("kube-apiserver", "etcd", "kube-controller-manager", "kube-scheduler")
 
@@ -129,4 +130,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    interrupt_on_sigterm()
     raise SystemExit(main())

@@ -26,6 +26,7 @@ from bench_fleet import cpu_seconds, processes_matching
 from testbed.config import ControlPlaneConfig
 from testbed.controlplane import cluster
 from testbed.environment import install_device_classes
+from testbed.errors import interrupt_on_sigterm
 from testbed.fleet.identity import NodeAuthority, install_access_policy
 from testbed.fleet.membership import NodeRecipe
 from testbed.fleet.nodehost import NodeHost
@@ -118,4 +119,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    interrupt_on_sigterm()
     raise SystemExit(main())

@@ -10,13 +10,11 @@ import asyncio
 import os
 import shlex
 import shutil
-import signal
 import sys
 import time
 from collections.abc import Callable
 from functools import wraps
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -30,7 +28,7 @@ from testbed import environment
 from testbed.controlplane import binaries as binaries_module
 from testbed.controlplane import cluster, leftovers, processes
 from testbed.drivers import PROFILES, load_profile
-from testbed.errors import TestbedError
+from testbed.errors import TestbedError, interrupt_on_sigterm
 from testbed.fingerprint import code_version
 from testbed.fleet import spec as fleet_spec
 from testbed.fleet.external import recorded_drivers
@@ -45,13 +43,6 @@ if TYPE_CHECKING:
 
 F = TypeVar("F", bound=Callable[..., Any])
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
-
-
-def _interrupt_on_sigterm() -> None:
-    def handler(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, handler)
 
 
 def reports_errors(command: F) -> F:
@@ -360,7 +351,7 @@ def up(
 
     With --kubeconfig, start no control plane: the synthetic nodes join that cluster, and
     `testbed down` takes them out of it again."""
-    _interrupt_on_sigterm()
+    interrupt_on_sigterm()
     _about(name, "starting" + (f" (state in {state_dir})" if state_dir else ""))
     config = cfg.ControlPlaneConfig.from_env(
         name=name,
@@ -738,7 +729,7 @@ def run_scenario(
     state = cluster.ClusterState.load(config.cluster_dir) if config.cluster_dir.exists() else None
     c = chosen.cluster
     started_here = False
-    _interrupt_on_sigterm()
+    interrupt_on_sigterm()
     if state is None or not state.ready:
         if not start:
             raise TestbedError(

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import signal
+from types import FrameType
+
 
 class TestbedError(Exception):
     """An error whose text names the problem and, in ``hint``, the way out."""
@@ -21,3 +24,13 @@ class TestbedError(Exception):
         if self.hint:
             parts.append(f"hint: {self.hint}")
         return "\n".join(parts)
+
+
+def interrupt_on_sigterm() -> None:
+    """SIGTERM (`timeout`, CI cancelling a job) ends this process as Ctrl-C does: through
+    its ``finally`` blocks, so what it started (control plane, Ray) is stopped, not left."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)

@@ -13,10 +13,14 @@ import logging
 import os
 import secrets
 import shutil
+import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -202,7 +206,8 @@ def connect(address: str, cluster_name: str, cluster_root: Path | None = None) -
 
         ray_constants.ENABLE_RAY_CLUSTER = False
         _wait_for_a_raylet(address)
-        ray.init(address=address, **options)
+        with _own_sigterm_handler_kept():
+            ray.init(address=address, **options)
         return
     # A Ray cluster the user runs: a refusal shows only as a line a second on stderr from
     # Ray's C++ core, then a bare ConnectionError; turn it into one line with the way out.
@@ -211,7 +216,8 @@ def connect(address: str, cluster_name: str, cluster_root: Path | None = None) -
         saved = os.dup(2)
         os.dup2(captured.fileno(), 2)
         try:
-            ray.init(address=address, **options)
+            with _own_sigterm_handler_kept():
+                ray.init(address=address, **options)
         except ConnectionError as exc:
             captured.seek(0)
             said = captured.read().decode(errors="replace")
@@ -225,6 +231,20 @@ def connect(address: str, cluster_name: str, cluster_root: Path | None = None) -
         finally:
             os.dup2(saved, 2)
             os.close(saved)
+
+
+@contextmanager
+def _own_sigterm_handler_kept() -> Iterator[None]:
+    """Ray's core, joining, puts a crash handler on SIGTERM that dumps a stack and aborts
+    the process: a `testbed up` ended by `timeout` or a cancelled CI job would leave its
+    control plane and Ray running. The handler this process had (the CLI's, which stops
+    what the command started) is put back."""
+    own = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
+    try:
+        yield
+    finally:
+        if callable(own):
+            signal.signal(signal.SIGTERM, own)
 
 
 def _wait_for_a_raylet(address: str, timeout_s: float = 20.0) -> None:

@@ -189,6 +189,35 @@ def test_ctrl_c_during_start_up_stops_everything(cli_env: dict[str, str]) -> Non
     wait_for(lambda: not any(r.alive() for r in records), 10, "started processes to be gone")
 
 
+def test_sigterm_while_the_fleet_starts_stops_everything(cli_env: dict[str, str]) -> None:
+    """What `timeout` or a cancelled CI job sends, once this process is in Ray (whose core
+    would otherwise abort it on SIGTERM and leave the cluster running)."""
+    state_dir = Path(cli_env["TESTBED_STATE_DIR"]) / "clusters" / "term"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "testbed.cli", "up", "--name", "term", "--nodes", "400"],
+        env=cli_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        state = wait_for(
+            lambda: (s := cluster.ClusterState.load(state_dir)) and s.fleet_id and s,
+            120,
+            "the fleet to be created in Ray",
+        )
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
+    assert "ray" in [r.name for r in state.processes]
+    wait_for(lambda: not any(r.alive() for r in state.processes), 10, "started processes to be gone")
+    assert not state_dir.exists()
+
+
 def test_an_advertised_address_is_where_the_api_server_listens_and_what_its_certificate_names(
     kube_binaries: Binaries, tmp_path: Path
 ) -> None:
