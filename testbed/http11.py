@@ -267,15 +267,20 @@ class ConnectionPool:
             self._idle.clear()
             self._busy.clear()
             self._loop, self._slots = loop, self._new_slots()
-        async with asyncio.timeout(timeout_s), self._slots:
-            try:
+        try:
+            async with asyncio.timeout(timeout_s), self._slots:
+                try:
+                    return await self._exchange(request)
+                except TransportError as exc:
+                    # A kept-alive connection the server had just closed: as HTTP clients
+                    # do, an idempotent request goes again at once on a new connection.
+                    if not exc.stale or method not in IDEMPOTENT:
+                        raise
                 return await self._exchange(request)
-            except TransportError as exc:
-                # A kept-alive connection the server had just closed: as HTTP clients do,
-                # an idempotent request goes again at once on a new connection.
-                if not exc.stale or method not in IDEMPOTENT:
-                    raise
-            return await self._exchange(request)
+        except TimeoutError as exc:  # asyncio's says nothing; a teardown's log should say what
+            if exc.args:
+                raise
+            raise TimeoutError(f"{method} {path}: no answer from {self.server} within {timeout_s:g} s") from None
 
     async def _exchange(self, request: bytes) -> Response:
         connection = await self._connection()

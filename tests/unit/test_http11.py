@@ -194,7 +194,7 @@ def test_a_request_that_times_out_leaves_no_connection_to_reuse() -> None:
         return True
 
     async def test(pool: ConnectionPool, server: Server) -> None:
-        with pytest.raises(TimeoutError):
+        with pytest.raises(TimeoutError, match=r"^GET /slow: no answer from .* within 0.1 s$"):
             await pool.request("GET", "/slow", {}, timeout_s=0.1)
         assert (await pool.request("GET", "/fast", {})).body == b"/fast", "not the late answer to /slow"
 
