@@ -208,6 +208,7 @@ def connect(address: str, cluster_name: str, cluster_root: Path | None = None) -
         _wait_for_a_raylet(address)
         with _own_sigterm_handler_kept():
             ray.init(address=address, **options)
+        quiet_misleading_warnings()
         return
     # A Ray cluster the user runs: a refusal shows only as a line a second on stderr from
     # Ray's C++ core, then a bare ConnectionError; turn it into one line with the way out.
@@ -218,6 +219,7 @@ def connect(address: str, cluster_name: str, cluster_root: Path | None = None) -
         try:
             with _own_sigterm_handler_kept():
                 ray.init(address=address, **options)
+            quiet_misleading_warnings()
         except ConnectionError as exc:
             captured.seek(0)
             said = captured.read().decode(errors="replace")
@@ -245,6 +247,30 @@ def _own_sigterm_handler_kept() -> Iterator[None]:
     finally:
         if callable(own):
             signal.signal(signal.SIGTERM, own)
+
+
+MISLEADING_WARNINGS = ("worker processes have been started on node",)
+"""What Ray's raylet tells every process in the cluster and is wrong about for a fleet:
+past four times as many workers as CPUs it warns of "a large number of actors, or tasks
+blocked in ray.get()", where each NodeHost is one long-lived actor in a worker of its
+own (20 of them at 5,000 nodes). The raylet's log keeps the line."""
+
+
+def quiet_misleading_warnings() -> None:
+    """Keep ``MISLEADING_WARNINGS`` off this process's terminal; Ray's other messages pass."""
+    from ray._private import worker
+
+    printer = worker.print_to_stdstream
+    if getattr(printer, "quiets_misleading_warnings", False):
+        return
+
+    def filtered(data: dict[str, Any], ignore_prefix: bool) -> None:
+        lines = [line for line in data.get("lines", []) if not any(m in line for m in MISLEADING_WARNINGS)]
+        if lines:
+            printer({**data, "lines": lines}, ignore_prefix)
+
+    filtered.quiets_misleading_warnings = True  # type: ignore[attr-defined]
+    worker.print_to_stdstream = filtered
 
 
 def _wait_for_a_raylet(address: str, timeout_s: float = 20.0) -> None:
