@@ -160,62 +160,51 @@ def test_cli_up_prints_the_kubeconfig_last_then_status_and_down(cli_env: dict[st
     assert _cli("kubeconfig", "--name", "cli", env=cli_env).returncode == 1
 
 
-def test_ctrl_c_during_start_up_stops_everything(cli_env: dict[str, str]) -> None:
-    state_file = Path(cli_env["TESTBED_STATE_DIR"]) / "clusters" / "ctrlc" / "state.json"
+def _interrupt_up(
+    env: dict[str, str], name: str, args: list[str], sig: signal.Signals, started: str
+) -> cluster.ClusterState:
+    """`testbed up --name name args`, sent ``sig`` once its state shows ``started`` (a
+    component's name, or "fleet": its fleet made in Ray); it must end as interrupted, every
+    process it started gone. The state as it was when the signal went."""
+    state_dir = Path(env["TESTBED_STATE_DIR"]) / "clusters" / name
     proc = subprocess.Popen(
-        [sys.executable, "-m", "testbed.cli", "up", "--name", "ctrlc"],
-        env=cli_env,
+        [sys.executable, "-m", "testbed.cli", "up", "--name", name, *args],
+        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
-    try:
-        records = wait_for(
-            lambda: (
-                (s := cluster.ClusterState.load(state_file.parent))
-                and any(p.name == "kube-apiserver" for p in s.processes)
-                and s.processes
-            ),
-            60,
-            "kube-apiserver to be started",
-        )
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 130, err
-    assert "interrupted" in err
-    wait_for(lambda: not any(r.alive() for r in records), 10, "started processes to be gone")
 
+    def reached() -> cluster.ClusterState | None:
+        s = cluster.ClusterState.load(state_dir)
+        if s is None:
+            return None
+        done = s.fleet_id if started == "fleet" else any(p.name == started for p in s.processes)
+        return s if done else None
 
-def test_sigterm_while_the_fleet_starts_stops_everything(cli_env: dict[str, str]) -> None:
-    """What `timeout` or a cancelled CI job sends, once this process is in Ray (whose core
-    would otherwise abort it on SIGTERM and leave the cluster running)."""
-    state_dir = Path(cli_env["TESTBED_STATE_DIR"]) / "clusters" / "term"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "testbed.cli", "up", "--name", "term", "--nodes", "400"],
-        env=cli_env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
     try:
-        state = wait_for(
-            lambda: (s := cluster.ClusterState.load(state_dir)) and s.fleet_id and s,
-            120,
-            "the fleet to be created in Ray",
-        )
-        proc.send_signal(signal.SIGTERM)
+        state = wait_for(reached, 120, f"{started} to be started")
+        proc.send_signal(sig)
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, err
     assert "interrupted" in err
-    assert "ray" in [r.name for r in state.processes]
     wait_for(lambda: not any(r.alive() for r in state.processes), 10, "started processes to be gone")
-    assert not state_dir.exists()
+    return state
+
+
+def test_ctrl_c_during_start_up_stops_everything(cli_env: dict[str, str]) -> None:
+    _interrupt_up(cli_env, "ctrlc", [], signal.SIGINT, "kube-apiserver")
+
+
+def test_sigterm_while_the_fleet_starts_stops_everything(cli_env: dict[str, str]) -> None:
+    """What `timeout` or a cancelled CI job sends, once this process is in Ray (whose core
+    would otherwise abort it on SIGTERM and leave the cluster running)."""
+    state = _interrupt_up(cli_env, "term", ["--nodes", "400"], signal.SIGTERM, "fleet")
+    assert "ray" in [r.name for r in state.processes]
+    assert not state.root.exists()
 
 
 def test_an_advertised_address_is_where_the_api_server_listens_and_what_its_certificate_names(
