@@ -58,7 +58,7 @@ def reports_errors(command: F) -> F:
                 stderr.print(f"[yellow]hint:[/] {escape(exc.hint)}")
             sys.exit(1)
         except KeyboardInterrupt:
-            stderr.print("interrupted: everything this command started has been stopped")
+            stderr.print("interrupted")
             sys.exit(130)
 
     return wrapper  # type: ignore[return-value]
@@ -396,7 +396,11 @@ def up(
     if fleet is not None and devices_per_slice is not None:
         pools = [pool.model_copy(update={"devices_per_slice": devices_per_slice}) for pool in fleet.pools]
         fleet = fleet.model_copy(update={"pools": pools})
-    state = environment.up(config, fleet, ConsoleProgress(), external_kubeconfig=external_kubeconfig)
+    try:
+        state = environment.up(config, fleet, ConsoleProgress(), external_kubeconfig=external_kubeconfig)
+    except KeyboardInterrupt:  # environment.up has stopped what it started
+        stderr.print("interrupted: everything this command started has been stopped")
+        sys.exit(130)
     click.echo(str(state.kubeconfig))
 
 
@@ -1074,7 +1078,15 @@ def scale(pool: str, count: int, name: str, state_dir: Path | None) -> None:
     state = cluster.ClusterState.load(config.cluster_dir) if config.cluster_dir.exists() else None
     if state is None or not state.ready:
         raise TestbedError(f"cluster {name!r} is not running", hint="start it with `testbed up --nodes N`")
-    fleet = environment.scale_pool(state, pool, count, ConsoleProgress())
+    interrupt_on_sigterm()
+    try:
+        fleet = environment.scale_pool(state, pool, count, ConsoleProgress())
+    except KeyboardInterrupt:
+        stderr.print(
+            f"interrupted: the NodeHosts go on taking pool {pool} to {count} nodes; "
+            f"`testbed status --name {name}` shows how far they are"
+        )
+        sys.exit(130)
     pools = ", ".join(f"{p.name}: {p.count}" for p in fleet.spec.pools)
     stderr.print(f"fleet now: {pools} ({len(fleet.host_of)} nodes on {len(fleet.hosts)} NodeHosts)")
 

@@ -152,11 +152,18 @@ def attach_fleet(state: cluster.ClusterState) -> Fleet:
 
 
 def scale_pool(state: cluster.ClusterState, pool: str, count: int, progress: Progress) -> Fleet:
+    """Interrupted, the scale goes on in the NodeHosts (their calls are under way): the
+    count is recorded all the same, so that `status` compares the nodes with it."""
     fleet = attach_fleet(state)
-    fleet.scale(pool, count, progress)
-    assert state.fleet is not None  # attach_fleet found it
-    state.fleet.spec = fleet.spec.model_dump(mode="json", by_alias=True)
-    state.save()
+    try:
+        fleet.scale(pool, count, progress)
+    except KeyboardInterrupt:
+        fleet.pool(pool).count = count
+        raise
+    finally:
+        assert state.fleet is not None  # attach_fleet found it
+        state.fleet.spec = fleet.spec.model_dump(mode="json", by_alias=True)
+        state.save()
     return fleet
 
 

@@ -31,6 +31,12 @@ FLEET_START_CONCURRENCY = 24
 """Synthetic nodes started at once across all hosts: on 2 cores more makes etcd time out."""
 
 
+def _index_in(pool: str, node: str) -> int | None:
+    """The node's number in ``pool`` (Pool.node_name), or None: not one of its nodes."""
+    prefix, _, index = node.rpartition("-")
+    return int(index) if prefix == pool and index.isdigit() else None
+
+
 def _recipe(pool: Pool, index: int) -> NodeRecipe:
     return NodeRecipe(
         pool.node_name(index),
@@ -269,10 +275,13 @@ class Fleet:
         pool = self.pool(pool_name)
         if count < 0:
             raise TestbedError(f"a pool cannot have {count} nodes", hint="give a count of 0 or more")
-        # A pool's nodes are numbered 0..count-1 (scaling removes the highest first).
-        current = [i for i in range(pool.count) if pool.node_name(i) in self.host_of]
-        if count < len(current):
-            going = [pool.node_name(i) for i in current[count:]]
+        # A pool's nodes are numbered 0..count-1 (scaling removes the highest first). What
+        # the hosts hold counts, not the pool's count: a scale interrupted here went on in
+        # the hosts, so they may hold more or fewer nodes than the count last recorded.
+        present = {i for node in self.host_of if (i := _index_in(pool.name, node)) is not None}
+        going = [pool.node_name(i) for i in sorted(present, reverse=True) if i >= count]
+        wanted = [_recipe(pool, i) for i in range(count) if i not in present]
+        if going:
             with progress.task(f"draining {len(going)} nodes of pool {pool.name}"):
                 by_host: dict[str, list[str]] = {}
                 for node in going:
@@ -282,9 +291,7 @@ class Fleet:
                     del self.host_of[node]
                 self._retire_empty_hosts()
             progress.step(f"pool {pool.name}: {len(going)} nodes drained and deleted")
-        elif count > len(current):
-            present = set(current)
-            wanted = [_recipe(pool, i) for i in range(count) if i not in present]
+        if wanted:
             placement = self._place(wanted)
             with progress.task(f"adding {len(wanted)} nodes to pool {pool.name}"):
                 self._bring_up(placement, progress, timeout_s)

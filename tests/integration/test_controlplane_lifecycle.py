@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from kubernetes import client as k8s
+from kubernetes import config as kubernetes_config
 
 from testbed import environment
 from testbed.config import ControlPlaneConfig
@@ -190,7 +192,7 @@ def _interrupt_up(
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, err
-    assert "interrupted" in err
+    assert "interrupted: everything this command started has been stopped" in err
     wait_for(lambda: not any(r.alive() for r in state.processes), 10, "started processes to be gone")
     return state
 
@@ -205,6 +207,43 @@ def test_sigterm_while_the_fleet_starts_stops_everything(cli_env: dict[str, str]
     state = _interrupt_up(cli_env, "term", ["--nodes", "400"], signal.SIGTERM, "fleet")
     assert "ray" in [r.name for r in state.processes]
     assert not state.root.exists()
+
+
+def test_an_interrupted_scale_goes_on_in_the_hosts_and_is_recorded(cli_env: dict[str, str]) -> None:
+    """Ctrl-C stops `testbed scale`, not the NodeHosts' calls under way: it says so, and
+    the pool's recorded count is where they are taking it, so `status` compares the
+    nodes with it."""
+    started = _cli("up", "--name", "isc", "--nodes", "2", "--nodes-per-host", "400", env=cli_env)
+    assert started.returncode == 0, started.stderr
+    kubeconfig = started.stdout.strip().splitlines()[-1]
+    core = k8s.CoreV1Api(kubernetes_config.new_client_from_config(config_file=kubeconfig))
+    state_dir = Path(cli_env["TESTBED_STATE_DIR"]) / "clusters" / "isc"
+    try:
+        scale = subprocess.Popen(
+            [sys.executable, "-m", "testbed.cli", "scale", "--name", "isc", "node", "150"],
+            env=cli_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            wait_for(lambda: len(core.list_node().items) > 2, 120, "the first added nodes")
+            scale.send_signal(signal.SIGINT)
+            _, err = scale.communicate(timeout=60)
+        finally:
+            if scale.poll() is None:
+                scale.kill()
+        assert scale.returncode == 130, err
+        assert "the NodeHosts go on taking pool node to 150 nodes" in err
+        state = cluster.ClusterState.load(state_dir)
+        assert state is not None and state.fleet is not None
+        assert [p["count"] for p in state.fleet.spec["pools"]] == [150]
+        wait_for(lambda: len(core.list_node().items) == 150, 180, "the hosts to finish the scale")
+        again = _cli("scale", "--name", "isc", "node", "150", env=cli_env)
+        assert again.returncode == 0, again.stderr
+        assert "node: 150 (150 nodes" in again.stderr
+    finally:
+        _cli("down", "--name", "isc", env=cli_env)
 
 
 def test_an_advertised_address_is_where_the_api_server_listens_and_what_its_certificate_names(

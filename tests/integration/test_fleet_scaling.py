@@ -115,6 +115,39 @@ def test_a_pool_scales_down_and_up_while_pods_run(
     assert not core.list_node(label_selector=f"pool={label}").items, "a fleet that leaves takes its Nodes"
 
 
+def test_a_scale_goes_by_the_nodes_the_hosts_hold_not_the_count_last_recorded(
+    control_plane: ClusterState, fleet: Fleet, kube_api: k8s.ApiClient
+) -> None:
+    """`testbed scale` interrupted records the count it was taking the pool to while the
+    hosts carry on, so the record and the nodes can part: the next scale must still
+    end with exactly the nodes asked for, none twice."""
+    del fleet  # only for its Ray and DeviceClasses
+    label = unique("drift")
+    spec = FleetFile.model_validate(
+        {"nodesPerHost": 4, "pools": [{"name": "drift", "count": 1, "profile": "tiny", "labels": {"pool": label}}]}
+    )
+    own = Fleet(spec, control_plane.kubeconfig, nodes_dir(control_plane.root))
+    own.start()
+    core = k8s.CoreV1Api(kube_api)
+
+    def nodes() -> set[str]:
+        return {n.metadata.name for n in core.list_node(label_selector=f"pool={label}").items}
+
+    try:
+        own.scale("drift", 3)
+        own.pool("drift").count = 1  # the hosts went on past the record
+        own.scale("drift", 2)
+        assert nodes() == {"drift-000", "drift-001"}
+        assert sorted(own.host_of) == ["drift-000", "drift-001"]
+
+        own.pool("drift").count = 4  # the record ran ahead of the hosts
+        own.scale("drift", 3)
+        assert nodes() == {"drift-000", "drift-001", "drift-002"}
+        assert sorted(ray.get(own.host("drift-000").ready.remote())) == ["drift-000", "drift-001", "drift-002"]
+    finally:
+        own.stop(remove_nodes=True)
+
+
 def test_hosts_running_another_testbed_start_no_nodes(
     control_plane: ClusterState, fleet: Fleet, kube_api: k8s.ApiClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
