@@ -29,7 +29,8 @@ import grpc
 from testbed.grpcapi import podresources_v1_pb2 as pb2
 from testbed.grpcapi import podresources_v1_pb2_grpc as pb2_grpc
 from testbed.kubeapi import Obj
-from testbed.kubelet.pods import PodManager, PreparedClaim, StartFailed, pod_claim_name
+from testbed.kubelet.claiminfo import PreparedClaim
+from testbed.kubelet.pods import PodManager, StartFailed, pod_claim_name
 
 log = logging.getLogger(__name__)
 SOCKET = Path("pod-resources") / "kubelet.sock"

@@ -47,14 +47,14 @@ import random
 import re
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from testbed.files import write_atomically
 from testbed.http11 import TransportError
 from testbed.keys import CONTAINER_ENV_ANNOTATION, RUN_SECONDS_ANNOTATION
 from testbed.kubeapi import ApiError, ClaimRef, KubeClient, Obj, WatchPosition, now_rfc3339, path_for
-from testbed.kubelet import metrics, skips
+from testbed.kubelet import claiminfo, metrics, skips
+from testbed.kubelet.claiminfo import PreparedClaim
 from testbed.kubelet.events import EventRecorder, write_event
 from testbed.kubelet.node import NodeSpec
 from testbed.kubelet.plugins import PluginCallError, PluginManager, PreparedDevice
@@ -109,46 +109,6 @@ def run_seconds(pod: Obj) -> float | None:
             return None
         durations.append(float(match.group(1)))
     return max(durations, default=None)
-
-
-@dataclass
-class PreparedClaim:
-    namespace: str
-    name: str
-    uid: str
-    drivers: list[str]
-    devices: list[PreparedDevice] = field(default_factory=list)
-    users: set[str] = field(default_factory=set)
-    prepared: bool = False
-    """False while (or after) a prepare failed: it is unprepared all the same."""
-    skipped: dict[str, list[str]] = field(default_factory=dict)
-    """By driver, the calls its devices spare it (skips.py); kept, as the kubelet keeps
-    them in its checkpoint, for the unprepare."""
-    unpreparing: bool = False
-    """Its last user is gone and its unprepare began: no new pod may use it until the
-    unprepare succeeds and it is forgotten (kept in memory only, as the kubelet keeps it)."""
-
-    @property
-    def ref(self) -> ClaimRef:
-        return ClaimRef(self.namespace, self.uid, self.name)
-
-    def checkpointed(self) -> dict[str, object]:
-        """What the checkpoint keeps (not ``unpreparing``). By hand: dataclasses' asdict
-        deep-copies every field, and was a tenth of a GPU pod's CPU on its node."""
-        return {
-            "namespace": self.namespace,
-            "name": self.name,
-            "uid": self.uid,
-            "drivers": self.drivers,
-            "devices": [vars(d) for d in self.devices],
-            "users": sorted(self.users),
-            "prepared": self.prepared,
-            "skipped": self.skipped,
-        }
-
-    def calls(self, driver: str, call: str) -> bool:
-        """Whether ``driver`` is asked to prepare or unprepare (``call``) this claim."""
-        return call not in self.skipped.get(driver, ())
 
 
 @dataclass
@@ -216,31 +176,9 @@ class PodManager:
         """By pod UID: the allocatedResourcesStatus last written, to write only changes."""
 
     def _load_checkpoint(self) -> None:
-        """The claims the checkpoint holds. One that cannot be read is set aside, never
-        overwritten (the kubelet refuses to start on it; this one starts without it and
-        says where it went, so what it held can still be looked at)."""
-        if self.checkpoint is None or not self.checkpoint.exists():
+        if self.checkpoint is None:
             return
-        claims: dict[str, PreparedClaim] = {}
-        try:
-            for entry in json.loads(self.checkpoint.read_text()):
-                devices = [PreparedDevice(**d) for d in entry.pop("devices")]
-                claim = PreparedClaim(**entry, devices=devices)
-                claim.users = set(claim.users)
-                claims[claim.uid] = claim
-        except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
-            moved = self.checkpoint.with_name(f"{self.checkpoint.name}.corrupt-{int(time.time() * 1000)}")
-            with contextlib.suppress(OSError):
-                self.checkpoint.replace(moved)
-            log.error(
-                "%s: claim checkpoint %s unreadable (%s); moved it to %s and starting without it: claims it "
-                "held are not unprepared by this kubelet",
-                self.node.name,
-                self.checkpoint,
-                exc,
-                moved,
-            )
-            return
+        claims = claiminfo.read_checkpoint(self.checkpoint, self.node.name)
         for claim in claims.values():
             if claim.prepared:
                 self._started_before_restart |= claim.users
@@ -251,10 +189,8 @@ class PodManager:
         self.claims = claims
 
     def _save_checkpoint(self) -> None:
-        if self.checkpoint is None:
-            return
-        entries = [c.checkpointed() for c in self.claims.values()]
-        write_atomically(self.checkpoint, json.dumps(entries).encode(), durable=self.durable)
+        if self.checkpoint is not None:
+            claiminfo.write_checkpoint(self.checkpoint, self.claims, durable=self.durable)
 
     def start(self) -> None:
         self._load_checkpoint()

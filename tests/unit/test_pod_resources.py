@@ -6,10 +6,11 @@ from pathlib import Path
 from typing import cast
 
 from testbed.kubeapi import KubeClient, Obj
+from testbed.kubelet.claiminfo import PreparedClaim
 from testbed.kubelet.node import NodeSpec
 from testbed.kubelet.plugins import PluginManager, PreparedDevice
 from testbed.kubelet.podresources import PodResourcesService, TokenBucket
-from testbed.kubelet.pods import PodManager, PreparedClaim
+from testbed.kubelet.pods import PodManager
 
 GPU, NIC = "gpu.dra-testbed.io", "nic.dra-testbed.io"
 
