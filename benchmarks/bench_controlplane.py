@@ -20,7 +20,7 @@ from pathlib import Path
 from testbed import config
 from testbed.config import ControlPlaneConfig
 from testbed.controlplane import binaries, cluster
-from testbed.errors import interrupt_on_sigterm
+from testbed.errors import run_interruptibly
 from testbed.progress import ConsoleProgress, SilentProgress
 
 UP_TARGET_S = 15.0
@@ -113,5 +113,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    interrupt_on_sigterm()
-    raise SystemExit(main())
+    raise SystemExit(run_interruptibly(main))

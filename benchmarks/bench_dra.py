@@ -48,7 +48,7 @@ from testbed.controlplane.binaries import Binaries, ensure_bench_binaries
 from testbed.drivers import driver_on_node, load_profile
 from testbed.drivers.backend import LocalBackend
 from testbed.environment import install_device_classes
-from testbed.errors import TestbedError, interrupt_on_sigterm
+from testbed.errors import TestbedError, run_interruptibly
 from testbed.fleet import raycluster
 from testbed.fleet.fleet import Fleet
 from testbed.fleet.spec import single_pool
@@ -418,5 +418,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    interrupt_on_sigterm()
-    raise SystemExit(main())
+    raise SystemExit(run_interruptibly(main))

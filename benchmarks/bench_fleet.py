@@ -27,7 +27,7 @@ from testbed.config import ControlPlaneConfig
 from testbed.controlplane import cluster
 from testbed.controlplane.processes import descendants
 from testbed.environment import install_device_classes, start_fleet
-from testbed.errors import TestbedError, interrupt_on_sigterm
+from testbed.errors import TestbedError, run_interruptibly
 from testbed.fleet.nodehost import NodeHost
 from testbed.fleet.spec import single_pool
 from testbed.progress import ConsoleProgress
@@ -187,5 +187,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    interrupt_on_sigterm()
-    raise SystemExit(main())
+    raise SystemExit(run_interruptibly(main))

@@ -21,7 +21,7 @@ from pathlib import Path
 from bench_fleet import cpu_seconds, rss_mb
 
 from testbed import twohosts
-from testbed.errors import interrupt_on_sigterm
+from testbed.errors import run_interruptibly
 
 CONTROL_PLANE = ("kube-apiserver", "etcd", "kube-controller-manager", "kube-scheduler")
 
@@ -130,5 +130,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    interrupt_on_sigterm()
-    raise SystemExit(main())
+    raise SystemExit(run_interruptibly(main))

@@ -26,7 +26,7 @@ from bench_fleet import cpu_seconds, processes_matching
 from testbed.config import ControlPlaneConfig
 from testbed.controlplane import cluster
 from testbed.environment import install_device_classes
-from testbed.errors import interrupt_on_sigterm
+from testbed.errors import run_interruptibly
 from testbed.fleet.identity import NodeAuthority, install_access_policy
 from testbed.fleet.membership import NodeRecipe
 from testbed.fleet.nodehost import NodeHost
@@ -119,5 +119,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    interrupt_on_sigterm()
-    raise SystemExit(main())
+    raise SystemExit(run_interruptibly(main))

@@ -27,7 +27,7 @@ from testbed.config import ControlPlaneConfig
 from testbed.controlplane import cluster
 from testbed.controlplane.binaries import ensure_node_binaries
 from testbed.environment import install_device_classes
-from testbed.errors import interrupt_on_sigterm
+from testbed.errors import run_interruptibly
 from testbed.kubeapi import KubeClient, Obj, path_for
 from testbed.kubelet.node import SYNTHETIC_TOLERATION, NodeSpec
 from testbed.progress import ConsoleProgress
@@ -175,5 +175,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    interrupt_on_sigterm()
-    sys.exit(main())
+    sys.exit(run_interruptibly(main))

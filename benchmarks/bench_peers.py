@@ -43,7 +43,7 @@ from testbed.controlplane import cluster
 from testbed.controlplane.processes import descendants
 from testbed.drivers import KINDS, load_profile
 from testbed.environment import install_device_classes, start_fleet
-from testbed.errors import TestbedError, interrupt_on_sigterm
+from testbed.errors import TestbedError, run_interruptibly
 from testbed.fleet import raycluster
 from testbed.fleet.spec import DEFAULT_NODES_PER_HOST, single_pool
 from testbed.keys import PROFILE_LABEL, SLICE_NODE_LABEL, SYNTHETIC
@@ -472,5 +472,4 @@ def print_medians(args: argparse.Namespace, runs: list[dict[str, SideFigures]]) 
 
 
 if __name__ == "__main__":
-    interrupt_on_sigterm()
-    sys.exit(main())
+    sys.exit(run_interruptibly(main))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import signal
+import sys
+from collections.abc import Callable
 from types import FrameType
 
 
@@ -34,3 +36,14 @@ def interrupt_on_sigterm() -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, handler)
+
+
+def run_interruptibly(main: Callable[[], int]) -> int:
+    """A script's ``main``, ended by Ctrl-C or SIGTERM as a command is: its cleanup run,
+    then one line and exit status 130 instead of a traceback."""
+    interrupt_on_sigterm()
+    try:
+        return main()
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

@@ -12,18 +12,21 @@ from pathlib import Path
 CHILD = """
 import sys
 from pathlib import Path
-from testbed.errors import interrupt_on_sigterm
+from testbed.errors import run_interruptibly
 
-interrupt_on_sigterm()
-try:
-    print("started", flush=True)
-    sys.stdin.read()  # blocks until the test is done with us
-finally:
-    Path(sys.argv[1]).write_text("cleaned up")
+def main() -> int:
+    try:
+        print("started", flush=True)
+        sys.stdin.read()  # blocks until the test is done with us
+        return 0
+    finally:
+        Path(sys.argv[1]).write_text("cleaned up")
+
+raise SystemExit(run_interruptibly(main))
 """
 
 
-def test_sigterm_runs_the_cleanup_of_the_interrupted_command(tmp_path: Path) -> None:
+def test_sigterm_runs_the_cleanup_of_the_interrupted_script_and_ends_it_in_one_line(tmp_path: Path) -> None:
     marker = tmp_path / "cleanup"
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD, str(marker)],
@@ -40,4 +43,5 @@ def test_sigterm_runs_the_cleanup_of_the_interrupted_command(tmp_path: Path) -> 
     finally:
         child.kill()
     assert marker.read_text() == "cleaned up"
-    assert "KeyboardInterrupt" in err  # ended as Ctrl-C ends it, not killed outright
+    assert child.returncode == 130
+    assert err == "interrupted\n"
