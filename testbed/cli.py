@@ -1034,6 +1034,7 @@ def sanity(
             "give the driver's command (after --) or --node N, one of the two",
             hint="testbed sanity -- ./my-driver --flag   or   testbed sanity --node NODE --driver-name NAME",
         )
+    interrupt_on_sigterm()  # a driver it started, its node and its slices go with it
     _about(name, f"sanity of {' '.join(command) or f'the driver of node {node}'}")
     state = _running(name, state_dir)
     env = _environment(env_items, "--env")

@@ -4,20 +4,24 @@ plugin that gets things wrong (the checks say what)."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import client as k8s
 
 from testbed.controlplane.cluster import ClusterState
+from testbed.controlplane.processes import descendants
 from testbed.drivers import KINDS, drivers_for, load_profile
 from testbed.fleet.fleet import Fleet
 from testbed.kubeapi import KubeClient
 from testbed.sanity import checks
 from testbed.sanity.checks import Result, Status, Suite
 from testbed.sanity.harness import Harness, RunningNode
+from testbed.testing import wait_for
 
 pytestmark = pytest.mark.controlplane
 
@@ -135,3 +139,38 @@ def test_a_command_that_cannot_run_is_one_clear_error(control_plane: ClusterStat
     assert proc.returncode != 0
     assert "cannot run driver" in proc.stderr and "/no/such/driver" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_sigterm_mid_suite_takes_away_the_driver_it_started_and_its_node(
+    control_plane: ClusterState, fleet: Fleet, kube_api: k8s.ApiClient
+) -> None:
+    """What `timeout` or a cancelled CI job sends: the driver under test, its node and its
+    slices must not outlive the suite."""
+    del fleet  # for its DeviceClasses and access policy
+    core, resource = k8s.CoreV1Api(kube_api), k8s.ResourceV1Api(kube_api)
+    command = [sys.executable, "-m", "testbed.cli", "sanity", "--name", control_plane.name]
+    proc = subprocess.Popen(
+        [*command, "--state-dir", str(control_plane.root), "--", *DRIVER],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+    def sanity_nodes() -> list[str]:
+        return [n.metadata.name for n in core.list_node().items if n.metadata.name.startswith("sanity-")]
+
+    try:
+        [node] = wait_for(sanity_nodes, 120, "the suite's node")
+        wait_for(lambda: resource.list_resource_slice(field_selector=f"spec.nodeName={node}").items, 60, "its slices")
+        started = descendants(proc.pid) - {proc.pid}
+        assert started, "the driver runs under the suite"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert err.rstrip().endswith("interrupted")
+    wait_for(lambda: not any(Path(f"/proc/{pid}").exists() for pid in started), 10, "the driver to be gone")
+    assert node not in sanity_nodes()
+    assert not resource.list_resource_slice(field_selector=f"spec.nodeName={node}").items
