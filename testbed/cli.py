@@ -46,8 +46,12 @@ stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def reports_errors(command: F) -> F:
+    """Every command: a TestbedError as its message and hint (exit 1); Ctrl-C or SIGTERM
+    through the command's cleanup (exit 130)."""
+
     @wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        interrupt_on_sigterm()
         try:
             return command(*args, **kwargs)
         except TestbedError as exc:
@@ -351,7 +355,6 @@ def up(
 
     With --kubeconfig, start no control plane: the synthetic nodes join that cluster, and
     `testbed down` takes them out of it again."""
-    interrupt_on_sigterm()
     _about(name, "starting" + (f" (state in {state_dir})" if state_dir else ""))
     config = cfg.ControlPlaneConfig.from_env(
         name=name,
@@ -733,7 +736,6 @@ def run_scenario(
     state = cluster.ClusterState.load(config.cluster_dir) if config.cluster_dir.exists() else None
     c = chosen.cluster
     started_here = False
-    interrupt_on_sigterm()
     if state is None or not state.ready:
         if not start:
             raise TestbedError(
@@ -1034,7 +1036,6 @@ def sanity(
             "give the driver's command (after --) or --node N, one of the two",
             hint="testbed sanity -- ./my-driver --flag   or   testbed sanity --node NODE --driver-name NAME",
         )
-    interrupt_on_sigterm()  # a driver it started, its node and its slices go with it
     _about(name, f"sanity of {' '.join(command) or f'the driver of node {node}'}")
     state = _running(name, state_dir)
     env = _environment(env_items, "--env")
@@ -1079,7 +1080,6 @@ def scale(pool: str, count: int, name: str, state_dir: Path | None) -> None:
     state = cluster.ClusterState.load(config.cluster_dir) if config.cluster_dir.exists() else None
     if state is None or not state.ready:
         raise TestbedError(f"cluster {name!r} is not running", hint="start it with `testbed up --nodes N`")
-    interrupt_on_sigterm()
     try:
         fleet = environment.scale_pool(state, pool, count, ConsoleProgress())
     except KeyboardInterrupt:
