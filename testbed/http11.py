@@ -6,17 +6,20 @@ renewals, status writes, claim reads), thousands of nodes to a process. aiohttp 
 is 0.2 ms: the rest was its general machinery (URL objects, request and response
 objects, tracing, cookies, decompression). This does only what the API server's
 answers need: Content-Length or chunked bodies, keep-alive, ``Connection: close``.
-Streaming answers (watches) stay with aiohttp.
+Watches stream over the same connections (``ConnectionPool.stream``), line by line: an
+aiohttp session of its own for each node's pod watch was 9% of a NodeHost's CPU while its
+nodes started.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import socket
 import ssl
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import cast
 from urllib.parse import urlencode, urlsplit
@@ -25,6 +28,8 @@ IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE"})
 LATE_ANSWER_S = 65.0
 """How long a connection waits for the answer to a request given up on: the API server
 answers every request within its own 60 s timeout (504 if need be)."""
+HEAD_TIMEOUT_S = 30.0
+"""A stream's connection made and its answer's head in: client-go's dial timeout."""
 
 
 class TransportError(ConnectionError):
@@ -40,6 +45,78 @@ class TransportError(ConnectionError):
 class Response:
     status: int
     body: bytes
+
+
+STREAM_HIGH_WATER = 1024 * 1024
+"""Bytes of a streamed answer held unread before the connection stops reading: a slow
+consumer makes the server wait (TCP's own flow control), not this process's memory grow."""
+
+
+class LineStream:
+    """The body of a streamed answer, line by line (a watch sends one event a line).
+    Ends when the body does; a connection lost first, or a line over ``line_limit``
+    bytes, ends it with a TransportError."""
+
+    def __init__(self, transport: asyncio.Transport, line_limit: int) -> None:
+        self._transport = transport
+        self._line_limit = line_limit
+        self._partial = bytearray()
+        self._lines: collections.deque[bytes] = collections.deque()
+        self._held = 0
+        self._paused = False
+        self._wake = asyncio.Event()
+        self._ended = False
+        self._error: Exception | None = None
+
+    def feed(self, data: bytes | bytearray) -> None:
+        partial = self._partial
+        partial += data
+        if b"\n" in data:
+            *lines, rest = partial.split(b"\n")
+            for line in lines:
+                if line.strip():
+                    self._lines.append(bytes(line))
+                    self._held += len(line)
+            self._partial = bytearray(rest)
+        if len(self._partial) > self._line_limit:
+            self.end(TransportError(f"a streamed line over {self._line_limit} bytes"))
+            return
+        if self._held > STREAM_HIGH_WATER and not self._paused:
+            self._paused = True
+            self._transport.pause_reading()
+        self._wake.set()
+
+    def end(self, error: Exception | None = None) -> None:
+        if not self._ended:
+            self._ended, self._error = True, error
+            self._wake.set()
+
+    @property
+    def ended(self) -> bool:
+        return self._ended
+
+    @property
+    def complete(self) -> bool:
+        """The body ended as the server framed it (not cut short by an error)."""
+        return self._ended and self._error is None
+
+    def __aiter__(self) -> LineStream:
+        return self
+
+    async def __anext__(self) -> bytes:
+        while not self._lines:
+            if self._ended:
+                if self._error is not None:
+                    raise self._error
+                raise StopAsyncIteration
+            self._wake.clear()
+            await self._wake.wait()
+        line = self._lines.popleft()
+        self._held -= len(line)
+        if self._paused and self._held < STREAM_HIGH_WATER // 2:
+            self._paused = False
+            self._transport.resume_reading()
+        return line
 
 
 def check_health(transport: asyncio.BaseTransport, health_check: tuple[int, int] | None) -> None:
@@ -75,6 +152,9 @@ class _Connection(asyncio.Protocol):
         self._body = bytearray()
         self._remaining = 0
         self._keep_alive = True
+        self._line_limit = 0
+        """Above 0: the request is a stream's, and a 2xx answer's body goes to ``stream``."""
+        self.stream: LineStream | None = None
 
     # --- asyncio.Protocol ----------------------------------------------------------
 
@@ -85,7 +165,8 @@ class _Connection(asyncio.Protocol):
         self.reusable = True
 
     def data_received(self, data: bytes) -> None:
-        if self._answer is None or self._answer.done():
+        streaming = self.stream is not None and not self.stream.ended
+        if not streaming and (self._answer is None or self._answer.done()):
             self.reusable = False  # bytes nobody asked for: the framing is lost
             self.close()
             return
@@ -110,13 +191,16 @@ class _Connection(asyncio.Protocol):
 
     # --- use -----------------------------------------------------------------------
 
-    def send(self, request: bytes) -> asyncio.Future[Response]:
+    def send(self, request: bytes, line_limit: int = 0) -> asyncio.Future[Response]:
+        """The answer, once whole; with ``line_limit``, a 2xx answer as soon as its head
+        is in (an empty body), its body then arriving in ``stream``."""
         assert self.transport is not None
         self._answer = asyncio.get_running_loop().create_future()
         self.uses += 1
         self.answered = False
         self._state, self._status, self._keep_alive = _HEAD, 0, True
         self._body = bytearray()
+        self._line_limit, self.stream = line_limit, None
         self.transport.write(request)
         return self._answer
 
@@ -139,7 +223,7 @@ class _Connection(asyncio.Protocol):
             elif self._state == _LENGTH:
                 if len(buffer) < self._remaining:
                     return
-                self._body += buffer[: self._remaining]
+                self._take(buffer[: self._remaining])
                 del buffer[: self._remaining]
                 self._finish()
                 return
@@ -153,7 +237,7 @@ class _Connection(asyncio.Protocol):
             elif self._state == _CHUNK_DATA:
                 if len(buffer) < self._remaining + 2:
                     return
-                self._body += buffer[: self._remaining]
+                self._take(buffer[: self._remaining])
                 del buffer[: self._remaining + 2]
                 self._state = _CHUNK_SIZE
             elif self._state == _TRAILER:
@@ -165,9 +249,15 @@ class _Connection(asyncio.Protocol):
                     self._finish()
                     return
             else:  # _UNTIL_CLOSE
-                self._body += buffer
+                self._take(buffer)
                 buffer.clear()
                 return
+
+    def _take(self, data: bytearray) -> None:
+        if self.stream is not None:
+            self.stream.feed(data)
+        else:
+            self._body += data
 
     def _head(self, head: bytes) -> None:
         lines = head.split(b"\r\n")
@@ -194,10 +284,16 @@ class _Connection(asyncio.Protocol):
             self._state, self._remaining = _LENGTH, 0
         else:
             self._state, self._keep_alive = _UNTIL_CLOSE, False
+        if self._line_limit and 200 <= self._status < 300 and self._answer is not None:
+            assert self.transport is not None
+            self.stream = LineStream(self.transport, self._line_limit)
+            self._answer.set_result(Response(self._status, b""))
 
     def _finish(self) -> None:
         answer = self._answer
         self._state = _HEAD
+        if self.stream is not None:
+            self.stream.end()
         if self._buffer or not self._keep_alive:
             self.reusable = False
         if answer is not None and not answer.done():
@@ -207,6 +303,8 @@ class _Connection(asyncio.Protocol):
 
     def _fail(self, exc: Exception) -> None:
         self.reusable = False
+        if self.stream is not None:
+            self.stream.end(exc)
         if self._answer is not None and not self._answer.done():
             self._answer.set_exception(exc)
         self.close()
@@ -253,20 +351,7 @@ class ConnectionPool:
         params: Mapping[str, str] | None = None,
         timeout_s: float = 30.0,
     ) -> Response:
-        if self.closed:
-            raise TransportError(f"the client for {self.server} is closed")
-        target = f"{path}?{urlencode(params)}" if params else path
-        lines = [f"{method} {target} HTTP/1.1\r\n".encode(), b"Host: ", self._host_header, b"\r\n"]
-        lines += [f"{name}: {value}\r\n".encode() for name, value in headers.items()]
-        lines.append(f"Content-Length: {len(body)}\r\n\r\n".encode() if body is not None else b"\r\n")
-        if body is not None:
-            lines.append(body)
-        request = b"".join(lines)
-        loop = asyncio.get_running_loop()
-        if loop is not self._loop:  # connections and waiters belong to the loop that made them
-            self._idle.clear()
-            self._busy.clear()
-            self._loop, self._slots = loop, self._new_slots()
+        request = self._encode(method, path, headers, body, params)
         try:
             async with asyncio.timeout(timeout_s), self._slots:
                 try:
@@ -281,6 +366,66 @@ class ConnectionPool:
             if exc.args:
                 raise
             raise TimeoutError(f"{method} {path}: no answer from {self.server} within {timeout_s:g} s") from None
+
+    @contextlib.asynccontextmanager
+    async def stream(
+        self,
+        path: str,
+        headers: Mapping[str, str],
+        params: Mapping[str, str] | None = None,
+        timeout_s: float = 60.0,
+        line_limit: int = 4 * 1024 * 1024,
+    ) -> AsyncIterator[tuple[Response, LineStream | None]]:
+        """GET ``path`` and read its answer's body line by line as it comes (a watch): the
+        head, and the lines of a 2xx answer (None otherwise: the Response holds the whole
+        body). A connection of its own, outside the request limit, for ``timeout_s`` at
+        most (connected and answered within ``HEAD_TIMEOUT_S``); back to the pool when
+        the body ended as framed, closed when the block is left before."""
+        request = self._encode("GET", path, headers, None, params)
+        async with asyncio.timeout(min(timeout_s, HEAD_TIMEOUT_S)):
+            for attempt in (1, 2):
+                connection = await self._connection()
+                try:
+                    head = await connection.send(request, line_limit)
+                    break
+                except BaseException as exc:
+                    connection.close()
+                    self._release(connection)
+                    # A kept-alive connection the server had just closed: again, afresh.
+                    stale = connection.uses > 1 and not connection.answered
+                    if not (isinstance(exc, TransportError) and stale and attempt == 1):
+                        raise
+        deadline = asyncio.get_running_loop().call_later(timeout_s, connection.close)
+        try:
+            yield head, connection.stream
+        finally:
+            deadline.cancel()
+            if connection.stream is not None and not connection.stream.complete:
+                connection.close()
+            self._release(connection)
+
+    def _encode(
+        self,
+        method: str,
+        path: str,
+        headers: Mapping[str, str],
+        body: bytes | None,
+        params: Mapping[str, str] | None,
+    ) -> bytes:
+        if self.closed:
+            raise TransportError(f"the client for {self.server} is closed")
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # connections and waiters belong to the loop that made them
+            self._idle.clear()
+            self._busy.clear()
+            self._loop, self._slots = loop, self._new_slots()
+        target = f"{path}?{urlencode(params)}" if params else path
+        lines = [f"{method} {target} HTTP/1.1\r\n".encode(), b"Host: ", self._host_header, b"\r\n"]
+        lines += [f"{name}: {value}\r\n".encode() for name, value in headers.items()]
+        lines.append(f"Content-Length: {len(body)}\r\n\r\n".encode() if body is not None else b"\r\n")
+        if body is not None:
+            lines.append(body)
+        return b"".join(lines)
 
     async def _exchange(self, request: bytes) -> Response:
         connection = await self._connection()

@@ -1,8 +1,8 @@
 """A small asyncio client for the Kubernetes REST API.
 
 The driver and the fake kubelet are asyncio programs that must stay light (thousands
-of them share a process), so they speak plain JSON over keep-alive connections (http11.py;
-watches stream over aiohttp) instead of the synchronous, model-heavy `kubernetes` client.
+of them share a process), so they speak plain JSON over keep-alive connections (http11.py,
+watches too) instead of the synchronous, model-heavy `kubernetes` client.
 Objects are dicts, as on the wire; orjson reads and writes them (a pod event decodes
 2.5 times faster than with the standard library, and decoding the kubelets' watch events
 was a NodeHost's largest single cost under a workload).
@@ -28,7 +28,7 @@ import orjson
 import yaml
 
 from testbed.config import connection_health_check
-from testbed.http11 import ConnectionPool, TransportError, check_health
+from testbed.http11 import ConnectionPool, TransportError
 from testbed.openssl import send_certificate_alone
 
 Obj = dict[str, Any]
@@ -46,14 +46,12 @@ RETRY_MAX_DELAY_S = 5.0
 UNTIL_ANSWERED_FIRST_DELAY_S = 0.1
 UNTIL_ANSWERED_MAX_DELAY_S = 7.0
 KEEPALIVE_S = 60.0
-DIAL_TIMEOUT_S = 30.0
-"""client-go's dialer gives up on a connection after 30 s."""
 WATCH_MIN_S = 300
 """client-go's shortest watch; each asks for a time between this and twice this."""
 
 WATCH_LINE_LIMIT = 4 * 1024 * 1024
-"""A watch event is one line; aiohttp refuses lines over twice its read buffer (128 KiB by
-default), and a ResourceSlice with 128 devices, or a pod with a large annotation, is more."""
+"""A watch event is one line, and a ResourceSlice with 128 devices, or a pod with a large
+annotation, is more than 128 KiB; a longer line than this ends the watch, which starts again."""
 
 METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
 METADATA_ONLY_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
@@ -247,7 +245,6 @@ class KubeClient:
             headers["Authorization"] = f"Bearer {credentials.token}"
         self._headers = headers
         self._limit = connection_limit
-        self._session: aiohttp.ClientSession | None = None
         self._pool: ConnectionPool | None = None
         self._lender = borrow
         self._health_check = connection_health_check()
@@ -257,7 +254,7 @@ class KubeClient:
         return cls(default_credentials(path), connection_limit)
 
     def _connections(self) -> ConnectionPool:
-        """Where one-shot requests go (http11.py); watches stream over ``_http()``."""
+        """Where requests go, and watches stream (http11.py)."""
         if self._lender is not None:
             return self._lender._connections()
         if self._pool is None or self._pool.closed:
@@ -275,41 +272,14 @@ class KubeClient:
         elif self._pool is not None:
             self._pool.close_idle()
 
-    def _http(self) -> aiohttp.ClientSession:
-        if self._lender is not None:
-            return self._lender._http()
-        if self._session is None or self._session.closed:
-            # Idle connections kept a minute: a fleet's lease renewals come every 10 s, and a
-            # new TLS connection per request showed up as a third of a NodeHost's CPU.
-            connector = aiohttp.TCPConnector(
-                ssl=self.credentials.ssl_context, limit=self._limit, keepalive_timeout=KEEPALIVE_S
-            )
-            self._session = aiohttp.ClientSession(
-                base_url=self.credentials.server,
-                headers=self._headers,
-                connector=connector,
-                read_bufsize=WATCH_LINE_LIMIT // 2,
-            )
-        return self._session
-
     def use_token(self, token: str) -> None:
         """Authenticate with this bearer token from now on (e.g. a freshly bound one)."""
         self._headers["Authorization"] = f"Bearer {token}"
-        if self._session is not None:
-            self._session.headers["Authorization"] = self._headers["Authorization"]
-
-    def _own(self, headers: Mapping[str, str]) -> dict[str, str]:
-        """A request's headers: on borrowed connections, with this client's token."""
-        if self._lender is None or "Authorization" not in self._headers:
-            return dict(headers)
-        return {"Authorization": self._headers["Authorization"], **headers}
 
     async def close(self) -> None:
         # A borrower has neither: the lender closes its connections.
         if self._pool is not None:
             self._pool.close()
-        if self._session is not None:
-            await self._session.close()
 
     async def request(
         self,
@@ -470,19 +440,12 @@ class KubeClient:
                     allowWatchBookmarks="true",
                     timeoutSeconds=str(seconds),
                 )
-                async with self._http().get(
-                    path,
-                    params=query,
-                    headers=self._own(watch_headers),
-                    timeout=aiohttp.ClientTimeout(total=seconds + 30, sock_connect=DIAL_TIMEOUT_S),
-                ) as response:
-                    if response.status >= 400:
-                        raise _api_error(response.status, await response.text())
-                    if response.connection is not None and response.connection.transport is not None:
-                        # A watch may stay silent for minutes: only the health check tells a
-                        # quiet one from one whose server went away without a word.
-                        check_health(response.connection.transport, self._health_check)
-                    async for line in response.content:
+                async with self._connections().stream(
+                    path, {**self._headers, **watch_headers}, query, seconds + 30, WATCH_LINE_LIMIT
+                ) as (head, lines):
+                    if lines is None:
+                        raise _api_error(head.status, head.body.decode(errors="replace"))
+                    async for line in lines:
                         event = orjson.loads(line)
                         kind, obj = event["type"], event["object"]
                         if kind == "ERROR":
@@ -502,7 +465,7 @@ class KubeClient:
                     resource_version = position.resource_version = ""
                     continue
                 await asyncio.sleep(1.0)
-            except (TimeoutError, TransportError, aiohttp.ClientError, ValueError):  # ValueError: a bad, long line
+            except (TimeoutError, OSError, ValueError):  # OSError: TransportError, ssl's; ValueError: bad JSON
                 await asyncio.sleep(1.0)
 
 

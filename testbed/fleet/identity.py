@@ -43,9 +43,9 @@ TOKEN_SECONDS = 3607
 """What a kubelet asks for: the API server extends a pod-bound token of exactly this
 lifetime to a year (and warns when it is used past an hour), so runs need no refresh."""
 NODE_CONNECTIONS = 3
-"""Per kubelet (drivers' tokens share their host's connections): its pod watch holds one,
-the rest carry its requests. A real kubelet multiplexes one HTTP/2 connection; with the
-watch elsewhere, one connection for requests measured no faster than two."""
+"""Requests at once per kubelet, each on a connection of its own (drivers' tokens share
+their host's connections); its pod watch holds one more. A real kubelet multiplexes one
+HTTP/2 connection; one connection for requests measured no faster than two."""
 
 
 @dataclass(frozen=True)

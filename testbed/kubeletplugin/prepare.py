@@ -20,8 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
 from testbed.kubeapi import ApiError, ClaimRef
 from testbed.kubeletplugin import cdi, metrics
 from testbed.kubeletplugin.checkpoint import (
@@ -334,7 +332,7 @@ class ClaimPreparer:
             if exc.not_found:
                 raise ClaimFailed("NotFound", f"claim {ref.namespace}/{ref.name} does not exist") from None
             raise ClaimFailed("ApiError", f"reading claim {ref.namespace}/{ref.name}: {exc}") from None
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        except (TimeoutError, OSError) as exc:  # OSError: the connection (TransportError)
             raise ClaimFailed(
                 "ApiUnreachable", f"reading claim {ref.namespace}/{ref.name}: {type(exc).__name__} {exc}".strip()
             ) from None

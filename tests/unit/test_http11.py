@@ -377,3 +377,164 @@ def test_new_connections_are_health_checked_with_keepalive() -> None:
             listener.close()
 
     asyncio.run(main())
+
+
+# --- streamed answers (watches) ------------------------------------------------------
+
+
+def chunk(data: bytes) -> bytes:
+    return b"%x\r\n" % len(data) + data + b"\r\n"
+
+
+STREAM_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+def test_a_stream_yields_each_line_as_it_comes_then_its_connection_serves_again() -> None:
+    """A watch: the events arrive while the answer is still open, a line may be cut across
+    chunks, and a watch whose time ran out leaves its connection for the next request."""
+    go_on = asyncio.Event()
+
+    async def watch_then_echo(seen: Seen, writer: asyncio.StreamWriter) -> bool:
+        if seen.target != "/watch?watch=1":
+            return await echo(seen, writer)
+        writer.write(STREAM_HEAD + chunk(b'{"n": 1}\n{"n"'))
+        await writer.drain()
+        await go_on.wait()  # the first event must be out before the answer ends
+        writer.write(chunk(b": 2}\n\n") + chunk(b'{"n": 3}\n') + b"0\r\n\r\n")
+        await writer.drain()
+        return True
+
+    async def test(pool: ConnectionPool, server: Server) -> None:
+        lines = []
+        async with pool.stream("/watch", {"Accept": "application/json"}, {"watch": "1"}) as (head, stream):
+            assert head.status == 200 and stream is not None
+            async for line in stream:
+                lines.append(line)
+                go_on.set()
+        assert lines == [b'{"n": 1}', b'{"n": 2}', b'{"n": 3}']
+        assert (await pool.request("GET", "/next", {})).body == b'{"target": "/next"}'
+
+    server = serve(watch_then_echo, test)
+    assert server.connections == 1
+    assert server.seen[0].headers["Accept"] == "application/json"
+
+
+def test_a_stream_left_before_its_end_closes_its_connection() -> None:
+    async def endless(seen: Seen, writer: asyncio.StreamWriter) -> bool:
+        if seen.target != "/watch":
+            return await echo(seen, writer)
+        writer.write(STREAM_HEAD + chunk(b'{"n": 1}\n'))
+        await writer.drain()
+        await asyncio.sleep(3600)
+        return False
+
+    async def test(pool: ConnectionPool, server: Server) -> None:
+        async with pool.stream("/watch", {}) as (_, stream):
+            assert stream is not None
+            assert await anext(stream) == b'{"n": 1}'
+        assert pool.connections == 0, "the rest of that answer would be read as the next one's"
+        assert (await pool.request("GET", "/next", {})).status == 200
+
+    assert serve(endless, test).connections == 2
+
+
+def test_a_refused_stream_gives_its_whole_answer_and_keeps_the_connection() -> None:
+    gone = b'{"kind": "Status", "code": 410, "reason": "Expired"}'
+
+    async def refuse(seen: Seen, writer: asyncio.StreamWriter) -> bool:
+        writer.write(with_length(gone, status="410 Gone"))
+        await writer.drain()
+        return True
+
+    async def test(pool: ConnectionPool, server: Server) -> None:
+        for _ in range(2):
+            async with pool.stream("/watch", {}) as (head, stream):
+                assert (head.status, head.body, stream) == (410, gone, None)
+
+    assert serve(refuse, test).connections == 1
+
+
+def test_a_stream_ends_with_an_error_on_a_cut_connection_an_overlong_line_or_its_deadline() -> None:
+    async def misbehave(seen: Seen, writer: asyncio.StreamWriter) -> bool:
+        writer.write(STREAM_HEAD + chunk(b'{"n": 1}\n'))
+        if seen.target == "/long":
+            writer.write(chunk(b"x" * 2048))
+        await writer.drain()
+        if seen.target == "/cut":
+            return False
+        await asyncio.sleep(3600)
+        return False
+
+    async def read_all(pool: ConnectionPool, target: str, timeout_s: float = 60.0) -> list[bytes]:
+        lines = []
+        async with pool.stream(target, {}, timeout_s=timeout_s, line_limit=1024) as (_, stream):
+            assert stream is not None
+            async for line in stream:
+                lines.append(line)
+        return lines
+
+    async def test(pool: ConnectionPool, server: Server) -> None:
+        async with asyncio.timeout(10):
+            with pytest.raises(TransportError, match="closed before the answer was complete"):
+                await read_all(pool, "/cut")
+            with pytest.raises(TransportError, match="a streamed line over 1024 bytes"):
+                await read_all(pool, "/long")
+            started = asyncio.get_running_loop().time()
+            with pytest.raises(TransportError):
+                await read_all(pool, "/hang", timeout_s=0.2)
+            assert asyncio.get_running_loop().time() - started < 5
+        assert pool.connections == 0
+
+    serve(misbehave, test)
+
+
+def test_a_consumer_that_falls_behind_stops_the_connection_reading_and_loses_nothing() -> None:
+    """Flow control: unread lines are held up to a bound, then the server is made to wait."""
+    line = b'{"pad": "' + b"p" * 1000 + b'"}\n'
+    count = 4 * http11.STREAM_HIGH_WATER // len(line)
+
+    async def flood(seen: Seen, writer: asyncio.StreamWriter) -> bool:
+        writer.write(STREAM_HEAD)
+        for i in range(count):
+            writer.write(chunk(line))
+            if i % 100 == 0:
+                await writer.drain()
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        return True
+
+    async def test(pool: ConnectionPool, server: Server) -> None:
+        async with pool.stream("/watch", {}) as (_, stream):
+            assert stream is not None
+            transport = next(iter(pool._busy)).transport
+            assert transport is not None
+            async with asyncio.timeout(10):
+                while transport.is_reading():
+                    await asyncio.sleep(0.01)
+            assert stream._held <= http11.STREAM_HIGH_WATER + 256 * 1024  # and the read that passed it
+            received = [item async for item in stream]
+        assert len(received) == count and all(item == line[:-1] for item in received)
+
+    serve(flood, test)
+
+
+def test_a_stream_sent_on_a_connection_the_server_just_closed_goes_again_afresh() -> None:
+    async def hang_up_on_the_second_request(seen: Seen, writer: asyncio.StreamWriter) -> bool:
+        if sum(1 for s in server.seen if s.connection == seen.connection) == 2:
+            return False  # closes without an answer
+        if seen.target == "/watch":
+            writer.write(STREAM_HEAD + chunk(b'{"n": 1}\n') + b"0\r\n\r\n")
+        else:
+            writer.write(with_length(b"{}"))
+        await writer.drain()
+        return True
+
+    async def test(pool: ConnectionPool, server: Server) -> None:
+        await pool.request("GET", "/list", {})
+        async with pool.stream("/watch", {}) as (head, stream):
+            assert head.status == 200 and stream is not None
+            assert [line async for line in stream] == [b'{"n": 1}']
+
+    server = Server(hang_up_on_the_second_request)
+    serve(server.answer, test, server=server)
+    assert [(s.target, s.connection) for s in server.seen] == [("/list", 1), ("/watch", 1), ("/watch", 2)]
