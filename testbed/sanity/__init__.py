@@ -30,7 +30,12 @@ def run(
         admin = KubeClient.from_kubeconfig(kubeconfig)
         harness = Harness(admin, kubeconfig, command, env, driver_name, running)
         try:
-            await harness.setup()
+            swept = await harness.setup()
+            for run in swept:
+                (say or print)(
+                    f"took away what sanity run {run.run_id} left when it was killed ({run.why}): "
+                    f"its driver, node {run.node}, slices, namespace and DeviceClass"
+                )
             if say is not None and harness.process is not None:
                 say(f"driver on node {harness.node}; its log: {harness.process.log_path}")
             elif say is not None:

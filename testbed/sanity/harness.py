@@ -32,6 +32,7 @@ from testbed.grpcapi.channels import unix_channel
 from testbed.kubeapi import ApiError, ClaimRef, KubeClient, Obj, path_for
 from testbed.kubelet.node import NodeAgent, NodeSpec
 from testbed.kubelet.plugins import DRA_SERVICES, HEALTH_SERVICES
+from testbed.sanity import leftovers
 
 RESOURCE = "resource.k8s.io/v1"
 REGISTRATION_TIMEOUT_S = 60.0
@@ -90,10 +91,11 @@ class Harness:
         self.node = running.name if running is not None else self.namespace
         self.device_class = f"sanity-{self.run_id}.dra-testbed.io"
         self.running = running
-        self.root = running.root if running is not None else private_dir(runtime_root() / "s") / self.run_id
+        self.runs_dir = private_dir(runtime_root() / "s")
+        self.root = running.root if running is not None else self.runs_dir / self.run_id
         self.expected_name = driver_name
         self.driver_name = driver_name
-        self.agent = NodeAgent(admin, NodeSpec(self.node))
+        self.agent = NodeAgent(admin, NodeSpec(self.node, labels={leftovers.RUN_LABEL: self.run_id}))
         self.short = ShortPaths.for_node(self.root)
         self.registry = self.root / "kubelet" / "plugins_registry" if running is not None else self.short.registry
         self.process = (
@@ -117,12 +119,15 @@ class Harness:
 
     # --- set-up and tear-down ------------------------------------------------------------
 
-    async def setup(self) -> None:
+    async def setup(self) -> list[leftovers.DeadRun]:
+        """Ready to check; what killed runs had left, taken away first."""
         if self.running is not None:
             await self._attach()
-            return
+            return []
         assert self.process is not None
         (self.root / "kubelet").mkdir(parents=True, exist_ok=True)
+        leftovers.record_owner(self.root)
+        swept = await leftovers.sweep(self.admin, self.runs_dir)
         self.short.link(self.root / "kubelet")
         await self.admin.create(path_for("v1", "namespaces"), {"metadata": {"name": self.namespace}})
         await self.agent.register()
@@ -130,6 +135,7 @@ class Harness:
         credentials, self.pod_uid = await self._credentials()
         self.environment = driver_environment(self.node, self.root, self.pod_uid, credentials, self.short)
         await self.process.start(self.environment)
+        return swept
 
     async def _attach(self) -> None:
         try:

@@ -13,12 +13,13 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
+from testbed.config import runtime_root
 from testbed.controlplane.cluster import ClusterState
 from testbed.controlplane.processes import descendants
 from testbed.drivers import KINDS, drivers_for, load_profile
 from testbed.fleet.fleet import Fleet
 from testbed.kubeapi import KubeClient
-from testbed.sanity import checks
+from testbed.sanity import checks, leftovers
 from testbed.sanity.checks import Result, Status, Suite
 from testbed.sanity.harness import Harness, RunningNode
 from testbed.testing import wait_for
@@ -148,22 +149,9 @@ def test_sigterm_mid_suite_takes_away_the_driver_it_started_and_its_node(
     slices must not outlive the suite."""
     del fleet  # for its DeviceClasses and access policy
     core, resource = k8s.CoreV1Api(kube_api), k8s.ResourceV1Api(kube_api)
-    command = [sys.executable, "-m", "testbed.cli", "sanity", "--name", control_plane.name]
-    proc = subprocess.Popen(
-        [*command, "--state-dir", str(control_plane.root), "--", *DRIVER],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-    def sanity_nodes() -> list[str]:
-        return [n.metadata.name for n in core.list_node().items if n.metadata.name.startswith("sanity-")]
-
+    proc = _sanity_cli(control_plane)
     try:
-        [node] = wait_for(sanity_nodes, 120, "the suite's node")
-        wait_for(lambda: resource.list_resource_slice(field_selector=f"spec.nodeName={node}").items, 60, "its slices")
-        started = descendants(proc.pid) - {proc.pid}
-        assert started, "the driver runs under the suite"
+        node, started = _publishing(proc, core, resource)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
     finally:
@@ -172,5 +160,88 @@ def test_sigterm_mid_suite_takes_away_the_driver_it_started_and_its_node(
     assert proc.returncode == 130, err
     assert err.rstrip().endswith("interrupted")
     wait_for(lambda: not any(Path(f"/proc/{pid}").exists() for pid in started), 10, "the driver to be gone")
-    assert node not in sanity_nodes()
+    assert node not in _sanity_nodes(core)
     assert not resource.list_resource_slice(field_selector=f"spec.nodeName={node}").items
+
+
+def _sanity_cli(control_plane: ClusterState) -> subprocess.Popen[str]:
+    """`testbed sanity` of the built-in driver, as a user runs it."""
+    command = [sys.executable, "-m", "testbed.cli", "sanity", "--name", control_plane.name]
+    return subprocess.Popen(
+        [*command, "--state-dir", str(control_plane.root), "--", *DRIVER],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _sanity_nodes(core: k8s.CoreV1Api) -> list[str]:
+    return [n.metadata.name for n in core.list_node(label_selector=leftovers.RUN_LABEL).items]
+
+
+def _publishing(proc: subprocess.Popen[str], core: k8s.CoreV1Api, resource: k8s.ResourceV1Api) -> tuple[str, set[int]]:
+    """Once the run's driver publishes for its node: the node, and the driver's PIDs."""
+    try:
+        [node] = wait_for(lambda: _sanity_nodes(core), 120, "the run's node")
+        wait_for(lambda: resource.list_resource_slice(field_selector=f"spec.nodeName={node}").items, 60, "its slices")
+    except AssertionError as exc:
+        proc.kill()
+        _, said = proc.communicate(timeout=10)
+        raise AssertionError(f"{exc}; testbed sanity said:\n{said[-3000:]}") from None
+    driver = descendants(proc.pid) - {proc.pid}
+    assert driver, "the driver runs under the suite"
+    return node, driver
+
+
+def test_what_a_killed_run_left_is_taken_away_by_the_next_and_a_live_run_is_left_alone(
+    control_plane: ClusterState, fleet: Fleet, kube_api: k8s.ApiClient
+) -> None:
+    """SIGKILL (the OOM killer, a CI runner torn down) runs no teardown: the driver it ran
+    goes on publishing for a node nobody serves, holding the metrics port, so every later
+    run's driver failed to start. The next run must clear all that, and never what a run
+    still under way holds."""
+    del fleet  # for its DeviceClasses and access policy
+    core, resource = k8s.CoreV1Api(kube_api), k8s.ResourceV1Api(kube_api)
+    proc = _sanity_cli(control_plane)
+
+    async def sweep() -> list[leftovers.DeadRun]:
+        admin = KubeClient.from_kubeconfig(control_plane.kubeconfig)
+        try:
+            return await leftovers.sweep(admin, runtime_root() / "s")
+        finally:
+            await admin.close()
+
+    try:
+        node, driver = _publishing(proc, core, resource)
+        assert asyncio.run(sweep()) == [], "a run whose process is alive and renews its Lease"
+        assert node in _sanity_nodes(core)
+        proc.kill()
+        proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert all(Path(f"/proc/{pid}").exists() for pid in driver), "SIGKILL'd, the suite left its driver running"
+    run_id = node.removeprefix("sanity-")
+
+    after = _sanity_cli(control_plane)
+    _, said = after.communicate(timeout=600)
+    assert after.returncode == 0, said
+    assert f"took away what sanity run {run_id} left when it was killed (the process that ran it here" in said
+    assert not any(Path(f"/proc/{pid}").exists() for pid in driver), "its driver is stopped"
+    assert node not in _sanity_nodes(core)
+    assert not resource.list_resource_slice(field_selector=f"spec.nodeName={node}").items
+    assert not (runtime_root() / "s" / run_id).exists()
+    pods = core.list_namespaced_pod("dra-testbed", field_selector=f"spec.nodeName={node}").items
+    assert not [p for p in pods if not p.metadata.deletion_timestamp]
+    namespace = core.read_namespace(f"sanity-{run_id}") if _exists(core, f"sanity-{run_id}") else None
+    assert namespace is None or namespace.metadata.deletion_timestamp
+
+
+def _exists(core: k8s.CoreV1Api, namespace: str) -> bool:
+    try:
+        core.read_namespace(namespace)
+    except k8s.ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
