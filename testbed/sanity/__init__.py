@@ -34,7 +34,7 @@ def run(
             for run in swept:
                 (say or print)(
                     f"took away what sanity run {run.run_id} left when it was killed ({run.why}): "
-                    f"its driver, node {run.node}, slices, namespace and DeviceClass"
+                    f"its namespace and DeviceClass, and any driver, node and slices of its own"
                 )
             if say is not None and harness.process is not None:
                 say(f"driver on node {harness.node}; its log: {harness.process.log_path}")

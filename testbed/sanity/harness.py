@@ -92,7 +92,9 @@ class Harness:
         self.device_class = f"sanity-{self.run_id}.dra-testbed.io"
         self.running = running
         self.runs_dir = private_dir(runtime_root() / "s")
-        self.root = running.root if running is not None else self.runs_dir / self.run_id
+        self.run_dir = self.runs_dir / self.run_id
+        """Marks the run as this process's (leftovers.py); the driver's root when the suite runs it."""
+        self.root = running.root if running is not None else self.run_dir
         self.expected_name = driver_name
         self.driver_name = driver_name
         self.agent = NodeAgent(admin, NodeSpec(self.node, labels={leftovers.RUN_LABEL: self.run_id}))
@@ -121,13 +123,14 @@ class Harness:
 
     async def setup(self) -> list[leftovers.DeadRun]:
         """Ready to check; what killed runs had left, taken away first."""
+        self.run_dir.mkdir(exist_ok=True)
+        leftovers.record_owner(self.run_dir)
+        swept = await leftovers.sweep(self.admin, self.runs_dir)
         if self.running is not None:
             await self._attach()
-            return []
+            return swept
         assert self.process is not None
         (self.root / "kubelet").mkdir(parents=True, exist_ok=True)
-        leftovers.record_owner(self.root)
-        swept = await leftovers.sweep(self.admin, self.runs_dir)
         self.short.link(self.root / "kubelet")
         await self.admin.create(path_for("v1", "namespaces"), {"metadata": {"name": self.namespace}})
         await self.agent.register()
@@ -178,6 +181,7 @@ class Harness:
             with contextlib.suppress(ApiError):
                 await self.admin.delete_if_exists(path_for("v1", "namespaces", self.namespace))
                 await self.admin.delete_if_exists(path_for(RESOURCE, "deviceclasses", self.device_class))
+            shutil.rmtree(self.run_dir, ignore_errors=True)
             return
         await self.process.stop()
         await self.agent.stop()

@@ -46,6 +46,7 @@ class DeadRun:
 
     @property
     def node(self) -> str:
+        """The run's own node (a run that checked a fleet node's driver made none)."""
         return f"sanity-{self.run_id}"
 
     @property

@@ -237,6 +237,49 @@ def test_what_a_killed_run_left_is_taken_away_by_the_next_and_a_live_run_is_left
     assert namespace is None or namespace.metadata.deletion_timestamp
 
 
+KILLED_MID_CHECK = """
+import asyncio, sys
+from pathlib import Path
+from testbed.kubeapi import KubeClient
+from testbed.sanity.harness import Harness, RunningNode
+
+async def main():
+    harness = Harness(KubeClient.from_kubeconfig(Path(sys.argv[1])), Path(sys.argv[1]), [], None,
+                      "gpu.dra-testbed.io", RunningNode(sys.argv[2], Path(sys.argv[3])))
+    await harness.setup()
+    print(harness.run_id, flush=True)
+    await asyncio.sleep(3600)
+
+asyncio.run(main())
+"""
+
+
+def test_a_killed_check_of_a_running_nodes_driver_leaves_nothing_after_the_next(
+    control_plane: ClusterState, fleet: Fleet, kube_api: k8s.ApiClient
+) -> None:
+    """Killed while checking a fleet node's driver, a run leaves its namespace and
+    DeviceClass; the next run takes them away, and the fleet's node stays."""
+    core = k8s.CoreV1Api(kube_api)
+    node = sorted(fleet.host_of)[0]
+    args = [str(control_plane.kubeconfig), node, str(fleet.nodes_dir / node)]
+    killed = subprocess.Popen([sys.executable, "-c", KILLED_MID_CHECK, *args], stdout=subprocess.PIPE, text=True)
+    try:
+        assert killed.stdout is not None
+        run_id = killed.stdout.readline().strip()
+        assert run_id and _exists(core, f"sanity-{run_id}")
+    finally:
+        killed.kill()
+        killed.communicate(timeout=10)
+    results = _sanity(control_plane, [], {}, "gpu.dra-testbed.io", RunningNode(node, fleet.nodes_dir / node))
+    assert results[0].status is Status.PASS, results[0]
+    left = core.read_namespace(f"sanity-{run_id}") if _exists(core, f"sanity-{run_id}") else None
+    assert left is None or left.metadata.deletion_timestamp, "the killed run's namespace is taken away"
+    classes = k8s.ResourceV1Api(kube_api).list_device_class().items
+    assert f"sanity-{run_id}.dra-testbed.io" not in {c.metadata.name for c in classes}
+    assert not (runtime_root() / "s" / run_id).exists()
+    assert node in {n.metadata.name for n in core.list_node().items}, "the fleet's node stays"
+
+
 def _exists(core: k8s.CoreV1Api, namespace: str) -> bool:
     try:
         core.read_namespace(namespace)
