@@ -107,6 +107,13 @@ class Settings:
             except ValueError:
                 raise TestbedError(f"{name}={env.get(name)!r} is not an integer") from None
 
+        def port(name: str, default: str) -> int:
+            value = integer(name, default)
+            if not -1 <= value <= 65535:
+                hint = "use 1-65535, 0 for any free port, -1 for none"
+                raise TestbedError(f"{name}={value} is not a port", hint=hint)
+            return value
+
         return cls(
             node=node,
             pod_uid=env.get("POD_UID") or None,
@@ -117,9 +124,9 @@ class Settings:
             cdi_dir=Path(env.get("CDI_DIR", "/var/run/cdi")),
             profile=env.get("HARDWARE_PROFILE", "gpu8"),
             seed=integer("HARDWARE_SEED", "0"),
-            health_port=integer("HEALTH_PORT", "51515"),
+            health_port=port("HEALTH_PORT", "51515"),
             health_address=env.get("HEALTH_ADDRESS", "127.0.0.1"),
-            metrics_port=integer("METRICS_PORT", "8080"),
+            metrics_port=port("METRICS_PORT", "8080"),
             kubeconfig=_optional_path(env, "KUBECONFIG"),
             devices_per_slice=_slice_size(integer("DEVICES_PER_SLICE", "0")),
             call_log=_optional_path(env, "CALL_LOG"),
@@ -205,7 +212,23 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
     metrics = MetricsServer(settings.health_address, settings.metrics_port)
     try:
         if settings.metrics_port >= 0:
-            log.info("metrics on http://%s:%d/metrics", settings.health_address, await metrics.start())
+            try:
+                log.info("metrics on http://%s:%d/metrics", settings.health_address, await metrics.start())
+            except OSError as exc:
+                address, port = settings.health_address, settings.metrics_port
+                raise _unbindable("METRICS_PORT", address, port, exc.strerror) from None
+        if settings.health_port >= 0:
+            liveness = grpc.aio.server()
+            health_pb2_grpc.add_HealthServicer_to_server(
+                LivenessService([(str(p.paths.registration_socket), str(p.paths.dra_socket)) for p in plugins]),
+                liveness,
+            )
+            try:
+                port = liveness.add_insecure_port(f"{settings.health_address}:{settings.health_port}")
+            except RuntimeError:  # grpc's word for a port it cannot bind (its log line says why)
+                raise _unbindable("HEALTH_PORT", settings.health_address, settings.health_port, None) from None
+            await liveness.start()
+            log.info("liveness (grpc.health.v1) on %s:%d", settings.health_address, port)
         for plugin in plugins:
             await plugin.start()
             log.info(
@@ -214,15 +237,6 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
                 plugin.paths.dra_socket,
                 plugin.paths.registration_socket,
             )
-        if settings.health_port >= 0:
-            liveness = grpc.aio.server()
-            health_pb2_grpc.add_HealthServicer_to_server(
-                LivenessService([(str(p.paths.registration_socket), str(p.paths.dra_socket)) for p in plugins]),
-                liveness,
-            )
-            port = liveness.add_insecure_port(f"{settings.health_address}:{settings.health_port}")
-            await liveness.start()
-            log.info("liveness (grpc.health.v1) on %s:%d", settings.health_address, port)
         await stop.wait()
         log.info("stopping")
     finally:
@@ -233,6 +247,16 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
         for plugin in plugins:
             await plugin.stop()
         await client.close()
+
+
+def _unbindable(variable: str, address: str, port: int, reason: str | None) -> TestbedError:
+    """A port already taken (most often by another driver on this machine, each of which
+    binds the same defaults) is a setting to change, not a crash."""
+    return TestbedError(
+        f"cannot listen on {address}:{port} ({variable}): {reason or 'in use, or not an address of this machine'}",
+        hint=f"another process holds it (another testbed-driver on this machine?): set {variable} to a free "
+        "port, 0 for any free port, or -1 for none",
+    )
 
 
 async def run(settings: Settings) -> None:

@@ -178,21 +178,12 @@ class Harness:
 
     async def teardown(self) -> None:
         if self.process is None:  # a running node: take away only what the suite made
-            with contextlib.suppress(ApiError):
-                await self.admin.delete_if_exists(path_for("v1", "namespaces", self.namespace))
-                await self.admin.delete_if_exists(path_for(RESOURCE, "deviceclasses", self.device_class))
+            await leftovers.remove_from_cluster(self.admin, self.namespace, self.device_class, None)
             shutil.rmtree(self.run_dir, ignore_errors=True)
             return
         await self.process.stop()
         await self.agent.stop()
-        with contextlib.suppress(ApiError):
-            await self.admin.delete_if_exists(path_for("v1", "namespaces", self.namespace))
-            await self.admin.delete_if_exists(path_for(RESOURCE, "deviceclasses", self.device_class))
-            await self.admin.delete_if_exists(path_for("v1", "pods", driver_pod_name(self.node), DRIVER_NAMESPACE))
-            await self.admin.request(
-                "DELETE", path_for(RESOURCE, "resourceslices"), params={"fieldSelector": f"spec.nodeName={self.node}"}
-            )
-            await self.agent.delete()
+        await leftovers.remove_from_cluster(self.admin, self.namespace, self.device_class, self.node)
         self.short.unlink()
         shutil.rmtree(self.root, ignore_errors=True)
 

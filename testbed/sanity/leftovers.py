@@ -123,17 +123,30 @@ async def sweep(admin: KubeClient, runs_dir: Path, stale_after_s: float = STALE_
     dead += [run for run in dead_runs(nodes, renewed, datetime.now(UTC), stale_after_s) if run.run_id not in found_here]
     for run in dead:
         _stop_its_drivers(runs_dir / run.run_id)
-        await admin.delete_if_exists(path_for("v1", "namespaces", run.namespace))
-        await admin.delete_if_exists(path_for(RESOURCE, "deviceclasses", run.device_class))
-        await admin.delete_if_exists(path_for("v1", "pods", driver_pod_name(run.node), DRIVER_NAMESPACE))
-        await admin.request(
-            "DELETE", path_for(RESOURCE, "resourceslices"), params={"fieldSelector": f"spec.nodeName={run.node}"}
-        )
-        await admin.delete_if_exists(path_for("coordination.k8s.io/v1", "leases", run.node, "kube-node-lease"))
-        await admin.delete_if_exists(path_for("v1", "nodes", run.node))
+        await remove_from_cluster(admin, run.namespace, run.device_class, run.node)
         ShortPaths.for_node(runs_dir / run.run_id).unlink()
         shutil.rmtree(runs_dir / run.run_id, ignore_errors=True)
     return dead
+
+
+async def remove_from_cluster(admin: KubeClient, namespace: str, device_class: str, node: str | None) -> None:
+    """What a run makes in the cluster: its namespace and DeviceClass, and, unless it
+    checked a fleet node's driver (``node`` None), its own node with the node's driver
+    pod, slices and Lease. Each is tried even when another could not be removed."""
+    for path in [path_for("v1", "namespaces", namespace), path_for(RESOURCE, "deviceclasses", device_class)]:
+        with contextlib.suppress(ApiError):
+            await admin.delete_if_exists(path)
+    if node is None:
+        return
+    with contextlib.suppress(ApiError):
+        await admin.delete_if_exists(path_for("v1", "pods", driver_pod_name(node), DRIVER_NAMESPACE))
+    with contextlib.suppress(ApiError):
+        await admin.request(
+            "DELETE", path_for(RESOURCE, "resourceslices"), params={"fieldSelector": f"spec.nodeName={node}"}
+        )
+    for path in [path_for("coordination.k8s.io/v1", "leases", node, "kube-node-lease"), path_for("v1", "nodes", node)]:
+        with contextlib.suppress(ApiError):
+            await admin.delete_if_exists(path)
 
 
 def _stop_its_drivers(root: Path) -> None:
