@@ -24,7 +24,7 @@ from pathlib import Path
 from testbed.config import runtime_root
 from testbed.controlplane import processes
 from testbed.errors import TestbedError
-from testbed.files import private_dir
+from testbed.files import private_dir, write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -236,7 +236,9 @@ class ExternalDriver:
         record = processes.ProcessRecord(
             self.spec.name, pid, processes.process_start_ticks(pid) or 0, str(self.log_path), list(self.spec.command)
         )
-        self.records.write_text(json.dumps(record.to_json()))
+        # In one step: a reader (a NodeHost taking over, a sanity sweep) that met the file
+        # half-written would not know which process to stop, and two would serve the node.
+        write_atomically(self.records, json.dumps(record.to_json()).encode(), durable=False)
 
     def _reap_leftover(self) -> None:
         """A NodeHost that was killed leaves its drivers running: two instances of one

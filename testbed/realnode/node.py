@@ -37,6 +37,7 @@ import yaml
 from testbed.controlplane import processes
 from testbed.controlplane.binaries import Binaries
 from testbed.errors import TestbedError
+from testbed.files import write_atomically
 from testbed.kubeapi import KubeClient, Obj, cluster_ca, default_credentials, path_for
 from testbed.kubelet.node import NodeSpec, node_object
 from testbed.realnode import kubelet_api
@@ -198,7 +199,7 @@ class ProcessNode:
             records = [r for r in json.loads(self.records_file.read_text()) if r["name"] != name]
         ticks = processes.process_start_ticks(pid) or 0
         records.append(processes.ProcessRecord(name, pid, ticks, str(self.log(name)), command).to_json())
-        self.records_file.write_text(json.dumps(records))
+        write_atomically(self.records_file, json.dumps(records).encode(), durable=False)  # never half-written
 
     async def start(self) -> None:
         if self.kind == "real":
