@@ -32,7 +32,7 @@ from testbed.errors import TestbedError, interrupt_on_sigterm
 from testbed.fingerprint import code_version
 from testbed.fleet import spec as fleet_spec
 from testbed.fleet.external import recorded_drivers
-from testbed.fleet.fleet import FAULT_ACTIONS
+from testbed.fleet.fleet import FAULT_ACTIONS, ScaleInterrupted
 from testbed.progress import ConsoleProgress
 from testbed.realnode import kubelet_api
 from testbed.realnode.node import recorded_kubelet_pid, recorded_processes
@@ -1082,11 +1082,19 @@ def scale(pool: str, count: int, name: str, state_dir: Path | None) -> None:
         raise TestbedError(f"cluster {name!r} is not running", hint="start it with `testbed up --nodes N`")
     try:
         fleet = environment.scale_pool(state, pool, count, ConsoleProgress())
-    except KeyboardInterrupt:
-        stderr.print(
-            f"interrupted: the NodeHosts go on taking pool {pool} to {count} nodes; "
-            f"`testbed status --name {name}` shows how far they are"
-        )
+    except KeyboardInterrupt as interrupted:
+        carrying_on = f"`testbed status --name {name}` shows how far they are"
+        if isinstance(interrupted, ScaleInterrupted) and interrupted.given_up:
+            again = f"`testbed scale --name {name} {pool} {count}` adds them"
+            if interrupted.handed:
+                stderr.print(
+                    f"interrupted: {interrupted.handed} nodes handed to NodeHosts come up all the same "
+                    f"({carrying_on}); {interrupted.given_up} were not started: {again}"
+                )
+            else:
+                stderr.print(f"interrupted before any of the {interrupted.given_up} nodes was started: {again}")
+        else:
+            stderr.print(f"interrupted: the NodeHosts go on taking pool {pool} to {count} nodes; {carrying_on}")
         sys.exit(130)
     pools = ", ".join(f"{p.name}: {p.count}" for p in fleet.spec.pools)
     stderr.print(f"fleet now: {pools} ({len(fleet.host_of)} nodes on {len(fleet.hosts)} NodeHosts)")

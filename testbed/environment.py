@@ -152,8 +152,9 @@ def attach_fleet(state: cluster.ClusterState) -> Fleet:
 
 
 def scale_pool(state: cluster.ClusterState, pool: str, count: int, progress: Progress) -> Fleet:
-    """Interrupted, the scale goes on in the NodeHosts (their calls are under way): the
-    count is recorded all the same, so that `status` compares the nodes with it."""
+    """Interrupted, what the NodeHosts were told goes on there (fleet.ScaleInterrupted says
+    what was given up): the count asked for is recorded all the same, so that `status`
+    compares the nodes with it."""
     fleet = attach_fleet(state)
     try:
         fleet.scale(pool, count, progress)

@@ -31,6 +31,16 @@ FLEET_START_CONCURRENCY = 24
 """Synthetic nodes started at once across all hosts: on 2 cores more makes etcd time out."""
 
 
+class ScaleInterrupted(KeyboardInterrupt):
+    """Ctrl-C while a scale handed its nodes to NodeHosts: those handed come up all the
+    same (the hosts carry on); the rest were given up, and their new hosts stopped."""
+
+    def __init__(self, handed: int, given_up: int):
+        super().__init__()
+        self.handed = handed
+        self.given_up = given_up
+
+
 def _index_in(pool: str, node: str) -> int | None:
     """The node's number in ``pool`` (Pool.node_name), or None: not one of its nodes."""
     prefix, _, index = node.rpartition("-")
@@ -214,15 +224,23 @@ class Fleet:
 
         # Total start concurrency is what the control plane can absorb, not per host.
         concurrency = max(1, FLEET_START_CONCURRENCY // max(1, len(placement)))
-        self._check_code([name for name in placement if name in self._unstarted])
-        calls = {
-            (
-                self.hosts[name].start.remote(timeout_s, concurrency)
-                if name in self._unstarted
-                else self.hosts[name].add_nodes.remote(recipes, timeout_s, concurrency)
-            ): name
-            for name, recipes in placement.items()
-        }
+        calls: dict[Any, str] = {}
+        try:
+            self._check_code([name for name in placement if name in self._unstarted])
+            for name, recipes in placement.items():
+                actor = self.hosts[name]
+                if name in self._unstarted:  # made with its nodes
+                    calls[actor.start.remote(timeout_s, concurrency)] = name
+                else:
+                    calls[actor.add_nodes.remote(recipes, timeout_s, concurrency)] = name
+        except KeyboardInterrupt:
+            told = set(calls.values())
+            given_up = [name for name in placement if name not in told]
+            self._stop_unstarted([name for name in given_up if name in self._unstarted])
+            raise ScaleInterrupted(
+                handed=sum(len(placement[name]) for name in told),
+                given_up=sum(len(placement[name]) for name in given_up),
+            ) from None
         self._unstarted.difference_update(placement)
         total = sum(len(r) for r in placement.values())
         before = sum(ray.get([self.hosts[name].progress.remote() for name in placement]))
@@ -241,6 +259,16 @@ class Fleet:
                 raise TestbedError(f"synthetic nodes not ready within {timeout_s:.0f}s")
             ready = sum(ray.get([self.hosts[name].progress.remote() for name in placement])) - before
             progress.update(f"{ready}/{total} nodes ready")
+
+    def _stop_unstarted(self, names: list[str]) -> None:
+        """New hosts never told to start hold nothing: they go (a host Ray is still
+        creating is cancelled)."""
+        import ray
+
+        for name in names:
+            ray.kill(self.hosts.pop(name))
+            self.host_pool.pop(name, None)
+            self._unstarted.discard(name)
 
     def _check_code(self, names: list[str]) -> None:
         """New hosts run the same testbed as this process, or none of them starts nodes: a
@@ -292,7 +320,11 @@ class Fleet:
                 self._retire_empty_hosts()
             progress.step(f"pool {pool.name}: {len(going)} nodes drained and deleted")
         if wanted:
-            placement = self._place(wanted)
+            try:
+                placement = self._place(wanted)
+            except KeyboardInterrupt:
+                self._stop_unstarted(sorted(self._unstarted))
+                raise ScaleInterrupted(handed=0, given_up=len(wanted)) from None
             with progress.task(f"adding {len(wanted)} nodes to pool {pool.name}"):
                 self._bring_up(placement, progress, timeout_s)
             progress.step(f"pool {pool.name}: {len(wanted)} nodes added")

@@ -185,6 +185,13 @@ class NodeHost:
                 await watcher.watch_nodes(self.nodes)
 
     async def start(self, ready_timeout_s: float = 300.0, concurrency: int = START_CONCURRENCY) -> list[str]:
+        await self._start_services()
+        with heap.starting_nodes():
+            await self._add_nodes(list(self.recipes.values()), ready_timeout_s, concurrency)
+        return self._names()
+
+    async def _start_services(self) -> None:
+        """What every node of the host shares: clients, watches, metrics."""
         self.client = KubeClient.from_kubeconfig(self.kubeconfig, HOST_CONNECTIONS)
         # Each kubelet's pod watch holds a connection; under shared credentials they come
         # from here, unbounded, and the nodes' requests keep the host's few connections.
@@ -199,14 +206,17 @@ class NodeHost:
         self.loop_watch.start()
         if self.declared_features is None:
             self.declared_features = await cluster_declared_features(self.client)
-        await self.add_nodes(list(self.recipes.values()), ready_timeout_s, concurrency)
         await self.metrics.start()
-        return self._names()
 
     async def add_nodes(
         self, recipes: list[NodeRecipe], ready_timeout_s: float = 300.0, concurrency: int = START_CONCURRENCY
     ) -> list[str]:
-        """Start these nodes (those not already running) and wait until they are ready."""
+        """Start these nodes (those not already running) and wait until they are ready. A
+        host never started (the `scale` that made it was interrupted before it could tell
+        it to start) starts now, with these nodes only: those it was made with were given up."""
+        if self.client is None:
+            self.recipes = {}
+            await self._start_services()
         with heap.starting_nodes():
             return await self._add_nodes(recipes, ready_timeout_s, concurrency)
 

@@ -11,13 +11,15 @@ from typing import Any
 import pytest
 import ray
 from kubernetes import client as k8s
+from ray.util import list_named_actors
 
 from testbed.config import nodes_dir
 from testbed.controlplane.cluster import ClusterState
 from testbed.controlplane.processes import descendants
 from testbed.errors import TestbedError
 from testbed.fingerprint import code_version
-from testbed.fleet.fleet import Fleet
+from testbed.fleet.fleet import Fleet, ScaleInterrupted
+from testbed.fleet.membership import NodeRecipe
 from testbed.fleet.raycluster import HEAD_LABEL, ray_temp_dir
 from testbed.fleet.spec import FleetFile
 from testbed.kubelet.node import SYNTHETIC_TOLERATION
@@ -25,6 +27,16 @@ from testbed.testing import wait_for
 from testbed.workloads import GPU, claim_spec, create_template, request, unique
 
 pytestmark = pytest.mark.controlplane
+
+
+def _started_fleet(control_plane: ClusterState, pool: str, count: int, per_host: int) -> tuple[Fleet, str]:
+    """A fleet of its own, of one pool of tiny nodes labelled pool=<a label unique to it>."""
+    label = unique(pool)
+    pools = [{"name": pool, "count": count, "profile": "tiny", "labels": {"pool": label}}]
+    spec = FleetFile.model_validate({"nodesPerHost": per_host, "pools": pools})
+    own = Fleet(spec, control_plane.kubeconfig, nodes_dir(control_plane.root))
+    own.start()
+    return own, label
 
 
 def _deployment(name: str, pool_label: str, replicas: int) -> dict[str, Any]:
@@ -60,12 +72,7 @@ def test_a_pool_scales_down_and_up_while_pods_run(
     control_plane: ClusterState, fleet: Fleet, kube_api: k8s.ApiClient
 ) -> None:
     del fleet  # only for its Ray and DeviceClasses
-    label = unique("sc")
-    spec = FleetFile.model_validate(
-        {"nodesPerHost": 2, "pools": [{"name": "sc", "count": 3, "profile": "tiny", "labels": {"pool": label}}]}
-    )
-    own = Fleet(spec, control_plane.kubeconfig, nodes_dir(control_plane.root))
-    own.start()
+    own, label = _started_fleet(control_plane, "sc", 3, per_host=2)
     core, resource = k8s.CoreV1Api(kube_api), k8s.ResourceV1Api(kube_api)
     namespace = unique("scale")
     core.create_namespace({"metadata": {"name": namespace}})
@@ -90,7 +97,7 @@ def test_a_pool_scales_down_and_up_while_pods_run(
             assert not slices_of(gone), f"{gone}'s slices removed"
             assert not (nodes_dir(control_plane.root) / gone).exists()
         assert len(own.hosts) == 1, "the host left with no nodes is gone"
-        assert spec.pools[0].count == 1
+        assert own.spec.pools[0].count == 1
         # The pods on sc-000 kept running through it; the evicted ones were replaced,
         # and with 2 GPUs left only 2 of 5 can run.
         kept = {uid for uid, node in before.items() if node == "sc-000"}
@@ -122,12 +129,7 @@ def test_a_scale_goes_by_the_nodes_the_hosts_hold_not_the_count_last_recorded(
     hosts carry on, so the record and the nodes can part: the next scale must still
     end with exactly the nodes asked for, none twice."""
     del fleet  # only for its Ray and DeviceClasses
-    label = unique("drift")
-    spec = FleetFile.model_validate(
-        {"nodesPerHost": 4, "pools": [{"name": "drift", "count": 1, "profile": "tiny", "labels": {"pool": label}}]}
-    )
-    own = Fleet(spec, control_plane.kubeconfig, nodes_dir(control_plane.root))
-    own.start()
+    own, label = _started_fleet(control_plane, "drift", 1, per_host=4)
     core = k8s.CoreV1Api(kube_api)
 
     def nodes() -> set[str]:
@@ -146,6 +148,62 @@ def test_a_scale_goes_by_the_nodes_the_hosts_hold_not_the_count_last_recorded(
         assert sorted(ray.get(own.host("drift-000").ready.remote())) == ["drift-000", "drift-001", "drift-002"]
     finally:
         own.stop(remove_nodes=True)
+
+
+def _named_hosts(fleet: Fleet) -> set[str]:
+    return {name for name in list_named_actors() if name.startswith(f"nodehost-{fleet.id}-")}
+
+
+def test_an_interrupted_scale_stops_the_hosts_it_had_not_started_and_the_next_one_finishes(
+    control_plane: ClusterState, fleet: Fleet, kube_api: k8s.ApiClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C while the new hosts come up: they were never told which nodes to start, so
+    they go (left, each held a Ray worker and, on the next scale, failed it), the user is
+    told how many nodes were given up, and the next scale adds exactly those."""
+    del fleet  # only for its Ray and DeviceClasses
+    own, label = _started_fleet(control_plane, "cut", 1, per_host=2)
+    checked = Fleet._check_code
+
+    def ctrl_c_as_the_new_hosts_answer(self: Fleet, names: list[str]) -> None:
+        checked(self, names)
+        raise KeyboardInterrupt
+
+    try:
+        before = set(own.hosts)
+        with monkeypatch.context() as patched:
+            patched.setattr(Fleet, "_check_code", ctrl_c_as_the_new_hosts_answer)
+            with pytest.raises(ScaleInterrupted) as interrupted:
+                own.scale("cut", 5)
+        assert (interrupted.value.handed, interrupted.value.given_up) == (0, 4)
+        assert set(own.hosts) == before
+        wait_for(lambda: _named_hosts(own) == before, 60, "the hosts the scale had not started to go")
+
+        own.scale("cut", 5)
+        nodes = {n.metadata.name for n in k8s.CoreV1Api(kube_api).list_node(label_selector=f"pool={label}").items}
+        assert nodes == {f"cut-{i:03d}" for i in range(5)}
+    finally:
+        own.stop(remove_nodes=True)
+
+
+def test_a_host_left_unstarted_by_a_killed_scale_serves_the_next_scales_nodes(
+    control_plane: ClusterState, fleet: Fleet, kube_api: k8s.ApiClient
+) -> None:
+    """A scale killed outright (no Ctrl-C to handle) between making a host and telling it
+    to start leaves the host holding nothing. The next scale, attaching afresh, finds it
+    with room and hands it nodes: it must start then, with those nodes and not the ones it
+    was made with."""
+    del fleet  # only for its Ray and DeviceClasses
+    own, label = _started_fleet(control_plane, "left", 1, per_host=2)
+    attached: Fleet | None = None
+    try:
+        own._new_host([NodeRecipe("left-007", "tiny", {"pool": label})], "")  # and then the scale was killed
+        attached = Fleet.attach(own.spec, control_plane.kubeconfig, nodes_dir(control_plane.root), own.id)
+        attached.scale("left", 4)
+        nodes = {n.metadata.name for n in k8s.CoreV1Api(kube_api).list_node(label_selector=f"pool={label}").items}
+        assert nodes == {f"left-{i:03d}" for i in range(4)}
+        assert len(_named_hosts(own)) == 2, "the left host was filled, not a third one made"
+    finally:
+        (attached or own).stop(remove_nodes=True)  # the same hosts: the one that knows them all
 
 
 def test_hosts_running_another_testbed_start_no_nodes(
