@@ -3,7 +3,7 @@
 #                CLUSTER=kind: the same on a kind cluster, the driver as a DaemonSet (needs Docker + kind)
 #   make test    unit + integration tests against the real local control plane
 #   make bench   benchmark figures (COLD=1 re-runs a cold build; FLEET_NODES/FLEET_PROFILE size the fleet run)
-#   make bench-peers  KWOK and the testbed side by side on one control plane (PEER_NODES, PEER_RUNS; builds KWOK once)
+#   make bench-peers  KWOK and the testbed side by side on one control plane (PEER_NODES, PEER_RUNS, PEER_IDENTITIES; builds KWOK once)
 #   make lint    ruff + mypy
 #   make clean   remove the virtualenv and caches of this checkout (not the built binaries)
 
@@ -18,6 +18,7 @@ FLEET_NODES ?= 1000
 FLEET_PROFILE ?= gpu8
 PEER_NODES ?= 500
 PEER_RUNS ?= 3
+PEER_IDENTITIES ?= per-node
 
 .PHONY: install binaries e2e test unit bench bench-peers lint format protos clean clean-binaries
 
@@ -57,7 +58,7 @@ bench: install
 	$(PY) benchmarks/bench_hosts.py --nodes $(FLEET_NODES) --profile $(FLEET_PROFILE)
 
 bench-peers: install
-	$(PY) benchmarks/bench_peers.py --nodes $(PEER_NODES) --runs $(PEER_RUNS)
+	$(PY) benchmarks/bench_peers.py --nodes $(PEER_NODES) --runs $(PEER_RUNS) --identities $(PEER_IDENTITIES)
 
 lint: $(INSTALLED)
 	$(VENV)/bin/ruff check .

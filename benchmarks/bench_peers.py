@@ -1,7 +1,12 @@
 """KWOK and the testbed side by side on one control plane: what emulating a node costs.
 
     python benchmarks/bench_peers.py [--nodes 500] [--pods 200] [--qps 20] [--idle-seconds 30]
-                                     [--runs 3] [--reports DIR]
+                                     [--runs 3] [--reports DIR] [--identities per-node|shared]
+
+``--identities shared`` runs the testbed's nodes on the fleet's credentials, as KWOK's
+are (by default each node has its own, as real nodes do, which costs the control plane
+three more requests per node and a TLS connection per kubelet): what emulating a node
+costs, apart from what real identities cost.
 
 ``--reports DIR`` keeps each side's full run report (DIR/run<N>/kwok, DIR/run<N>/testbed):
 the per-phase breakdown says where the time went when a ratio is off.
@@ -264,7 +269,8 @@ def testbed_side(
     requests = api_requests(state)
     before = {n: cpu_seconds(p) for n, p in components.items()}
     started, progress = time.monotonic(), TimedProgress()
-    fleet = start_fleet(state, single_pool(args.nodes, "gpu8", args.nodes_per_host), progress)
+    pool = single_pool(args.nodes, "gpu8", args.nodes_per_host).model_copy(update={"identities": args.identities})
+    fleet = start_fleet(state, pool, progress)
     try:
         ready_s = time.monotonic() - started
         ray_s = sum(s for task, s in progress.took.items() if task.startswith("starting Ray"))
@@ -340,6 +346,12 @@ def main() -> int:
     parser.add_argument("--idle-seconds", type=float, default=30.0)
     parser.add_argument("--nodes-per-host", type=int, default=DEFAULT_NODES_PER_HOST)
     parser.add_argument("--runs", type=int, default=3, help="runs of both sides, the first side alternating")
+    parser.add_argument(
+        "--identities",
+        choices=("per-node", "shared"),
+        default="per-node",
+        help="the testbed's nodes under identities of their own (as real nodes), or the fleet's (as KWOK's)",
+    )
     parser.add_argument("--reports", type=Path, help="keep each side's run report under this directory")
     args = parser.parse_args()
     if args.runs < 1:
@@ -428,7 +440,8 @@ def print_run(args: argparse.Namespace, figures: dict[str, SideFigures]) -> None
     measured = rows(args, figures["KWOK"], figures["testbed"])
     table = [(label, kwok, bed, _ratio(kwok, bed), target) for label, kwok, bed, target in measured]
     print_rows(
-        f"peers benchmark: {args.nodes} nodes, {args.pods} pods per phase at {args.qps:g}/s, {os.cpu_count()} cores",
+        f"peers benchmark: {args.nodes} nodes ({args.identities} identities on the testbed's), "
+        f"{args.pods} pods per phase at {args.qps:g}/s, {os.cpu_count()} cores",
         table,
     )
     for side_name, side in figures.items():
