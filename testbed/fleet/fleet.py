@@ -15,7 +15,7 @@ from testbed.files import private_dir
 from testbed.fingerprint import code_version, strangers
 from testbed.fleet.external import ExternalDriverSpec
 from testbed.fleet.identity import NodeAuthority, install_access_policy
-from testbed.fleet.membership import NodeRecipe
+from testbed.fleet.membership import Membership, NodeRecipe
 from testbed.fleet.nodehost import NodeHost
 from testbed.fleet.spec import FleetFile, Placement, Pool
 from testbed.kubeapi import KubeClient, flattened_kubeconfig
@@ -267,6 +267,7 @@ class Fleet:
 
         for name in names:
             ray.kill(self.hosts.pop(name))
+            Membership(name).forget()  # what it recorded as made (a restart would bring it back)
             self.host_pool.pop(name, None)
             self._unstarted.discard(name)
 

@@ -19,7 +19,7 @@ from testbed.controlplane.processes import descendants
 from testbed.errors import TestbedError
 from testbed.fingerprint import code_version
 from testbed.fleet.fleet import Fleet, ScaleInterrupted
-from testbed.fleet.membership import NodeRecipe
+from testbed.fleet.membership import Membership, NodeRecipe
 from testbed.fleet.raycluster import HEAD_LABEL, ray_temp_dir
 from testbed.fleet.spec import FleetFile
 from testbed.kubelet.node import SYNTHETIC_TOLERATION
@@ -177,6 +177,8 @@ def test_an_interrupted_scale_stops_the_hosts_it_had_not_started_and_the_next_on
         assert (interrupted.value.handed, interrupted.value.given_up) == (0, 4)
         assert set(own.hosts) == before
         wait_for(lambda: _named_hosts(own) == before, 60, "the hosts the scale had not started to go")
+        stopped = [f"nodehost-{own.id}-{k}" for k in range(len(before), own._next_host)]
+        assert stopped and all(Membership(name).load() is None for name in stopped), "their recorded nodes forgotten"
 
         own.scale("cut", 5)
         nodes = {n.metadata.name for n in k8s.CoreV1Api(kube_api).list_node(label_selector=f"pool={label}").items}
