@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections import Counter
@@ -122,7 +123,7 @@ class Fleet:
         members = fleet._ask_all("ready", timeout_s=300)
         for name, nodes in members.items():
             fleet.host_of.update(dict.fromkeys(nodes, name))
-            fleet.host_pool[name] = fleet._placement_key(nodes[0]) if nodes else ""
+            fleet.host_pool[name] = fleet._placement_key(nodes[0]) if nodes else ""  # empty: the next scale retires it
         fleet._next_host = int(names[-1][len(prefix) :]) + 1 if names else 0
         return fleet
 
@@ -261,15 +262,28 @@ class Fleet:
             progress.update(f"{ready}/{total} nodes ready")
 
     def _stop_unstarted(self, names: list[str]) -> None:
-        """New hosts never told to start hold nothing: they go (a host Ray is still
-        creating is cancelled)."""
+        """New hosts never told to start hold nothing: they go at once (a host Ray is
+        still creating is cancelled)."""
+        self._let_go(names, politely=False)
+
+    def _retire_empty_hosts(self) -> None:
+        """Hosts without nodes go: each holds a Ray worker, its watches and a port."""
+        busy = set(self.host_of.values())
+        self._let_go([name for name in self.hosts if name not in busy], politely=True)
+
+    def _let_go(self, names: list[str], politely: bool) -> None:
+        """``politely``: each host first closes its watches and servers (it was started)."""
         import ray
 
         for name in names:
-            ray.kill(self.hosts.pop(name))
+            host = self.hosts.pop(name)
             Membership(name).forget()  # what it recorded as made (a restart would bring it back)
             self.host_pool.pop(name, None)
             self._unstarted.discard(name)
+            if politely:
+                with contextlib.suppress(ray.exceptions.RayError):  # it is killed all the same
+                    ray.get(host.stop.remote(), timeout=60)
+            ray.kill(host)
 
     def _check_code(self, names: list[str]) -> None:
         """New hosts run the same testbed as this process, or none of them starts nodes: a
@@ -306,7 +320,11 @@ class Fleet:
             raise TestbedError(f"a pool cannot have {count} nodes", hint="give a count of 0 or more")
         # A pool's nodes are numbered 0..count-1 (scaling removes the highest first). What
         # the hosts hold counts, not the pool's count: a scale interrupted here went on in
-        # the hosts, so they may hold more or fewer nodes than the count last recorded.
+        # the hosts, so they may hold more or fewer nodes than the count last recorded,
+        # and hosts it emptied or never started hold none (they go first: which pool such
+        # a host was placed for is not known to a fleet attached afresh).
+        self._settle(progress, timeout_s)
+        self._retire_empty_hosts()
         present = {i for node in self.host_of if (i := _index_in(pool.name, node)) is not None}
         going = [pool.node_name(i) for i in sorted(present, reverse=True) if i >= count]
         wanted = [_recipe(pool, i) for i in range(count) if i not in present]
@@ -330,6 +348,16 @@ class Fleet:
                 self._bring_up(placement, progress, timeout_s)
             progress.step(f"pool {pool.name}: {len(wanted)} nodes added")
         pool.count = count
+
+    def _settle(self, progress: Progress, timeout_s: float) -> None:
+        """Drains an interrupted scale left under way end first: the nodes they take are
+        not there to keep, and the hosts they empty go."""
+        draining = [node for nodes in self._ask_all("draining", timeout_s=60).values() for node in nodes]
+        if not draining:
+            return
+        with progress.task(f"waiting for {len(draining)} nodes an interrupted scale is draining"):
+            held = self._ask_all("settled", timeout_s)
+        self.host_of = {node: host for host, nodes in held.items() for node in nodes}
 
     def _place(self, recipes: list[NodeRecipe]) -> dict[str, list[NodeRecipe]]:
         """Fill the hosts that have room, then start new ones; a pool with a placement of
@@ -392,16 +420,6 @@ class Fleet:
                     hint="start the Ray nodes meant for that pool with `ray start --labels KEY=VALUE` and name "
                     "the cluster in the fleet file (ray.address), or drop placement.labels",
                 )
-
-    def _retire_empty_hosts(self) -> None:
-        import ray
-
-        busy = set(self.host_of.values())
-        for name in [n for n in self.hosts if n not in busy]:
-            host = self.hosts.pop(name)
-            ray.get(host.forget.remote(), timeout=60)
-            ray.get(host.stop.remote(), timeout=60)
-            ray.kill(host)
 
     def pool(self, name: str) -> Pool:
         for pool in self.spec.pools:

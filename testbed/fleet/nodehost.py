@@ -10,6 +10,7 @@ exposes the hardware's fault switches, so scenarios and tests can break devices 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import platform
@@ -132,6 +133,10 @@ class NodeHost:
         self.loop_watch = LoopWatch()
         self._restart: asyncio.Task[list[str]] | None = None
         self._letting_go: set[asyncio.Task[None]] = set()
+        self._removals: dict[str, asyncio.Task[DrainResult]] = {}
+        """Drains under way, by node: they go on when the caller is gone (`testbed scale`
+        interrupted), and a second removal of the same node waits for the first."""
+        self._drain_gate = asyncio.Semaphore(START_CONCURRENCY)
         self.ready_count = 0
         if _restarted_by_ray():
             # Ray re-ran the constructor after this host died: bring the same nodes back.
@@ -211,12 +216,7 @@ class NodeHost:
     async def add_nodes(
         self, recipes: list[NodeRecipe], ready_timeout_s: float = 300.0, concurrency: int = START_CONCURRENCY
     ) -> list[str]:
-        """Start these nodes (those not already running) and wait until they are ready. A
-        host never started (the `scale` that made it was interrupted before it could tell
-        it to start) starts now, with these nodes only: those it was made with were given up."""
-        if self.client is None:
-            self.recipes = {}
-            await self._start_services()
+        """Start these nodes (those not already running) and wait until they are ready."""
         with heap.starting_nodes():
             return await self._add_nodes(recipes, ready_timeout_s, concurrency)
 
@@ -336,26 +336,33 @@ class NodeHost:
     async def remove_nodes(self, names: list[str], timeout_s: float = 300.0) -> list[dict[str, Any]]:
         """Drain these nodes and delete them from the cluster (see drain.py for the order)."""
         assert self.client is not None, "start() first"
-        client = self.client
-        gate = asyncio.Semaphore(START_CONCURRENCY)
-
-        async def retire(name: str) -> DrainResult:
-            async with gate:
-                if name in self.process_nodes:
-                    result = await drain_process_node(client, self.process_nodes.pop(name), timeout_s)
-                else:
-                    result = await drain(client, self._node(name), timeout_s)
-                    del self.nodes[name]
-                    await self._close_clients(name)
-            self.recipes.pop(name, None)
-            self.ready_count -= 1
-            self._remember()
-            return result
-
-        results = await asyncio.gather(*(retire(name) for name in names))
+        for name in names:
+            if name not in self._removals:
+                task = asyncio.get_running_loop().create_task(self._retire(name, timeout_s), name=f"retire-{name}")
+                self._removals[name] = task
+                task.add_done_callback(functools.partial(self._removed, name))
+        results = await asyncio.gather(*(asyncio.shield(self._removals[name]) for name in names))
         heap.release()
         await self._watch_own_nodes()
         return [asdict(r) for r in results]
+
+    def _removed(self, name: str, task: asyncio.Task[DrainResult]) -> None:
+        if self._removals.get(name) is task:
+            del self._removals[name]
+
+    async def _retire(self, name: str, timeout_s: float) -> DrainResult:
+        assert self.client is not None
+        async with self._drain_gate:
+            if name in self.process_nodes:
+                result = await drain_process_node(self.client, self.process_nodes.pop(name), timeout_s)
+            else:
+                result = await drain(self.client, self._node(name), timeout_s)
+                del self.nodes[name]
+                await self._close_clients(name)
+        self.recipes.pop(name, None)
+        self.ready_count -= 1
+        self._remember()
+        return result
 
     async def forget(self) -> None:
         """This host is being retired or its fleet stopped: drop its memory in the GCS."""
@@ -366,6 +373,16 @@ class NodeHost:
         """The nodes, once started (waits for a restart to finish)."""
         if self._restart is not None:
             await self._restart
+        return self._names()
+
+    async def draining(self) -> list[str]:
+        """Nodes being removed (a `testbed scale` interrupted while it drained them)."""
+        return sorted(self._removals)
+
+    async def settled(self) -> list[str]:
+        """The nodes, once the removals under way are done (failed ones stay)."""
+        await self.ready()
+        await asyncio.gather(*(asyncio.shield(t) for t in list(self._removals.values())), return_exceptions=True)
         return self._names()
 
     def _names(self) -> list[str]:

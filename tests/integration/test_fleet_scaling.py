@@ -150,6 +150,17 @@ def test_a_scale_goes_by_the_nodes_the_hosts_hold_not_the_count_last_recorded(
         own.stop(remove_nodes=True)
 
 
+def _placed_and_shared(placed: str, count: int, shared: str) -> FleetFile:
+    """Two pools of tiny nodes, 4 a host: ``placed`` on hosts of its own (placed on the
+    head the testbed starts, by its label), ``shared`` with one node."""
+    on_head = {"strategy": "SPREAD", "labels": {HEAD_LABEL: "true"}}
+    pools = [
+        {"name": placed, "count": count, "profile": "tiny", "placement": on_head},
+        {"name": shared, "count": 1, "profile": "tiny"},
+    ]
+    return FleetFile.model_validate({"nodesPerHost": 4, "pools": pools})
+
+
 def _named_hosts(fleet: Fleet) -> set[str]:
     return {name for name in list_named_actors() if name.startswith(f"nodehost-{fleet.id}-")}
 
@@ -187,25 +198,82 @@ def test_an_interrupted_scale_stops_the_hosts_it_had_not_started_and_the_next_on
         own.stop(remove_nodes=True)
 
 
-def test_a_host_left_unstarted_by_a_killed_scale_serves_the_next_scales_nodes(
+def test_a_host_left_unstarted_by_a_killed_scale_is_retired_by_the_next(
     control_plane: ClusterState, fleet: Fleet, kube_api: k8s.ApiClient
 ) -> None:
     """A scale killed outright (no Ctrl-C to handle) between making a host and telling it
-    to start leaves the host holding nothing. The next scale, attaching afresh, finds it
-    with room and hands it nodes: it must start then, with those nodes and not the ones it
-    was made with."""
+    to start leaves the host holding nothing, and holding a Ray worker. The next scale,
+    attaching afresh, retires it and brings its own nodes up."""
     del fleet  # only for its Ray and DeviceClasses
     own, label = _started_fleet(control_plane, "left", 1, per_host=2)
     attached: Fleet | None = None
     try:
-        own._new_host([NodeRecipe("left-007", "tiny", {"pool": label})], "")  # and then the scale was killed
+        left = own._new_host([NodeRecipe("left-007", "tiny", {"pool": label})], "")  # and then the scale was killed
         attached = Fleet.attach(own.spec, control_plane.kubeconfig, nodes_dir(control_plane.root), own.id)
         attached.scale("left", 4)
         nodes = {n.metadata.name for n in k8s.CoreV1Api(kube_api).list_node(label_selector=f"pool={label}").items}
         assert nodes == {f"left-{i:03d}" for i in range(4)}
-        assert len(_named_hosts(own)) == 2, "the left host was filled, not a third one made"
+        wait_for(lambda: left not in _named_hosts(own), 60, "the host left unstarted to go")
+        assert Membership(left).load() is None
+        assert len(_named_hosts(own)) == 2
     finally:
         (attached or own).stop(remove_nodes=True)  # the same hosts: the one that knows them all
+
+
+def test_the_next_scale_waits_for_an_interrupted_drain_and_retires_the_hosts_it_emptied(
+    control_plane: ClusterState, fleet: Fleet, kube_api: k8s.ApiClient
+) -> None:
+    """`testbed scale` interrupted while it drains: the hosts drain on. The next scale,
+    attached afresh, must wait for them (nodes about to go are not there to keep), and
+    must not fill a host they emptied with another pool's nodes: which pool Ray placed
+    that host for is no longer known."""
+    del fleet  # only for its Ray and DeviceClasses
+    placed_pool, shared_pool = unique("pd"), unique("sd")
+    spec = _placed_and_shared(placed_pool, 2, shared_pool)
+    first = Fleet(spec, control_plane.kubeconfig, nodes_dir(control_plane.root))
+    latest = first
+    core = k8s.CoreV1Api(kube_api)
+    placed_nodes = [f"{placed_pool}-000", f"{placed_pool}-001"]
+
+    def attach() -> Fleet:
+        return Fleet.attach(spec, control_plane.kubeconfig, nodes_dir(control_plane.root), first.id)
+
+    try:
+        first.start()
+        emptied, shared_host = first.host_of[placed_nodes[0]], first.host_of[f"{shared_pool}-000"]
+        ray.get(first.hosts[emptied].remove_nodes.remote(placed_nodes))  # a shrink to 0, interrupted after this
+        latest = attach()
+        latest.scale(shared_pool, 3)
+        assert {latest.host_of[f"{shared_pool}-{i:03d}"] for i in range(3)} == {shared_host}
+        assert emptied not in _named_hosts(first)
+
+        latest.scale(placed_pool, 2)
+        draining = latest.hosts[latest.host_of[placed_nodes[0]]]
+        removals = [draining.remove_nodes.remote(placed_nodes) for _ in range(2)]  # the second waits for the first
+
+        def begun() -> bool:  # an async actor may run calls out of order
+            return (
+                ray.get(draining.draining.remote()) == placed_nodes
+                or not ray.wait(removals, num_returns=2, timeout=0)[1]
+            )
+
+        wait_for(begun, 60, "the drains to begin")
+        assert ray.get(draining.settled.remote(), timeout=120) == [], "what a host holds, once its drains are done"
+        assert [r["node"] for r in ray.get(removals[1])] == placed_nodes
+        ray.get(removals[0])
+
+        latest = attach()
+        latest.scale(placed_pool, 2)
+        draining_name = latest.host_of[placed_nodes[0]]
+        removal = latest.hosts[draining_name].remove_nodes.remote(placed_nodes)
+        latest = attach()  # while they drain
+        latest.scale(placed_pool, 2)
+        ray.get(removal)
+        assert {n.metadata.name for n in core.list_node(field_selector=f"metadata.name={placed_nodes[1]}").items}
+        assert latest.host_of[placed_nodes[0]] not in {shared_host, draining_name}, "a host of the pool's own, anew"
+        wait_for(lambda: draining_name not in _named_hosts(first), 60, "the host the drain emptied to go")
+    finally:
+        latest.stop(remove_nodes=True)
 
 
 def test_hosts_running_another_testbed_start_no_nodes(
@@ -234,16 +302,7 @@ def test_a_pool_with_a_placement_has_hosts_of_its_own_and_asks_only_for_what_ray
 ) -> None:
     del fleet  # only for its Ray
     own, shared = unique("pl"), unique("sh")
-    on_head = {"strategy": "SPREAD", "labels": {HEAD_LABEL: "true"}}  # a label of the head the testbed starts
-    spec = FleetFile.model_validate(
-        {
-            "nodesPerHost": 4,
-            "pools": [
-                {"name": own, "count": 1, "profile": "tiny", "placement": on_head},
-                {"name": shared, "count": 1, "profile": "tiny"},
-            ],
-        }
-    )
+    spec = _placed_and_shared(own, 1, shared)
     placed = Fleet(spec, control_plane.kubeconfig, nodes_dir(control_plane.root))
     try:
         placed.start()
