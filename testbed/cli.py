@@ -24,7 +24,7 @@ from rich.table import Table
 
 from fake_devices.profiles import ProfileError
 from testbed import config as cfg
-from testbed import environment
+from testbed import environment, locks
 from testbed.controlplane import binaries as binaries_module
 from testbed.controlplane import cluster, leftovers, processes
 from testbed.drivers import PROFILES, load_profile
@@ -1077,6 +1077,19 @@ def scale(pool: str, count: int, name: str, state_dir: Path | None) -> None:
     """
     _about(name, f"scaling pool {pool} to {count} nodes")
     config = cfg.ControlPlaneConfig(name=name, state_dir=state_dir)
+    if not cluster.owned(config.cluster_dir):  # and no lock file left in a directory not ours
+        raise TestbedError(f"cluster {name!r} is not running", hint="start it with `testbed up --nodes N`")
+    # One scale of a cluster at a time: two would place the same nodes on two hosts and
+    # each record its own count; the second goes on from where the first left.
+    with locks.held(
+        config.cluster_dir / "scale.lock",
+        holder=f"`testbed scale {pool} {count}` (pid {os.getpid()})",
+        waiting=lambda who: stderr.print(f"waiting for {who or 'another scale'} to finish"),
+    ):
+        _scale_held(name, pool, count, config)
+
+
+def _scale_held(name: str, pool: str, count: int, config: cfg.ControlPlaneConfig) -> None:
     state = cluster.ClusterState.load(config.cluster_dir) if config.cluster_dir.exists() else None
     if state is None or not state.ready:
         raise TestbedError(f"cluster {name!r} is not running", hint="start it with `testbed up --nodes N`")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import fcntl
 import hashlib
 import io
 import json
@@ -27,7 +26,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from testbed import config
+from testbed import config, locks
 from testbed.errors import TestbedError
 from testbed.progress import Progress, SilentProgress
 
@@ -99,7 +98,7 @@ def ensure_binaries(progress: Progress | None = None, allow_download: bool = Tru
         return cached
 
     cache.parent.mkdir(parents=True, exist_ok=True)
-    with _exclusive_lock(cache.parent / ".obtain.lock"):
+    with _obtaining(cache.parent, progress):
         cached = _cached(cache)  # another process may have finished while we waited
         if cached:
             return cached
@@ -156,7 +155,7 @@ def _ensure_added(names: tuple[str, ...], purpose: str, otherwise: str, progress
             f"{purpose} need {', '.join(missing)}, which are built from Go modules, and no Go toolchain is on PATH",
             hint=f"install Go >= 1.26 and retry, or {otherwise}",
         )
-    with _exclusive_lock(found.directory.parent / ".obtain.lock"):
+    with _obtaining(found.directory.parent, progress):
         missing = _stale_or_missing(found.directory, names)
         if missing:
             staging = Path(tempfile.mkdtemp(prefix=".build-", dir=found.directory.parent))
@@ -220,14 +219,14 @@ def _cached(cache: Path) -> Binaries | None:
     return None
 
 
-@contextlib.contextmanager
-def _exclusive_lock(path: Path):  # type: ignore[no-untyped-def]
-    with open(path, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+def _obtaining(cache_root: Path, progress: Progress) -> contextlib.AbstractContextManager[None]:
+    """One process at a time builds or downloads into the cache; the others wait for it
+    (a build takes minutes: they say whose) and then find its binaries."""
+    return locks.held(
+        cache_root / ".obtain.lock",
+        holder=f"pid {os.getpid()}",
+        waiting=lambda who: progress.step(f"waiting for another process ({who or 'unknown'}) filling {cache_root}"),
+    )
 
 
 def _publish(staging: Path, cache: Path, source: str) -> Binaries:

@@ -7,15 +7,14 @@ API server has taken (or no longer has). ``testbed status`` lists those still wa
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 
+from testbed import locks
 from testbed.files import write_atomically
 from testbed.kubeapi import credentials_from_kubeconfig, path_for
 
@@ -23,12 +22,9 @@ FILE = "left-behind.json"
 log = logging.getLogger(__name__)
 
 
-@contextmanager
-def _locked(root: Path) -> Iterator[None]:
+def _locked(root: Path) -> AbstractContextManager[None]:
     """A run adding and the supervisor removing never lose each other's change."""
-    with (root / f"{FILE}.lock").open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
+    return locks.held(root / f"{FILE}.lock")
 
 
 def pending(root: Path) -> list[str]:

@@ -242,6 +242,29 @@ def test_an_interrupted_scale_goes_on_in_the_hosts_and_is_recorded(cli_env: dict
         again = _cli("scale", "--name", "isc", "node", "150", env=cli_env)
         assert again.returncode == 0, again.stderr
         assert "node: 150 (150 nodes" in again.stderr
+
+        # Two scales at once: the second waits for the first, then goes on from its nodes.
+        logs = [Path(cli_env["TESTBED_STATE_DIR"]) / f"scale-{i}.log" for i in (0, 1)]
+
+        def scale_to(count: str, log: Path) -> subprocess.Popen[str]:
+            with log.open("w") as err_file:
+                command = [sys.executable, "-m", "testbed.cli", "scale", "--name", "isc", "node", count]
+                return subprocess.Popen(command, env=cli_env, stdout=subprocess.DEVNULL, stderr=err_file, text=True)
+
+        scales = [scale_to("100", logs[0])]
+        try:
+            wait_for(lambda: "draining" in logs[0].read_text(), 60, "the first scale to drain")
+            scales.append(scale_to("130", logs[1]))
+            assert [proc.wait(timeout=300) for proc in scales] == [0, 0], [log.read_text() for log in logs]
+        finally:
+            for proc in scales:
+                if proc.poll() is None:
+                    proc.kill()
+        assert f"waiting for `testbed scale node 100` (pid {scales[0].pid}) to finish" in logs[1].read_text()
+        assert len(core.list_node().items) == 130
+        state = cluster.ClusterState.load(state_dir)
+        assert state is not None and state.fleet is not None
+        assert [p["count"] for p in state.fleet.spec["pools"]] == [130]
     finally:
         _cli("down", "--name", "isc", env=cli_env)
 
