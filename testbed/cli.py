@@ -24,7 +24,7 @@ from rich.table import Table
 
 from fake_devices.profiles import ProfileError
 from testbed import config as cfg
-from testbed import environment, locks
+from testbed import environment
 from testbed.controlplane import binaries as binaries_module
 from testbed.controlplane import cluster, leftovers, processes
 from testbed.drivers import PROFILES, load_profile
@@ -1079,12 +1079,10 @@ def scale(pool: str, count: int, name: str, state_dir: Path | None) -> None:
     config = cfg.ControlPlaneConfig(name=name, state_dir=state_dir)
     if not cluster.owned(config.cluster_dir):  # and no lock file left in a directory not ours
         raise TestbedError(f"cluster {name!r} is not running", hint="start it with `testbed up --nodes N`")
-    # One scale of a cluster at a time: two would place the same nodes on two hosts and
-    # each record its own count; the second goes on from where the first left.
-    with locks.held(
-        config.cluster_dir / "scale.lock",
-        holder=f"`testbed scale {pool} {count}` (pid {os.getpid()})",
-        waiting=lambda who: stderr.print(f"waiting for {who or 'another scale'} to finish"),
+    with environment.scaling(
+        config.cluster_dir,
+        f"`testbed scale {pool} {count}`",
+        waiting=lambda who: stderr.print(f"waiting for {who} to finish"),
     ):
         _scale_held(name, pool, count, config)
 
@@ -1096,6 +1094,9 @@ def _scale_held(name: str, pool: str, count: int, config: cfg.ControlPlaneConfig
     try:
         fleet = environment.scale_pool(state, pool, count, ConsoleProgress())
     except KeyboardInterrupt as interrupted:
+        if environment.taken_down(config.cluster_dir):
+            stderr.print(f"stopped: `testbed down` is taking cluster {name!r} down, and its NodeHosts with it")
+            sys.exit(130)
         carrying_on = f"`testbed status --name {name}` shows how far they are"
         if isinstance(interrupted, ScaleInterrupted) and interrupted.given_up:
             again = f"`testbed scale --name {name} {pool} {count}` adds them"

@@ -10,11 +10,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import shutil
-from collections.abc import Awaitable, Callable
+import signal
+import time
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
-from testbed import config
+from testbed import config, locks
 from testbed.config import ControlPlaneConfig, nodes_dir
 from testbed.controlplane import cluster, processes
 from testbed.controlplane.binaries import Binaries, ensure_node_binaries
@@ -29,6 +32,12 @@ from testbed.progress import Progress, SilentProgress
 from testbed.realnode.node import unsupported_reason
 
 log = logging.getLogger(__name__)
+
+SCALE_LOCK = "scale.lock"
+TAKEN_DOWN = "taken-down"
+"""Written into a cluster's directory by `down` before it stops a scale under way, so
+that the scale says why it stopped."""
+SCALE_STOP_GRACE_S = 30.0
 
 
 def install_device_classes(kubeconfig: Path) -> list[str]:
@@ -185,10 +194,52 @@ def fleet_metrics(state: cluster.ClusterState) -> Callable[[], Awaitable[list[tu
         return unreachable
 
 
+@contextlib.contextmanager
+def scaling(root: Path, what: str, waiting: Callable[[str], None]) -> Iterator[None]:
+    """One `testbed scale` of a cluster at a time: two would place the same nodes on two
+    hosts and each record its own count. ``waiting`` is told whose scale this one waits
+    for; a cluster `down` is taking away is refused."""
+    with locks.held(root / SCALE_LOCK, holder=what, waiting=waiting):
+        if taken_down(root):
+            raise TestbedError(f"cluster {root.name!r} is being taken down (`testbed down`)")
+        yield
+
+
+def taken_down(root: Path) -> bool:
+    return (root / TAKEN_DOWN).exists()
+
+
+def _stop_scaling(root: Path, grace_s: float = SCALE_STOP_GRACE_S) -> None:
+    """Scales under way stop before `down` takes Ray away from under them (they would wait
+    a minute for it, then die with Ray's own message). Each is sent SIGTERM, as Ctrl-C."""
+    lock = root / SCALE_LOCK
+    deadline = time.monotonic() + grace_s
+    signalled: set[int] = set()
+    while (pid := locks.holder(lock)) is not None and time.monotonic() < deadline:
+        if pid not in signalled:
+            (root / TAKEN_DOWN).touch()
+            signalled.add(pid)
+            if _is_testbed(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+        time.sleep(0.1)
+
+
+def _is_testbed(pid: int) -> bool:
+    """A lock's holder writes its pid just after it takes the lock: never signal a pid
+    that is not (or no longer) a testbed command's."""
+    try:
+        return b"testbed" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
 def down(config: ControlPlaneConfig, keep_state: bool = False) -> list[str]:
     """Stop Ray (and with it the NodeHosts), then the control plane. The synthetic nodes
     are not asked to stop one by one: their directories go with the cluster's."""
     root = config.cluster_dir
+    if cluster.owned(root):
+        _stop_scaling(root)
     state = cluster.ClusterState.load(root) if root.exists() else None
     if state is not None and state.attached_to and state.fleet_id:
         # The cluster stays: take the synthetic nodes out of it, in drain order.
@@ -213,4 +264,6 @@ def down(config: ControlPlaneConfig, keep_state: bool = False) -> list[str]:
         if not keep_state:
             shutil.rmtree(nodes_dir(state.root), ignore_errors=True)
             prune_short_paths()
+    if keep_state:
+        (root / TAKEN_DOWN).unlink(missing_ok=True)
     return stopped

@@ -265,6 +265,20 @@ def test_an_interrupted_scale_goes_on_in_the_hosts_and_is_recorded(cli_env: dict
         state = cluster.ClusterState.load(state_dir)
         assert state is not None and state.fleet is not None
         assert [p["count"] for p in state.fleet.spec["pools"]] == [130]
+
+        # `down` during a scale stops the scale first, which says so (it used to wait a
+        # minute for the Ray that `down` took away, then die with Ray's own message).
+        growing = scale_to("300", logs[0])
+        try:
+            wait_for(lambda: "adding" in logs[0].read_text(), 60, "the scale to add nodes")
+            taken = _cli("down", "--name", "isc", env=cli_env)
+            assert taken.returncode == 0, taken.stderr
+            assert growing.wait(timeout=30) == 130, logs[0].read_text()
+        finally:
+            if growing.poll() is None:
+                growing.kill()
+        assert "stopped: `testbed down` is taking cluster 'isc' down" in logs[0].read_text()
+        assert not state_dir.exists()
     finally:
         _cli("down", "--name", "isc", env=cli_env)
 

@@ -3,6 +3,7 @@ leaves no lock behind."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -14,7 +15,7 @@ HOLDER = """
 import sys
 from pathlib import Path
 from testbed import locks
-with locks.held(Path(sys.argv[1]), holder="the other one (pid 7)"):
+with locks.held(Path(sys.argv[1]), holder="the other one"):
     print("holding", flush=True)
     sys.stdin.readline()
 """
@@ -47,20 +48,23 @@ def test_the_second_waits_for_the_first_and_is_told_who_it_is(tmp_path: Path) ->
     try:
         with locks.held(lock, holder="me", waiting=waiting):
             assert other.wait(timeout=30) == 0, "held only once the other let go"
-            assert lock.read_text() == "me"
+            assert locks.holder(lock) == os.getpid()
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
         if other.poll() is None:
             other.kill()
-    assert told == ["the other one (pid 7)"]
+    assert told == [f"the other one (pid {other.pid})"]
 
 
 def test_a_killed_holder_leaves_no_lock(tmp_path: Path) -> None:
     lock = tmp_path / "x.lock"
     other = _holding(lock)
+    assert locks.holder(lock) == other.pid
+    assert not locks.wait_free(lock, 0.2)
     other.send_signal(signal.SIGKILL)
     other.wait(timeout=30)
+    assert locks.holder(lock) is None and locks.wait_free(lock, 0)
     told: list[str] = []
     with locks.held(lock, waiting=told.append):
         pass
