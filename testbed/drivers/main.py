@@ -267,12 +267,23 @@ async def run(settings: Settings) -> None:
     await serve(settings, stop)
 
 
+def log_level(value: str) -> int:
+    """``LOG_LEVEL`` in any case, as manifests write it ("info", "DEBUG"), or a number."""
+    name = value.strip().upper()
+    if name.isdigit():
+        return int(name)
+    level = logging.getLevelNamesMapping().get(name)
+    if level is None:
+        raise TestbedError(f"LOG_LEVEL={value!r} is not a log level", hint="use debug, info, warning or error")
+    return level
+
+
 def main() -> None:
-    logging.basicConfig(
-        level=os.environ.get("LOG_LEVEL", "INFO"),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
     try:
+        logging.basicConfig(
+            level=log_level(os.environ.get("LOG_LEVEL", "INFO")),
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        )
         asyncio.run(run(Settings.from_env(dict(os.environ))))
     except TestbedError as exc:
         print(f"testbed-driver: {exc}", file=sys.stderr)
