@@ -99,7 +99,7 @@ class Harness:
         self.driver_name = driver_name
         self.agent = NodeAgent(admin, NodeSpec(self.node, labels={leftovers.RUN_LABEL: self.run_id}))
         self.short = ShortPaths.for_node(self.root)
-        self.registry = self.root / "kubelet" / "plugins_registry" if running is not None else self.short.registry
+        self.registry = self.short.registry if running is None else self._registry_of_running_node()
         self.process = (
             None
             if running is not None
@@ -110,6 +110,15 @@ class Harness:
         self.environment: dict[str, str] = {"CDI_DIR": str(self.root / "cdi")} if running is not None else {}
         self.pod_uid = ""
         self._claims = 0
+
+    def _registry_of_running_node(self) -> Path:
+        """Through its short name when the node has one, as its kubelet does: a command-line
+        driver's ``<driver>-<pod UID>-reg.sock`` under the node's own directory would
+        overflow a socket path's 107 bytes."""
+        registry = self.root / "kubelet" / "plugins_registry"
+        if self.short.registry.is_symlink() and self.short.registry.resolve() == registry.resolve():
+            return self.short.registry
+        return registry
 
     @property
     def restartable(self) -> bool:

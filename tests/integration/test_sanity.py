@@ -13,16 +13,18 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from testbed.config import runtime_root
+from testbed.config import nodes_dir, runtime_root
 from testbed.controlplane.cluster import ClusterState
 from testbed.controlplane.processes import descendants
 from testbed.drivers import KINDS, drivers_for, load_profile
 from testbed.fleet.fleet import Fleet
+from testbed.fleet.spec import FleetFile
 from testbed.kubeapi import KubeClient
 from testbed.sanity import checks, leftovers
 from testbed.sanity.checks import Result, Status, Suite
 from testbed.sanity.harness import Harness, RunningNode
 from testbed.testing import wait_for
+from testbed.workloads import unique
 
 pytestmark = pytest.mark.controlplane
 
@@ -76,6 +78,30 @@ def test_a_running_nodes_driver_is_checked_without_restarting_it(control_plane: 
     unnamed = _sanity(control_plane, [], {}, "", running)[0]
     assert unnamed.status is Status.FAIL, unnamed
     assert f"node {node} has drivers gpu.dra-testbed.io, nic.dra-testbed.io" in unnamed.detail
+
+
+def test_a_running_nodes_command_line_driver_is_reached_through_its_short_socket_paths(
+    control_plane: ClusterState, fleet: Fleet
+) -> None:
+    """A driver run from a command names its sockets after its pod's UID, as a DaemonSet's
+    does: reached under the node's own directory, the path overflows 107 bytes."""
+    del fleet  # for its DeviceClasses and access policy
+    env = {"DRIVERS": "gpu.dra-testbed.io", "HARDWARE_PROFILE": "tiny", "HEALTH_PORT": "-1", "METRICS_PORT": "-1"}
+    own_driver = {"name": "gpu.dra-testbed.io", "command": DRIVER, "env": env}
+    pool = unique("sx")
+    spec = FleetFile.model_validate({"pools": [{"name": pool, "count": 1, "profile": "tiny", "drivers": [own_driver]}]})
+    own = Fleet(spec, control_plane.kubeconfig, nodes_dir(control_plane.root))
+    try:
+        own.start()
+        node = f"{pool}-000"
+        running = RunningNode(node, own.nodes_dir / node)
+        results = {r.name: r for r in _sanity(control_plane, [], {}, "gpu.dra-testbed.io", running)}
+    finally:
+        own.stop(remove_nodes=True)
+    assert len(str(running.root / "kubelet" / "plugins_registry" / f"gpu.dra-testbed.io-{'u' * 36}-reg.sock")) > 107
+    assert results["registration"].status is Status.PASS, results["registration"].detail
+    assert results["rolling-update socket names"].status is Status.PASS, results["rolling-update socket names"].detail
+    assert results["prepare an allocated claim"].status is Status.PASS, results["prepare an allocated claim"].detail
 
 
 def fleet_node(control_plane: ClusterState, node: str) -> dict[str, Any]:
