@@ -159,7 +159,8 @@ class Suite:
                     result = Result(name, problem.status, str(problem), time.monotonic() - started)
                 except TestbedError as exc:
                     last = (exc.detail or "").strip().splitlines()[-1:] or [""]
-                    reason = f"{exc}" + (f"; its log ends: {last[0][:300]}" if last[0] else "")
+                    reason = exc.message + (f"; its log ends: {last[0][:300]}" if last[0] else "")
+                    reason += f"\nhint: {exc.hint}" if exc.hint else ""
                     result = Result(name, Status.FAIL, reason, time.monotonic() - started)
                 except Exception as exc:  # a check that blew up is a failure, said in one line
                     reason = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:400]

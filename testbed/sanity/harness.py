@@ -223,19 +223,24 @@ class Harness:
         """Of a running node's registration sockets, the one of the driver asked for (the
         only one when none was named)."""
         names: dict[str, Path] = {}
+        silent: list[str] = []
         for sock in sorted(sockets, key=lambda p: p.lstat().st_ctime):
-            with contextlib.suppress(grpc.aio.AioRpcError):
+            try:
                 async with unix_channel(sock) as channel:
                     info = await pluginregistration_pb2_grpc.RegistrationStub(channel).GetInfo(
                         pluginregistration_pb2.InfoRequest(), timeout=10.0
                     )
                     names[info.name] = sock
+            except grpc.aio.AioRpcError as exc:
+                silent.append(f"{sock}: GetInfo failed: {exc.code().name}: {exc.details()}")
         if self.expected_name in names:
             return names[self.expected_name]
         if not self.expected_name and len(names) == 1:
             return next(iter(names.values()))
+        if not names:
+            raise TestbedError(f"no driver of node {self.node} answers GetInfo: {'; '.join(silent)}")
         raise TestbedError(
-            f"node {self.node} has drivers {', '.join(sorted(names)) or '(none answering)'}"
+            f"node {self.node} has drivers {', '.join(sorted(names))}"
             + (f", not {self.expected_name}" if self.expected_name else ""),
             hint="name the one to check with --driver-name",
         )
