@@ -393,12 +393,21 @@ def plots(report: dict[str, Any], data: RunData, directory: Path) -> list[Path]:
 
     figure, axis = plt.subplots(figsize=(9, 4.5))
     times = [t for t, _, _, _ in data.timeline]
-    axis.plot(times, [r for _, r, _, _ in data.timeline], label="pods running")
+    # Counts sampled about once a second: each holds until the next sample. A line drawn
+    # between two samples showed pods running before the phase that made them started.
+    axis.plot(times, [r for _, r, _, _ in data.timeline], label="pods running", drawstyle="steps-post")
     axis.set_xlabel("time since the run started, s")
     axis.set_ylabel("pods running")
     second = axis.twinx()
-    second.plot(times, [d for _, _, d, _ in data.timeline], color="orange", label="KCM resource_claim queue depth")
-    second.plot(times, [q for _, _, _, q in data.timeline], color="green", label="scheduler pending pods")
+    depths = [d for _, _, d, _ in data.timeline]
+    second.plot(times, depths, color="orange", label="KCM resource_claim queue depth", drawstyle="steps-post")
+    second.plot(
+        times,
+        [q for _, _, _, q in data.timeline],
+        color="green",
+        label="scheduler pending pods",
+        drawstyle="steps-post",
+    )
     second.set_ylabel("queue depth")
     for result in data.phases:
         axis.axvline(result.started, color="grey", linestyle=":")
