@@ -75,6 +75,8 @@ class ClusterState:
     """The kubeconfig of a cluster the testbed attached to rather than started."""
     advertise_address: str = "127.0.0.1"
     """Where the API server listens (and what its kubeconfigs name)."""
+    starter: ProcessRecord | None = None
+    """The `testbed up` starting it, until the control plane is ready."""
 
     @property
     def fleet_id(self) -> str:
@@ -108,6 +110,7 @@ class ClusterState:
             "fleet": asdict(self.fleet) if self.fleet is not None else None,
             "attached_to": self.attached_to,
             "advertise_address": self.advertise_address,
+            "starter": self.starter.to_json() if self.starter is not None else None,
         }
         temporary = self.layout.state_file.with_suffix(".tmp")
         temporary.write_text(json.dumps(document, indent=2))
@@ -133,6 +136,7 @@ class ClusterState:
                 fleet=FleetRecord(**data["fleet"]) if data.get("fleet") else None,
                 attached_to=str(data.get("attached_to", "")),
                 advertise_address=str(data.get("advertise_address", "127.0.0.1")),
+                starter=ProcessRecord.from_json(data["starter"]) if data.get("starter") else None,
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise TestbedError(
@@ -277,6 +281,11 @@ def _prepare_directory(config: ControlPlaneConfig, progress: Progress) -> Path:
         if live:
             if state.ready:
                 message = f"cluster {config.name!r} is already running (kubeconfig {state.kubeconfig})"
+            elif state.starter is not None and state.starter.alive():
+                raise TestbedError(
+                    f"cluster {config.name!r} is being started by another `testbed up` (pid {state.starter.pid})",
+                    hint=f"wait for it, then use the cluster; or `testbed down --name {config.name}` to stop it",
+                )
             else:
                 running = ", ".join(f"{p.name} (pid {p.pid})" for p in live)
                 message = f"cluster {config.name!r} is partly running: {running}"
@@ -405,7 +414,12 @@ def up(
     layout = Layout(root)
     ports = _choose_ports(config)
     state = ClusterState(
-        name=config.name, root=root, ports=ports, binaries=binaries.source, advertise_address=config.advertise_address
+        name=config.name,
+        root=root,
+        ports=ports,
+        binaries=binaries.source,
+        advertise_address=config.advertise_address,
+        starter=processes.this_process("testbed up"),
     )
     running: dict[str, tuple[object, ProcessRecord]] = {}
 
@@ -451,6 +465,7 @@ def up(
         t_ready = time.monotonic()
         launch(SUPERVISOR, [sys.executable, "-m", "testbed.controlplane.supervisor", str(root)])
         state.ready = True
+        state.starter = None
         state.timings = {
             "binaries_s": round(t_binaries - t0, 3),
             "apiserver_ready_s": round(t_apiserver - t_binaries, 3),

@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -42,6 +43,13 @@ class ProcessRecord:
 
     def alive(self) -> bool:
         return process_start_ticks(self.pid) == self.start_ticks
+
+
+def this_process(name: str) -> ProcessRecord:
+    """This very process, recorded as others are (its pid and start, to tell it from a
+    later process given the same pid)."""
+    pid = os.getpid()
+    return ProcessRecord(name, pid, process_start_ticks(pid) or 0, "", sys.argv)
 
 
 def started_at(record: ProcessRecord) -> float:

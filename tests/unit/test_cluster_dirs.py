@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -9,7 +11,7 @@ from click.testing import CliRunner
 
 from testbed import cli
 from testbed.config import ControlPlaneConfig
-from testbed.controlplane import cluster
+from testbed.controlplane import cluster, processes
 from testbed.errors import TestbedError
 from testbed.progress import SilentProgress
 
@@ -65,3 +67,26 @@ def test_a_bad_name_on_the_command_line_is_one_line(command: str) -> None:
     assert result.exit_code != 0
     assert "is not a DNS-1123 label" in result.output and "Traceback" not in result.output
     assert "x/../other':" not in result.output  # refused before it is announced
+
+
+def test_a_cluster_another_up_is_still_starting_is_named_as_such(tmp_path: Path) -> None:
+    """Two `testbed up` of one name at once: the second says the first is starting it,
+    where it said "partly running" and suggested `down`, which would stop the first."""
+    config = ControlPlaneConfig(name="st", state_dir=tmp_path / "c")
+    root = cluster._prepare_directory(config, SilentProgress())
+    etcd = subprocess.Popen(["sleep", "60"])
+    try:
+        running = processes.ProcessRecord("etcd", etcd.pid, processes.process_start_ticks(etcd.pid) or 0, "", [])
+        state = cluster.ClusterState("st", root, cluster.Ports(1, 2, 3, 4, 5, 6), "", [running])
+        state.starter = processes.this_process("testbed up")
+        state.save()
+        with pytest.raises(TestbedError, match=rf"being started by another `testbed up` \(pid {os.getpid()}\)"):
+            cluster._prepare_directory(config, SilentProgress())
+
+        state.starter = processes.ProcessRecord("testbed up", etcd.pid, 1, "", [])  # its pid, since reused
+        state.save()
+        with pytest.raises(TestbedError, match="is partly running: etcd"):
+            cluster._prepare_directory(config, SilentProgress())
+    finally:
+        etcd.kill()
+        etcd.wait()
