@@ -262,11 +262,7 @@ class SlicePublisher:
             # what is remembered.
             self._writing.add(name)  # its watch event may come before the answer
             try:
-                if name in current:
-                    obj["metadata"]["resourceVersion"] = current[name]["metadata"]["resourceVersion"]
-                    written = await self.client.replace(path, obj, metadata_only=True)
-                else:
-                    written = await self.client.create(path_for(API_VERSION, "resourceslices"), obj, metadata_only=True)
+                written = await self._write(path, obj, current.get(name))
             finally:
                 self._writing.discard(name)
             current[name] = dict(obj, metadata=written["metadata"])
@@ -276,6 +272,20 @@ class SlicePublisher:
             del current[name]
             self.writes += 1
         return True
+
+    async def _write(self, path: str, obj: Obj, existing: Obj | None) -> Obj:
+        """Replace the slice, or create it. One deleted since it was last seen (a kubelet
+        wiping the node's slices as it restarts, a stale list) is created again at once,
+        not left to the next try seconds later with a warning."""
+        if existing is not None:
+            obj["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
+            try:
+                return await self.client.replace(path, obj, metadata_only=True)
+            except ApiError as exc:
+                if not exc.not_found:
+                    raise
+            del obj["metadata"]["resourceVersion"]
+        return await self.client.create(path_for(API_VERSION, "resourceslices"), obj, metadata_only=True)
 
     async def remove_all(self) -> None:
         self._known = None

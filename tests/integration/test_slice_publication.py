@@ -124,6 +124,40 @@ def test_the_publisher_lists_only_when_it_must_and_heals_what_others_changed(
     asyncio.run(scenario())
 
 
+def test_a_slice_deleted_since_it_was_written_is_made_again_by_the_next_write(control_plane: ClusterState) -> None:
+    """A restarting kubelet wipes its node's slices; the driver's next write meets a slice
+    that is gone. It creates it there and then: before, the write failed (404), the
+    driver logged a warning and the slices were back only at its next try."""
+    node = "publish-node-3"
+    hardware = NodeHardware(node, load_profile("tiny"))
+
+    async def scenario() -> None:
+        client = KubeClient.from_kubeconfig(control_plane.kubeconfig)
+        publisher = SlicePublisher(client, GPU, node)
+
+        def specs():  # type: ignore[no-untyped-def]
+            return desired_slices(
+                GPU, node, *KINDS[GPU].select(hardware.devices(), hardware.pools()), hardware.health()
+            )
+
+        try:
+            assert await publisher.publish(specs())
+            names = {s["metadata"]["name"] for s in await publisher.existing(consistent=True)}
+            for name in names:  # what a kubelet does as it restarts
+                await client.delete_if_exists(f"/apis/resource.k8s.io/v1/resourceslices/{name}")
+            hardware.set_health("gpu-0", Health.UNHEALTHY, "xid")
+            assert await publisher.publish(specs())
+            back = await publisher.existing(consistent=True)
+            assert {s["metadata"]["name"] for s in back} == names
+            tainted = {d["name"] for s in back for d in s["spec"].get("devices", []) if d.get("taints")}
+            assert "gpu-0" in tainted
+        finally:
+            await publisher.remove_all()
+            await client.close()
+
+    asyncio.run(scenario())
+
+
 def test_a_host_watches_the_slices_of_its_own_nodes_across_a_change_of_them(control_plane: ClusterState) -> None:
     """A NodeHost's one slice watch selects its nodes: another host's slices never reach
     it, and after it takes on a node the watch goes on where it was, so a slice deleted
