@@ -11,10 +11,16 @@ from testbed.controlplane.cluster import ClusterState
 from testbed.drivers import KINDS, load_profile
 from testbed.kubeapi import ApiError, KubeClient, Obj
 from testbed.kubeletplugin import slices
-from testbed.kubeletplugin.slices import SlicePublisher, SliceWatcher, desired_slices
+from testbed.kubeletplugin.slices import SlicePublisher, SliceSpec, SliceWatcher, desired_slices
 
 pytestmark = pytest.mark.controlplane
 GPU = "gpu.dra-testbed.io"
+
+
+def _gpu_slices(hardware: NodeHardware) -> list[SliceSpec]:
+    """What the GPU driver publishes for this hardware now."""
+    devices, pools = KINDS[GPU].select(hardware.devices(), hardware.pools())
+    return desired_slices(GPU, hardware.node, devices, pools, hardware.health())
 
 
 def test_publication_is_idempotent_bumps_generation_and_removes_stale_slices(
@@ -27,10 +33,8 @@ def test_publication_is_idempotent_bumps_generation_and_removes_stale_slices(
         client = KubeClient.from_kubeconfig(control_plane.kubeconfig)
         publisher = SlicePublisher(client, GPU, node)
 
-        def specs():  # type: ignore[no-untyped-def]
-            return desired_slices(
-                GPU, node, *KINDS[GPU].select(hardware.devices(), hardware.pools()), hardware.health()
-            )
+        def specs() -> list[SliceSpec]:
+            return _gpu_slices(hardware)
 
         try:
             assert await publisher.publish(specs())
@@ -76,10 +80,8 @@ def test_the_publisher_lists_only_when_it_must_and_heals_what_others_changed(
         client = KubeClient.from_kubeconfig(control_plane.kubeconfig)
         publisher = SlicePublisher(client, GPU, node)
 
-        def specs():  # type: ignore[no-untyped-def]
-            return desired_slices(
-                GPU, node, *KINDS[GPU].select(hardware.devices(), hardware.pools()), hardware.health()
-            )
+        def specs() -> list[SliceSpec]:
+            return _gpu_slices(hardware)
 
         try:
             publisher.assume_none_exist()  # a new node: no LIST before the first write
@@ -135,10 +137,8 @@ def test_a_slice_deleted_since_it_was_written_is_made_again_by_the_next_write(co
         client = KubeClient.from_kubeconfig(control_plane.kubeconfig)
         publisher = SlicePublisher(client, GPU, node)
 
-        def specs():  # type: ignore[no-untyped-def]
-            return desired_slices(
-                GPU, node, *KINDS[GPU].select(hardware.devices(), hardware.pools()), hardware.health()
-            )
+        def specs() -> list[SliceSpec]:
+            return _gpu_slices(hardware)
 
         try:
             assert await publisher.publish(specs())
