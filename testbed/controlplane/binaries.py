@@ -224,8 +224,8 @@ def _obtaining(cache_root: Path, progress: Progress) -> contextlib.AbstractConte
     (a build takes minutes: they say whose) and then find its binaries."""
     return locks.held(
         cache_root / ".obtain.lock",
-        holder=f"pid {os.getpid()}",
-        waiting=lambda who: progress.step(f"waiting for another process ({who or 'unknown'}) filling {cache_root}"),
+        holder="another testbed process",
+        waiting=lambda who: progress.step(f"waiting for {who}, which is filling {cache_root}"),
     )
 
 
