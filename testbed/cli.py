@@ -6,7 +6,6 @@ progress and diagnostics go to stderr.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shlex
 import shutil
@@ -28,7 +27,7 @@ from testbed import environment
 from testbed.controlplane import binaries as binaries_module
 from testbed.controlplane import cluster, leftovers, processes
 from testbed.drivers import PROFILES, load_profile
-from testbed.errors import TestbedError, interrupt_on_sigterm
+from testbed.errors import TestbedError, interrupt_on_sigterm, run_coroutine
 from testbed.fingerprint import code_version
 from testbed.fleet import spec as fleet_spec
 from testbed.fleet.external import recorded_drivers
@@ -475,7 +474,7 @@ def metrics_command(node: str, name: str, state_dir: Path | None, prefixes: tupl
     root = Path(nodes) / node if nodes else None
     if root is None or not root.is_dir():
         raise TestbedError(f"cluster {name!r} has no node {node!r}", hint=f"see `testbed status --name {name}`")
-    text = asyncio.run(kubelet_api.kubelet_metrics(root, node, state.kubeconfig, recorded_kubelet_pid(root)))
+    text = run_coroutine(kubelet_api.kubelet_metrics(root, node, state.kubeconfig, recorded_kubelet_pid(root)))
     if prefixes:
         families = tuple(f"# {kind} {prefix}" for kind in ("HELP", "TYPE") for prefix in prefixes)
         text = "".join(line for line in text.splitlines(keepends=True) if line.startswith((*prefixes, *families)))
@@ -907,11 +906,14 @@ def _run_and_report(
                     work.data.phases[-1].interrupted = True
         finally:
             watchdog.cancel()
+            if not scenario.done():  # interrupted: the scenario cleans up with the client still open
+                scenario.cancel()
+                await asyncio.gather(scenario, return_exceptions=True)
             await client.close()
 
     interrupted = False
     try:
-        asyncio.run(go())
+        run_coroutine(go())
     except KeyboardInterrupt:
         interrupted = True
         work.data.interrupted = True
@@ -993,9 +995,8 @@ def fault(node: str, action: str, target: str, name: str, state_dir: Path | None
         if number < 0 or (action == "fail-prepare" and not number.is_integer()):
             what = "a count of prepares" if action == "fail-prepare" else "milliseconds"
             raise TestbedError(f"{action} {target!r}: give {what}, a number of at least 0")
-    import asyncio
 
-    asyncio.run(fleet.apply_fault(node, action, target if number is None else f"{number:g}", message))
+    run_coroutine(fleet.apply_fault(node, action, target if number is None else f"{number:g}", message))
     stderr.print(f"node {node}: {action} {target}" + (f" ({message})" if message else ""), markup=False)
 
 

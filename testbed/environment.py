@@ -7,7 +7,6 @@ The fleet's NodeHost actors are detached and live in a Ray head that the cluster
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
@@ -22,7 +21,7 @@ from testbed.config import ControlPlaneConfig, nodes_dir
 from testbed.controlplane import cluster, processes
 from testbed.controlplane.binaries import Binaries, ensure_node_binaries
 from testbed.drivers import deviceclasses
-from testbed.errors import TestbedError
+from testbed.errors import TestbedError, run_coroutine
 from testbed.fleet import raycluster
 from testbed.fleet.external import prune_short_paths, recorded_drivers
 from testbed.fleet.fleet import Fleet
@@ -48,7 +47,7 @@ def install_device_classes(kubeconfig: Path) -> list[str]:
         finally:
             await client.close()
 
-    return asyncio.run(run())
+    return run_coroutine(run())
 
 
 def up(

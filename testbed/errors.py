@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from types import FrameType
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 class TestbedError(Exception):
@@ -28,14 +32,55 @@ class TestbedError(Exception):
         return "\n".join(parts)
 
 
+_running: list[tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]]] = []
+_cancelled: list[asyncio.Task[Any]] = []
+
+
 def interrupt_on_sigterm() -> None:
     """SIGTERM (`timeout`, CI cancelling a job) ends this process as Ctrl-C does: through
-    its ``finally`` blocks, so what it started (control plane, Ray) is stopped, not left."""
+    its ``finally`` blocks, so what it started (control plane, Ray) is stopped, not left.
+
+    Inside ``run_coroutine`` it cancels the coroutine, as asyncio does for Ctrl-C: the
+    cancellation arrives at the next ``await``. A KeyboardInterrupt raised wherever the
+    signal lands could land in a destructor (a gRPC channel's, say), where Python prints
+    it and goes on as if nothing had happened."""
 
     def handler(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
+        if _running:
+            loop, task = _running[-1]
+            if not task.done() and task not in _cancelled:
+                _cancelled.append(task)
+                task.cancel()
+                loop.call_soon_threadsafe(lambda: None)  # wake a loop asleep in select()
+                return
+        raise KeyboardInterrupt  # outside the loop, or a second signal: at once
 
     signal.signal(signal.SIGTERM, handler)
+
+
+def run_coroutine(coroutine: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run``, ended by SIGTERM (see ``interrupt_on_sigterm``) with KeyboardInterrupt
+    once the coroutine has unwound, even when it swallowed the cancellation."""
+
+    async def main() -> T:
+        task = asyncio.current_task()
+        assert task is not None
+        _running.append((asyncio.get_running_loop(), task))
+        try:
+            return await coroutine
+        finally:
+            _running.pop()
+
+    cancelled_before = len(_cancelled)
+    try:
+        result = asyncio.run(main())
+    except asyncio.CancelledError:
+        if len(_cancelled) > cancelled_before:
+            raise KeyboardInterrupt from None
+        raise
+    if len(_cancelled) > cancelled_before:
+        raise KeyboardInterrupt
+    return result
 
 
 def run_interruptibly(main: Callable[[], int]) -> int:

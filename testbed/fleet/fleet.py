@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from testbed.errors import TestbedError
+from testbed.errors import TestbedError, run_coroutine
 from testbed.files import private_dir
 from testbed.fingerprint import code_version, strangers
 from testbed.fleet.external import ExternalDriverSpec
@@ -194,7 +194,7 @@ class Fleet:
             finally:
                 await client.close()
 
-        return asyncio.run(run())
+        return run_coroutine(run())
 
     def _install_access_policy(self, progress: Progress) -> None:
         if self.authority is None:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from testbed.errors import run_coroutine
 from testbed.kubeapi import KubeClient
 from testbed.sanity.checks import Result, Status, Suite
 from testbed.sanity.harness import Harness, RunningNode
@@ -45,4 +45,4 @@ def run(
             await harness.teardown()
             await admin.close()
 
-    return asyncio.run(go())
+    return run_coroutine(go())

@@ -45,3 +45,59 @@ def test_sigterm_runs_the_cleanup_of_the_interrupted_script_and_ends_it_in_one_l
     assert marker.read_text() == "cleaned up"
     assert child.returncode == 130
     assert err == "interrupted\n"
+
+
+COROUTINE_CHILD = """
+import asyncio, os, signal, sys
+from testbed.errors import run_coroutine, run_interruptibly
+
+class SignalledInADestructor:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler runs here, inside __del__
+        sum(range(1000))
+
+async def work():
+    try:
+        SignalledInADestructor()
+        for _ in range(50):
+            await asyncio.sleep(0.1)
+        print("ran to the end", flush=True)
+    finally:
+        await asyncio.sleep(0)  # cleanup that awaits still runs
+        print("cleaned up", flush=True)
+
+async def swallowing():
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        await asyncio.sleep(5)
+    except asyncio.CancelledError:
+        pass  # a careless coroutine
+    print("swallowed", flush=True)
+
+raise SystemExit(run_interruptibly(lambda: run_coroutine({coroutine}()) or 0))
+"""
+
+
+def _run_child(coroutine: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", COROUTINE_CHILD.format(coroutine=coroutine)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_sigterm_landing_in_a_destructor_still_ends_the_coroutine() -> None:
+    """A KeyboardInterrupt raised in a destructor is printed and dropped by Python; a
+    `testbed sanity` signalled while a gRPC channel was freed ran its whole suite."""
+    child = _run_child("work")
+    assert child.returncode == 130, child
+    assert child.stdout == "cleaned up\n"
+    assert child.stderr == "interrupted\n"
+
+
+def test_a_coroutine_that_swallows_the_cancellation_is_still_reported_interrupted() -> None:
+    child = _run_child("swallowing")
+    assert child.returncode == 130, child
+    assert child.stdout == "swallowed\n"
+    assert child.stderr == "interrupted\n"
