@@ -21,7 +21,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import dataclasses
 import json
@@ -48,7 +47,7 @@ from testbed.controlplane.binaries import Binaries, ensure_bench_binaries
 from testbed.drivers import driver_on_node, load_profile
 from testbed.drivers.backend import LocalBackend
 from testbed.environment import install_device_classes
-from testbed.errors import TestbedError, run_interruptibly
+from testbed.errors import TestbedError, run_coroutine, run_interruptibly
 from testbed.fleet import raycluster
 from testbed.fleet.fleet import Fleet
 from testbed.fleet.spec import single_pool
@@ -147,7 +146,7 @@ def rpc_latency(
             await client.close()
 
     with bench_claim(state) as uid:
-        return asyncio.run(run(uid))
+        return run_coroutine(run(uid))
 
 
 @dataclasses.dataclass

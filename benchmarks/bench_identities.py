@@ -26,7 +26,7 @@ from bench_fleet import cpu_seconds, processes_matching
 from testbed.config import ControlPlaneConfig
 from testbed.controlplane import cluster
 from testbed.environment import install_device_classes
-from testbed.errors import run_interruptibly
+from testbed.errors import run_coroutine, run_interruptibly
 from testbed.fleet.identity import NodeAuthority, install_access_policy
 from testbed.fleet.membership import NodeRecipe
 from testbed.fleet.nodehost import NodeHost
@@ -92,7 +92,7 @@ def main() -> int:
     state = cluster.up(config)
     try:
         print(f"identity cost: {args.nodes} gpu8 nodes per round, {args.rounds} rounds of each mode, one NodeHost")
-        results = asyncio.run(measure(state, scratch / "nodes", args.nodes, args.rounds))
+        results = run_coroutine(measure(state, scratch / "nodes", args.nodes, args.rounds))
     finally:
         cluster.down(config)
         shutil.rmtree(scratch, ignore_errors=True)

@@ -27,7 +27,7 @@ from testbed.config import ControlPlaneConfig
 from testbed.controlplane import cluster
 from testbed.controlplane.binaries import ensure_node_binaries
 from testbed.environment import install_device_classes
-from testbed.errors import run_interruptibly
+from testbed.errors import run_coroutine, run_interruptibly
 from testbed.kubeapi import KubeClient, Obj, path_for
 from testbed.kubelet.node import SYNTHETIC_TOLERATION, NodeSpec
 from testbed.progress import ConsoleProgress
@@ -167,7 +167,7 @@ def main() -> int:
     state = cluster.up(config, ConsoleProgress())
     try:
         install_device_classes(state.kubeconfig)
-        asyncio.run(measure(state, root / "nodes", args.pods))
+        run_coroutine(measure(state, root / "nodes", args.pods))
     finally:
         cluster.down(config)
         shutil.rmtree(root, ignore_errors=True)

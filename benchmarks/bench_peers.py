@@ -48,7 +48,7 @@ from testbed.controlplane import cluster
 from testbed.controlplane.processes import descendants
 from testbed.drivers import KINDS, load_profile
 from testbed.environment import install_device_classes, start_fleet
-from testbed.errors import TestbedError, run_interruptibly
+from testbed.errors import TestbedError, run_coroutine, run_interruptibly
 from testbed.fleet import raycluster
 from testbed.fleet.spec import DEFAULT_NODES_PER_HOST, single_pool
 from testbed.keys import PROFILE_LABEL, SLICE_NODE_LABEL, SYNTHETIC
@@ -173,7 +173,7 @@ def run_workload(
     state: cluster.ClusterState, scenario: spec.Scenario, nodehosts: runner.NodeHostMetrics | None, keep: Path | None
 ) -> dict[str, Any]:
     endpoints = runner.Endpoints.local(state.ports, nodehosts)
-    data = asyncio.run(_with_client(state, lambda client: runner.Runner(client, scenario, endpoints).run()))
+    data = run_coroutine(_with_client(state, lambda client: runner.Runner(client, scenario, endpoints).run()))
     report = reporting.build(data, {"checkpoint_entries": 0, "cdi_specs": 0}, {})
     if keep is not None:
         print(f"  report: {reporting.write(report, data, keep)}")
@@ -244,7 +244,7 @@ def kwok_side(
     try:
         requests = api_requests(state)
         before = {n: cpu_seconds(p) for n, p in components.items()} | {"emulation": cpu_seconds(kwok_process.pid)}
-        ready_s = asyncio.run(_with_client(state, lambda client: kwok_nodes_up(client, args.nodes)))
+        ready_s = run_coroutine(_with_client(state, lambda client: kwok_nodes_up(client, args.nodes)))
         print(f"KWOK: {args.nodes} nodes Ready with slices in {ready_s:.1f} s", flush=True)
         start_cpu = {n: cpu_seconds(p) - before[n] for n, p in components.items()}
         start_cpu["emulation"] = cpu_seconds(kwok_process.pid) - before["emulation"]
@@ -253,7 +253,7 @@ def kwok_side(
         requests = api_requests(state)
         report = run_workload(state, scenario, None, keep)
         workload_requests = per_node(requests, api_requests(state), pods_run(scenario))
-        asyncio.run(_with_client(state, kwok_nodes_down))
+        run_coroutine(_with_client(state, kwok_nodes_down))
     finally:
         kwok_process.terminate()
         kwok_process.wait(timeout=30)
@@ -311,7 +311,7 @@ def api_requests(state: cluster.ClusterState) -> dict[str, float]:
         async with asyncio.timeout(SCRAPE_PATIENCE_S):
             return await until_answered(lambda: client.get_text("/metrics", timeout_s=60.0), "reading /metrics")
 
-    scrape = Scrape.parse(asyncio.run(_with_client(state, read)), (REQUESTS,))
+    scrape = Scrape.parse(run_coroutine(_with_client(state, read)), (REQUESTS,))
     counts: dict[str, float] = {}
     for labels, value in scrape.samples.get(REQUESTS, {}).items():
         named = dict(labels)
