@@ -76,7 +76,11 @@ def up(
         names = install_device_classes(state.kubeconfig)
         progress.step(f"DeviceClasses: {', '.join(names)}")
         if fleet is not None:  # even with empty pools: `testbed scale` fills them later
+            state.starter = processes.this_process("testbed up")  # a second `up` says the nodes are coming
+            state.save()
             start_fleet(state, fleet, progress, ray_head)
+            state.starter = None
+            state.save()
         return state
     except BaseException:
         down(config)

@@ -76,7 +76,8 @@ class ClusterState:
     advertise_address: str = "127.0.0.1"
     """Where the API server listens (and what its kubeconfigs name)."""
     starter: ProcessRecord | None = None
-    """The `testbed up` starting it, until the control plane is ready."""
+    """The `testbed up` starting it, until the control plane is ready, and again while
+    that `up` starts the fleet."""
 
     @property
     def fleet_id(self) -> str:
@@ -279,13 +280,15 @@ def _prepare_directory(config: ControlPlaneConfig, progress: Progress) -> Path:
     if state is not None:
         live = state.live_processes()
         if live:
-            if state.ready:
-                message = f"cluster {config.name!r} is already running (kubeconfig {state.kubeconfig})"
-            elif state.starter is not None and state.starter.alive():
+            if state.starter is not None and state.starter.alive():
+                by = f"another `testbed up` (pid {state.starter.pid})"
+                where = "; its control plane is up, its nodes are still starting" if state.ready else ""
                 raise TestbedError(
-                    f"cluster {config.name!r} is being started by another `testbed up` (pid {state.starter.pid})",
+                    f"cluster {config.name!r} is being started by {by}{where}",
                     hint=f"wait for it, then use the cluster; or `testbed down --name {config.name}` to stop it",
                 )
+            if state.ready:
+                message = f"cluster {config.name!r} is already running (kubeconfig {state.kubeconfig})"
             else:
                 running = ", ".join(f"{p.name} (pid {p.pid})" for p in live)
                 message = f"cluster {config.name!r} is partly running: {running}"

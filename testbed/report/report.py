@@ -392,18 +392,19 @@ def plots(report: dict[str, Any], data: RunData, directory: Path) -> list[Path]:
     plt.close(figure)
 
     figure, axis = plt.subplots(figsize=(9, 4.5))
-    times = [t for t, _, _, _ in data.timeline]
     # Counts sampled about once a second: each holds until the next sample. A line drawn
     # between two samples showed pods running before the phase that made them started.
-    axis.plot(times, [r for _, r, _, _ in data.timeline], label="pods running", drawstyle="steps-post")
+    timeline = held_until(data.timeline, data.ended)
+    times = [t for t, _, _, _ in timeline]
+    axis.plot(times, [r for _, r, _, _ in timeline], label="pods running", drawstyle="steps-post")
     axis.set_xlabel("time since the run started, s")
     axis.set_ylabel("pods running")
     second = axis.twinx()
-    depths = [d for _, _, d, _ in data.timeline]
+    depths = [d for _, _, d, _ in timeline]
     second.plot(times, depths, color="orange", label="KCM resource_claim queue depth", drawstyle="steps-post")
     second.plot(
         times,
-        [q for _, _, _, q in data.timeline],
+        [q for _, _, _, q in timeline],
         color="green",
         label="scheduler pending pods",
         drawstyle="steps-post",
@@ -433,6 +434,17 @@ def plots(report: dict[str, Any], data: RunData, directory: Path) -> list[Path]:
     plt.close(figure)
     written.append(_time_spent_plot(report, directory / "time_spent.png"))
     return written
+
+
+Sample = tuple[float, int, float, float]
+
+
+def held_until(timeline: list[Sample], ended: float) -> list[Sample]:
+    """The samples, the last repeated at the run's end: drawn as steps, each sample holds
+    until the next, and the last until the run ended (else it has no width at all)."""
+    if timeline and ended > timeline[-1][0]:
+        return [*timeline, (ended, *timeline[-1][1:])]
+    return list(timeline)
 
 
 def _time_spent_plot(report: dict[str, Any], path: Path) -> Path:

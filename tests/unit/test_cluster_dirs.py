@@ -83,7 +83,16 @@ def test_a_cluster_another_up_is_still_starting_is_named_as_such(tmp_path: Path)
         with pytest.raises(TestbedError, match=rf"being started by another `testbed up` \(pid {os.getpid()}\)"):
             cluster._prepare_directory(config, SilentProgress())
 
+        state.ready = True  # the control plane is up; the first `up` starts the fleet
+        state.save()
+        with pytest.raises(TestbedError, match=r"being started by .*; its control plane is up, its nodes are still"):
+            cluster._prepare_directory(config, SilentProgress())
+
         state.starter = processes.ProcessRecord("testbed up", etcd.pid, 1, "", [])  # its pid, since reused
+        state.save()
+        with pytest.raises(TestbedError, match="is already running"):
+            cluster._prepare_directory(config, SilentProgress())
+        state.ready = False
         state.save()
         with pytest.raises(TestbedError, match="is partly running: etcd"):
             cluster._prepare_directory(config, SilentProgress())
