@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
+import threading
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from types import FrameType
 from typing import Any, TypeVar
 
@@ -32,8 +34,16 @@ class TestbedError(Exception):
         return "\n".join(parts)
 
 
-_running: list[tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]]] = []
-_cancelled: list[asyncio.Task[Any]] = []
+@dataclass
+class _MainCoroutine:
+    """What ``run_coroutine`` runs on the main thread (where signals arrive), if anything."""
+
+    loop: asyncio.AbstractEventLoop
+    task: asyncio.Task[Any]
+    cancelled: bool = False
+
+
+_main: list[_MainCoroutine] = []
 
 
 def interrupt_on_sigterm() -> None:
@@ -46,39 +56,42 @@ def interrupt_on_sigterm() -> None:
     it and goes on as if nothing had happened."""
 
     def handler(signum: int, frame: FrameType | None) -> None:
-        if _running:
-            loop, task = _running[-1]
-            if not task.done() and task not in _cancelled:
-                _cancelled.append(task)
-                task.cancel()
-                loop.call_soon_threadsafe(lambda: None)  # wake a loop asleep in select()
-                return
-        raise KeyboardInterrupt  # outside the loop, or a second signal: at once
+        if _main and not _main[-1].cancelled and not _main[-1].task.done():
+            running = _main[-1]
+            running.cancelled = True
+            running.task.cancel()
+            running.loop.call_soon_threadsafe(lambda: None)  # wake a loop asleep in select()
+            return
+        raise KeyboardInterrupt  # outside a coroutine, or a second signal: at once
 
     signal.signal(signal.SIGTERM, handler)
 
 
 def run_coroutine(coroutine: Coroutine[Any, Any, T]) -> T:
     """``asyncio.run``, ended by SIGTERM (see ``interrupt_on_sigterm``) with KeyboardInterrupt
-    once the coroutine has unwound, even when it swallowed the cancellation."""
+    once the coroutine has unwound, even when it swallowed the cancellation. On another
+    thread (which signals never reach) it is ``asyncio.run``."""
+    if threading.current_thread() is not threading.main_thread():
+        return asyncio.run(coroutine)
+    running: list[_MainCoroutine] = []
 
     async def main() -> T:
         task = asyncio.current_task()
         assert task is not None
-        _running.append((asyncio.get_running_loop(), task))
+        running.append(_MainCoroutine(asyncio.get_running_loop(), task))
+        _main.append(running[0])
         try:
             return await coroutine
         finally:
-            _running.pop()
+            _main.remove(running[0])
 
-    cancelled_before = len(_cancelled)
     try:
         result = asyncio.run(main())
     except asyncio.CancelledError:
-        if len(_cancelled) > cancelled_before:
+        if running and running[0].cancelled:
             raise KeyboardInterrupt from None
         raise
-    if len(_cancelled) > cancelled_before:
+    if running and running[0].cancelled:
         raise KeyboardInterrupt
     return result
 

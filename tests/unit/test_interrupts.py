@@ -48,7 +48,7 @@ def test_sigterm_runs_the_cleanup_of_the_interrupted_script_and_ends_it_in_one_l
 
 
 COROUTINE_CHILD = """
-import asyncio, os, signal, sys
+import asyncio, os, signal, sys, threading
 from testbed.errors import run_coroutine, run_interruptibly
 
 class SignalledInADestructor:
@@ -74,6 +74,22 @@ async def swallowing():
         pass  # a careless coroutine
     print("swallowed", flush=True)
 
+def on_a_worker_thread():
+    started = threading.Event()
+
+    async def background():
+        started.set()
+        await asyncio.sleep(5)
+
+    threading.Thread(target=run_coroutine, args=(background(),), daemon=True).start()
+    started.wait()
+    os.kill(os.getpid(), signal.SIGTERM)  # reaches the main thread, in plain code
+    for _ in range(100):
+        sum(range(1000))
+    print("went on", flush=True)
+
+if "{coroutine}" == "on_a_worker_thread":
+    raise SystemExit(run_interruptibly(lambda: on_a_worker_thread() or 0))
 raise SystemExit(run_interruptibly(lambda: run_coroutine({coroutine}()) or 0))
 """
 
@@ -100,4 +116,12 @@ def test_a_coroutine_that_swallows_the_cancellation_is_still_reported_interrupte
     child = _run_child("swallowing")
     assert child.returncode == 130, child
     assert child.stdout == "swallowed\n"
+    assert child.stderr == "interrupted\n"
+
+
+def test_a_coroutine_on_a_worker_thread_leaves_the_signal_to_the_main_thread() -> None:
+    """Signals reach the main thread only: there, the interrupt is at once."""
+    child = _run_child("on_a_worker_thread")
+    assert child.returncode == 130, child
+    assert child.stdout == ""
     assert child.stderr == "interrupted\n"
