@@ -680,6 +680,7 @@ def check(name: str, state_dir: Path | None, kubeconfig_file: Path | None, node:
 )
 @click.option(
     "--output",
+    "-o",
     type=click.Path(path_type=Path),
     default=None,
     help="Report directory (default: <state dir>/runs/<cluster>-<scenario>-<time>, kept after down).",

@@ -199,6 +199,10 @@ def _pod_events(core: k8s.CoreV1Api, namespace: str) -> str:
 
 def _cleanup(core: k8s.CoreV1Api, resource: k8s.ResourceV1Api, namespace: str, node: str, driver: str) -> None:
     deletions: tuple[Callable[[], object], ...] = (
+        # At once: no kubelet runs on the check's node to confirm the pod stopped, so it
+        # (and its namespace, and its claim's allocation) would wait a minute for the
+        # pod garbage collector to find it orphaned.
+        lambda: core.delete_namespaced_pod("user", namespace, grace_period_seconds=0),
         lambda: core.delete_namespace(namespace),
         lambda: resource.delete_device_class(driver),
         lambda: resource.delete_collection_resource_slice(field_selector=f"spec.driver={driver}"),

@@ -10,6 +10,7 @@ from kubernetes.client.exceptions import ApiException
 
 from testbed import config
 from testbed.controlplane import selfcheck
+from testbed.testing import wait_for
 
 pytestmark = pytest.mark.controlplane
 
@@ -68,3 +69,12 @@ def test_allocation_path_without_a_driver(kube_api: k8s.ApiClient) -> None:
     # the check cleans up after itself
     assert result.node not in {n.metadata.name for n in core.list_node().items}
     assert not resource.list_resource_slice(field_selector=f"spec.driver={result.driver}").items
+
+    def namespace_gone() -> bool:  # not left Terminating for the pod garbage collector
+        try:
+            core.read_namespace(result.node)  # the check's namespace is named as its node
+        except ApiException as exc:
+            return exc.status == 404
+        return False
+
+    wait_for(namespace_gone, 30, "the check's namespace to be gone")
