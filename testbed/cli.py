@@ -681,7 +681,7 @@ def check(name: str, state_dir: Path | None, kubeconfig_file: Path | None, node:
 @click.option(
     "--output",
     "-o",
-    type=click.Path(path_type=Path),
+    type=click.Path(path_type=Path, file_okay=False),
     default=None,
     help="Report directory (default: <state dir>/runs/<cluster>-<scenario>-<time>, kept after down).",
 )
@@ -732,6 +732,7 @@ def run_scenario(
     except spec.ScenarioError as exc:
         hint = "check your --set keys and values against the scenario file" if values else "fix the file"
         raise TestbedError(str(exc), hint=f"{hint}; see testbed/scenarios/shipped/ for examples") from None
+    _check_writable(output, junit)
     config = cfg.ControlPlaneConfig(name=name, state_dir=state_dir)
     state = cluster.ClusterState.load(config.cluster_dir) if config.cluster_dir.exists() else None
     c = chosen.cluster
@@ -770,6 +771,30 @@ def run_scenario(
             environment.down(config)
     if code:
         sys.exit(code)
+
+
+def _check_writable(output: Path | None, junit: Path | None) -> None:
+    """Where the report goes, checked before the run (and nothing made yet): found
+    unwritable after it, the run's figures would be lost."""
+    if output is not None:
+        _check_can_make(output, "--output", "give a writable directory (made if missing)")
+    if junit is not None:
+        _check_can_make(junit, "--junit", "give a file in a writable directory")
+
+
+def _check_can_make(path: Path, option: str, hint: str) -> None:
+    """``path`` exists writable, or its nearest existing ancestor is a directory we may write in."""
+    nearest = path.absolute()
+    while not nearest.exists():
+        nearest = nearest.parent
+    if nearest == path.absolute():
+        if not os.access(path, os.W_OK):
+            raise TestbedError(f"{option} {path} is not writable", hint=hint)
+        return
+    if not nearest.is_dir():
+        raise TestbedError(f"{option} {path}: {nearest} is a file, not a directory", hint=hint)
+    if not os.access(nearest, os.W_OK | os.X_OK):
+        raise TestbedError(f"{option} {path}: cannot write in {nearest}", hint=hint)
 
 
 FLEET_WAIT_S = 900.0

@@ -113,3 +113,27 @@ def test_sanity_names_its_cluster_and_command_first(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli.main, ["sanity", *where, "--", "/bin/drv", "--v=2"])
     assert result.output.splitlines()[0] == "cluster 'named': sanity of /bin/drv --v=2", result.output
     assert "cluster 'named' is not running" in result.output and result.exit_code != 0
+
+
+@pytest.mark.parametrize(
+    ("where", "message"),
+    [
+        (["--output", "{file}"], "Directory '{file}' is a file"),
+        (["-o", "{file}/report"], "--output {file}/report: {file} is a file, not a directory"),
+        (["--junit", "{dir}"], "File '{dir}' is a directory"),
+        (["--junit", "{file}/junit.xml"], "is a file, not a directory"),
+    ],
+)
+def test_a_report_destination_that_cannot_be_written_is_refused_before_the_run(
+    where: list[str], message: str, tmp_path: Path
+) -> None:
+    """Found only after the run, the run's figures would be lost."""
+    occupied = tmp_path / "occupied"
+    occupied.write_text("a user's file\n")
+    places = {"file": str(occupied), "dir": str(tmp_path)}
+    args = ["run", "smoke", *(w.format(**places) for w in where), "--name", "r", "--state-dir", str(tmp_path / "c")]
+    result = CliRunner().invoke(cli.main, args)
+    assert result.exit_code != 0
+    assert message.format(**places) in result.output, result.output
+    assert "is not running" not in result.output, "refused before the cluster is looked for"
+    assert occupied.read_text() == "a user's file\n"
