@@ -543,7 +543,11 @@ def list_clusters() -> None:
         fleet = _fleet_of(state)
         nodes = fleet.count if fleet else 0
         table.add_row(state.name, "running" if running else "[red]stopped[/]", str(nodes), str(state.kubeconfig))
-    Console(highlight=False, soft_wrap=True).print(table)
+    out = Console(highlight=False, soft_wrap=True)
+    if not table.row_count:
+        out.print(f"no clusters in {root}: start one with `testbed up`", markup=False)
+        return
+    out.print(table)
 
 
 @main.command()

@@ -99,3 +99,17 @@ def test_a_cluster_another_up_is_still_starting_is_named_as_such(tmp_path: Path)
     finally:
         etcd.kill()
         etcd.wait()
+
+
+def test_list_names_each_cluster_or_says_there_is_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TESTBED_STATE_DIR", str(tmp_path))
+    result = CliRunner().invoke(cli.main, ["list"])
+    assert result.exit_code == 0
+    assert f"no clusters in {tmp_path / 'clusters'}: start one with `testbed up`" in result.output
+
+    config = ControlPlaneConfig(name="left")
+    root = cluster._prepare_directory(config, SilentProgress())
+    cluster.ClusterState("left", root, cluster.Ports(1, 2, 3, 4, 5, 6), "").save()
+    result = CliRunner().invoke(cli.main, ["list"])
+    assert result.exit_code == 0
+    assert "left" in result.output and "stopped" in result.output and "no clusters" not in result.output
