@@ -43,9 +43,11 @@ def _run(control_plane: ClusterState, *args: str) -> subprocess.Popen[str]:
     )
 
 
-def test_ctrl_c_mid_run_writes_a_partial_report_and_cleans_up(
-    control_plane: ClusterState, fleet: Fleet, kube_api: k8s.ApiClient, tmp_path: Path
+@pytest.mark.parametrize("interrupt", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_an_interrupted_run_writes_a_partial_report_and_cleans_up(
+    interrupt: signal.Signals, control_plane: ClusterState, fleet: Fleet, kube_api: k8s.ApiClient, tmp_path: Path
 ) -> None:
+    """Ctrl-C, or SIGTERM from `timeout` or a cancelled CI job."""
     proc = _run(
         control_plane,
         "steady-churn",
@@ -70,7 +72,7 @@ def test_ctrl_c_mid_run_writes_a_partial_report_and_cleans_up(
         # three at once (pods start every 0.5 s and run 2 s): the runner's own watch has
         # then long seen the first one Running
         wait_for(lambda: running_pods() >= 3, 180, "the run's pods to be running")
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(interrupt)
         out, err = proc.communicate(timeout=180)
     finally:
         if proc.poll() is None:
