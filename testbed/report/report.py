@@ -36,6 +36,22 @@ def _p99(data: RunData, source: str, name: str, match: dict[str, str]) -> float 
     return None if value is None else round(value, 5)
 
 
+def _observed(data: RunData, source: str, name: str) -> int | None:
+    """How many observations a histogram gained during the run; None if it was not scraped."""
+    after = data.after.get(source, Scrape()).buckets(name, {})
+    if not after:
+        return None
+    before = data.before.get(source, Scrape()).buckets(name, {})
+    top = max(after)
+    return round(after[top] - before.get(top, 0.0))
+
+
+def _p99_of(p99: float | None, observed: int | None, none: str) -> str:
+    """A p99, or ``none`` where the histogram was read and nothing happened (not "n/a",
+    which says it could not be measured)."""
+    return none if p99 is None and observed == 0 else _fmt(p99)
+
+
 def slo_verdict(result: PhaseResult, p99: float | None, slo: float) -> bool | None:
     """True or False only for a phase whose every pod ran: the startup of a pod that
     never ran is not measured, so a percentile over the others proves nothing. None
@@ -147,6 +163,8 @@ def build(data: RunData, leaks: dict[str, int], cluster: dict[str, Any]) -> dict
             "event_loop_lag_p99_s": _p99(data, "fleet", "dra_testbed_event_loop_lag_seconds", {}),
             "gc_pause_p99_s": _p99(data, "fleet", "dra_testbed_gc_pause_seconds", {}),
             "claim_link_wait_p99_s": _p99(data, "fleet", "dra_testbed_kubelet_claim_link_wait_seconds", {}),
+            "gc_pauses": _observed(data, "fleet", "dra_testbed_gc_pause_seconds"),
+            "claim_link_waits": _observed(data, "fleet", "dra_testbed_kubelet_claim_link_wait_seconds"),
         },
     }
     queues = {
@@ -314,6 +332,7 @@ def markdown(report: dict[str, Any]) -> str:
             f"{slo_text(p['slo_met'], p)} (<= {p['slo_p99_s']} s) |"
         )
     m = report["metrics"]
+    t = m["testbed"]
     claim = report["claim_allocation_s"]
     lines += [
         "",
@@ -331,13 +350,13 @@ def markdown(report: dict[str, Any]) -> str:
         f"| kubelet `dra_operations_duration_seconds` Prepare p99 | {_fmt(m['kubelet']['prepare_p99_s'])} |",
         f"| kubelet `dra_operations_duration_seconds` Unprepare p99 | {_fmt(m['kubelet']['unprepare_p99_s'])} |",
         "| fake kubelet's wait for the node authorizer, before Prepare and not in it, p99 | "
-        f"{_fmt(m['testbed'].get('claim_link_wait_p99_s'))} |",
+        f"{_p99_of(t.get('claim_link_wait_p99_s'), t.get('claim_link_waits'), 'no waits')} |",
         "| kubelet `dra_grpc_operations_duration_seconds` NodePrepareResources p99 | "
         f"{_fmt(m['plugin']['NodePrepareResources_p99_s'])} |",
         "| kubelet `dra_grpc_operations_duration_seconds` NodeUnprepareResources p99 | "
         f"{_fmt(m['plugin']['NodeUnprepareResources_p99_s'])} |",
         f"| NodeHost event-loop lag p99 (the testbed's own delay) | {_fmt(m['testbed']['event_loop_lag_p99_s'])} |",
-        f"| NodeHost GC pause p99 | {_fmt(m['testbed']['gc_pause_p99_s'])} |",
+        f"| NodeHost GC pause p99 | {_p99_of(t['gc_pause_p99_s'], t.get('gc_pauses'), 'no collections')} |",
         "",
         "",
         _queue_line(m["deepest_queue"]),
