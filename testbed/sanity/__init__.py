@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from testbed.errors import run_coroutine
+from testbed.http11 import TransportError
 from testbed.kubeapi import KubeClient
 from testbed.sanity.checks import Result, Status, Suite
 from testbed.sanity.harness import Harness, RunningNode
@@ -42,7 +43,15 @@ def run(
                 say(f"the running driver of node {harness.node}: checks that restart it are skipped")
             return await Suite(harness, on_result).run(), harness.driver_name
         finally:
-            await harness.teardown()
+            try:
+                await harness.teardown()
+            except (TransportError, TimeoutError) as exc:
+                what = f"namespace {harness.namespace} and DeviceClass {harness.device_class}"
+                if harness.process is not None:  # a node of its own, which the next run finds stale
+                    what, then = f"node {harness.node}, {what}", "the next `testbed sanity` on it removes them"
+                else:
+                    then = f"`testbed kubectl delete namespace/{harness.namespace} deviceclass/{harness.device_class}`"
+                (say or print)(f"could not take {what} out of the cluster ({exc}); if it is still there: {then}")
             await admin.close()
 
     return run_coroutine(go())

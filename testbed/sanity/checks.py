@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.errors import TestbedError
+from testbed.http11 import TransportError
 from testbed.kubeapi import ClaimRef
 from testbed.kubelet.plugins import DRA_SERVICES, HEALTH_SERVICES, choose_service
 from testbed.kubeletplugin import cdi
@@ -165,6 +166,8 @@ class Suite:
                 except Exception as exc:  # a check that blew up is a failure, said in one line
                     reason = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:400]
                     result = Result(name, Status.FAIL, reason, time.monotonic() - started)
+                    if isinstance(exc, TransportError):  # after retries: the cluster is gone (taken down?)
+                        broken = "reaching the API server"
                 if result.status is Status.FAIL and name in essential:
                     broken = name
             self.results.append(result)

@@ -186,15 +186,21 @@ class Harness:
         await self.process.start(environment)
 
     async def teardown(self) -> None:
+        """What is on this machine goes even when the cluster cannot be reached (taken
+        down under the suite); what is in the cluster, the next run sweeps by its node."""
         if self.process is None:  # a running node: take away only what the suite made
-            await leftovers.remove_from_cluster(self.admin, self.namespace, self.device_class, None)
-            shutil.rmtree(self.run_dir, ignore_errors=True)
+            try:
+                await leftovers.remove_from_cluster(self.admin, self.namespace, self.device_class, None)
+            finally:
+                shutil.rmtree(self.run_dir, ignore_errors=True)
             return
         await self.process.stop()
         await self.agent.stop()
-        await leftovers.remove_from_cluster(self.admin, self.namespace, self.device_class, self.node)
-        self.short.unlink()
-        shutil.rmtree(self.root, ignore_errors=True)
+        try:
+            await leftovers.remove_from_cluster(self.admin, self.namespace, self.device_class, self.node)
+        finally:
+            self.short.unlink()
+            shutil.rmtree(self.root, ignore_errors=True)
 
     # --- the kubelet's side of registration --------------------------------------------
 

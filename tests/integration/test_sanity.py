@@ -4,21 +4,26 @@ plugin that gets things wrong (the checks say what)."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client as k8s
 
-from testbed.config import nodes_dir, runtime_root
+from testbed.config import ControlPlaneConfig, nodes_dir, runtime_root
+from testbed.controlplane import cluster
+from testbed.controlplane.binaries import Binaries
 from testbed.controlplane.cluster import ClusterState
 from testbed.controlplane.processes import descendants
 from testbed.drivers import KINDS, drivers_for, load_profile
 from testbed.fleet.fleet import Fleet
 from testbed.fleet.spec import FleetFile
+from testbed.kube import api_client
 from testbed.kubeapi import KubeClient
 from testbed.sanity import checks, leftovers
 from testbed.sanity.checks import Result, Status, Suite
@@ -314,3 +319,30 @@ def _exists(core: k8s.CoreV1Api, namespace: str) -> bool:
             return False
         raise
     return True
+
+
+def test_a_cluster_taken_down_under_the_suite_ends_it_in_plain_lines(kube_binaries: Binaries) -> None:
+    """`testbed down` (a CI job's cleanup) while the suite runs: the checks that need the
+    API server are skipped once it is gone, the driver and the run's files here go, and
+    what could not be taken out of the cluster is said in a line, not a traceback."""
+    config = ControlPlaneConfig(name="sanity-down", state_dir=Path(tempfile.mkdtemp(prefix="tbs-")) / "c")
+    state = cluster.up(config, binaries=kube_binaries)
+    api = api_client(state.kubeconfig)
+    proc = _sanity_cli(state)
+    try:
+        node, driver = _publishing(proc, k8s.CoreV1Api(api), k8s.ResourceV1Api(api))
+        cluster.down(config)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        cluster.down(config)
+        api.close()  # type: ignore[no-untyped-call]
+        shutil.rmtree(config.state_dir.parent, ignore_errors=True)
+    said = out + err
+    assert proc.returncode == 1, said
+    assert "Traceback" not in said, said
+    assert "not checked: reaching the API server failed" in said, said
+    assert f"could not take node {node}, namespace" in said, said
+    wait_for(lambda: not any(Path(f"/proc/{pid}").exists() for pid in driver), 10, "the driver to be gone")
+    assert not (runtime_root() / "s" / node.removeprefix("sanity-")).exists()
