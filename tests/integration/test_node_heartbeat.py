@@ -333,9 +333,16 @@ def test_a_fleet_node_marked_unknown_is_ready_again_through_its_hosts_watch(
                         break
                     await asyncio.sleep(0.25)
             assert {c["type"]: c["status"] for c in conditions}["Ready"] == "True"
-            events = (await client.get(path_for("v1", "events", namespace="default")))["items"]
-            ready = [e for e in events if e["involvedObject"]["name"] == node_name and e["reason"] == "NodeReady"]
-            assert ready and ready[0]["source"] == {"component": "kubelet", "host": node_name}
+            async with asyncio.timeout(10):  # the Event is written after the status
+                while True:
+                    events = (await client.get(path_for("v1", "events", namespace="default")))["items"]
+                    ready = [
+                        e for e in events if e["involvedObject"]["name"] == node_name and e["reason"] == "NodeReady"
+                    ]
+                    if ready:
+                        break
+                    await asyncio.sleep(0.25)
+            assert ready[0]["source"] == {"component": "kubelet", "host": node_name}
         finally:
             await client.close()
 
