@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import _thread
 import asyncio
 import signal
 import sys
@@ -46,6 +47,18 @@ class _MainCoroutine:
 _main: list[_MainCoroutine] = []
 
 
+@dataclass
+class _LostInterrupt:
+    """A KeyboardInterrupt Python dropped, to be raised again (see
+    ``_raise_lost_interrupts_again``)."""
+
+    pending: bool = False
+    in_hook: bool = False
+
+
+_lost = _LostInterrupt()
+
+
 def interrupt_on_sigterm() -> None:
     """SIGTERM (`timeout`, CI cancelling a job) ends this process as Ctrl-C does: through
     its ``finally`` blocks, so what it started (control plane, Ray) is stopped, not left.
@@ -53,9 +66,17 @@ def interrupt_on_sigterm() -> None:
     Inside ``run_coroutine`` it cancels the coroutine, as asyncio does for Ctrl-C: the
     cancellation arrives at the next ``await``. A KeyboardInterrupt raised wherever the
     signal lands could land in a destructor (a gRPC channel's, say), where Python prints
-    it and goes on as if nothing had happened."""
+    it and goes on as if nothing had happened. Outside a coroutine (a fleet waiting on
+    Ray) the interrupt is raised at once, and one that lands in a destructor all the
+    same, from either signal, is raised again (see ``_raise_lost_interrupts_again``)."""
 
     def handler(signum: int, frame: FrameType | None) -> None:
+        if _lost.pending:
+            if _lost.in_hook:  # raised here, it would be dropped again
+                _raise_again_soon()
+                return
+            _lost.pending = False
+            raise KeyboardInterrupt
         if _main and not _main[-1].cancelled and not _main[-1].task.done():
             running = _main[-1]
             running.cancelled = True
@@ -65,6 +86,40 @@ def interrupt_on_sigterm() -> None:
         raise KeyboardInterrupt  # outside a coroutine, or a second signal: at once
 
     signal.signal(signal.SIGTERM, handler)
+    _raise_lost_interrupts_again()
+
+
+def _raise_lost_interrupts_again() -> None:
+    """Python cannot raise an exception out of a destructor (a Ray object reference's, a
+    gRPC channel's): it prints "Exception ignored in ..." and goes on, and a Ctrl-C or
+    SIGTERM that landed there is lost. Its KeyboardInterrupt comes here instead, and is
+    raised again in the main thread a moment later, out of the destructor."""
+    previous = sys.unraisablehook
+    if getattr(previous, "raises_interrupts_again", False):
+        return
+
+    def hook(unraisable: Any) -> None:
+        lost = unraisable.exc_value
+        if isinstance(lost, KeyboardInterrupt) and threading.current_thread() is threading.main_thread():
+            _lost.in_hook = True
+            try:
+                _lost.pending = True
+                _raise_again_soon()
+            finally:
+                _lost.in_hook = False
+            return
+        previous(unraisable)
+
+    hook.raises_interrupts_again = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
+
+
+def _raise_again_soon() -> None:
+    """The SIGTERM handler raises the lost interrupt, run a moment later: run at once, it
+    would run inside the hook (Python looks for signals after every call)."""
+    timer = threading.Timer(0.001, _thread.interrupt_main, args=(signal.SIGTERM,))
+    timer.daemon = True
+    timer.start()
 
 
 def run_coroutine(coroutine: Coroutine[Any, Any, T]) -> T:

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 CHILD = """
 import sys
 from pathlib import Path
@@ -124,4 +126,43 @@ def test_a_coroutine_on_a_worker_thread_leaves_the_signal_to_the_main_thread() -
     child = _run_child("on_a_worker_thread")
     assert child.returncode == 130, child
     assert child.stdout == ""
+    assert child.stderr == "interrupted\n"
+
+
+PLAIN_CODE_CHILD = """
+import os, signal, sys, time
+from testbed.errors import run_interruptibly
+
+class SignalledInADestructor:
+    def __del__(self):
+        os.kill(os.getpid(), signal.{signal_name})  # the interrupt is raised here, inside __del__
+        sum(range(1000))
+
+def main():
+    try:
+        SignalledInADestructor()
+        for _ in range(100):  # a fleet waiting on Ray, say
+            time.sleep(0.05)
+        print("ran to the end", flush=True)
+    finally:
+        print("cleaned up", flush=True)
+    return 0
+
+raise SystemExit(run_interruptibly(main))
+"""
+
+
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGINT"])
+def test_an_interrupt_landing_in_a_destructor_outside_a_coroutine_is_not_lost(signal_name: str) -> None:
+    """Starting and scaling a fleet wait on Ray in plain code, where Ray's object
+    references are freed all the time: Python prints an interrupt raised in a destructor
+    and goes on, and the command ran to its end."""
+    child = subprocess.run(
+        [sys.executable, "-c", PLAIN_CODE_CHILD.format(signal_name=signal_name)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert child.returncode == 130, child
+    assert child.stdout == "cleaned up\n"
     assert child.stderr == "interrupted\n"
