@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -195,15 +196,53 @@ def free_port() -> int:
     return free_ports(1)[0]
 
 
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LOWEST_CHOSEN_PORT = 20000  # above Ray's worker ports (10002-19999 by default)
+
+
 def free_ports(count: int) -> list[int]:
-    """``count`` distinct free ports: all sockets stay bound until every port is chosen,
-    so the kernel cannot hand out the same one twice."""
-    sockets = []
+    """``count`` distinct ports free now, for servers about to start.
+
+    Chosen below the kernel's ephemeral range where it leaves room: every bind to port 0
+    and every outgoing connection on this machine takes its port from that range, so a
+    port chosen there can be taken (Ray starts beside the control plane, and connects a
+    lot) before its server binds it, which then fails with "address already in use"."""
+    below = _below_ephemeral_range()
+    if len(below) < 100 * count:
+        return _bound_ports(count, [0] * count)
+    return _bound_ports(count, random.sample(below, len(below)))
+
+
+def _below_ephemeral_range() -> range:
     try:
-        for _ in range(count):
+        low = int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return range(0)
+    return range(LOWEST_CHOSEN_PORT, low)
+
+
+def _bound_ports(count: int, candidates: list[int]) -> list[int]:
+    """The first ``count`` of ``candidates`` that can be bound (0: any the kernel gives).
+    All stay bound until every port is chosen, so none is chosen twice."""
+    sockets: list[socket.socket] = []
+    try:
+        for candidate in candidates:
+            if len(sockets) == count:
+                break
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                sock.bind(("127.0.0.1", candidate))
+            except OSError as exc:
+                sock.close()
+                if exc.errno == errno.EADDRINUSE:
+                    continue
+                raise
             sockets.append(sock)
-            sock.bind(("127.0.0.1", 0))
+        if len(sockets) < count:
+            raise TestbedError(
+                f"found only {len(sockets)} of {count} free TCP ports on 127.0.0.1",
+                hint="stop clusters or other servers this machine no longer needs (`testbed list`)",
+            )
         return [int(s.getsockname()[1]) for s in sockets]
     finally:
         for sock in sockets:

@@ -1,8 +1,12 @@
 import dataclasses
+import socket
 import sys
 from pathlib import Path
 
+import pytest
+
 from testbed.controlplane import processes
+from testbed.errors import TestbedError
 
 
 def _sleeper(tmp_path: Path, name: str = "sleeper") -> processes.ProcessRecord:
@@ -56,3 +60,27 @@ def test_port_helpers(tmp_path: Path) -> None:
         assert processes.port_in_use(port)
         assert processes.accepting_connections(port)
     assert not processes.accepting_connections(port)
+
+
+def test_ports_for_servers_come_from_below_the_range_outgoing_connections_take_theirs() -> None:
+    """A port from the ephemeral range can be taken by any connection (Ray connects a lot
+    while the control plane starts) before its server binds it: kube-apiserver then
+    failed with "address already in use"."""
+    low = int(processes.EPHEMERAL_RANGE.read_text().split()[0])
+    ports = processes.free_ports(12)
+    assert len(set(ports)) == 12
+    assert all(processes.LOWEST_CHOSEN_PORT <= port < low for port in ports), ports
+    for port in ports:
+        assert not processes.port_in_use(port)
+
+
+def test_a_port_something_listens_on_is_never_chosen() -> None:
+    with socket.socket() as taken, socket.socket() as spare:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        spare.bind(("127.0.0.1", 0))
+        busy, free = taken.getsockname()[1], spare.getsockname()[1]
+        spare.close()
+        assert processes._bound_ports(1, [busy, free]) == [free]
+        with pytest.raises(TestbedError, match="found only 0 of 1 free TCP ports"):
+            processes._bound_ports(1, [busy])
