@@ -22,6 +22,7 @@ from testbed.fleet import raycluster
 from testbed.fleet.spec import FleetFile
 from testbed.progress import SilentProgress
 from testbed.testing import wait_for
+from tests.integration.subprocesses import interrupt, killed_if_left
 
 pytestmark = pytest.mark.controlplane
 
@@ -184,13 +185,9 @@ def _interrupt_up(
         done = s.fleet_id if started == "fleet" else any(p.name == started for p in s.processes)
         return s if done else None
 
-    try:
+    with killed_if_left(proc):
         state = wait_for(reached, 120, f"{started} to be started")
-        proc.send_signal(sig)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+        _, err = interrupt(proc, sig)
     assert proc.returncode == 130, err
     assert "interrupted: everything this command started has been stopped" in err
     wait_for(lambda: not any(r.alive() for r in state.processes), 10, "started processes to be gone")
@@ -226,13 +223,9 @@ def test_an_interrupted_scale_goes_on_in_the_hosts_and_is_recorded(cli_env: dict
             stderr=subprocess.PIPE,
             text=True,
         )
-        try:
+        with killed_if_left(scale):
             wait_for(lambda: len(core.list_node().items) > 2, 120, "the first added nodes")
-            scale.send_signal(signal.SIGINT)
-            _, err = scale.communicate(timeout=60)
-        finally:
-            if scale.poll() is None:
-                scale.kill()
+            _, err = interrupt(scale, signal.SIGINT)
         assert scale.returncode == 130, err
         assert "the NodeHosts go on taking pool node to 150 nodes" in err
         state = cluster.ClusterState.load(state_dir)
@@ -252,14 +245,10 @@ def test_an_interrupted_scale_goes_on_in_the_hosts_and_is_recorded(cli_env: dict
                 return subprocess.Popen(command, env=cli_env, stdout=subprocess.DEVNULL, stderr=err_file, text=True)
 
         scales = [scale_to("100", logs[0])]
-        try:
+        with killed_if_left(scales):
             wait_for(lambda: "draining" in logs[0].read_text(), 60, "the first scale to drain")
             scales.append(scale_to("130", logs[1]))
             assert [proc.wait(timeout=300) for proc in scales] == [0, 0], [log.read_text() for log in logs]
-        finally:
-            for proc in scales:
-                if proc.poll() is None:
-                    proc.kill()
         assert f"waiting for `testbed scale node 100` (pid {scales[0].pid}) to finish" in logs[1].read_text()
         assert len(core.list_node().items) == 130
         state = cluster.ClusterState.load(state_dir)
@@ -269,14 +258,11 @@ def test_an_interrupted_scale_goes_on_in_the_hosts_and_is_recorded(cli_env: dict
         # `down` during a scale stops the scale first, which says so (it used to wait a
         # minute for the Ray that `down` took away, then die with Ray's own message).
         growing = scale_to("300", logs[0])
-        try:
+        with killed_if_left(growing):
             wait_for(lambda: "adding" in logs[0].read_text(), 60, "the scale to add nodes")
             taken = _cli("down", "--name", "isc", env=cli_env)
             assert taken.returncode == 0, taken.stderr
             assert growing.wait(timeout=30) == 130, logs[0].read_text()
-        finally:
-            if growing.poll() is None:
-                growing.kill()
         assert "stopped: `testbed down` is taking cluster 'isc' down" in logs[0].read_text()
         assert not state_dir.exists()
     finally:

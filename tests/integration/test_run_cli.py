@@ -19,6 +19,7 @@ from testbed.drivers import KINDS, drivers_for, load_profile
 from testbed.fleet.fleet import Fleet
 from testbed.kubeletplugin.slices import desired_slices
 from testbed.testing import wait_for
+from tests.integration.subprocesses import interrupt, killed_if_left
 
 pytestmark = pytest.mark.controlplane
 
@@ -43,9 +44,9 @@ def _run(control_plane: ClusterState, *args: str) -> subprocess.Popen[str]:
     )
 
 
-@pytest.mark.parametrize("interrupt", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+@pytest.mark.parametrize("signal_sent", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_an_interrupted_run_writes_a_partial_report_and_cleans_up(
-    interrupt: signal.Signals, control_plane: ClusterState, fleet: Fleet, kube_api: k8s.ApiClient, tmp_path: Path
+    signal_sent: signal.Signals, control_plane: ClusterState, fleet: Fleet, kube_api: k8s.ApiClient, tmp_path: Path
 ) -> None:
     """Ctrl-C, or SIGTERM from `timeout` or a cancelled CI job."""
     proc = _run(
@@ -68,15 +69,11 @@ def test_an_interrupted_run_writes_a_partial_report_and_cleans_up(
         ]
         return sum(1 for ns in namespaces for p in core.list_namespaced_pod(ns).items if p.status.phase == "Running")
 
-    try:
+    with killed_if_left(proc):
         # three at once (pods start every 0.5 s and run 2 s): the runner's own watch has
         # then long seen the first one Running
         wait_for(lambda: running_pods() >= 3, 180, "the run's pods to be running")
-        proc.send_signal(interrupt)
-        out, err = proc.communicate(timeout=180)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+        out, err = interrupt(proc, signal_sent, timeout_s=180)
     assert proc.returncode == 130, err
     directory = Path(out.strip().splitlines()[-1])
     report = json.loads((directory / "report.json").read_text())

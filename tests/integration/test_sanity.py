@@ -30,6 +30,7 @@ from testbed.sanity.checks import Result, Status, Suite
 from testbed.sanity.harness import Harness, RunningNode
 from testbed.testing import wait_for
 from testbed.workloads import unique
+from tests.integration.subprocesses import interrupt, killed_if_left
 
 pytestmark = pytest.mark.controlplane
 
@@ -181,13 +182,9 @@ def test_sigterm_mid_suite_takes_away_the_driver_it_started_and_its_node(
     del fleet  # for its DeviceClasses and access policy
     core, resource = k8s.CoreV1Api(kube_api), k8s.ResourceV1Api(kube_api)
     proc = _sanity_cli(control_plane)
-    try:
+    with killed_if_left(proc):
         node, started = _publishing(proc, core, resource)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+        _, err = interrupt(proc, signal.SIGTERM)
     assert proc.returncode == 130, err
     assert err.rstrip().endswith("interrupted")
     wait_for(lambda: not any(Path(f"/proc/{pid}").exists() for pid in started), 10, "the driver to be gone")
@@ -242,15 +239,12 @@ def test_what_a_killed_run_left_is_taken_away_by_the_next_and_a_live_run_is_left
         finally:
             await admin.close()
 
-    try:
+    with killed_if_left(proc):
         node, driver = _publishing(proc, core, resource)
         assert asyncio.run(sweep()) == [], "a run whose process is alive and renews its Lease"
         assert node in _sanity_nodes(core)
         proc.kill()
         proc.communicate(timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert all(Path(f"/proc/{pid}").exists() for pid in driver), "SIGKILL'd, the suite left its driver running"
     run_id = node.removeprefix("sanity-")
 
