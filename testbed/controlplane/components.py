@@ -26,6 +26,11 @@ from testbed.controlplane.pki import (
 from testbed.files import write_secret
 
 SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
+POD_CLUSTER_CIDR = "100.64.0.0/10"
+"""Each Node gets a /24 of it as its pod CIDR, as kind's controller-manager hands them out
+from 10.244.0.0/16, but room for 16,384 nodes, clear of the synthetic nodes' 10.100-199
+addresses and of the Services'."""
+NODE_POD_CIDR_MASK = 24
 OPEN_PATHS = "/healthz,/readyz,/livez,/metrics"
 
 
@@ -227,6 +232,9 @@ def controller_manager_command(
         f"--cluster-signing-cert-file={pki.ca_cert}",
         f"--cluster-signing-key-file={pki.ca_key}",
         f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+        "--allocate-node-cidrs=true",  # pods' IPs come from them (kubelet/podnetwork.py)
+        f"--cluster-cidr={POD_CLUSTER_CIDR}",
+        f"--node-cidr-mask-size={NODE_POD_CIDR_MASK}",
         f"--kube-api-qps={config.kcm_qps}",
         f"--kube-api-burst={config.kcm_burst}",
         f"--profiling={str(config.profiling).lower()}",

@@ -64,6 +64,7 @@ class FakeKubelet:
             checkpoint=kubelet_dir / CHECKPOINT_FILE,
             watch_client=watch_client,
             durable=durable,
+            pod_cidr=lambda: (self.node.observed or {}).get("spec", {}).get("podCIDR"),
         )
         self._startup_wipe: asyncio.Task[None] | None = None
         self._pod_resources: grpc.aio.Server | None = None

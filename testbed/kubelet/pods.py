@@ -4,9 +4,9 @@ For each pod: wait until every claim is allocated and reserved for it; call
 NodePrepareResources once per driver for the claims not yet prepared on this node
 (claims shared by several pods are prepared once and unprepared when the last user is
 gone); resolve each container's CDI device IDs against the spec files as a runtime
-would (an unknown ID fails the start); set the pod Running, with the environment a
-container would see (the runtime's report) in the ``dra-testbed.io/container-env``
-annotation of that same status write. A pod whose
+would (an unknown ID fails the start); set the pod Running, with its IP from the Node's
+pod CIDR (podnetwork.py) and the environment a container would see (the runtime's
+report) in the ``dra-testbed.io/container-env`` annotation of that same status write. A pod whose
 containers run ``sleep N`` (and do not restart) or that carries
 ``dra-testbed.io/run-seconds`` succeeds after that long. As kubelet v1.37 does:
 - a container gets the CDI devices of the claim requests it names, matched EXACTLY
@@ -46,7 +46,7 @@ import logging
 import random
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,6 +58,7 @@ from testbed.kubelet.claiminfo import PreparedClaim
 from testbed.kubelet.events import EventRecorder, write_event
 from testbed.kubelet.node import NodeSpec
 from testbed.kubelet.plugins import PluginCallError, PluginManager, PreparedDevice
+from testbed.kubelet.podnetwork import AddressesExhausted, PodAddresses
 from testbed.kubelet.resync import ResyncSchedule
 from testbed.kubeletplugin import cdi
 from testbed.tasks import cancel_and_wait
@@ -82,6 +83,7 @@ RECONCILE_S = 60.0
 PREPARE_FAILED = "FailedPrepareDynamicResources"
 PREPARE_FAILED_MESSAGE = "Failed to prepare dynamic resources: prepare dynamic resources"
 """The event's words and the kubelet's own wrapping of every PrepareResources error."""
+SANDBOX_FAILED = "FailedCreatePodSandBox"
 NO_RELATIONSHIP = "no relationship found between node"
 """The node authorizer's refusal of an object it does not (yet) link to the node."""
 AUTHORIZER_CATCH_UP_S = (0.005, 0.01, 0.02, 0.04, 0.08)
@@ -135,9 +137,11 @@ class PodManager:
         checkpoint: Path | None = None,
         watch_client: KubeClient | None = None,
         durable: bool = True,
+        pod_cidr: Callable[[], str | None] = lambda: None,
     ):
         """``durable``: fsync the checkpoint, as the kubelet does (a real node); synthetic
-        nodes, whose state is throw-away, skip it."""
+        nodes, whose state is throw-away, skip it. ``pod_cidr``: the Node's, as last seen
+        (pods get their IPs from it: podnetwork.py)."""
         self.client = client
         self.watch_client = watch_client or client
         self.checkpoint = checkpoint
@@ -146,6 +150,8 @@ class PodManager:
         self.plugins = plugins
         self.cdi_dir = cdi_dir
         self.watch_pods = watch_pods
+        self.pod_cidr = pod_cidr
+        self._addresses = PodAddresses()
         self.claims: dict[str, PreparedClaim] = {}
         self._workers: dict[str, asyncio.Task[None]] = {}
         self._latest: dict[str, Obj] = {}
@@ -220,6 +226,11 @@ class PodManager:
         uid = pod["metadata"]["uid"]
         before = self._latest.get(uid)
         self._latest[uid] = dict(pod, _deleted=kind == "DELETED")
+        if before is None and _running_with_own_ip(pod):
+            # Running before this kubelet started: its IP is held from now on, as a network
+            # plugin's IPAM keeps it on disk, so that no pod new here gets it meanwhile.
+            with contextlib.suppress(StartFailed):
+                self._pod_ip(pod)
         if kind == "DELETED" or before is None or _differs_beyond_status(before, pod):
             self._changes[uid] = self._changes.get(uid, 0) + 1
             self._updated.setdefault(uid, asyncio.Event()).set()
@@ -538,6 +549,7 @@ class PodManager:
         stamp = previous.get("startTime") if previous.get("phase") == "Running" else None
         stamp = stamp or now_rfc3339()
         ip = self.node.internal_ip()
+        pod_ip = ip if pod["spec"].get("hostNetwork") else self._pod_ip(pod)
         self._running[meta["uid"]] = stamp
         self._resync_schedule.add(meta["uid"], time.monotonic())
         self._resync_wake.set()
@@ -549,8 +561,8 @@ class PodManager:
             "phase": "Running",
             "hostIP": ip,
             "hostIPs": [{"ip": ip}],
-            "podIP": ip,
-            "podIPs": [{"ip": ip}],
+            "podIP": pod_ip,
+            "podIPs": [{"ip": pod_ip}],
             "startTime": stamp,
             "conditions": [
                 condition(k) for k in ("PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready")
@@ -565,6 +577,16 @@ class PodManager:
             # change them there (labels only are refused).
             body["metadata"] = {"annotations": {CONTAINER_ENV_ANNOTATION: json.dumps(env, sort_keys=True)}}
         await self._patch_status(pod, body)
+
+    def _pod_ip(self, pod: Obj) -> str:
+        """From the Node's pod CIDR (the node's IP without one); a pod running when this
+        kubelet started (its sandbox outlived a restart) keeps the IP it had."""
+        kept = pod["status"]["podIP"] if _running_with_own_ip(pod) else None
+        try:
+            address = self._addresses.address(pod["metadata"]["uid"], self.pod_cidr(), kept)
+        except AddressesExhausted as exc:
+            raise StartFailed(SANDBOX_FAILED, f"Failed to create pod sandbox: setting up its network: {exc}") from None
+        return address or self.node.internal_ip()
 
     async def _patch_status(self, pod: Obj, body: Obj) -> None:
         """As the kubelet patches a pod's status (PatchPodStatus): with the pod's UID in the
@@ -855,7 +877,9 @@ class PodManager:
         return self.watch_pods and bool(self._position.resource_version)
 
     def _not_running(self, uid: str) -> None:
+        """Its containers and sandbox are gone (its status keeps the IP it had)."""
         self._running.pop(uid, None)
+        self._addresses.release(uid)
         self._resync_schedule.remove(uid)
 
     async def _finish_deletion(self, uid: str) -> None:
@@ -919,6 +943,11 @@ def jittered(seconds: float) -> float:
 def until_next_relist() -> float:
     """The PLEG lists containers on a fixed period: what changed now is seen within one."""
     return PLEG_RELIST_S * random.random()
+
+
+def _running_with_own_ip(pod: Obj) -> bool:
+    status = pod.get("status", {})
+    return bool(status.get("phase") == "Running" and status.get("podIP") and not pod["spec"].get("hostNetwork"))
 
 
 def _differs_beyond_status(before: Obj, after: Obj) -> bool:
