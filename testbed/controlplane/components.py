@@ -28,8 +28,8 @@ from testbed.files import write_secret
 SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
 POD_CLUSTER_CIDR = "100.64.0.0/10"
 """Each Node gets a /24 of it as its pod CIDR, as kind's controller-manager hands them out
-from 10.244.0.0/16, but room for 16,384 nodes, clear of the synthetic nodes' 10.100-199
-addresses and of the Services'."""
+(kind's own 10.244.0.0/16 holds 256 nodes; kind-configs/ sets this range too): room for
+16,384 nodes, clear of the synthetic nodes' 10.100-199 addresses and of the Services'."""
 NODE_POD_CIDR_MASK = 24
 OPEN_PATHS = "/healthz,/readyz,/livez,/metrics"
 

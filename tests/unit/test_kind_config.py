@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 
 from testbed.config import BETA_DRA_GATES, GATE_APIS
+from testbed.controlplane.components import POD_CLUSTER_CIDR
 from testbed.drivers import deviceclasses
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,6 +44,12 @@ def test_kind_config_enables_cdi_and_sets_the_controller_manager_qps_floor() -> 
     [cluster] = [p for p in patches if p["kind"] == "ClusterConfiguration"]
     kcm = cluster["controllerManager"]["extraArgs"]
     assert float(kcm["kube-api-qps"]) >= 75 and int(kcm["kube-api-burst"]) >= 150
+
+
+def test_kind_gives_nodes_pod_cidrs_from_the_local_control_planes_range() -> None:
+    """A /24 per Node, from room for thousands of synthetic nodes, not kind's 256."""
+    config = yaml.safe_load(KIND_CONFIG.read_text())
+    assert config["networking"]["podSubnet"] == POD_CLUSTER_CIDR
 
 
 def test_deployed_device_classes_are_the_ones_testbed_up_installs() -> None:
