@@ -416,7 +416,8 @@ def _command_driver(command: str | None, name: str | None, env: tuple[str, ...])
         raise TestbedError(
             "--driver-command needs --driver-name", hint="the DRA driver name it registers, e.g. gpu.example.com"
         )
-    return [{"name": name, "command": shlex.split(command), "env": _environment(env, "--driver-env")}]
+    runnable = fleet_spec.runnable_from(shlex.split(command), Path.cwd())
+    return [{"name": name, "command": runnable, "env": _environment(env, "--driver-env")}]
 
 
 def _environment(items: tuple[str, ...], option: str) -> dict[str, str]:
@@ -1083,8 +1084,9 @@ def sanity(
             f"[dim]({result.seconds:.1f} s)[/]"
         )
 
+    runnable = fleet_spec.runnable_from(list(command), Path.cwd()) if command else []
     results, driver = sanity_suite.run(
-        state.kubeconfig, list(command), env, driver_name, lambda line: stderr.print(line, markup=False), say, running
+        state.kubeconfig, runnable, env, driver_name, lambda line: stderr.print(line, markup=False), say, running
     )
     counts = {status: sum(1 for r in results if r.status is status) for status in Status}
     stderr.print(", ".join(f"{n} {status}" for status, n in counts.items() if n))

@@ -270,7 +270,21 @@ def parse(text: str, source: str) -> FleetFile:
 def load(path: Path) -> FleetFile:
     if not path.exists():
         raise FleetFileError(f"fleet file {path} does not exist")
-    return parse(path.read_text(), str(path))
+    fleet = parse(path.read_text(), str(path))
+    for pool in fleet.pools:
+        for driver in pool.external_drivers:
+            driver.command = runnable_from(driver.command, path.parent)
+    return fleet
+
+
+def runnable_from(command: list[str], directory: Path) -> list[str]:
+    """``command`` with a relative executable path (``./bin/driver``) made absolute against
+    the directory it was written in (the fleet file's; the shell's for the command line): a
+    driver runs in its node's own work directory, where it would not be found."""
+    executable = command[0]
+    if "/" not in executable or Path(executable).is_absolute():
+        return command  # a name looked up on PATH, or a path already
+    return [str((directory / executable).absolute()), *command[1:]]
 
 
 def single_pool(

@@ -136,3 +136,18 @@ def test_preferred_labels_fall_back_to_the_required_ones() -> None:
     assert both["fallback_strategy"] == [{"label_selector": {"tier": "big"}}]
     with pytest.raises(spec.FleetFileError, match="preferLabels"):
         spec.parse("pools: [{name: a, count: 1, placement: {preferLabels: {'bad key!': x}}}]", "f.yaml")
+
+
+def test_a_relative_driver_executable_is_found_where_it_was_written(tmp_path: Path) -> None:
+    """A driver runs in its node's work directory: `./bin/driver` there is not the user's."""
+    assert spec.runnable_from(["./bin/driver", "--v=4"], tmp_path) == [str(tmp_path / "bin" / "driver"), "--v=4"]
+    assert spec.runnable_from(["my-driver", "./x"], tmp_path) == ["my-driver", "./x"], "PATH lookup; args are its own"
+    assert spec.runnable_from(["/opt/driver"], tmp_path) == ["/opt/driver"]
+    (tmp_path / "fleets").mkdir()
+    fleet_file = tmp_path / "fleets" / "fleet.yaml"
+    fleet_file.write_text(
+        "pools:\n  - name: mine\n    count: 1\n    profile: tiny\n"
+        "    drivers: [{name: gpu.example.com, command: [../bin/driver, --v=4]}]\n"
+    )
+    [driver] = spec.load(fleet_file).pools[0].external_drivers
+    assert driver.command == [str(tmp_path / "fleets" / ".." / "bin" / "driver"), "--v=4"]
