@@ -20,6 +20,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+import grpc
+
 from testbed.errors import TestbedError
 from testbed.http11 import TransportError
 from testbed.kubeapi import ClaimRef
@@ -164,7 +166,7 @@ class Suite:
                     reason += f"\nhint: {exc.hint}" if exc.hint else ""
                     result = Result(name, Status.FAIL, reason, time.monotonic() - started)
                 except Exception as exc:  # a check that blew up is a failure, said in one line
-                    reason = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:400]
+                    reason = said(exc)[:400]
                     result = Result(name, Status.FAIL, reason, time.monotonic() - started)
                     if isinstance(exc, TransportError):  # after retries: the cluster is gone (taken down?)
                         broken = "reaching the API server"
@@ -178,8 +180,7 @@ class Suite:
     # --- registration ------------------------------------------------------------------
 
     async def check_registration(self) -> str:
-        sock = await self.harness.registration_socket()
-        info = await self.harness.register(sock)
+        info = await self.harness.registered()
         expect(info.type == "DRAPlugin", f"GetInfo type {info.type!r}, not DRAPlugin")
         expected = self.harness.expected_name
         expect(not expected or info.name == expected, f"registers as {info.name!r}, not {expected!r}")
@@ -333,7 +334,10 @@ class Suite:
         unknown = ClaimRef(self.harness.namespace, str(uuid.uuid4()), "no-such-claim")
         mismatched = ClaimRef(good.namespace, str(uuid.uuid4()), good.name)
         try:
-            response = await self.prepare([good, unallocated, unknown, mismatched])
+            try:
+                response = await self.prepare([good, unallocated, unknown, mismatched])
+            except grpc.aio.AioRpcError as exc:
+                return _failed_as_a_whole(exc)
             for label, uid in (
                 ("the allocated claim", good.uid),
                 ("an unallocated claim", unallocated.uid),
@@ -365,15 +369,20 @@ class Suite:
         unknown = ClaimRef(self.harness.namespace, str(uuid.uuid4()), "no-such-claim")
         asked = {good.uid, unknown.uid}
         try:
-            prepared = await self.prepare([good, unknown])
-            problem = answer_problem("NodePrepareResources", asked, set(prepared.claims))
-            expect(not problem, problem)
+            try:
+                prepared = await self.prepare([good, unknown])
+            except grpc.aio.AioRpcError as exc:
+                prepare = f"prepare failed as a whole, an answer a kubelet reads no further ({whole_call_failure(exc)})"
+            else:
+                problem = answer_problem("NodePrepareResources", asked, set(prepared.claims))
+                expect(not problem, problem)
+                prepare = "prepare answers each claim asked about, and no other"
             unprepared = await self.unprepare([good, unknown])
             problem = answer_problem("NodeUnprepareResources", asked, set(unprepared.claims))
             expect(not problem, problem)
         finally:
             await self._done_with(good)
-        return "prepare and unprepare answer each claim asked about, and no other"
+        return f"{prepare}; unprepare answers each claim asked about, and no other"
 
     # --- health --------------------------------------------------------------------------
 
@@ -425,8 +434,7 @@ class Suite:
         return f"{before} slices back after {time.monotonic() - started:.1f} s"
 
     async def _reregistered(self, since: float) -> None:
-        sock = await self.harness.registration_socket(newer_than=since)
-        self.registration = await self.harness.register(sock)
+        self.registration = await self.harness.registered(newer_than=since)
 
     def _needs_restarts(self) -> None:
         if not self.harness.restartable:
@@ -474,14 +482,18 @@ class Suite:
             await self.unprepare([stranger])
             waited = time.monotonic() - unprepare_started
             try:
-                response = await preparing
-            except Exception as exc:
-                raise Problem(
-                    f"NodePrepareResources failed as a whole after {time.monotonic() - started:.1f} s "
-                    f"({type(exc).__name__}): a kubelet needs each claim's own error within {CALL_TIMEOUT_S:.0f} s"
-                ) from None
+                response, failure = await preparing, None
+            except grpc.aio.AioRpcError as exc:
+                response, failure = None, exc
             took = time.monotonic() - started
             expect(waited < UNPREPARE_PATIENCE_S, f"an unrelated unprepare waited {waited:.1f} s behind the prepare")
+            if failure is not None:
+                expect(
+                    failure.code() is not grpc.StatusCode.DEADLINE_EXCEEDED,
+                    f"no answer within the kubelet's {CALL_TIMEOUT_S:.0f} s: it gives up on the call and retries",
+                )
+                return f"the call failed as a whole after {took:.1f} s: {whole_call_failure(failure)}"
+            assert response is not None
             entry = response.claims.get(claim.uid)
             expect(entry is not None, "no answer for the claim")
             outcome = (
@@ -515,3 +527,38 @@ def junit_xml(results: list[Result], driver: str) -> str:
     suite.set("failures", str(failures))
     ET.indent(suite)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suite, encoding="unicode") + "\n"
+
+
+def said(exc: BaseException) -> str:
+    """An exception in one line. A failed gRPC call as its status and details: its str()
+    is a multi-line dump whose first line says nothing."""
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return f"the call failed as a whole: {exc.code().name}: {' '.join((exc.details() or '').split())}"
+    return f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
+
+
+NOT_AN_ANSWER = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
+"""How a call ends when the driver died, hung or dropped it, rather than answered."""
+
+
+def whole_call_failure(exc: grpc.aio.AioRpcError) -> str:
+    """A NodePrepareResources call failed as a whole: allowed (the API says the answer is
+    then ignored, and the upstream kubeletplugin helper fails the call for any claim it
+    cannot read), and to a kubelet the same as a per-claim error, since it calls a
+    driver once per pod and fails the pod's prepare on the first error either way. It
+    must be the driver's answer, not a crash, a hang or a dropped connection, and say what
+    went wrong: that is what the pod's Event shows."""
+    details = " ".join((exc.details() or "").split())
+    expect(
+        exc.code() not in NOT_AN_ANSWER,
+        f"the call ended {exc.code().name} ({details[:200]}): the driver crashed, hung or dropped it",
+    )
+    expect(bool(details), f"the call failed as a whole ({exc.code().name}) and said nothing about why")
+    return f"{exc.code().name}: {details[:200]}"
+
+
+def _failed_as_a_whole(exc: grpc.aio.AioRpcError) -> str:
+    return (
+        f"the call failed as a whole, naming the problem ({whole_call_failure(exc)}); per-claim errors "
+        "would have prepared the good claim, which a kubelet asks for again at the pod's next sync"
+    )

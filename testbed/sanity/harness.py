@@ -104,7 +104,9 @@ class Harness:
             None
             if running is not None
             else ExternalDriver(
-                ExternalDriverSpec(driver_name or "driver", tuple(command), dict(env or {})), self.node, self.root
+                ExternalDriverSpec(driver_name or Path(command[0]).name, tuple(command), dict(env or {})),
+                self.node,
+                self.root,
             )
         )
         self.environment: dict[str, str] = {"CDI_DIR": str(self.root / "cdi")} if running is not None else {}
@@ -250,6 +252,21 @@ class Harness:
             + (f", not {self.expected_name}" if self.expected_name else ""),
             hint="name the one to check with --driver-name",
         )
+
+    async def registered(self, newer_than: float = 0.0) -> Registration:
+        """The driver's registration, as the kubelet's plugin watcher makes it: one that
+        fails to connect (a socket made but not yet listening, or the one a restarted
+        instance is about to replace) is tried again a second later, for as long as the
+        socket is waited for."""
+        deadline = time.monotonic() + REGISTRATION_TIMEOUT_S
+        while True:
+            socket = await self.registration_socket(max(1.0, deadline - time.monotonic()), newer_than)
+            try:
+                return await self.register(socket)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() is not grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                    raise
+            await asyncio.sleep(1.0)
 
     async def register(self, socket: Path) -> Registration:
         async with unix_channel(socket) as channel:

@@ -13,18 +13,30 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client as k8s
 
 from testbed.config import nodes_dir
+from testbed.controlplane.binaries import ensure_bench_binaries
 from testbed.controlplane.cluster import ClusterState
 from testbed.controlplane.processes import process_start_ticks
 from testbed.fleet.external import recorded_drivers
 from testbed.fleet.fleet import Fleet
 from testbed.fleet.spec import FleetFile
 from testbed.testing import wait_for
-from testbed.workloads import GPU, claim_spec, create_template, pod, request, unique, wait_running
+from testbed.workloads import (
+    GPU,
+    claim_spec,
+    container_env,
+    create_template,
+    pod,
+    request,
+    unique,
+    wait_gone,
+    wait_running,
+)
 
 pytestmark = pytest.mark.controlplane
 
@@ -96,3 +108,54 @@ def test_an_external_driver_serves_its_node_and_is_restarted_and_drained(
         own.stop(remove_nodes=True)
     assert process_start_ticks(again.pid) is None, "draining the node stopped its driver"
     assert "ext-000" not in recorded_drivers(where)
+
+
+HELPER = "gpu.helper.dra-testbed.io"
+
+
+def test_a_driver_on_the_upstream_kubeletplugin_helper_serves_a_synthetic_node(
+    control_plane: ClusterState, fleet: Fleet, kube_api: k8s.ApiClient
+) -> None:
+    """The fake kubelet with a driver it did not grow up with: k8s.io/dynamic-resource-
+    allocation's helper registers it (sockets named after its pod's UID), publishes its
+    GPUs through the upstream ResourceSlice controller, and reads each claim itself. A
+    pod using one runs with the device's environment, and going, has its claim
+    unprepared (the driver's CDI spec gone)."""
+    del fleet  # only for its Ray
+    helper = str(ensure_bench_binaries().path("testbed-helperdriver"))
+    driver = {"name": HELPER, "command": [helper, "--driver", HELPER, "--gpus", "2"]}
+    pool = unique("hp")
+    spec = FleetFile.model_validate(
+        {"nodesPerHost": 1, "pools": [{"name": pool, "count": 1, "profile": "tiny", "drivers": [driver]}]}
+    )
+    own = Fleet(spec, control_plane.kubeconfig, nodes_dir(control_plane.root))
+    core, resource = k8s.CoreV1Api(kube_api), k8s.ResourceV1Api(kube_api)
+    every_device: Any = {"cel": {"expression": f'device.driver == "{HELPER}"'}}
+    resource.create_device_class({"metadata": {"name": HELPER}, "spec": {"selectors": [every_device]}})
+    namespace = unique("hp")
+    core.create_namespace({"metadata": {"name": namespace}})
+    node = f"{pool}-000"
+    try:
+        own.start()
+        slices = wait_for(  # published once registered: the node's start waits for the registration
+            lambda: resource.list_resource_slice(field_selector=f"spec.nodeName={node}").items, 30, "its slices"
+        )
+        assert [len(s.spec.devices) for s in slices] == [2] and slices[0].spec.driver == HELPER
+        sockets = [p.name for p in (own.nodes_dir / node / "kubelet" / "plugins_registry").iterdir()]
+        driver_pod = core.read_namespaced_pod(f"dra-testbed-driver-{node}", "dra-testbed")
+        assert sockets == [f"{HELPER}-{driver_pod.metadata.uid}-reg.sock"], "the helper's rolling-update name"
+
+        create_template(kube_api, namespace, "gpu", claim_spec(request("gpu", HELPER)))
+        core.create_namespaced_pod(namespace, pod("app", {"gpu": {"resourceClaimTemplateName": "gpu"}}, node=node))
+        running = wait_running(kube_api, namespace, "app")
+        environment = container_env(running)["main"]
+        assert [v for k, v in environment.items() if k.startswith("GPU_DEVICE_")] in (["gpu-0"], ["gpu-1"]), environment
+        specs = own.nodes_dir / node / "cdi"
+        assert len(list(specs.glob(f"{HELPER}-*.json"))) == 1
+        core.delete_namespaced_pod("app", namespace)
+        wait_gone(kube_api, namespace, "app")
+        assert not list(specs.glob(f"{HELPER}-*.json")), "unprepared before the pod was let go"
+    finally:
+        core.delete_namespace(namespace)
+        own.stop(remove_nodes=True)
+        resource.delete_device_class(HELPER)

@@ -17,7 +17,7 @@ from kubernetes import client as k8s
 
 from testbed.config import ControlPlaneConfig, nodes_dir, runtime_root
 from testbed.controlplane import cluster
-from testbed.controlplane.binaries import Binaries
+from testbed.controlplane.binaries import Binaries, ensure_bench_binaries
 from testbed.controlplane.cluster import ClusterState
 from testbed.controlplane.processes import descendants
 from testbed.drivers import KINDS, drivers_for, load_profile
@@ -35,6 +35,8 @@ from tests.integration.subprocesses import interrupt, killed_if_left
 pytestmark = pytest.mark.controlplane
 
 DRIVER = [sys.executable, "-m", "testbed.drivers.main"]
+HELPER = "gpu.helper.dra-testbed.io"
+"""testbed-helperdriver's name here (it registers and publishes with --gpus)."""
 
 
 def _sanity(
@@ -67,6 +69,21 @@ def test_every_check_passes_for_the_built_in_drivers(control_plane: ClusterState
     assert {r.name: r.status for r in results if r.status is not Status.PASS} == {}, [
         (r.name, r.detail) for r in results if r.status is not Status.PASS
     ]
+
+
+def test_a_driver_on_the_upstream_kubeletplugin_helper_passes(control_plane: ClusterState, fleet: Fleet) -> None:
+    """The suite grew up beside the testbed's own driver. A driver on the code driver
+    developers build on (k8s.io/dynamic-resource-allocation's helper: its registrar,
+    rolling-update sockets, ResourceSlice controller and claim reads) failed three checks
+    for failing a whole NodePrepareResources call over a claim it could not read, which
+    the API allows and a kubelet treats as it treats a per-claim error."""
+    del fleet  # for its access policy
+    helper = str(ensure_bench_binaries().path("testbed-helperdriver"))
+    results = {r.name: r for r in _sanity(control_plane, [helper, "--driver", HELPER, "--gpus", "2"], {}, HELPER)}
+    assert results.pop("health stream").status is Status.SKIP, "it serves no health stream"
+    assert {name: r.detail for name, r in results.items() if r.status is not Status.PASS} == {}
+    assert "the call failed as a whole, naming the problem (UNKNOWN: " in results["per-claim errors"].detail
+    assert "2 devices" in results["resource slices within API limits"].detail
 
 
 def test_a_running_nodes_driver_is_checked_without_restarting_it(control_plane: ClusterState, fleet: Fleet) -> None:

@@ -3,9 +3,16 @@
 // the reference drivers are. The helper reads each claim from the API server and
 // serves the DRA socket; the driver writes a CDI spec per claim (rename, no fsync)
 // and records prepared claims in a checkpoint through the kubelet's own checkpoint
-// manager (one fsync per prepare and per unprepare). It publishes no slices and
-// registers with no kubelet: it only answers NodePrepareResources and
+// manager (one fsync per prepare and per unprepare). For the benchmark it publishes no
+// slices and registers with no kubelet: it only answers NodePrepareResources and
 // NodeUnprepareResources, so the benchmark times the same work on both sides.
+//
+// With --registrar-dir (a synthetic node's $KUBELET_REGISTRAR_DIRECTORY_PATH, which
+// its defaults take from the environment) it is a whole driver as a DaemonSet runs
+// one: it registers with the node's kubelet through the helper (rolling-update socket
+// names when $POD_UID is set) and, with --gpus N, publishes N GPUs through the
+// upstream ResourceSlice controller. The tests run it on the fake kubelet: a driver
+// the testbed did not write, on the code driver developers build on.
 package main
 
 import (
@@ -26,6 +33,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/kubernetes/pkg/kubelet/checkpointmanager"
 	"k8s.io/kubernetes/pkg/kubelet/checkpointmanager/checksum"
 	checkpointerrors "k8s.io/kubernetes/pkg/kubelet/checkpointmanager/errors"
@@ -143,24 +151,56 @@ func writeRenamed(path string, data []byte) error {
 	return os.Rename(temporary, path)
 }
 
+type settings struct {
+	name, node, pluginDir, cdiDir, kubeconfig, registrarDir string
+	gpus                                                    int
+}
+
 func main() {
-	name := flag.String("driver", "gpu.dra-testbed.io", "the driver's name")
-	node := flag.String("node", "", "the node's name")
-	pluginDir := flag.String("plugin-dir", "", "where the DRA socket and the checkpoint go")
-	cdiDir := flag.String("cdi-dir", "", "where the CDI specs go")
-	kubeconfig := flag.String("kubeconfig", os.Getenv("KUBECONFIG"), "the kubeconfig to read claims with")
+	var s settings
+	flag.StringVar(&s.name, "driver", "gpu.dra-testbed.io", "the driver's name")
+	flag.StringVar(&s.node, "node", os.Getenv("NODE_NAME"), "the node's name")
+	flag.StringVar(&s.pluginDir, "plugin-dir", "", "where the DRA socket and the checkpoint go "+
+		"(default: <$KUBELET_PLUGINS_DIRECTORY_PATH>/<driver>)")
+	flag.StringVar(&s.cdiDir, "cdi-dir", os.Getenv("CDI_DIR"), "where the CDI specs go")
+	flag.StringVar(&s.kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "the kubeconfig to read claims with")
+	flag.StringVar(&s.registrarDir, "registrar-dir", os.Getenv("KUBELET_REGISTRAR_DIRECTORY_PATH"),
+		"where the kubelet looks for registration sockets; empty: register with no kubelet")
+	flag.IntVar(&s.gpus, "gpus", 0, "GPUs to publish for the node (with --registrar-dir)")
 	flag.Parse()
-	if *node == "" || *pluginDir == "" || *cdiDir == "" {
-		fmt.Fprintln(os.Stderr, "testbed-helperdriver: --node, --plugin-dir and --cdi-dir are required")
+	if s.pluginDir == "" && os.Getenv("KUBELET_PLUGINS_DIRECTORY_PATH") != "" {
+		s.pluginDir = filepath.Join(os.Getenv("KUBELET_PLUGINS_DIRECTORY_PATH"), s.name)
+	}
+	if s.node == "" || s.pluginDir == "" || s.cdiDir == "" {
+		fmt.Fprintln(os.Stderr, "testbed-helperdriver: --node, --plugin-dir and --cdi-dir are required "+
+			"(or $NODE_NAME, $KUBELET_PLUGINS_DIRECTORY_PATH and $CDI_DIR, as on a synthetic node)")
 		os.Exit(2)
 	}
-	if err := run(*name, *node, *pluginDir, *cdiDir, *kubeconfig); err != nil {
+	if s.gpus > 0 && s.registrarDir == "" {
+		fmt.Fprintln(os.Stderr, "testbed-helperdriver: --gpus needs --registrar-dir: devices for a node no kubelet knows the driver of")
+		os.Exit(2)
+	}
+	if err := run(s); err != nil {
 		fmt.Fprintln(os.Stderr, "testbed-helperdriver:", err)
 		os.Exit(1)
 	}
 }
 
-func run(name, node, pluginDir, cdiDir, kubeconfig string) error {
+// gpus is the node's ResourceSlice content: n GPUs, each its own device.
+func gpus(n int) []resourceapi.Device {
+	model := "helper-gpu"
+	devices := make([]resourceapi.Device, n)
+	for i := range devices {
+		devices[i] = resourceapi.Device{
+			Name:       fmt.Sprintf("gpu-%d", i),
+			Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"model": {StringValue: &model}},
+		}
+	}
+	return devices
+}
+
+func run(s settings) error {
+	name, node, pluginDir, cdiDir, kubeconfig := s.name, s.node, s.pluginDir, s.cdiDir, s.kubeconfig
 	config, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
 		return err
@@ -187,16 +227,31 @@ func run(name, node, pluginDir, cdiDir, kubeconfig string) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	helper, err := kubeletplugin.Start(ctx, d,
+	options := []kubeletplugin.Option{
 		kubeletplugin.DriverName(name),
 		kubeletplugin.NodeName(node),
 		kubeletplugin.KubeClient(client),
 		kubeletplugin.PluginDataDirectoryPath(pluginDir),
-		kubeletplugin.RegistrationService(false),
 		kubeletplugin.HealthService(false),
-	)
+	}
+	if s.registrarDir == "" {
+		options = append(options, kubeletplugin.RegistrationService(false))
+	} else {
+		options = append(options, kubeletplugin.RegistrarDirectoryPath(s.registrarDir))
+		if uid := os.Getenv("POD_UID"); uid != "" {
+			options = append(options, kubeletplugin.RollingUpdate(types.UID(uid)))
+		}
+	}
+	helper, err := kubeletplugin.Start(ctx, d, options...)
 	if err != nil {
 		return err
+	}
+	if s.gpus > 0 {
+		pool := resourceslice.Pool{Slices: []resourceslice.Slice{{Devices: gpus(s.gpus)}}}
+		resources := resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{node: pool}}
+		if err := helper.PublishResources(ctx, resources); err != nil {
+			return err
+		}
 	}
 	<-ctx.Done()
 	helper.Stop()
