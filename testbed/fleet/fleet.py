@@ -48,7 +48,7 @@ def _index_in(pool: str, node: str) -> int | None:
     return int(index) if prefix == pool and index.isdigit() else None
 
 
-def _recipe(pool: Pool, index: int) -> NodeRecipe:
+def _recipe(fleet: FleetFile, pool: Pool, index: int) -> NodeRecipe:
     return NodeRecipe(
         pool.node_name(index),
         pool.profile,
@@ -58,6 +58,7 @@ def _recipe(pool: Pool, index: int) -> NodeRecipe:
         pool.devices_per_slice,
         None if pool.built_in_drivers is None else tuple(pool.built_in_drivers),
         tuple(ExternalDriverSpec(d.name, tuple(d.command), dict(d.env)) for d in pool.external_drivers),
+        fleet.node_address(pool, index),
     )
 
 
@@ -208,7 +209,7 @@ class Fleet:
         # Node sockets and checkpoints go here: a directory only we can enter.
         private_dir(self.nodes_dir.parent)
         private_dir(self.nodes_dir)
-        recipes = [_recipe(pool, i) for pool in self.spec.pools for i in range(pool.count)]
+        recipes = [_recipe(self.spec, pool, i) for pool in self.spec.pools for i in range(pool.count)]
         progress = progress or SilentProgress()
         self._check_resources()
         placement = self._place(recipes)  # the hosts' processes start while the policy goes in
@@ -216,7 +217,11 @@ class Fleet:
         with progress.task(f"starting {len(recipes)} synthetic nodes on {len(placement)} NodeHost actors"):
             self._bring_up(placement, progress, timeout_s)
         pools = ", ".join(f"{p.name}: {p.count} x {p.profile}" for p in self.spec.pools)
-        progress.step(f"{len(self.host_of)} synthetic nodes ({pools}) ready and publishing slices")
+        # A node counts as ready once its drivers registered; only the built-in ones are
+        # known to publish slices by then (a driver of one's own may publish none).
+        external = any(p.external_drivers for p in self.spec.pools if p.count)
+        state = "ready, their drivers registered" if external else "ready and publishing slices"
+        progress.step(f"{len(self.host_of)} synthetic nodes ({pools}) {state}")
 
     def _bring_up(self, placement: dict[str, list[NodeRecipe]], progress: Progress, timeout_s: float) -> None:
         """Start the placed nodes on their hosts (new hosts were created with theirs), with
@@ -327,7 +332,7 @@ class Fleet:
         self._retire_empty_hosts()
         present = {i for node in self.host_of if (i := _index_in(pool.name, node)) is not None}
         going = [pool.node_name(i) for i in sorted(present, reverse=True) if i >= count]
-        wanted = [_recipe(pool, i) for i in range(count) if i not in present]
+        wanted = [_recipe(self.spec, pool, i) for i in range(count) if i not in present]
         if going:
             with progress.task(f"draining {len(going)} nodes of pool {pool.name}"):
                 by_host: dict[str, list[str]] = {}

@@ -34,6 +34,8 @@ class NodeRecipe:
     """Built-in drivers to run (full names); None: those the profile's hardware needs."""
     external: tuple[ExternalDriverSpec, ...] = ()
     """Drivers run from a command, one process per node."""
+    address: str | None = None
+    """Its InternalIP (FleetFile.node_address); None: derived from its name."""
 
     @classmethod
     def from_json(cls, entry: dict[str, Any]) -> NodeRecipe:

@@ -255,6 +255,7 @@ class NodeHost:
                 watch_client=self.watch_client if self.authority is None else None,
                 fence=self._fence(recipe.name),
                 declared_features=self.declared_features,
+                address=recipe.address,
             )
             self.nodes[recipe.name] = node
             fresh.append(node)
@@ -325,7 +326,7 @@ class NodeHost:
             await client.close()
 
     def _process_node(self, recipe: NodeRecipe, profile: HardwareProfile) -> ProcessNode:
-        spec = SyntheticNode.node_spec(recipe.name, profile.name, recipe.labels, recipe.taints)
+        spec = SyntheticNode.node_spec(recipe.name, profile.name, recipe.labels, recipe.taints, address=recipe.address)
         root = self.nodes_dir / recipe.name
         node = ProcessNode(
             spec, recipe.profile, drivers_for(profile), root, self.kubeconfig, ensure_node_binaries(), "real"

@@ -91,6 +91,7 @@ class SyntheticNode:
         watch_client: KubeClient | None = None,
         fence: LeaseFence | None = None,
         declared_features: list[str] | None = None,
+        address: str | None = None,
     ):
         """``client``: the kubelet's; ``claims``: where drivers read claims without a
         ``driver_client`` of their own; ``driver_client``: the drivers' (the kubelet's by
@@ -102,7 +103,8 @@ class SyntheticNode:
         pod UID (default: ``client``'s). ``slice_watcher``, ``node_watcher``: the host's
         watches of its nodes' slices and Nodes (default: each of this node's own).
         ``fence``: the node is one of a fleet's, which one NodeHost at a time serves.
-        ``declared_features``: what its kubelet declares (declared.py)."""
+        ``declared_features``: what its kubelet declares (declared.py); ``address``: its
+        InternalIP (default: derived from its name)."""
         self.name = name
         self.bind_drivers = bind_drivers
         self.root = root
@@ -114,7 +116,7 @@ class SyntheticNode:
             self.short_paths.link(kubelet_dir)
         self.kubelet = FakeKubelet(
             client,
-            self.node_spec(name, profile.name, labels, taints, declared_features),
+            self.node_spec(name, profile.name, labels, taints, declared_features, address),
             kubelet_dir,
             cdi_dir,
             scan_interval_s=PLUGIN_SCAN_INTERVAL_S,
@@ -150,9 +152,13 @@ class SyntheticNode:
         labels: Mapping[str, str] | None,
         taints: list[dict[str, str]] | None,
         declared_features: list[str] | None = None,
+        address: str | None = None,
     ) -> NodeSpec:
         spec = NodeSpec(
-            name, labels={PROFILE_LABEL: profile, **(labels or {})}, declared_features=list(declared_features or [])
+            name,
+            labels={PROFILE_LABEL: profile, **(labels or {})},
+            declared_features=list(declared_features or []),
+            address=address,
         )
         if taints is not None:
             spec.taints = [dict(t) for t in taints]

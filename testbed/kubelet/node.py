@@ -56,10 +56,17 @@ class NodeSpec:
     )
     declared_features: list[str] = field(default_factory=list)
     """``status.declaredFeatures``, as declared.py works them out."""
+    address: str | None = None
+    """Its InternalIP, given by its fleet (unique within it: FleetFile.node_address);
+    None: one derived from its name."""
 
     def internal_ip(self) -> str:
+        if self.address is not None:
+            return self.address
+        # Outside a fleet's addresses (10.100-199): a node started on its own, or by
+        # `testbed sanity`, never shares one with a fleet's node.
         digest = hashlib.sha256(self.name.encode()).digest()
-        return f"10.{100 + digest[0] % 100}.{digest[1]}.{digest[2] % 250 + 2}"
+        return f"10.{200 + digest[0] % 55}.{digest[1]}.{digest[2] % 250 + 2}"
 
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"

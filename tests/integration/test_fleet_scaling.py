@@ -110,11 +110,10 @@ def test_a_pool_scales_down_and_up_while_pods_run(
         own.scale("sc", 3)
 
         assert len(own.hosts) == 2
-        assert {n.metadata.name for n in core.list_node(label_selector=f"pool={label}").items} == {
-            "sc-000",
-            "sc-001",
-            "sc-002",
-        }
+        nodes = core.list_node(label_selector=f"pool={label}").items
+        addresses = {n.metadata.name: [a.address for a in n.status.addresses if a.type == "InternalIP"] for n in nodes}
+        pool = own.spec.pools[0]
+        assert addresses == {f"sc-00{i}": [own.spec.node_address(pool, i)] for i in range(3)}, "the fleet's own"
         wait_for(lambda: len(running()) == 5, 180, "the waiting pods to run on the new nodes")
     finally:
         core.delete_namespace(namespace)

@@ -98,10 +98,41 @@ def test_node_recipes_with_external_drivers_survive_a_host_restart() -> None:
     from testbed.fleet.membership import NodeRecipe
 
     recipe = NodeRecipe(
-        "a-000", "tiny", drivers=("gpu.dra-testbed.io",), external=(ExternalDriverSpec("x.io", ("x",)),)
+        "a-000",
+        "tiny",
+        drivers=("gpu.dra-testbed.io",),
+        external=(ExternalDriverSpec("x.io", ("x",)),),
+        address="10.100.0.2",
     )
     again = NodeRecipe.from_json(json.loads(json.dumps(dataclasses.asdict(recipe))))
     assert again == recipe
+
+
+def test_no_two_nodes_of_a_fleet_share_an_internal_ip() -> None:
+    import ipaddress
+
+    from testbed.kubelet.node import NodeSpec
+
+    def slot(fleet: spec.FleetFile, pool: int) -> str:
+        return str(fleet.node_address(fleet.pools[pool], 0)).split(".")[1]
+
+    # Pool names whose slots (from the name) collide: the later one moves on.
+    names = [f"p{i}" for i in range(30)]
+    text = "pools: [" + ", ".join(f"{{name: {n}, count: 700}}" for n in names) + "]"
+    fleet = spec.parse(text, "f.yaml")
+    assert len({slot(spec.parse(f"pools: [{{name: {n}, count: 1}}]", "f.yaml"), 0) for n in names}) < 30
+    addresses = [fleet.node_address(pool, i) for pool in fleet.pools for i in range(pool.count)]
+    assert None not in addresses and len(set(addresses)) == len(addresses) == 21_000
+    for address in addresses:
+        octets = ipaddress.ip_address(address).packed
+        assert octets[0] == 10 and 100 <= octets[1] <= 199 and 2 <= octets[3] <= 251, address
+    # A pool keeps its slot in another fleet (when no earlier pool there took it).
+    assert slot(spec.parse("pools: [{name: q, count: 1}, {name: p0, count: 1}]", "f.yaml"), 1) == slot(fleet, 0)
+    # Past what the scheme holds, the name picks one, outside the fleets' range.
+    assert fleet.node_address(fleet.pools[0], spec.FLEET_ADDRESSES_PER_POOL) is None
+    own = NodeSpec("p0-64000").internal_ip()
+    assert 200 <= int(own.split(".")[1]) <= 254 and own != NodeSpec("p0-64001").internal_ip()
+    assert NodeSpec("a-000", address="10.100.0.2").internal_ip() == "10.100.0.2"
 
 
 def test_a_pools_placement_becomes_how_ray_runs_its_hosts() -> None:
