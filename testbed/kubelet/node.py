@@ -16,8 +16,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import os
 import random
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -96,6 +98,22 @@ def node_object(spec: NodeSpec) -> Obj:
     }
 
 
+KERNEL_VERSION = os.uname().release
+"""The kernel a synthetic node's pods would run on: this machine's."""
+
+
+def _machine_identity(node: str) -> dict[str, str]:
+    """What a real node reads from /etc/machine-id, its firmware and the running kernel:
+    one per node name, the same at every start (a synthetic machine never reboots, so
+    its kubelet never reports it rebooted)."""
+    seed = uuid.uuid5(uuid.NAMESPACE_DNS, f"{node}.nodes.dra-testbed.io")
+    return {
+        "machineID": seed.hex,
+        "systemUUID": str(uuid.uuid5(seed, "system")).upper(),
+        "bootID": str(uuid.uuid5(seed, "boot")),
+    }
+
+
 def node_status(spec: NodeSpec) -> Obj:
     stamp = now_rfc3339()
 
@@ -146,11 +164,9 @@ def node_status(spec: NodeSpec) -> Obj:
                 "operatingSystem": "linux",
                 "architecture": "amd64",
                 "containerRuntimeVersion": "dra-testbed://1",
-                "kernelVersion": "",
+                "kernelVersion": KERNEL_VERSION,
                 "osImage": "dra-testbed synthetic node",
-                "machineID": "",
-                "systemUUID": "",
-                "bootID": "",
+                **_machine_identity(spec.name),
             },
         }
     }

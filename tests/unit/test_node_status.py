@@ -118,3 +118,17 @@ def test_reports_come_every_5_minutes_the_first_and_those_after_a_change_spread_
     assert not clock.due(449.0) and clock.due(450.0)
     clock.reported(450.0, changed=True)  # after a change: spread again, here by +50%
     assert not clock.due(899.0) and clock.due(900.0)
+
+
+def test_a_node_names_its_machine_as_a_real_kubelet_does_the_same_at_every_start() -> None:
+    import re
+    import uuid
+
+    info = own()["nodeInfo"]
+    assert info["kernelVersion"], "kubectl get nodes -o wide shows <unknown> for an empty one"
+    assert re.fullmatch(r"[0-9a-f]{32}", info["machineID"]), info["machineID"]
+    for key in ("systemUUID", "bootID"):
+        uuid.UUID(info[key])
+    assert node_status(NodeSpec("node-0"))["status"]["nodeInfo"] == info, "a changed bootID reads as a reboot"
+    other = node_status(NodeSpec("node-1"))["status"]["nodeInfo"]
+    assert all(other[key] != info[key] for key in ("machineID", "systemUUID", "bootID"))
