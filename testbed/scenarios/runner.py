@@ -23,8 +23,10 @@ from typing import Any
 
 import aiohttp
 
+from fake_devices.hardware import build_inventory
 from testbed.controlplane.components import Ports
-from testbed.drivers import class_kinds
+from testbed.drivers import PROFILES, class_kinds, load_profile
+from testbed.errors import TestbedError
 from testbed.keys import PHASE_LABEL, PROFILE_LABEL, RUN_LABEL
 from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
 from testbed.kubelet.node import SYNTHETIC_TOLERATION
@@ -36,6 +38,9 @@ from testbed.scenarios.spec import Fault, Phase, Scenario
 CLEANUP_TIMEOUT_S = 30.0
 """How long a run that lost its control plane tries to delete its namespace."""
 CLASS_KINDS = class_kinds()
+PUBLICATION_GRACE_S = 15.0
+"""How long a class the scenario asks for may have no device before the run gives up on
+it: nodes that just came up may still be publishing their slices."""
 
 
 @dataclass
@@ -169,6 +174,53 @@ def count_devices(slices: list[Obj], device_class: str) -> int:
     return total
 
 
+def unserved(scenario: Scenario, devices: dict[str, int]) -> dict[str, list[str]]:
+    """The testbed's classes the scenario asks for of which no device is published, each
+    with the phases that ask. Other drivers' classes are not counted, so not judged."""
+    missing: dict[str, list[str]] = {}
+    for phase in scenario.phases:
+        if phase.jobs == 0:
+            continue
+        for request in phase.requests:
+            if request.device_class in CLASS_KINDS and not devices.get(request.device_class):
+                asking = missing.setdefault(request.device_class, [])
+                if phase.name not in asking:
+                    asking.append(phase.name)
+    return missing
+
+
+def unserved_error(scenario: Scenario, missing: dict[str, list[str]], profiles: Counter[str]) -> TestbedError:
+    nodes = ", ".join(f"{count} x {profile}" for profile, count in sorted(profiles.items())) or "none"
+    wanted = ", ".join(
+        f"{device_class} devices (phase{'s' if len(phases) > 1 else ''} {', '.join(phases)})"
+        for device_class, phases in missing.items()
+    )
+    own = scenario.cluster
+    having = profiles_with(list(missing))
+    hint = "run it on nodes that have them: testbed up " + (
+        " or ".join(f"--profile {name}" for name in having) or "--profile <one with them>"
+    )
+    if own.profile in having:
+        hint += f"; or on a cluster of its own ({own.nodes} x {own.profile}): "
+        hint += f"testbed run {scenario.name} --up --name {scenario.name}"
+    return TestbedError(
+        f"scenario {scenario.name} asks for {wanted}, and no synthetic node of this cluster "
+        f"publishes any (its nodes: {nodes})",
+        hint=hint,
+    )
+
+
+def profiles_with(device_classes: list[str]) -> list[str]:
+    """The shipped hardware profiles whose nodes have devices of every one of these classes."""
+    kinds = {CLASS_KINDS[name][1] for name in device_classes}
+    having = []
+    for name in PROFILES.shipped():
+        devices, _ = build_inventory(load_profile(name), "any", 0)
+        if kinds <= {device.kind for device in devices}:
+            having.append(name)
+    return having
+
+
 def job_manifest(name: str, phase: Phase, run_id: str) -> Obj:
     command = ["sleep", f"{phase.run_seconds:g}"] if phase.run_seconds is not None else ["run-until-deleted"]
     labels = {RUN_LABEL: run_id, PHASE_LABEL: phase.name}
@@ -255,6 +307,7 @@ class Runner:
         self.data = RunData(scenario, f"run-{scenario.name}-{run_id}", time.time(), time.monotonic())
         self._changed = asyncio.Event()
         self.injector = injector
+        self._profiles: Counter[str] = Counter()
 
     def _say(self, message: str) -> None:
         if self.progress is not None:
@@ -375,10 +428,28 @@ class Runner:
 
     # --- phases --------------------------------------------------------------------
 
+    async def _servable_devices(self) -> dict[str, int]:
+        """The devices of each class, once every class the scenario asks for has some:
+        a phase no device can serve would only wait out its stall and fail."""
+        deadline = time.monotonic() + PUBLICATION_GRACE_S
+        said = False
+        while True:
+            devices = await self._devices()
+            missing = unserved(self.scenario, devices)
+            if not missing:
+                return devices
+            if time.monotonic() > deadline:
+                raise unserved_error(self.scenario, missing, self._profiles)
+            if not said:
+                self._say(f"waiting for the nodes to publish {', '.join(missing)} devices")
+                said = True
+            await asyncio.sleep(0.5)
+
     async def _devices(self) -> dict[str, int]:
         """Devices on the synthetic nodes, where the scenario's pods go."""
         nodes = await self.client.get(path_for("v1", "nodes"), {"labelSelector": PROFILE_LABEL})
         synthetic = {n["metadata"]["name"] for n in nodes["items"]}
+        self._profiles = Counter(n["metadata"]["labels"][PROFILE_LABEL] for n in nodes["items"])
         listing = await self.client.get(path_for("resource.k8s.io/v1", "resourceslices"))
         slices = [s for s in listing["items"] if s["spec"].get("nodeName") in synthetic]
         self.data.nodes, self.data.slices = len(synthetic), len(slices)
@@ -469,8 +540,8 @@ class Runner:
             await asyncio.sleep(0.5)
 
     async def run(self) -> RunData:
+        self.data.devices = await self._servable_devices()
         await self.client.create(path_for("v1", "namespaces"), {"metadata": {"name": self.data.namespace}})
-        self.data.devices = await self._devices()
         async with aiohttp.ClientSession() as session:
             self.data.before = await self._scrape_all(session)
             tasks = [asyncio.create_task(t) for t in (self._watch_pods(), self._watch_claims(), self._sample(session))]

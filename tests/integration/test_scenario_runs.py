@@ -7,9 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
+from kubernetes import client as k8s
 
 from testbed.config import nodes_dir
 from testbed.controlplane.cluster import ClusterState
+from testbed.errors import TestbedError
 from testbed.fleet.fleet import Fleet
 from testbed.kubeapi import KubeClient
 from testbed.report import report as reporting
@@ -84,6 +86,19 @@ def test_asking_for_more_devices_than_exist_reports_unschedulable_pods(
     assert phase["pods_running"] + phase["unschedulable"] == 7
     assert not phase["slo_met"]
     assert data.ended < 60, "it reports; it does not hang"
+
+
+def test_a_phase_no_published_device_can_serve_fails_the_run_before_it_creates_anything(
+    control_plane: ClusterState, fleet: Fleet, kube_api: k8s.ApiClient
+) -> None:
+    fpga = {"name": "fpga", "jobs": 1, "requests": [{"name": "f", "deviceClass": "fpga.dra-testbed.io"}]}
+    scenario = spec.Scenario.model_validate({"name": "wants-fpga", "phases": [{"name": "gpu", "jobs": 1}, fpga]})
+    with pytest.raises(TestbedError) as caught:
+        _run(control_plane, fleet, scenario)  # tiny nodes: GPUs and NICs, no FPGA
+    assert "fpga.dra-testbed.io devices (phase fpga)" in caught.value.message, caught.value.message
+    assert "--profile fpga4" in str(caught.value.hint)
+    namespaces = k8s.CoreV1Api(kube_api).list_namespace().items
+    assert not [n for n in namespaces if n.metadata.name.startswith("run-wants-fpga-")], "nothing was created"
 
 
 def test_a_scenarios_faults_reach_the_fleet_at_their_time_and_the_report(

@@ -1,5 +1,6 @@
 """Scenario files and the report's arithmetic."""
 
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -130,3 +131,26 @@ def test_a_fault_needs_what_its_action_acts_on() -> None:
     ):
         with pytest.raises(ValueError, match=needs):
             Fault.model_validate({"atSeconds": 0, **broken})
+
+
+def test_a_class_no_device_serves_is_named_with_the_phases_asking_and_the_profiles_that_have_it() -> None:
+    from testbed.scenarios.runner import profiles_with, unserved, unserved_error
+
+    smoke = spec.load("smoke")
+    gpu8 = {"gpu.dra-testbed.io": 32, "gpu-partition.dra-testbed.io": 0, "nic.dra-testbed.io": 0}
+    missing = unserved(smoke, gpu8)
+    assert missing == {"gpu-partition.dra-testbed.io": ["partitions"], "nic.dra-testbed.io": ["aligned"]}
+    assert not unserved(smoke, {**gpu8, "gpu-partition.dra-testbed.io": 4, "nic.dra-testbed.io": 1})
+    # A phase of no Jobs asks for nothing; another driver's class is not the testbed's to judge.
+    assert not unserved(spec.load("smoke", {"phases.1.jobs": 0, "phases.2.jobs": 0}), gpu8)
+    elsewhere = spec.load("smoke", {"phases.1.requests.0.deviceClass": "gpu.example.com"})
+    assert unserved(elsewhere, gpu8) == {"nic.dra-testbed.io": ["aligned"]}
+
+    assert "tiny" in profiles_with(list(missing)) and "gpu8" not in profiles_with(list(missing))
+    error = unserved_error(smoke, missing, Counter({"gpu8": 4}))
+    assert "phase partitions" in error.message and "phase aligned" in error.message and "4 x gpu8" in error.message
+    assert "--profile tiny" in error.hint and "testbed run smoke --up" in error.hint
+    # The scenario's own profile lacks them too: no point suggesting its own cluster.
+    fpga = spec.load("smoke", {"phases.1.requests.0.deviceClass": "fpga.dra-testbed.io"})
+    hint = unserved_error(fpga, unserved(fpga, gpu8), Counter({"gpu8": 4})).hint
+    assert "--profile tiny" not in hint and "--up" not in hint
