@@ -12,7 +12,9 @@ containers run ``sleep N`` (and do not restart) or that carries
 - a container gets the CDI devices of the claim requests it names, matched EXACTLY
   against the ``request_names`` the driver returned (a device with none goes to all);
 - each status PATCH carries the pod's UID (PatchPodStatus), so a write meant for a pod
-  deleted meanwhile is refused instead of landing on a namesake created since;
+  deleted meanwhile is refused instead of landing on a namesake created since; the status
+  itself is the kubelet's (podstatus.py): its conditions at the pod's generation, Ready
+  following the readiness gates, and a terminal status before a deleted pod is removed;
 - a failed prepare is recorded as an event and made again at the pod's next sync (60 s,
   jittered to 60-90 s), or at once when the pod changes beyond its status; a container
   the runtime could not create is tried again at the next PLEG relist (which sees the
@@ -46,14 +48,15 @@ import logging
 import random
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from testbed.http11 import TransportError
 from testbed.keys import CONTAINER_ENV_ANNOTATION, RUN_SECONDS_ANNOTATION
 from testbed.kubeapi import ApiError, ClaimRef, KubeClient, Obj, WatchPosition, now_rfc3339, path_for
-from testbed.kubelet import claiminfo, metrics, skips
+from testbed.kubelet import claiminfo, metrics, podstatus, skips
 from testbed.kubelet.claiminfo import PreparedClaim
 from testbed.kubelet.events import EventRecorder, write_event
 from testbed.kubelet.node import NodeSpec
@@ -234,6 +237,8 @@ class PodManager:
         if kind == "DELETED" or before is None or _differs_beyond_status(before, pod):
             self._changes[uid] = self._changes.get(uid, 0) + 1
             self._updated.setdefault(uid, asyncio.Event()).set()
+        elif uid in self._running and pod["spec"].get("readinessGates"):
+            self._follow_readiness_gates(pod)
         if uid in self._workers:
             return
         if kind == "DELETED" and uid in self._terminated:
@@ -285,9 +290,9 @@ class PodManager:
                     if not self._deleting(uid):
                         # The kubelet unprepares after the containers stopped and before
                         # the pod's new status reaches the API server.
-                        self._not_running(uid)
+                        since = self._not_running(uid)
                         await self._release(uid)
-                        await self._set_succeeded(uid)
+                        await self._set_ended(uid, since, podstatus.Ended.completed(now_rfc3339()))
                 while not self._deleting(uid):
                     await self._pause(uid, 3600)
             await self._finish_deletion(uid)
@@ -554,21 +559,9 @@ class PodManager:
         self._resync_schedule.add(meta["uid"], time.monotonic())
         self._resync_wake.set()
 
-        def condition(kind: str) -> Obj:
-            return {"type": kind, "status": "True", "lastTransitionTime": stamp}
-
-        status = {
-            "phase": "Running",
-            "hostIP": ip,
-            "hostIPs": [{"ip": ip}],
-            "podIP": pod_ip,
-            "podIPs": [{"ip": pod_ip}],
-            "startTime": stamp,
-            "conditions": [
-                condition(k) for k in ("PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready")
-            ],
-            "containerStatuses": self._running_container_statuses(pod, stamp),
-        }
+        status = podstatus.running_status(pod, stamp, _container_ids(pod), now_rfc3339())
+        self._add_device_health(pod, status["containerStatuses"])
+        status.update(hostIP=ip, hostIPs=[{"ip": ip}], podIP=pod_ip, podIPs=[{"ip": pod_ip}])
         body: Obj = {"status": status}
         if any(env.values()):
             # The runtime's report rides in the one write that makes the pod Running, so
@@ -604,25 +597,18 @@ class PodManager:
             raise
 
     def _running_container_statuses(self, pod: Obj, stamp: str) -> list[Obj]:
+        statuses: list[Obj] = podstatus.running_status(pod, stamp, _container_ids(pod), stamp)["containerStatuses"]
+        self._add_device_health(pod, statuses)
+        return statuses
+
+    def _add_device_health(self, pod: Obj, statuses: list[Obj]) -> None:
+        """Each container's ``allocatedResourcesStatus``, noted to write only changes."""
         uid = pod["metadata"]["uid"]
-        statuses = []
-        for container in pod["spec"].get("containers", []):
-            status: Obj = {
-                "name": container["name"],
-                "image": container.get("image", ""),
-                "imageID": "",
-                "ready": True,
-                "started": True,
-                "restartCount": 0,
-                "containerID": f"dra-testbed://{uid}-{container['name']}",
-                "state": {"running": {"startedAt": stamp}},
-            }
+        for status, container in zip(statuses, pod["spec"].get("containers", []), strict=True):
             resources = self._allocated_resources_status(uid, container)
             if resources:
                 status["allocatedResourcesStatus"] = resources
-            statuses.append(status)
         self._resources_status[uid] = [s.get("allocatedResourcesStatus") for s in statuses]
-        return statuses
 
     def _allocated_resources_status(self, pod_uid: str, container: Obj) -> list[Obj]:
         """As the kubelet builds it (dra Manager.UpdateAllocatedResourcesStatus): one entry
@@ -660,6 +646,26 @@ class PodManager:
                 result.append({"name": name, "resources": resources})
         return result
 
+    def _follow_readiness_gates(self, pod: Obj) -> None:
+        """A running pod's gate conditions changed (someone else writes them): Ready
+        follows at once, as the kubelet's status manager makes it."""
+        if pod.get("status", {}).get("phase") != "Running" or pod["metadata"].get("deletionTimestamp"):
+            return
+        update = podstatus.readiness_update(pod, now_rfc3339())
+        if update is not None:
+            self._in_background(self._patch_status(pod, {"status": update}), f"pod-ready-{pod['metadata']['uid']}")
+
+    def _in_background(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        async def logged() -> None:
+            try:
+                await work
+            except ApiError as exc:
+                log.debug("%s on %s: %s", name, self.node.name, exc)
+
+        task = asyncio.create_task(logged(), name=name)
+        self._status_tasks.add(task)
+        task.add_done_callback(self._status_tasks.discard)
+
     def health_changed(self, driver: str, devices: list[tuple[str, str]]) -> None:
         """A driver's health stream changed these (pool, device): resync the pods using them."""
         changed = set(devices)
@@ -671,9 +677,7 @@ class PodManager:
                 if (claim := self.claims.get(claim_uid)) is not None
                 for d in claim.devices
             ):
-                task = asyncio.create_task(self._sync_status(uid), name=f"pod-status-{uid}")
-                self._status_tasks.add(task)
-                task.add_done_callback(self._status_tasks.discard)
+                self._in_background(self._sync_status(uid), f"pod-status-{uid}")
 
     async def _resync(self) -> None:
         """Sync each running pod again 60-90 s after its last sync (resync.py)."""
@@ -707,44 +711,9 @@ class PodManager:
             self._resources_status.pop(uid, None)  # try again at the next sync
             log.debug("pod %s: status update failed: %s", meta["name"], exc)
 
-    async def _set_succeeded(self, uid: str) -> None:
+    async def _set_ended(self, uid: str, started: str, ended: podstatus.Ended) -> None:
         pod = self._pod(uid)
-        meta = pod["metadata"]
-        stamp = now_rfc3339()
-        status = {
-            "phase": "Succeeded",
-            "conditions": [
-                {
-                    "type": k,
-                    "status": "False",
-                    "reason": "PodCompleted",
-                    "lastTransitionTime": stamp,
-                }
-                for k in ("ContainersReady", "Ready")
-            ],
-            "containerStatuses": [
-                {
-                    "name": c["name"],
-                    "image": c.get("image", ""),
-                    "imageID": "",
-                    "ready": False,
-                    "started": False,
-                    "restartCount": 0,
-                    "containerID": f"dra-testbed://{meta['uid']}-{c['name']}",
-                    "state": {
-                        "running": None,
-                        "terminated": {
-                            "exitCode": 0,
-                            "reason": "Completed",
-                            "startedAt": stamp,
-                            "finishedAt": stamp,
-                        },
-                    },
-                }
-                for c in pod["spec"].get("containers", [])
-            ],
-        }
-        await self._patch_status(pod, {"status": status})
+        await self._patch_status(pod, {"status": podstatus.ended_status(pod, started, _container_ids(pod), ended)})
 
     async def _release(self, pod_uid: str) -> None:
         """Unprepare the claims this pod was the last user of, once the pod's containers
@@ -876,18 +845,24 @@ class PodManager:
         by someone else's watch, it cannot tell, and claims are left alone."""
         return self.watch_pods and bool(self._position.resource_version)
 
-    def _not_running(self, uid: str) -> None:
-        """Its containers and sandbox are gone (its status keeps the IP it had)."""
-        self._running.pop(uid, None)
+    def _not_running(self, uid: str) -> str:
+        """Its containers and sandbox are gone (its status keeps the IP it had); when they
+        had started ("" if they never ran)."""
+        started = self._running.pop(uid, "")
         self._addresses.release(uid)
         self._resync_schedule.remove(uid)
+        return started
 
     async def _finish_deletion(self, uid: str) -> None:
-        self._not_running(uid)
+        started = self._not_running(uid)
         await self._release(uid)
         pod = self._latest.get(uid)
         if pod is not None and not pod.get("_deleted"):
             meta = pod["metadata"]
+            if started:
+                # As the kubelet: the stopped containers' terminal status, then the delete.
+                with contextlib.suppress(ApiError):
+                    await self._set_ended(uid, started, podstatus.Ended.stopped(now_rfc3339()))
             with contextlib.suppress(ApiError):
                 await self.client.delete(
                     path_for("v1", "pods", meta["name"], meta["namespace"]),
@@ -943,6 +918,11 @@ def jittered(seconds: float) -> float:
 def until_next_relist() -> float:
     """The PLEG lists containers on a fixed period: what changed now is seen within one."""
     return PLEG_RELIST_S * random.random()
+
+
+def _container_ids(pod: Obj) -> dict[str, str]:
+    uid = pod["metadata"]["uid"]
+    return {c["name"]: f"dra-testbed://{uid}-{c['name']}" for c in pod["spec"].get("containers", [])}
 
 
 def _running_with_own_ip(pod: Obj) -> bool:

@@ -641,6 +641,132 @@ def test_device_health_reaches_the_pod_status_and_stays_healthy(
     asyncio.run(scenario())
 
 
+POD_LEVEL_RESOURCES = ("resources", "allocatedResources")
+"""Pod-level resource status: the real kubelet's comes from its cgroups, which the fake
+kubelet does not have."""
+GATE = "example.com/load-balanced"
+
+
+def _status_shape(pod: Obj) -> dict[str, Any]:
+    """What a user reads in a pod's status, less what differs by nature (times, IDs, IPs,
+    the runtime's made-up image digest, the random name of the token volume)."""
+    status, generation = pod["status"], pod["metadata"]["generation"]
+    conditions = [
+        (c["type"], c["status"], c.get("reason"), c.get("message"), c.get("observedGeneration") == generation)
+        for c in status.get("conditions", [])
+    ]
+
+    def container(c: Obj) -> dict[str, Any]:
+        state = {kind: sorted(value) for kind, value in c["state"].items() if value}
+        mounts = [
+            {**m, "name": re.sub(r"^kube-api-access-.*", "kube-api-access", m["name"])}
+            for m in c.get("volumeMounts", [])
+        ]
+        shape = {
+            k: v
+            for k, v in c.items()
+            if k not in ("containerID", "imageID", "state", "volumeMounts", "allocatedResourcesStatus")
+        }
+        return {**shape, "state": state, "mounts": mounts, "has_image_id": bool(c.get("imageID"))}
+
+    return {
+        "keys": sorted(k for k in status if k not in POD_LEVEL_RESOURCES),
+        "phase": status.get("phase"),
+        "observedGeneration": status.get("observedGeneration") == generation,
+        "conditions": conditions,
+        "containers": [container(c) for c in status.get("containerStatuses", [])],
+    }
+
+
+def test_a_pods_status_reads_alike_on_real_and_fake_kubelets(
+    control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
+) -> None:
+    """Conditions (in the kubelet's order, at the pod's generation, a readiness gate
+    honoured), container statuses (image, resources, mounts, terminated state) running,
+    completed, and stopped for the pod's deletion."""
+
+    async def scenario() -> None:
+        async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
+
+            async def case(side: Side) -> dict[str, Any]:
+                await side.template("gpu", [request("gpu", GPU)])
+                await side.pod("claiming", {"resourceClaimTemplateName": "gpu"})
+                given = {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}}
+                main = {"name": "main", "image": "registry.invalid/work:v1", "resources": given}
+                scratch = [{"name": "scratch", "mountPath": "/scratch", "readOnly": True}]
+                await side.create_pod(
+                    "done",
+                    restartPolicy="Never",
+                    containers=[{**main, "command": ["sleep", "1"], "volumeMounts": scratch}],
+                    volumes=[{"name": "scratch", "emptyDir": {}}],
+                )
+                await side.create_pod(
+                    "gated",
+                    readinessGates=[{"conditionType": GATE}],
+                    containers=[{**main, "command": ["sleep", "3600"]}],
+                )
+                found = {"claiming": _status_shape(await side.running("claiming"))}
+                found["gated"] = _status_shape(await side.running("gated"))
+                done = await until(lambda: side._phase("done", "Succeeded"), 60, f"{side.kind}: done to succeed")
+
+                async def sandbox_gone() -> Obj | None:
+                    pod = await side.read_pod("done")
+                    ready = [c for c in pod["status"]["conditions"] if c["type"] == "PodReadyToStartContainers"]
+                    return pod if ready and ready[0]["status"] == "False" else None
+
+                done = await until(sandbox_gone, 60, f"{side.kind}: done's sandbox gone")
+                found["done"] = _status_shape(done)
+                # A controller sets the gate's condition: Ready follows.
+                gate = {"status": {"conditions": [{"type": GATE, "status": "True"}]}}
+                await side.client.patch(path_for("v1", "pods", "gated", side.namespace) + "/status", gate, "strategic")
+
+                async def gate_ready() -> Obj | None:
+                    pod = await side.read_pod("gated")
+                    ready = [c for c in pod["status"]["conditions"] if c["type"] == "Ready"]
+                    return pod if ready and ready[0]["status"] == "True" else None
+
+                found["gated and ready"] = _status_shape(await until(gate_ready, 60, f"{side.kind}: gated Ready"))
+                # Deleted: the last status before the pod is gone is a terminal one.
+                last: dict[str, Obj] = {}
+
+                async def follow() -> None:
+                    path = path_for("v1", "pods", namespace=side.namespace)
+                    async for kind, pod in side.client.watch(path, {"fieldSelector": "metadata.name=claiming"}):
+                        last[kind] = pod
+
+                async def gone() -> bool:
+                    return "DELETED" in last
+
+                following = asyncio.create_task(follow())
+                try:
+                    await side.delete_pod("claiming")
+                    await until(gone, 60, f"{side.kind}: claiming deleted")
+                finally:
+                    following.cancel()
+                found["deleted"] = _status_shape(last["DELETED"])
+                return found
+
+            found = await both(sides, case)
+            deleted = {kind: f.pop("deleted") for kind, f in found.items()}
+            for stage in found["real"]:
+                assert found["fake"][stage] == found["real"][stage], stage
+
+            # How a stopped container exited is the runtime's to say (the reference's fake
+            # runtime says 0, so Succeeded; a process ending on SIGTERM 143, so Failed),
+            # and the reasons follow from it: the rest alike.
+            def exit_aside(shape: dict[str, Any]) -> dict[str, Any]:
+                assert shape["phase"] in ("Succeeded", "Failed"), shape
+                conditions = [(t, status, generation) for t, status, _, _, generation in shape["conditions"]]
+                states = [
+                    {k: [f for f in v if f != "reason"] for k, v in c["state"].items()} for c in shape["containers"]
+                ]
+                return {"keys": shape["keys"], "conditions": conditions, "states": states}
+
+            assert exit_aside(deleted["fake"]) == exit_aside(deleted["real"])
+
+    asyncio.run(scenario())
+
+
 def test_a_rolling_update_hands_claims_to_the_new_driver_instance_and_keeps_the_slices(
     control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
 ) -> None:
