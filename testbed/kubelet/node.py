@@ -166,6 +166,7 @@ def node_status(spec: NodeSpec) -> Obj:
                 "containerRuntimeVersion": "dra-testbed://1",
                 "kernelVersion": KERNEL_VERSION,
                 "osImage": "dra-testbed synthetic node",
+                "runningInUserNamespace": False,
                 **_machine_identity(spec.name),
             },
         }

@@ -572,6 +572,9 @@ def test_a_node_marked_unknown_is_ready_again_alike_within_a_status_sync(
                 return {
                     "back_s": back,
                     "declared": node["status"].get("declaredFeatures"),
+                    # Which facts a kubelet reports (their values are each machine's own).
+                    "status_fields": sorted(node["status"]),
+                    "node_info": sorted(k for k, v in node["status"]["nodeInfo"].items() if v not in ("", None)),
                     "conditions": conditions,
                     "renewed": renewed,
                     "events": recovered,
@@ -584,6 +587,8 @@ def test_a_node_marked_unknown_is_ready_again_alike_within_a_status_sync(
                 assert seen["renewed"], f"{kind}: each condition's transition time is the recovery's"
             assert found["fake"]["conditions"] == found["real"]["conditions"]
             assert found["fake"]["declared"] == found["real"]["declared"], "the features the kubelets declare differ"
+            assert found["fake"]["status_fields"] == found["real"]["status_fields"]
+            assert found["fake"]["node_info"] == found["real"]["node_info"], "nodeInfo: fields left empty"
             assert found["fake"]["events"] == found["real"]["events"], "the Events on the Node differ"
             assert found["fake"]["cordon"] == found["real"]["cordon"], "the Events of a cordon differ"
 
