@@ -14,7 +14,8 @@ containers run ``sleep N`` (and do not restart) or that carries
 - each status PATCH carries the pod's UID (PatchPodStatus), so a write meant for a pod
   deleted meanwhile is refused instead of landing on a namesake created since; the status
   itself is the kubelet's (podstatus.py): its conditions at the pod's generation, Ready
-  following the readiness gates, and a terminal status before a deleted pod is removed;
+  following the readiness gates, Pending with its containers ContainerCreating while a
+  prepare fails, and a terminal status before a deleted pod is removed;
 - a failed prepare is recorded as an event and made again at the pod's next sync (60 s,
   jittered to 60-90 s), or at once when the pod changes beyond its status; a container
   the runtime could not create is tried again at the next PLEG relist (which sees the
@@ -179,6 +180,8 @@ class PodManager:
         """Pods whose claims were released after their containers stopped, until the API
         says they are gone: their late events must not release them again."""
         self._resources_status: dict[str, object] = {}
+        self._waiting: set[str] = set()
+        """Pods shown Pending with their containers ContainerCreating (podstatus.py)."""
         self._started_before_restart: set[str] = set()
         """Pods whose claims were prepared when the checkpoint was written: those still
         Running kept their containers through this kubelet's restart."""
@@ -323,6 +326,8 @@ class PodManager:
                 return True
             except StartFailed as exc:
                 await self.event(pod, exc.reason, str(exc))
+                if exc.reason in (PREPARE_FAILED, SANDBOX_FAILED) and uid not in self._waiting:
+                    await self._set_waiting(pod)
                 if exc.reason == PREPARE_FAILED:
                     next_sync = jittered(STATUS_SYNC_S)
                 elif not sandbox:
@@ -570,6 +575,21 @@ class PodManager:
             # change them there (labels only are refused).
             body["metadata"] = {"annotations": {CONTAINER_ENV_ANNOTATION: json.dumps(env, sort_keys=True)}}
         await self._patch_status(pod, body)
+
+    async def _set_waiting(self, pod: Obj) -> None:
+        """Pending with its containers ContainerCreating, as the kubelet shows a pod whose
+        sandbox it could not make yet: written once, the first time."""
+        uid = pod["metadata"]["uid"]
+        try:
+            await self._patch_status(
+                pod, {"status": podstatus.waiting_status(pod, self.node.internal_ip(), now_rfc3339())}
+            )
+        except ApiError as exc:
+            if exc.not_found:
+                raise
+            log.debug("pod %s: status update failed: %s", pod["metadata"]["name"], exc)
+            return
+        self._waiting.add(uid)
 
     def _pod_ip(self, pod: Obj) -> str:
         """From the Node's pod CIDR (the node's IP without one); a pod running when this
@@ -859,10 +879,12 @@ class PodManager:
         pod = self._latest.get(uid)
         if pod is not None and not pod.get("_deleted"):
             meta = pod["metadata"]
-            if started:
-                # As the kubelet: the stopped containers' terminal status, then the delete.
-                with contextlib.suppress(ApiError):
+            # As the kubelet: the stopped containers' terminal status, then the delete.
+            with contextlib.suppress(ApiError):
+                if started:
                     await self._set_ended(uid, started, podstatus.Ended.stopped(now_rfc3339()))
+                elif uid in self._waiting:
+                    await self._patch_status(pod, {"status": podstatus.never_ran_status(pod, now_rfc3339())})
             with contextlib.suppress(ApiError):
                 await self.client.delete(
                     path_for("v1", "pods", meta["name"], meta["namespace"]),
@@ -883,6 +905,7 @@ class PodManager:
 
     def _forget(self, uid: str, keep_terminated: bool = False) -> None:
         self._latest.pop(uid, None)
+        self._waiting.discard(uid)
         self._updated.pop(uid, None)
         self._changes.pop(uid, None)
         self._resources_status.pop(uid, None)

@@ -1,6 +1,7 @@
 """A pod's status as kubelet v1.37 writes it (generateAPIPodStatus), for the states the
-fake kubelet puts a pod in: running, completed (its containers exited 0), and stopped
-for its deletion. Pure: the pod as last seen and a few facts in, the status out.
+fake kubelet puts a pod in: waiting for its sandbox (a failed prepare), running,
+completed (its containers exited 0), and stopped for its deletion (or deleted before it
+ever ran). Pure: the pod as last seen and a few facts in, the status out.
 
 Compared field by field with a real kubelet's (tests/integration/test_real_and_fake_kubelet.py):
 - the kubelet's five conditions, in its order, after the conditions others own (a
@@ -30,6 +31,8 @@ KUBELET_CONDITIONS = ("PodReadyToStartContainers", "Initialized", "Ready", "Cont
 """Those the kubelet owns and writes, in the order it writes them."""
 SANDBOX_NOT_READY = "PodSandboxNotReady"
 SANDBOX_GONE_MESSAGE = "pod sandbox is not ready"
+NO_SANDBOX_MESSAGE = "no pod sandbox exists"
+CONTAINER_NOT_FOUND = "The container could not be located when the pod was terminated"
 STOPPED_EXIT_CODE = 143
 """A container stopped for its pod's deletion ends as one that exits on SIGTERM does."""
 
@@ -86,6 +89,34 @@ def ended_status(pod: Obj, started: str, container_ids: Mapping[str, str], ended
     }
 
 
+def waiting_status(pod: Obj, host_ip: str, now: str) -> Obj:
+    """The status of a pod whose sandbox could not be made yet (its claims not prepared,
+    its network not set up): Pending, its containers ContainerCreating."""
+    return {
+        "phase": "Pending",
+        "observedGeneration": _generation(pod),
+        "startTime": pod.get("status", {}).get("startTime") or now,
+        "hostIP": host_ip,
+        "hostIPs": [{"ip": host_ip}],
+        **_conditions(pod, None, now, sandbox=False),
+        "containerStatuses": [
+            _unstarted_status(c, {"waiting": {"reason": "ContainerCreating"}})
+            for c in pod["spec"].get("containers", [])
+        ],
+    }
+
+
+def never_ran_status(pod: Obj, now: str) -> Obj:
+    """The terminal status of a pod deleted before its containers ever ran."""
+    unknown = {"exitCode": 137, "reason": "ContainerStatusUnknown", "message": CONTAINER_NOT_FOUND}
+    return {
+        "phase": "Failed",
+        "observedGeneration": _generation(pod),
+        **_conditions(pod, None, now, sandbox=False),
+        "containerStatuses": [_unstarted_status(c, {"terminated": unknown}) for c in pod["spec"].get("containers", [])],
+    }
+
+
 def readiness_update(pod: Obj, now: str) -> Obj | None:
     """The conditions to write when a running pod's Ready condition no longer says what
     its readiness gates do (someone set a gate's condition); None if it still does."""
@@ -125,6 +156,25 @@ def container_status(container: Obj, container_id: str, state: Obj, ready: bool)
     return status
 
 
+def _unstarted_status(container: Obj, state: Obj) -> Obj:
+    """What the kubelet knows of a container the runtime never made: the spec's image as
+    written, no image ID, no container ID."""
+    status: Obj = {
+        "name": container["name"],
+        "image": container.get("image", ""),
+        "imageID": "",
+        "ready": False,
+        "started": False,
+        "restartCount": 0,
+        "lastState": {},
+        "state": state,
+    }
+    mounts = [_mount_status(m) for m in container.get("volumeMounts") or []]
+    if mounts:
+        status["volumeMounts"] = mounts
+    return status
+
+
 def image_reference(image: str) -> str:
     """As a runtime reports the image it ran: ``:latest`` added when neither a tag nor a
     digest was given."""
@@ -153,11 +203,30 @@ def _generation(pod: Obj) -> int:
     return int(pod["metadata"].get("generation") or 1)
 
 
-def _conditions(pod: Obj, ended: str | None, now: str) -> Obj:
+def _conditions(pod: Obj, ended: str | None, now: str, sandbox: bool = True) -> Obj:
     """The kubelet's conditions after the others' (as it lists them), with the order
-    the strategic-merge patch must keep; ``ended``: the terminal phase, if any."""
+    the strategic-merge patch must keep; ``ended``: the terminal phase, if any;
+    ``sandbox``: whether the pod's sandbox was made (its containers running)."""
     generation = _generation(pod)
-    if ended is None:
+    if not sandbox:
+        names = " ".join(c["name"] for c in pod["spec"].get("containers", []))
+        unready = {
+            "status": "False",
+            "reason": "ContainersNotReady",
+            "message": f"containers with unready status: [{names}]",
+        }
+        mine = [
+            {
+                "type": "PodReadyToStartContainers",
+                "status": "False",
+                "reason": SANDBOX_NOT_READY,
+                "message": NO_SANDBOX_MESSAGE,
+            },
+            {"type": "Initialized", "status": "True"},
+            {"type": "Ready", **unready},
+            {"type": "ContainersReady", **unready},
+        ]
+    elif ended is None:
         mine = [
             {"type": "PodReadyToStartContainers", "status": "True"},
             {"type": "Initialized", "status": "True"},

@@ -687,8 +687,9 @@ def test_a_pods_status_reads_alike_on_real_and_fake_kubelets(
     control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
 ) -> None:
     """Conditions (in the kubelet's order, at the pod's generation, a readiness gate
-    honoured), container statuses (image, resources, mounts, terminated state) running,
-    completed, and stopped for the pod's deletion."""
+    honoured), container statuses (image, resources, mounts, terminated state): waiting
+    on a failed prepare, running, completed, stopped for the pod's deletion, and deleted
+    before it ever ran."""
 
     async def scenario() -> None:
         async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
@@ -696,6 +697,8 @@ def test_a_pods_status_reads_alike_on_real_and_fake_kubelets(
             async def case(side: Side) -> dict[str, Any]:
                 await side.template("gpu", [request("gpu", GPU)])
                 await side.pod("claiming", {"resourceClaimTemplateName": "gpu"})
+                await side.template("broken", [request("gpu", PARTITION)], config=gpu_config("Sometimes"))
+                await side.pod("broken", {"resourceClaimTemplateName": "broken"})
                 given = {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}}
                 main = {"name": "main", "image": "registry.invalid/work:v1", "resources": given}
                 scratch = [{"name": "scratch", "mountPath": "/scratch", "readOnly": True}]
@@ -711,6 +714,13 @@ def test_a_pods_status_reads_alike_on_real_and_fake_kubelets(
                     containers=[{**main, "command": ["sleep", "3600"]}],
                 )
                 found = {"claiming": _status_shape(await side.running("claiming"))}
+                await side.refused("broken", "sharing.strategy")
+
+                async def waiting() -> Obj | None:
+                    pod = await side.read_pod("broken")
+                    return pod if pod["status"].get("containerStatuses") else None
+
+                found["broken"] = _status_shape(await until(waiting, 30, f"{side.kind}: broken shown waiting"))
                 found["gated"] = _status_shape(await side.running("gated"))
                 done = await until(lambda: side._phase("done", "Succeeded"), 60, f"{side.kind}: done to succeed")
 
@@ -732,27 +742,28 @@ def test_a_pods_status_reads_alike_on_real_and_fake_kubelets(
 
                 found["gated and ready"] = _status_shape(await until(gate_ready, 60, f"{side.kind}: gated Ready"))
                 # Deleted: the last status before the pod is gone is a terminal one.
-                last: dict[str, Obj] = {}
+                for name in ("claiming", "broken"):
+                    last: dict[str, Obj] = {}
 
-                async def follow() -> None:
-                    path = path_for("v1", "pods", namespace=side.namespace)
-                    async for kind, pod in side.client.watch(path, {"fieldSelector": "metadata.name=claiming"}):
-                        last[kind] = pod
+                    async def follow(name: str = name, last: dict[str, Obj] = last) -> None:
+                        path = path_for("v1", "pods", namespace=side.namespace)
+                        async for kind, pod in side.client.watch(path, {"fieldSelector": f"metadata.name={name}"}):
+                            last[kind] = pod
 
-                async def gone() -> bool:
-                    return "DELETED" in last
+                    async def gone(last: dict[str, Obj] = last) -> bool:
+                        return "DELETED" in last
 
-                following = asyncio.create_task(follow())
-                try:
-                    await side.delete_pod("claiming")
-                    await until(gone, 60, f"{side.kind}: claiming deleted")
-                finally:
-                    following.cancel()
-                found["deleted"] = _status_shape(last["DELETED"])
+                    following = asyncio.create_task(follow())
+                    try:
+                        await side.delete_pod(name)
+                        await until(gone, 60, f"{side.kind}: {name} deleted")
+                    finally:
+                        following.cancel()
+                    found[f"{name} deleted"] = _status_shape(last["DELETED"])
                 return found
 
             found = await both(sides, case)
-            deleted = {kind: f.pop("deleted") for kind, f in found.items()}
+            deleted = {kind: f.pop("claiming deleted") for kind, f in found.items()}
             for stage in found["real"]:
                 assert found["fake"][stage] == found["real"][stage], stage
 

@@ -121,3 +121,23 @@ def test_a_container_status_names_its_image_as_a_runtime_does_its_mounts_and_its
     assert podstatus.image_reference("work:v1") == "work:v1"
     digested = "registry.invalid/work@sha256:" + "a" * 64
     assert podstatus.image_reference(digested) == podstatus.image_id(digested) == digested
+
+
+def test_a_pod_whose_sandbox_could_not_be_made_waits_in_container_creating_and_fails_if_deleted() -> None:
+    waiting = podstatus.waiting_status(pod(), "10.100.0.2", NOW)
+    conditions = by_type(waiting)
+    assert waiting["phase"] == "Pending" and waiting["hostIP"] == "10.100.0.2" and waiting["startTime"] == NOW
+    assert (conditions["PodReadyToStartContainers"]["status"], conditions["PodReadyToStartContainers"]["message"]) == (
+        "False",
+        "no pod sandbox exists",
+    )
+    assert conditions["Ready"]["message"] == "containers with unready status: [main]"
+    [container] = waiting["containerStatuses"]
+    assert container["state"] == {"waiting": {"reason": "ContainerCreating"}}
+    assert container["image"] == "registry.invalid/work" and container["imageID"] == ""
+    assert "containerID" not in container, "the runtime never made it"
+    gone = podstatus.never_ran_status(pod(generation=2), LATER)
+    assert gone["phase"] == "Failed" and gone["observedGeneration"] == 2
+    assert by_type(gone)["Ready"]["reason"] == "ContainersNotReady"
+    terminated = gone["containerStatuses"][0]["state"]["terminated"]
+    assert (terminated["exitCode"], terminated["reason"]) == (137, "ContainerStatusUnknown")
