@@ -125,9 +125,12 @@ class LinkWait:
 
 
 class StartFailed(Exception):
-    def __init__(self, reason: str, message: str):
+    def __init__(self, reason: str, message: str, created: tuple[str, str] | None = None):
+        """``created``: the runtime made the sandbox, and this container (its name) it
+        refused, in these words (the runtime's)."""
         super().__init__(message)
         self.reason = reason
+        self.created = created
 
 
 class PodManager:
@@ -180,8 +183,8 @@ class PodManager:
         """Pods whose claims were released after their containers stopped, until the API
         says they are gone: their late events must not release them again."""
         self._resources_status: dict[str, object] = {}
-        self._waiting: set[str] = set()
-        """Pods shown Pending with their containers ContainerCreating (podstatus.py)."""
+        self._waiting: dict[str, tuple[str, str] | None] = {}
+        """Pods shown Pending (podstatus.py), with the container the runtime refused."""
         self._started_before_restart: set[str] = set()
         """Pods whose claims were prepared when the checkpoint was written: those still
         Running kept their containers through this kubelet's restart."""
@@ -326,8 +329,10 @@ class PodManager:
                 return True
             except StartFailed as exc:
                 await self.event(pod, exc.reason, str(exc))
-                if exc.reason in (PREPARE_FAILED, SANDBOX_FAILED) and uid not in self._waiting:
+                if exc.reason in (PREPARE_FAILED, SANDBOX_FAILED):
                     await self._set_waiting(pod)
+                elif exc.created is not None:
+                    await self._set_waiting(pod, exc.created)
                 if exc.reason == PREPARE_FAILED:
                     next_sync = jittered(STATUS_SYNC_S)
                 elif not sandbox:
@@ -549,7 +554,8 @@ class PodManager:
             try:
                 env[container["name"]] = cdi.resolve(self.cdi_dir, ids)
             except cdi.CdiResolutionError as exc:
-                raise StartFailed("Failed", f"container {container['name']}: {exc}") from None
+                refused = (container["name"], f"failed to inject CDI devices: {exc}")
+                raise StartFailed("Failed", f"container {container['name']}: {exc}", refused) from None
         return env
 
     async def _set_running(self, pod: Obj, env: Mapping[str, Mapping[str, str]]) -> None:
@@ -576,20 +582,30 @@ class PodManager:
             body["metadata"] = {"annotations": {CONTAINER_ENV_ANNOTATION: json.dumps(env, sort_keys=True)}}
         await self._patch_status(pod, body)
 
-    async def _set_waiting(self, pod: Obj) -> None:
+    async def _set_waiting(self, pod: Obj, refused: tuple[str, str] | None = None) -> None:
         """Pending with its containers ContainerCreating, as the kubelet shows a pod whose
-        sandbox it could not make yet: written once, the first time."""
+        sandbox it could not make yet, or with the container the runtime refused
+        (``refused``: its name, the runtime's words) in CreateContainerError: written when
+        that changes."""
         uid = pod["metadata"]["uid"]
+        if uid in self._waiting and self._waiting[uid] == refused:
+            return
+        failed = None
+        if refused is not None:  # the sandbox exists, with its IP
+            pod_ip = self.node.internal_ip()
+            if not pod["spec"].get("hostNetwork"):
+                with contextlib.suppress(StartFailed):  # none left: the node's, as without a CIDR
+                    pod_ip = self._pod_ip(pod)
+            failed = podstatus.CreateFailed(pod_ip, *refused)
+        status = podstatus.waiting_status(pod, self.node.internal_ip(), now_rfc3339(), failed)
         try:
-            await self._patch_status(
-                pod, {"status": podstatus.waiting_status(pod, self.node.internal_ip(), now_rfc3339())}
-            )
+            await self._patch_status(pod, {"status": status})
         except ApiError as exc:
             if exc.not_found:
                 raise
             log.debug("pod %s: status update failed: %s", pod["metadata"]["name"], exc)
             return
-        self._waiting.add(uid)
+        self._waiting[uid] = refused
 
     def _pod_ip(self, pod: Obj) -> str:
         """From the Node's pod CIDR (the node's IP without one); a pod running when this
@@ -905,7 +921,7 @@ class PodManager:
 
     def _forget(self, uid: str, keep_terminated: bool = False) -> None:
         self._latest.pop(uid, None)
-        self._waiting.discard(uid)
+        self._waiting.pop(uid, None)
         self._updated.pop(uid, None)
         self._changes.pop(uid, None)
         self._resources_status.pop(uid, None)

@@ -89,20 +89,36 @@ def ended_status(pod: Obj, started: str, container_ids: Mapping[str, str], ended
     }
 
 
-def waiting_status(pod: Obj, host_ip: str, now: str) -> Obj:
-    """The status of a pod whose sandbox could not be made yet (its claims not prepared,
-    its network not set up): Pending, its containers ContainerCreating."""
+@dataclass(frozen=True)
+class CreateFailed:
+    """The runtime made the pod's sandbox (with its IP) but not this container."""
+
+    pod_ip: str
+    container: str
+    message: str
+
+
+def waiting_status(pod: Obj, host_ip: str, now: str, failed: CreateFailed | None = None) -> Obj:
+    """The status of a pod whose containers are not running yet: Pending, its containers
+    ContainerCreating; without ``failed``, its sandbox could not be made (its claims not
+    prepared, its network not set up), with it the sandbox exists and the runtime refused
+    that container (CreateContainerError, in the runtime's words)."""
+
+    def state(container: Obj) -> Obj:
+        if failed is not None and container["name"] == failed.container:
+            return {"waiting": {"reason": "CreateContainerError", "message": failed.message}}
+        return {"waiting": {"reason": "ContainerCreating"}}
+
+    addresses = {} if failed is None else {"podIP": failed.pod_ip, "podIPs": [{"ip": failed.pod_ip}]}
     return {
         "phase": "Pending",
         "observedGeneration": _generation(pod),
         "startTime": pod.get("status", {}).get("startTime") or now,
         "hostIP": host_ip,
         "hostIPs": [{"ip": host_ip}],
-        **_conditions(pod, None, now, sandbox=False),
-        "containerStatuses": [
-            _unstarted_status(c, {"waiting": {"reason": "ContainerCreating"}})
-            for c in pod["spec"].get("containers", [])
-        ],
+        **addresses,
+        **_conditions(pod, None, now, sandbox=failed is not None, running=False),
+        "containerStatuses": [_unstarted_status(c, state(c)) for c in pod["spec"].get("containers", [])],
     }
 
 
@@ -112,7 +128,7 @@ def never_ran_status(pod: Obj, now: str) -> Obj:
     return {
         "phase": "Failed",
         "observedGeneration": _generation(pod),
-        **_conditions(pod, None, now, sandbox=False),
+        **_conditions(pod, None, now, sandbox=False, running=False),
         "containerStatuses": [_unstarted_status(c, {"terminated": unknown}) for c in pod["spec"].get("containers", [])],
     }
 
@@ -203,25 +219,21 @@ def _generation(pod: Obj) -> int:
     return int(pod["metadata"].get("generation") or 1)
 
 
-def _conditions(pod: Obj, ended: str | None, now: str, sandbox: bool = True) -> Obj:
+def _conditions(pod: Obj, ended: str | None, now: str, sandbox: bool = True, running: bool = True) -> Obj:
     """The kubelet's conditions after the others' (as it lists them), with the order
     the strategic-merge patch must keep; ``ended``: the terminal phase, if any;
-    ``sandbox``: whether the pod's sandbox was made (its containers running)."""
+    ``sandbox``: whether the pod's sandbox exists; ``running``: its containers."""
     generation = _generation(pod)
-    if not sandbox:
+    if not running:
         names = " ".join(c["name"] for c in pod["spec"].get("containers", []))
         unready = {
             "status": "False",
             "reason": "ContainersNotReady",
             "message": f"containers with unready status: [{names}]",
         }
+        missing = {"status": "False", "reason": SANDBOX_NOT_READY, "message": NO_SANDBOX_MESSAGE}
         mine = [
-            {
-                "type": "PodReadyToStartContainers",
-                "status": "False",
-                "reason": SANDBOX_NOT_READY,
-                "message": NO_SANDBOX_MESSAGE,
-            },
+            {"type": "PodReadyToStartContainers", **({"status": "True"} if sandbox else missing)},
             {"type": "Initialized", "status": "True"},
             {"type": "Ready", **unready},
             {"type": "ContainersReady", **unready},

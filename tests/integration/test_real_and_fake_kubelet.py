@@ -1365,8 +1365,9 @@ def test_a_container_that_fails_to_start_is_tried_again_every_10_to_15_seconds(
     which the PLEG's next relist (within 1 s) sees, syncing the pod once more; from then
     on the pod worker syncs it again after its error backoff (10 s, jittered up to 15 s):
     no exponential container backoff applies to a container never created. The pod stays
-    Pending. (The fake kubelet used to wait 10-15 s before the second attempt too: the
-    real one made it 0.5 s after the first.)"""
+    Pending, its sandbox made and its container waiting in CreateContainerError, on both.
+    (The fake kubelet used to wait 10-15 s before the second attempt too: the real one
+    made it 0.5 s after the first.)"""
     driver = "wrong-cdi.example.com"
 
     async def scenario() -> None:
@@ -1386,14 +1387,16 @@ def test_a_container_that_fails_to_start_is_tried_again_every_10_to_15_seconds(
                     count = await _failed_starts(side, "wrong")
                     seen_at.extend([time.monotonic()] * (count - len(seen_at)))
                     await asyncio.sleep(0.25)
-                phase = (await side.read_pod("wrong"))["status"]["phase"]
+                pod = await side.read_pod("wrong")
+                phase, shape = pod["status"]["phase"], _status_shape(pod)
                 events = await side.events("wrong")
                 await side.delete_pod("wrong")
                 await side.gone("wrong")
                 gaps = [round(b - a, 1) for a, b in itertools.pairwise(seen_at)]
-                return {"gaps": gaps, "phase": phase, "events": events[-3:]}
+                return {"gaps": gaps, "phase": phase, "events": events[-3:], "status": shape}
 
             found = await both(sides, case)
+            assert found["fake"]["status"] == found["real"]["status"], "the status of a pod whose container failed"
             for kind, seen in found.items():
                 assert seen["phase"] == "Pending", (kind, seen)
                 assert len(seen["gaps"]) >= 3, (kind, seen)
