@@ -9,6 +9,9 @@ pod CIDR (podnetwork.py) and the environment a container would see (the runtime'
 report) in the ``dra-testbed.io/container-env`` annotation of that same status write. A pod whose
 containers run ``sleep N`` (and do not restart) or that carries
 ``dra-testbed.io/run-seconds`` succeeds after that long. As kubelet v1.37 does:
+- init containers run in order before the pod's own (``sleep N`` for N seconds, any
+  other command ending at once), the pod Pending while one runs; a sidecar
+  (restartPolicy Always) runs beside the pod's containers until they end;
 - a container gets the CDI devices of the claim requests it names, matched EXACTLY
   against the ``request_names`` the driver returned (a device with none goes to all);
 - each status PATCH carries the pod's UID (PatchPodStatus), so a write meant for a pod
@@ -46,6 +49,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import random
 import re
 import time
@@ -95,6 +99,7 @@ EXTENDED_RESOURCES = ":extended-resources"
 """Stands for the pod's extended-resource claim among its claim names (no pod claim can be
 named so: those are DNS labels)."""
 SLEEP_COMMAND = re.compile(r"(?:^|\s|;|&&)sleep\s+(\d+(?:\.\d+)?)(?:\s|;|$)")
+SLEEP_WORD = re.compile(r"(?:^|\s|;|&&)sleep\s+(\S+)")
 
 
 def run_seconds(pod: Obj) -> float | None:
@@ -183,12 +188,14 @@ class PodManager:
         """Pods whose claims were released after their containers stopped, until the API
         says they are gone: their late events must not release them again."""
         self._resources_status: dict[str, object] = {}
+        """By pod UID: the allocatedResourcesStatus last written, to write only changes."""
         self._waiting: dict[str, tuple[str, str] | None] = {}
         """Pods shown Pending (podstatus.py), with the container the runtime refused."""
+        self._inits: dict[str, podstatus.InitRun] = {}
+        """Pods whose init containers ran or run: how far they got."""
         self._started_before_restart: set[str] = set()
         """Pods whose claims were prepared when the checkpoint was written: those still
         Running kept their containers through this kubelet's restart."""
-        """By pod UID: the allocatedResourcesStatus last written, to write only changes."""
 
     def _load_checkpoint(self) -> None:
         if self.checkpoint is None:
@@ -324,10 +331,20 @@ class PodManager:
         while not self._deleting(uid):
             seen, pod = self._changes.get(uid, 0), self._pod(uid)
             try:
-                env = await self._adopt(pod) if self._kept_running(pod) else await self._prepare(pod)
-                await self._set_running(pod, env)
+                if self._kept_running(pod):
+                    env = await self._adopt(pod)
+                    inits = podstatus.InitRun.from_status(pod) or podstatus.InitRun.complete(pod, now_rfc3339())
+                else:
+                    env = await self._prepare(pod)
+                    ran = await self._initialize(pod)
+                    if ran is None:
+                        return False  # deleted while its init containers ran
+                    inits = ran
+                # The pod as last seen: its status holds what the init containers' writes said.
+                await self._set_running(self._pod(uid), env, inits)
                 return True
             except StartFailed as exc:
+                self._inits.pop(uid, None)
                 await self.event(pod, exc.reason, str(exc))
                 if exc.reason in (PREPARE_FAILED, SANDBOX_FAILED):
                     await self._set_waiting(pod)
@@ -558,21 +575,55 @@ class PodManager:
                 raise StartFailed("Failed", f"container {container['name']}: {exc}", refused) from None
         return env
 
-    async def _set_running(self, pod: Obj, env: Mapping[str, Mapping[str, str]]) -> None:
+    async def _initialize(self, pod: Obj) -> podstatus.InitRun | None:
+        """Run the pod's init containers in order before its own, as the kubelet does: each
+        to its end (``sleep N``: N seconds; ``sleep infinity``: never; any other command at
+        once), a sidecar (restartPolicy Always) started and left running. While one runs,
+        the pod shows Pending with it running. None if the pod is deleted meanwhile."""
+        uid = pod["metadata"]["uid"]
+        run = podstatus.InitRun()
+        for container in pod["spec"].get("initContainers") or []:
+            run = self._inits[uid] = run.then(now_rfc3339())
+            if podstatus.is_sidecar(container):
+                continue
+            seconds = init_seconds(container)
+            if seconds != 0:
+                latest = self._pod(uid)
+                addresses = self._addresses_of(latest)
+                status = podstatus.initializing_status(
+                    latest, _start_time(latest), _container_ids(latest), run, addresses, now_rfc3339()
+                )
+                self._add_device_health(latest, status["containerStatuses"])  # its claims are prepared
+                await self._patch_status(latest, {"status": status})
+                deadline = None if seconds is None else time.monotonic() + seconds
+                while not self._deleting(uid):
+                    left = 3600.0 if deadline is None else deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    await self._pause(uid, left)
+                if self._deleting(uid):
+                    return None
+            run = self._inits[uid] = run.ended(now_rfc3339())
+        return run
+
+    async def _set_running(
+        self, pod: Obj, env: Mapping[str, Mapping[str, str]], inits: podstatus.InitRun = podstatus.NO_INITS
+    ) -> None:
         meta = pod["metadata"]
         # A restarted kubelet finds its pods running: their start time stays what it was.
         previous = pod.get("status", {})
         stamp = previous.get("startTime") if previous.get("phase") == "Running" else None
         stamp = stamp or now_rfc3339()
-        ip = self.node.internal_ip()
-        pod_ip = ip if pod["spec"].get("hostNetwork") else self._pod_ip(pod)
+        addresses = self._addresses_of(pod)
         self._running[meta["uid"]] = stamp
+        self._inits[meta["uid"]] = inits
+        self._waiting.pop(meta["uid"], None)
         self._resync_schedule.add(meta["uid"], time.monotonic())
         self._resync_wake.set()
 
-        status = podstatus.running_status(pod, stamp, _container_ids(pod), now_rfc3339())
+        status = podstatus.running_status(pod, stamp, _container_ids(pod), now_rfc3339(), inits)
         self._add_device_health(pod, status["containerStatuses"])
-        status.update(hostIP=ip, hostIPs=[{"ip": ip}], podIP=pod_ip, podIPs=[{"ip": pod_ip}])
+        status.update(startTime=_start_time(pod, stamp), **addresses)
         body: Obj = {"status": status}
         if any(env.values()):
             # The runtime's report rides in the one write that makes the pod Running, so
@@ -592,10 +643,10 @@ class PodManager:
             return
         failed = None
         if refused is not None:  # the sandbox exists, with its IP
-            pod_ip = self.node.internal_ip()
-            if not pod["spec"].get("hostNetwork"):
-                with contextlib.suppress(StartFailed):  # none left: the node's, as without a CIDR
-                    pod_ip = self._pod_ip(pod)
+            try:
+                pod_ip = self._sandbox_ip(pod)
+            except StartFailed:  # none left: the node's, as without a CIDR
+                pod_ip = self.node.internal_ip()
             failed = podstatus.CreateFailed(pod_ip, *refused)
         status = podstatus.waiting_status(pod, self.node.internal_ip(), now_rfc3339(), failed)
         try:
@@ -606,6 +657,15 @@ class PodManager:
             log.debug("pod %s: status update failed: %s", pod["metadata"]["name"], exc)
             return
         self._waiting[uid] = refused
+
+    def _addresses_of(self, pod: Obj) -> Obj:
+        """The host's and the pod's addresses, as its status shows them."""
+        host, pod_ip = self.node.internal_ip(), self._sandbox_ip(pod)
+        return {"hostIP": host, "hostIPs": [{"ip": host}], "podIP": pod_ip, "podIPs": [{"ip": pod_ip}]}
+
+    def _sandbox_ip(self, pod: Obj) -> str:
+        """The node's IP for a pod on the host's network, else its own (``_pod_ip``)."""
+        return self.node.internal_ip() if pod["spec"].get("hostNetwork") else self._pod_ip(pod)
 
     def _pod_ip(self, pod: Obj) -> str:
         """From the Node's pod CIDR (the node's IP without one); a pod running when this
@@ -633,15 +693,16 @@ class PodManager:
             raise
 
     def _running_container_statuses(self, pod: Obj, stamp: str) -> list[Obj]:
-        statuses: list[Obj] = podstatus.running_status(pod, stamp, _container_ids(pod), stamp)["containerStatuses"]
+        statuses = podstatus.running_containers(pod, stamp, _container_ids(pod))
         self._add_device_health(pod, statuses)
         return statuses
 
     def _add_device_health(self, pod: Obj, statuses: list[Obj]) -> None:
         """Each container's ``allocatedResourcesStatus``, noted to write only changes."""
         uid = pod["metadata"]["uid"]
-        for status, container in zip(statuses, pod["spec"].get("containers", []), strict=True):
-            resources = self._allocated_resources_status(uid, container)
+        containers = {c["name"]: c for c in pod["spec"].get("containers", [])}
+        for status in statuses:
+            resources = self._allocated_resources_status(uid, containers[status["name"]])
             if resources:
                 status["allocatedResourcesStatus"] = resources
         self._resources_status[uid] = [s.get("allocatedResourcesStatus") for s in statuses]
@@ -749,7 +810,9 @@ class PodManager:
 
     async def _set_ended(self, uid: str, started: str, ended: podstatus.Ended) -> None:
         pod = self._pod(uid)
-        await self._patch_status(pod, {"status": podstatus.ended_status(pod, started, _container_ids(pod), ended)})
+        inits = self._inits.get(uid, podstatus.NO_INITS)
+        status = podstatus.ended_status(pod, started, _container_ids(pod), ended, inits)
+        await self._patch_status(pod, {"status": status})
 
     async def _release(self, pod_uid: str) -> None:
         """Unprepare the claims this pod was the last user of, once the pod's containers
@@ -890,6 +953,7 @@ class PodManager:
         return started
 
     async def _finish_deletion(self, uid: str) -> None:
+        ended_before = uid in self._terminated  # its containers completed: its status says so
         started = self._not_running(uid)
         await self._release(uid)
         pod = self._latest.get(uid)
@@ -897,8 +961,15 @@ class PodManager:
             meta = pod["metadata"]
             # As the kubelet: the stopped containers' terminal status, then the delete.
             with contextlib.suppress(ApiError):
-                if started:
+                if ended_before:
+                    pass
+                elif started:
                     await self._set_ended(uid, started, podstatus.Ended.stopped(now_rfc3339()))
+                elif uid in self._inits:
+                    status = podstatus.stopped_initializing_status(
+                        pod, _container_ids(pod), self._inits[uid], now_rfc3339()
+                    )
+                    await self._patch_status(pod, {"status": status})
                 elif uid in self._waiting:
                     await self._patch_status(pod, {"status": podstatus.never_ran_status(pod, now_rfc3339())})
             with contextlib.suppress(ApiError):
@@ -922,6 +993,7 @@ class PodManager:
     def _forget(self, uid: str, keep_terminated: bool = False) -> None:
         self._latest.pop(uid, None)
         self._waiting.pop(uid, None)
+        self._inits.pop(uid, None)
         self._updated.pop(uid, None)
         self._changes.pop(uid, None)
         self._resources_status.pop(uid, None)
@@ -959,9 +1031,28 @@ def until_next_relist() -> float:
     return PLEG_RELIST_S * random.random()
 
 
+def init_seconds(container: Obj) -> float | None:
+    """How long an init container runs: N for ``sleep N``, None (until stopped) for
+    ``sleep infinity``, no time at all for any other command (init containers end)."""
+    match = SLEEP_WORD.search(" ".join(container.get("command", []) + container.get("args", [])))
+    if match is None:
+        return 0.0
+    try:
+        seconds = float(match.group(1).strip("\"'"))
+    except ValueError:
+        return 0.0
+    return None if math.isinf(seconds) else max(0.0, seconds)
+
+
+def _start_time(pod: Obj, default: str | None = None) -> str:
+    """When the kubelet first took the pod on: kept from its first status write on."""
+    return str(pod.get("status", {}).get("startTime") or default or now_rfc3339())
+
+
 def _container_ids(pod: Obj) -> dict[str, str]:
-    uid = pod["metadata"]["uid"]
-    return {c["name"]: f"dra-testbed://{uid}-{c['name']}" for c in pod["spec"].get("containers", [])}
+    uid, spec = pod["metadata"]["uid"], pod["spec"]
+    containers = [*spec.get("initContainers", []), *spec.get("containers", [])]
+    return {c["name"]: f"dra-testbed://{uid}-{c['name']}" for c in containers}
 
 
 def _running_with_own_ip(pod: Obj) -> bool:

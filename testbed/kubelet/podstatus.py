@@ -1,7 +1,8 @@
 """A pod's status as kubelet v1.37 writes it (generateAPIPodStatus), for the states the
-fake kubelet puts a pod in: waiting for its sandbox (a failed prepare), running,
-completed (its containers exited 0), and stopped for its deletion (or deleted before it
-ever ran). Pure: the pod as last seen and a few facts in, the status out.
+fake kubelet puts a pod in: waiting for its sandbox (a failed prepare), running its init
+containers, running, completed (its containers exited 0), and stopped for its deletion
+(or deleted before it ever ran). Pure: the pod as last seen and a few facts in, the
+status out.
 
 Compared field by field with a real kubelet's (tests/integration/test_real_and_fake_kubelet.py):
 - the kubelet's five conditions, in its order, after the conditions others own (a
@@ -12,7 +13,12 @@ Compared field by field with a real kubelet's (tests/integration/test_real_and_f
 - once the containers stopped, the sandbox is gone: PodReadyToStartContainers is False;
 - each container's status names its image with the tag a runtime reports (``:latest``
   when none was given), an image ID, its volume mounts and the resources it was given
-  (claims included); a terminated state carries the container ID and when it started.
+  (claims included); a terminated state carries the container ID and when it started;
+  the pod's containers are listed by name, its init containers in the spec's order;
+- the Initialized, ContainersReady and Ready conditions are worked out from the container
+  statuses as the kubelet's status generator does: an init container counts once it
+  completed (a sidecar, restartPolicy Always, once started), sidecars count as the pod's
+  containers for readiness.
 
 The real kubelet writes intermediate states too (Pending with the sandbox not ready, then
 ContainerCreating); the fake one writes a pod's status once per state it reaches, as a
@@ -22,7 +28,7 @@ kubelet whose status manager coalesced them would.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from testbed.kubeapi import Obj
@@ -33,6 +39,7 @@ SANDBOX_NOT_READY = "PodSandboxNotReady"
 SANDBOX_GONE_MESSAGE = "pod sandbox is not ready"
 NO_SANDBOX_MESSAGE = "no pod sandbox exists"
 CONTAINER_NOT_FOUND = "The container could not be located when the pod was terminated"
+POD_INITIALIZING = "PodInitializing"
 STOPPED_EXIT_CODE = 143
 """A container stopped for its pod's deletion ends as one that exits on SIGTERM does."""
 
@@ -56,37 +63,116 @@ class Ended:
         return cls("Failed", STOPPED_EXIT_CODE, "Error", at)
 
 
-def running_status(pod: Obj, started: str, container_ids: Mapping[str, str], now: str) -> Obj:
+@dataclass(frozen=True)
+class InitRun:
+    """How far a pod's init containers got: for each started so far, in spec order, when
+    it started and when it ended ("" while it runs: the one running now, or a sidecar)."""
+
+    spans: tuple[tuple[str, str], ...] = ()
+
+    def then(self, started: str, ended: str = "") -> InitRun:
+        return InitRun((*self.spans, (started, ended)))
+
+    def ended(self, at: str) -> InitRun:
+        """The one running now has ended (exit 0)."""
+        *done, (started, _) = self.spans
+        return InitRun((*done, (started, at)))
+
+    @classmethod
+    def complete(cls, pod: Obj, at: str) -> InitRun:
+        """Every init container ran (each at ``at``): a pod found running whose status says
+        nothing more (written before init containers were shown)."""
+        return cls(tuple((at, "" if is_sidecar(c) else at) for c in pod["spec"].get("initContainers") or []))
+
+    @classmethod
+    def from_status(cls, pod: Obj) -> InitRun | None:
+        """What the pod's status says ran (a kubelet restarted finds it there); None if it
+        does not say every init container did."""
+        written = {
+            s.get("name"): s.get("state") or {} for s in pod.get("status", {}).get("initContainerStatuses") or []
+        }
+        spans = []
+        for container in pod["spec"].get("initContainers") or []:
+            state = written.get(container["name"], {})
+            if "running" in state and is_sidecar(container):
+                spans.append((state["running"].get("startedAt", ""), ""))
+            elif "terminated" in state and state["terminated"].get("exitCode") == 0:
+                spans.append((state["terminated"].get("startedAt", ""), state["terminated"].get("finishedAt", "")))
+            else:
+                return None
+        return cls(tuple(spans))
+
+
+NO_INITS = InitRun()
+
+
+def is_sidecar(container: Obj) -> bool:
+    """An init container that keeps running beside the others (restartPolicy Always)."""
+    return container.get("restartPolicy") == "Always"
+
+
+def running_status(
+    pod: Obj, started: str, container_ids: Mapping[str, str], now: str, inits: InitRun = NO_INITS
+) -> Obj:
     """The status that makes the pod Running (addresses and device health are the
-    caller's): every container running since ``started``."""
+    caller's): every container running since ``started``, after ``inits``."""
     return {
-        "phase": "Running",
-        "observedGeneration": _generation(pod),
+        **_status(
+            pod,
+            "Running",
+            _init_statuses(pod, container_ids, inits),
+            running_containers(pod, started, container_ids),
+            "ready",
+            now,
+        ),
         "startTime": started,
-        **_conditions(pod, None, now),
-        "containerStatuses": [
-            container_status(c, container_ids[c["name"]], {"running": {"startedAt": started}}, ready=True)
-            for c in pod["spec"].get("containers", [])
-        ],
     }
 
 
-def ended_status(pod: Obj, started: str, container_ids: Mapping[str, str], ended: Ended) -> Obj:
-    """The terminal status: every container terminated as ``ended`` says."""
+def running_containers(pod: Obj, started: str, container_ids: Mapping[str, str]) -> list[Obj]:
+    """The statuses of a running pod's (regular) containers, sorted by name as the kubelet
+    sorts them."""
+    return _by_name(
+        container_status(c, container_ids[c["name"]], {"running": {"startedAt": started}}, ready=True)
+        for c in pod["spec"].get("containers", [])
+    )
 
-    def terminated(container_id: str) -> Obj:
-        state = {"containerID": container_id, "exitCode": ended.exit_code, "reason": ended.reason}
-        return {"terminated": {**state, "startedAt": started, "finishedAt": ended.at}}
 
+def initializing_status(
+    pod: Obj, started: str, container_ids: Mapping[str, str], inits: InitRun, addresses: Obj, now: str
+) -> Obj:
+    """Pending while init containers run: those done terminated, the one running now
+    (the last of ``inits``), the rest and the pod's containers waiting (PodInitializing)."""
+    waiting = {"waiting": {"reason": POD_INITIALIZING}}
+    mains = _by_name(_unstarted_status(c, waiting) for c in pod["spec"].get("containers", []))
     return {
-        "phase": ended.phase,
-        "observedGeneration": _generation(pod),
-        **_conditions(pod, ended.phase, ended.at),
-        "containerStatuses": [
-            container_status(c, container_ids[c["name"]], terminated(container_ids[c["name"]]), ready=False)
-            for c in pod["spec"].get("containers", [])
-        ],
+        **_status(pod, "Pending", _init_statuses(pod, container_ids, inits), mains, "ready", now),
+        "startTime": started,
+        **addresses,
     }
+
+
+def ended_status(
+    pod: Obj, started: str, container_ids: Mapping[str, str], ended: Ended, inits: InitRun = NO_INITS
+) -> Obj:
+    """The terminal status: every container terminated as ``ended`` says (sidecars and an
+    init container still running are stopped, whatever the pod's phase)."""
+    mains = [
+        container_status(c, container_ids[c["name"]], _terminated(container_ids[c["name"]], started, ended), False)
+        for c in pod["spec"].get("containers", [])
+    ]
+    init_statuses = _init_statuses(pod, container_ids, inits, Ended.stopped(ended.at))
+    return _status(pod, ended.phase, init_statuses, _by_name(mains), "gone", ended.at)
+
+
+def stopped_initializing_status(pod: Obj, container_ids: Mapping[str, str], inits: InitRun, at: str) -> Obj:
+    """The terminal status of a pod deleted while its init containers ran: the one running
+    stopped, the pod's containers never started. The kubelet works its conditions out
+    before it marks the pod Failed, as for a Pending pod."""
+    waiting = {"waiting": {"reason": POD_INITIALIZING}}
+    mains = _by_name(_unstarted_status(c, waiting) for c in pod["spec"].get("containers", []))
+    init_statuses = _init_statuses(pod, container_ids, inits, Ended.stopped(at))
+    return _status(pod, "Failed", init_statuses, mains, "gone", at, conditions_phase="Pending")
 
 
 @dataclass(frozen=True)
@@ -100,52 +186,112 @@ class CreateFailed:
 
 def waiting_status(pod: Obj, host_ip: str, now: str, failed: CreateFailed | None = None) -> Obj:
     """The status of a pod whose containers are not running yet: Pending, its containers
-    ContainerCreating; without ``failed``, its sandbox could not be made (its claims not
-    prepared, its network not set up), with it the sandbox exists and the runtime refused
-    that container (CreateContainerError, in the runtime's words)."""
-
-    def state(container: Obj) -> Obj:
-        if failed is not None and container["name"] == failed.container:
-            return {"waiting": {"reason": "CreateContainerError", "message": failed.message}}
-        return {"waiting": {"reason": "ContainerCreating"}}
-
+    ContainerCreating (PodInitializing, with init containers); without ``failed``, its
+    sandbox could not be made (its claims not prepared, its network not set up), with it
+    the sandbox exists and the runtime refused that container (CreateContainerError, in
+    the runtime's words)."""
+    inits, mains = _waiting_statuses(pod, failed)
     addresses = {} if failed is None else {"podIP": failed.pod_ip, "podIPs": [{"ip": failed.pod_ip}]}
     return {
-        "phase": "Pending",
-        "observedGeneration": _generation(pod),
+        **_status(pod, "Pending", inits, mains, "none" if failed is None else "ready", now),
         "startTime": pod.get("status", {}).get("startTime") or now,
         "hostIP": host_ip,
         "hostIPs": [{"ip": host_ip}],
         **addresses,
-        **_conditions(pod, None, now, sandbox=failed is not None, running=False),
-        "containerStatuses": [_unstarted_status(c, state(c)) for c in pod["spec"].get("containers", [])],
     }
 
 
 def never_ran_status(pod: Obj, now: str) -> Obj:
-    """The terminal status of a pod deleted before its containers ever ran."""
-    unknown = {"exitCode": 137, "reason": "ContainerStatusUnknown", "message": CONTAINER_NOT_FOUND}
-    return {
-        "phase": "Failed",
+    """The terminal status of a pod deleted before its containers ever ran. As the kubelet
+    marks it (TerminatePod), over the conditions of the Pending pod it was: containers not
+    known to have run end ContainerStatusUnknown; with init containers, only the first of
+    those (the pod never initialized: its containers stay waiting)."""
+    inits, mains = _waiting_statuses(pod, None)
+    unknown = {"terminated": {"exitCode": 137, "reason": "ContainerStatusUnknown", "message": CONTAINER_NOT_FOUND}}
+    status = _status(pod, "Failed", inits, mains, "none", now, conditions_phase="Pending")
+    ended = status["initContainerStatuses"][:1] if inits else status["containerStatuses"]
+    for container in ended:
+        container["state"] = unknown
+    return status
+
+
+def _waiting_statuses(pod: Obj, failed: CreateFailed | None) -> tuple[list[Obj], list[Obj]]:
+    spec = pod["spec"]
+    default = POD_INITIALIZING if spec.get("initContainers") else "ContainerCreating"
+
+    def state(container: Obj) -> Obj:
+        if failed is not None and container["name"] == failed.container:
+            return {"waiting": {"reason": "CreateContainerError", "message": failed.message}}
+        return {"waiting": {"reason": default}}
+
+    inits = [_unstarted_status(c, state(c)) for c in spec.get("initContainers") or []]
+    return inits, _by_name(_unstarted_status(c, state(c)) for c in spec.get("containers", []))
+
+
+def _init_statuses(
+    pod: Obj, container_ids: Mapping[str, str], inits: InitRun, stopped: Ended | None = None
+) -> list[Obj]:
+    """In spec order, as the kubelet lists them: those that ran as ``inits`` says (with
+    ``stopped``, those still running were stopped so), the rest waiting."""
+    statuses = []
+    for index, container in enumerate(pod["spec"].get("initContainers") or []):
+        if index >= len(inits.spans):
+            statuses.append(_unstarted_status(container, {"waiting": {"reason": POD_INITIALIZING}}))
+            continue
+        container_id, (started, ended) = container_ids[container["name"]], inits.spans[index]
+        if ended:
+            state = _terminated(container_id, started, Ended("Succeeded", 0, "Completed", ended))
+        elif stopped is not None:
+            state = _terminated(container_id, started, stopped)
+        else:
+            state = {"running": {"startedAt": started}}
+        done = "terminated" in state and state["terminated"]["exitCode"] == 0
+        ready = "running" in state if is_sidecar(container) else done
+        statuses.append(container_status(container, container_id, state, ready))
+    return statuses
+
+
+def _terminated(container_id: str, started: str, ended: Ended) -> Obj:
+    state = {"containerID": container_id, "exitCode": ended.exit_code, "reason": ended.reason}
+    return {"terminated": {**state, "startedAt": started, "finishedAt": ended.at}}
+
+
+def _by_name(statuses: Iterable[Obj]) -> list[Obj]:
+    return sorted(statuses, key=lambda s: str(s["name"]))
+
+
+def _status(
+    pod: Obj,
+    phase: str,
+    inits: list[Obj],
+    mains: list[Obj],
+    sandbox: str,
+    now: str,
+    conditions_phase: str | None = None,
+) -> Obj:
+    status: Obj = {
+        "phase": phase,
         "observedGeneration": _generation(pod),
-        **_conditions(pod, None, now, sandbox=False, running=False),
-        "containerStatuses": [_unstarted_status(c, {"terminated": unknown}) for c in pod["spec"].get("containers", [])],
+        **_conditions(pod, conditions_phase or phase, sandbox, inits, mains, now),
+        "containerStatuses": mains,
     }
+    if inits:
+        status["initContainerStatuses"] = inits
+    return status
 
 
 def readiness_update(pod: Obj, now: str) -> Obj | None:
     """The conditions to write when a running pod's Ready condition no longer says what
-    its readiness gates do (someone set a gate's condition); None if it still does."""
-    current = {c.get("type"): c for c in pod.get("status", {}).get("conditions") or []}
-    wanted = _ready(pod)
-    have = current.get("Ready", {})
-    if (have.get("status"), have.get("reason"), have.get("message")) == (
-        wanted["status"],
-        wanted.get("reason"),
-        wanted.get("message"),
-    ):
+    its readiness gates do (someone set a gate's condition); None if it still does. Worked
+    out from the container statuses the pod's status holds (this kubelet wrote them)."""
+    status = pod.get("status", {})
+    inits, mains = status.get("initContainerStatuses") or [], status.get("containerStatuses") or []
+    update = _conditions(pod, "Running", "ready", inits, mains, now)
+    wanted = next(c for c in update["conditions"] if c["type"] == "Ready")
+    have: Obj = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
+    if all(have.get(key) == wanted.get(key) for key in ("status", "reason", "message")):
         return None
-    return _conditions(pod, None, now)
+    return update
 
 
 def container_status(container: Obj, container_id: str, state: Obj, ready: bool) -> Obj:
@@ -219,47 +365,25 @@ def _generation(pod: Obj) -> int:
     return int(pod["metadata"].get("generation") or 1)
 
 
-def _conditions(pod: Obj, ended: str | None, now: str, sandbox: bool = True, running: bool = True) -> Obj:
-    """The kubelet's conditions after the others' (as it lists them), with the order
-    the strategic-merge patch must keep; ``ended``: the terminal phase, if any;
-    ``sandbox``: whether the pod's sandbox exists; ``running``: its containers."""
+def _conditions(pod: Obj, phase: str, sandbox: str, inits: list[Obj], mains: list[Obj], now: str) -> Obj:
+    """The kubelet's conditions after the others' (as it lists them), with the order the
+    strategic-merge patch must keep, worked out as the kubelet does from the container
+    statuses, the pod's ``phase`` and its ``sandbox``: "ready", "none" (never made) or
+    "gone" (removed once the containers stopped)."""
     generation = _generation(pod)
-    if not running:
-        names = " ".join(c["name"] for c in pod["spec"].get("containers", []))
-        unready = {
-            "status": "False",
-            "reason": "ContainersNotReady",
-            "message": f"containers with unready status: [{names}]",
-        }
-        missing = {"status": "False", "reason": SANDBOX_NOT_READY, "message": NO_SANDBOX_MESSAGE}
-        mine = [
-            {"type": "PodReadyToStartContainers", **({"status": "True"} if sandbox else missing)},
-            {"type": "Initialized", "status": "True"},
-            {"type": "Ready", **unready},
-            {"type": "ContainersReady", **unready},
-        ]
-    elif ended is None:
-        mine = [
-            {"type": "PodReadyToStartContainers", "status": "True"},
-            {"type": "Initialized", "status": "True"},
-            _ready(pod),
-            {"type": "ContainersReady", "status": "True"},
-        ]
-    else:
-        reason = "PodCompleted" if ended == "Succeeded" else "PodFailed"
-        initialized = {"reason": "PodCompleted"} if ended == "Succeeded" else {}
-        mine = [
-            {
-                "type": "PodReadyToStartContainers",
-                "status": "False",
-                "reason": SANDBOX_NOT_READY,
-                "message": SANDBOX_GONE_MESSAGE,
-            },
-            {"type": "Initialized", "status": "True", **initialized},
-            {"type": "Ready", "status": "False", "reason": reason},
-            {"type": "ContainersReady", "status": "False", "reason": reason},
-        ]
-    mine.append({"type": "PodScheduled", "status": "True"})
+    sandbox_condition: Obj = {"status": "True"}
+    if sandbox != "ready":
+        message = NO_SANDBOX_MESSAGE if sandbox == "none" else SANDBOX_GONE_MESSAGE
+        sandbox_condition = {"status": "False", "reason": SANDBOX_NOT_READY, "message": message}
+    containers_ready = _containers_ready(pod, phase, inits, mains)
+    ready = containers_ready if containers_ready["status"] != "True" else _gates(pod)
+    mine = [
+        {"type": "PodReadyToStartContainers", **sandbox_condition},
+        {"type": "Initialized", **_initialized(pod, phase, inits, mains)},
+        {"type": "Ready", **ready},
+        {"type": "ContainersReady", **containers_ready},
+        {"type": "PodScheduled", "status": "True"},
+    ]
     before = {c.get("type"): c for c in pod.get("status", {}).get("conditions") or []}
     conditions = []
     for condition in mine:
@@ -284,8 +408,42 @@ def _conditions(pod: Obj, ended: str | None, now: str, sandbox: bool = True, run
     }
 
 
-def _ready(pod: Obj) -> Obj:
-    """Ready for running containers: True unless a readiness gate's condition is missing
+def _none_left(names: list[str], reason: str, kind: str) -> Obj:
+    """True, or False naming the containers left (as Go prints a list of names)."""
+    if not names:
+        return {"status": "True"}
+    return {"status": "False", "reason": reason, "message": f"containers with {kind} status: [{' '.join(names)}]"}
+
+
+def _initialized(pod: Obj, phase: str, inits: list[Obj], mains: list[Obj]) -> Obj:
+    """Every init container done (a sidecar: started), once and for all when a container
+    of the pod's own has started (GeneratePodInitializedCondition)."""
+    if phase == "Succeeded":
+        return {"status": "True", "reason": "PodCompleted"}
+    if any("waiting" not in (s.get("state") or {"waiting": {}}) for s in mains):
+        return {"status": "True"}
+    statuses = {s["name"]: s for s in inits}
+    incomplete = []
+    for container in pod["spec"].get("initContainers") or []:
+        status = statuses.get(container["name"], {})
+        if not (status.get("started") if is_sidecar(container) else status.get("ready")):
+            incomplete.append(container["name"])
+    return _none_left(incomplete, "ContainersNotInitialized", "incomplete")
+
+
+def _containers_ready(pod: Obj, phase: str, inits: list[Obj], mains: list[Obj]) -> Obj:
+    """Sidecars and the pod's own containers all ready (GenerateContainersReadyCondition)."""
+    if phase in ("Succeeded", "Failed"):
+        return {"status": "False", "reason": "PodCompleted" if phase == "Succeeded" else "PodFailed"}
+    ready = {s["name"]: s.get("ready") for s in [*inits, *mains]}
+    spec = pod["spec"]
+    names = [c["name"] for c in spec.get("initContainers") or [] if is_sidecar(c)]
+    names += [c["name"] for c in spec.get("containers", [])]
+    return _none_left([name for name in names if not ready.get(name)], "ContainersNotReady", "unready")
+
+
+def _gates(pod: Obj) -> Obj:
+    """Ready for ready containers: True unless a readiness gate's condition is missing
     or not True (GeneratePodReadyCondition's messages)."""
     present = {c.get("type"): c.get("status") for c in pod.get("status", {}).get("conditions") or []}
     unready = []
@@ -296,5 +454,5 @@ def _ready(pod: Obj) -> Obj:
         elif present[kind] != "True":
             unready.append(f'the status of pod readiness gate "{kind}" is not "True", but {present[kind]}')
     if unready:
-        return {"type": "Ready", "status": "False", "reason": "ReadinessGatesNotReady", "message": ", ".join(unready)}
-    return {"type": "Ready", "status": "True"}
+        return {"status": "False", "reason": "ReadinessGatesNotReady", "message": ", ".join(unready)}
+    return {"status": "True"}

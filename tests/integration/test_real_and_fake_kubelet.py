@@ -680,6 +680,7 @@ def _status_shape(pod: Obj) -> dict[str, Any]:
         "observedGeneration": status.get("observedGeneration") == generation,
         "conditions": conditions,
         "containers": [container(c) for c in status.get("containerStatuses", [])],
+        "init containers": [container(c) for c in status.get("initContainerStatuses", [])],
     }
 
 
@@ -779,6 +780,113 @@ def test_a_pods_status_reads_alike_on_real_and_fake_kubelets(
                 return {"keys": shape["keys"], "conditions": conditions, "states": states}
 
             assert exit_aside(deleted["fake"]) == exit_aside(deleted["real"])
+
+    asyncio.run(scenario())
+
+
+def _init_running(pod: Obj) -> bool:
+    states = [c["state"] for c in pod["status"].get("initContainerStatuses", [])]
+    return any("running" in state for state in states)
+
+
+def test_init_containers_and_sidecars_run_and_read_alike_on_real_and_fake_kubelets(
+    control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
+) -> None:
+    """Init containers run in order before the pod's own (the pod Pending, Init:n/m, while
+    one runs), each gets the devices of the claims it names, a sidecar starts and keeps
+    running beside the pod's containers and is stopped when they complete; a pod deleted
+    while its init container runs ends Failed, its containers never started. The fake
+    kubelet ran such pods at once, showing no init container."""
+
+    async def scenario() -> None:
+        async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
+
+            async def case(side: Side) -> dict[str, Any]:
+                await side.template("gpu", [request("gpu", GPU)])
+                claimed = {"claims": [{"name": "c"}]}
+                check = {"name": "check", "image": "registry.invalid/check", "resources": claimed}
+                main = {"name": "main", "image": "registry.invalid/work:v1", "command": ["sleep", "3600"]}
+                await side.create_pod(
+                    "initialized",
+                    resourceClaims=[{"name": "c", "resourceClaimTemplateName": "gpu"}],
+                    initContainers=[
+                        {**check, "command": ["sleep", "5"]},
+                        {**check, "name": "quick", "command": ["sleep", "0"]},
+                    ],
+                    # Listed by name in the status, whatever the spec's order.
+                    containers=[{**main, "resources": claimed}, {**main, "name": "agent"}],
+                )
+                sidecar = {**main, "name": "proxy", "restartPolicy": "Always"}
+                await side.create_pod(
+                    "with-sidecar",
+                    restartPolicy="Never",
+                    initContainers=[sidecar],
+                    containers=[{**main, "command": ["sleep", "3"]}],
+                )
+                await side.create_pod("stuck", initContainers=[{**main, "name": "wait"}], containers=[main])
+
+                async def initializing(name: str) -> Obj | None:
+                    pod = await side.read_pod(name)
+                    return pod if _init_running(pod) else None
+
+                found = {"initializing": _status_shape(await until(lambda: initializing("initialized"), 60, "init"))}
+                found["initialized"] = _status_shape(await side.running("initialized"))
+                envs = {c: await side.env("initialized", c) for c in ("check", "main", "agent")}
+                found["stuck"] = _status_shape(await until(lambda: initializing("stuck"), 60, "stuck initializing"))
+                sidecar_done = await until(lambda: side._phase("with-sidecar", "Succeeded"), 60, "sidecar pod done")
+                last: dict[str, Obj] = {}
+
+                async def follow() -> None:
+                    path = path_for("v1", "pods", namespace=side.namespace)
+                    async for kind, pod in side.client.watch(path, {"fieldSelector": "metadata.name=stuck"}):
+                        last[kind] = pod
+
+                async def gone() -> bool:
+                    return "DELETED" in last
+
+                following = asyncio.create_task(follow())
+                try:
+                    await side.delete_pod("stuck")
+                    await until(gone, 60, f"{side.kind}: stuck deleted")
+                finally:
+                    following.cancel()
+                return {
+                    "found": found,
+                    "envs": envs,
+                    "sidecar done": _status_shape(sidecar_done),
+                    "stuck deleted": _status_shape(last["DELETED"]),
+                }
+
+            results = await both(sides, case)
+            real, fake = results["real"], results["fake"]
+            for stage in real["found"]:
+                assert fake["found"][stage] == real["found"][stage], stage
+            shape = real["found"]["initializing"]
+            assert shape["phase"] == "Pending" and [c["name"] for c in shape["containers"]] == ["agent", "main"]
+            assert [c["state"] for c in shape["init containers"]] == [
+                {"running": ["startedAt"]},
+                {"waiting": ["reason"]},
+            ]
+            for kind, found in results.items():
+                envs = found["envs"]
+                assert envs["check"] and envs["check"] == envs["main"], f"{kind}: the init container's GPU: {envs}"
+                assert not envs["agent"], f"{kind}: a container that names no claim gets no device"
+
+            # A stopped container's exit code is the runtime's (the reference's fake one
+            # says 0; a process ending on SIGTERM, 143), and an init container stopped
+            # with 0 counts as done (Initialized): the rest alike.
+            def exit_aside(shape: dict[str, Any]) -> dict[str, Any]:
+                conditions = [(t, status) for t, status, *_ in shape["conditions"] if t != "Initialized"]
+                states = [
+                    {k: [f for f in v if f != "reason"] for k, v in c["state"].items()}
+                    for c in shape["containers"] + shape["init containers"]
+                ]
+                return {"keys": shape["keys"], "phase": shape["phase"], "conditions": conditions, "states": states}
+
+            for stage in ("sidecar done", "stuck deleted"):
+                assert exit_aside(fake[stage]) == exit_aside(real[stage]), stage
+            assert fake["sidecar done"]["phase"] == "Succeeded" and fake["stuck deleted"]["phase"] == "Failed"
+            assert fake["sidecar done"]["conditions"] == real["sidecar done"]["conditions"]
 
     asyncio.run(scenario())
 

@@ -2,8 +2,18 @@
 
 from __future__ import annotations
 
-from testbed.kubeapi import Obj
+import asyncio
+import time
+from pathlib import Path
+from typing import cast
+
+import pytest
+
+from testbed.kubeapi import KubeClient, Obj
 from testbed.kubelet import podstatus
+from testbed.kubelet.node import NodeSpec
+from testbed.kubelet.plugins import PluginManager
+from testbed.kubelet.pods import PodManager, init_seconds
 
 STARTED, NOW, LATER = "2026-11-27T10:00:00Z", "2026-11-27T10:00:05Z", "2026-11-27T10:01:00Z"
 IDS = {"main": "dra-testbed://u-main"}
@@ -60,6 +70,7 @@ def test_ready_waits_for_the_readiness_gates_in_the_kubelets_words() -> None:
     assert by_type(podstatus.running_status(gated, STARTED, IDS, NOW))["ContainersReady"]["status"] == "True"
     # Written as such: nothing more to write until a gate changes.
     gated["status"]["conditions"].append(ready)
+    gated["status"]["containerStatuses"] = podstatus.running_status(gated, STARTED, IDS, NOW)["containerStatuses"]
     assert podstatus.readiness_update(gated, LATER) is None
     for condition in gated["status"]["conditions"]:
         if condition["type"] == "example.com/warm":
@@ -151,3 +162,137 @@ def test_a_container_the_runtime_refused_waits_in_create_container_error_in_a_sa
     assert by_type(status)["ContainersReady"]["reason"] == "ContainersNotReady"
     waiting = status["containerStatuses"][0]["state"]["waiting"]
     assert waiting == {"reason": "CreateContainerError", "message": refused.message}
+
+
+def with_inits(*inits: Obj, containers: tuple[str, ...] = ("main",)) -> Obj:
+    spec = pod()
+    spec["spec"]["initContainers"] = list(inits)
+    spec["spec"]["containers"] = [{"name": n, "image": "registry.invalid/work"} for n in containers]
+    return spec
+
+
+CHECK = {"name": "check", "image": "registry.invalid/check"}
+PROXY = {"name": "proxy", "image": "registry.invalid/proxy", "restartPolicy": "Always"}
+ALL_IDS = {n: f"dra-testbed://u-{n}" for n in ("check", "quick", "proxy", "main", "agent")}
+ADDRESSES = {"podIP": "100.64.0.9"}
+
+
+def test_while_an_init_container_runs_the_pod_is_pending_and_its_containers_wait_listed_by_name() -> None:
+    spec = with_inits(CHECK, {**CHECK, "name": "quick"}, containers=("main", "agent"))
+    status = podstatus.initializing_status(spec, STARTED, ALL_IDS, podstatus.InitRun().then(NOW), ADDRESSES, NOW)
+    conditions = by_type(status)
+    assert status["phase"] == "Pending" and status["podIP"] == "100.64.0.9"
+    assert conditions["PodReadyToStartContainers"]["status"] == "True"
+    assert (conditions["Initialized"]["status"], conditions["Initialized"]["message"]) == (
+        "False",
+        "containers with incomplete status: [check quick]",
+    )
+    assert conditions["Ready"]["message"] == "containers with unready status: [main agent]", "in the spec's order"
+    assert [c["name"] for c in status["containerStatuses"]] == ["agent", "main"], "sorted by name, as the kubelet"
+    assert all(c["state"] == {"waiting": {"reason": "PodInitializing"}} for c in status["containerStatuses"])
+    running, waiting = status["initContainerStatuses"]
+    assert running["state"] == {"running": {"startedAt": NOW}} and running["started"] and not running["ready"]
+    assert waiting["state"] == {"waiting": {"reason": "PodInitializing"}} and "containerID" not in waiting
+
+
+def test_init_containers_done_show_completed_and_a_sidecar_runs_beside_the_pods_containers() -> None:
+    spec = with_inits(CHECK, PROXY)
+    run = podstatus.InitRun().then(STARTED).ended(NOW).then(NOW)
+    status = podstatus.running_status(spec, NOW, ALL_IDS, NOW, run)
+    assert all(c["status"] == "True" for c in status["conditions"])
+    check, proxy = status["initContainerStatuses"]
+    assert check["state"]["terminated"]["reason"] == "Completed" and check["ready"] and not check["started"]
+    assert proxy["state"] == {"running": {"startedAt": NOW}} and proxy["ready"] and proxy["started"]
+    assert podstatus.InitRun.from_status({**spec, "status": status}) == run, "a restarted kubelet reads it back"
+    assert podstatus.InitRun.from_status(spec) is None
+    # Not yet ready: the sidecar is listed first.
+    waiting = podstatus.waiting_status(spec, "10.100.0.2", NOW)
+    assert by_type(waiting)["ContainersReady"]["message"] == "containers with unready status: [proxy main]"
+    # The pod's containers complete: the sidecar is stopped, the pod Succeeded all the same.
+    done = podstatus.ended_status(spec, NOW, ALL_IDS, podstatus.Ended.completed(LATER), run)
+    assert done["phase"] == "Succeeded" and by_type(done)["Initialized"]["reason"] == "PodCompleted"
+    assert done["initContainerStatuses"][0]["state"]["terminated"]["exitCode"] == 0
+    assert done["initContainerStatuses"][1]["state"]["terminated"]["exitCode"] == podstatus.STOPPED_EXIT_CODE
+
+
+def test_a_pod_deleted_before_it_initialized_fails_with_its_containers_never_started() -> None:
+    spec = with_inits(CHECK, {**CHECK, "name": "quick"})
+    stopped = podstatus.stopped_initializing_status(spec, ALL_IDS, podstatus.InitRun().then(NOW), LATER)
+    conditions = by_type(stopped)
+    assert stopped["phase"] == "Failed"
+    assert conditions["PodReadyToStartContainers"]["message"] == "pod sandbox is not ready"
+    assert conditions["Initialized"]["message"] == "containers with incomplete status: [check quick]"
+    assert conditions["Ready"]["reason"] == "ContainersNotReady", "worked out for the Pending pod it was"
+    assert stopped["initContainerStatuses"][0]["state"]["terminated"]["exitCode"] == podstatus.STOPPED_EXIT_CODE
+    assert stopped["containerStatuses"][0]["state"] == {"waiting": {"reason": "PodInitializing"}}
+    # Its sandbox never made: only the first init container is marked as lost.
+    gone = podstatus.never_ran_status(spec, LATER)
+    first, second = gone["initContainerStatuses"]
+    assert first["state"]["terminated"]["reason"] == "ContainerStatusUnknown"
+    assert second["state"] == gone["containerStatuses"][0]["state"] == {"waiting": {"reason": "PodInitializing"}}
+
+
+@pytest.mark.parametrize(
+    ("command", "seconds"),
+    [
+        (["sleep", "5"], 5.0),
+        (["sh", "-c", "nvidia-smi -L && sleep 2.5"], 2.5),
+        (["sleep", "infinity"], None),
+        (["nvidia-smi", "-L"], 0.0),
+        ([], 0.0),
+    ],
+)
+def test_an_init_container_runs_as_long_as_its_sleep_and_any_other_command_ends_at_once(
+    command: list[str], seconds: float | None
+) -> None:
+    assert init_seconds({"name": "check", "command": command}) == seconds
+
+
+class StatusWrites:
+    """An API server that keeps the pod manager's status writes and takes its delete."""
+
+    def __init__(self) -> None:
+        self.statuses: list[Obj] = []
+        self.deletes = 0
+
+    async def patch(self, path: str, body: Obj, kind: str) -> Obj:
+        self.statuses.append(body["status"])
+        return {}
+
+    async def delete(self, path: str, body: Obj | None = None) -> Obj:
+        self.deletes += 1
+        return {}
+
+
+def test_the_pod_manager_runs_init_containers_first_and_writes_each_state_once(tmp_path: Path) -> None:
+    """Pending while the init container runs, Running once it completed, Succeeded when the
+    pod's own container ends; deleted afterwards, the pod gets no second terminal status."""
+    api = StatusWrites()
+    manager = PodManager(cast(KubeClient, api), NodeSpec("node"), cast(PluginManager, None), tmp_path / "cdi")
+    meta = {"namespace": "ns", "name": "job", "uid": "u", "generation": 1}
+    spec = {
+        "restartPolicy": "Never",
+        "initContainers": [{"name": "check", "image": "registry.invalid/check", "command": ["sleep", "0.05"]}],
+        "containers": [{"name": "main", "image": "registry.invalid/work", "command": ["sleep", "0.05"]}],
+    }
+    pod = {"metadata": meta, "spec": spec, "status": {"phase": "Pending"}}
+
+    async def until_written(count: int) -> None:
+        deadline = time.monotonic() + 5
+        while len(api.statuses) < count and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+
+    async def scenario() -> None:
+        manager.observe("ADDED", pod)
+        await until_written(3)
+        deleting = {**meta, "deletionTimestamp": "2026-11-28T00:00:00Z"}
+        manager.observe("MODIFIED", {**pod, "metadata": deleting, "status": {"phase": "Succeeded"}})
+        await asyncio.wait_for(asyncio.gather(*manager._workers.values()), 5)
+
+    asyncio.run(scenario())
+    assert [s["phase"] for s in api.statuses] == ["Pending", "Running", "Succeeded"]
+    initializing, running, done = api.statuses
+    assert "running" in initializing["initContainerStatuses"][0]["state"]
+    assert running["initContainerStatuses"][0]["state"]["terminated"]["reason"] == "Completed"
+    assert done["containerStatuses"][0]["state"]["terminated"]["reason"] == "Completed"
+    assert api.deletes == 1
