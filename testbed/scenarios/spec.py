@@ -8,10 +8,12 @@ A phase creates Jobs at a rate (QPS), each Job's pods using one ResourceClaimTem
 
 from __future__ import annotations
 
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.fields import FieldInfo
 
 from fake_devices.specfiles import SpecFileError, parse_yaml, validate
 from testbed.fleet.spec import DEFAULT_NODES_PER_HOST
@@ -131,6 +133,30 @@ class ScenarioError(SpecFileError):
     pass
 
 
+def _field(model: type[BaseModel] | None, key: str) -> FieldInfo | None:
+    """The field a file's key names (by alias or name)."""
+    for name, field in (model.model_fields if model is not None else {}).items():
+        if key in (name, field.alias):
+            return field
+    return None
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The model a field holds, directly, in a list or as an option."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next((m for arg in typing.get_args(annotation) if (m := _model_in(arg)) is not None), None)
+
+
+def _as_written(default: Any) -> Any:
+    """A default as a file would spell it."""
+    if isinstance(default, BaseModel):
+        return default.model_dump(by_alias=True, exclude_none=True)
+    if isinstance(default, list):
+        return [_as_written(item) for item in default]
+    return default
+
+
 def shipped() -> list[str]:
     return sorted(p.stem for p in SHIPPED_DIR.glob("*.yaml"))
 
@@ -155,9 +181,12 @@ def load(name_or_path: str, overrides: dict[str, Any] | None = None) -> Scenario
 
 
 def _set(data: Any, dotted: str, value: Any, source: str) -> None:
-    """One override; a key that does not lead anywhere is an error naming where it stops."""
+    """One override; a key that does not lead anywhere is an error naming where it stops.
+    A key the file leaves out holds its default, so that ``phases.0.requests.0.deviceClass``
+    reaches into a phase's default requests."""
     parts = dotted.split(".")
     target = data
+    model: type[BaseModel] | None = Scenario
     for depth, part in enumerate(parts):
         where = ".".join(parts[: depth + 1])
         last = depth == len(parts) - 1
@@ -172,10 +201,14 @@ def _set(data: Any, dotted: str, value: Any, source: str) -> None:
             else:
                 target = target[int(part)]
         elif isinstance(target, dict):
+            field = _field(model, part)
             if last:
                 target[part] = value
-            else:
-                target = target.setdefault(part, {})
+                continue
+            if part not in target and field is not None and not field.is_required():
+                target[part] = _as_written(field.get_default(call_default_factory=True))
+            target = target.setdefault(part, {})
+            model = _model_in(field.annotation) if field is not None else None
         else:
             raise ScenarioError(
                 f"{source}: --set {dotted}: {'.'.join(parts[:depth])} is a value, not a mapping or list"

@@ -32,6 +32,19 @@ def test_errors_name_the_field(tmp_path: Path) -> None:
         spec.load("no-such-scenario")
 
 
+def test_an_override_reaches_into_what_the_file_leaves_to_its_defaults(tmp_path: Path) -> None:
+    """`--set phases.0.requests.0.deviceClass=...` on a phase written without requests
+    changes its default request (it said "Input should be a valid list" before)."""
+    bare = tmp_path / "bare.yaml"
+    bare.write_text("name: bare\nphases: [{name: a, jobs: 2}]\n")
+    scenario = spec.load(str(bare), {"phases.0.requests.0.deviceClass": "npu.example.com", "cluster.nodes": 2})
+    [request] = scenario.phases[0].requests
+    assert (request.name, request.device_class) == ("gpu", "npu.example.com")
+    assert scenario.cluster.nodes == 2 and scenario.cluster.profile == "gpu8", "the rest of the defaults kept"
+    with pytest.raises(spec.ScenarioError, match=r"'phases\.0\.requests\.1' needs an index below 1"):
+        spec.load(str(bare), {"phases.0.requests.1.deviceClass": "npu.example.com"})
+
+
 def test_a_phase_may_ask_for_its_devices_as_extended_resources() -> None:
     phase = spec.Phase.model_validate(
         {
