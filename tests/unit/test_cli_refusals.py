@@ -33,7 +33,7 @@ from testbed import cli
         (["run", "smoke", "--set", "phases.99.qps=1"], "'phases.99' needs an index below 4"),
         (["run", "smoke", "--set", "phases.x.qps=1"], "'phases.x' needs an index below 4"),
         (["run", "smoke", "--set", "phases.0.qps=[1"], "the value is not valid YAML"),
-        (["run", "smoke", "--set", "phases.0.qps.deeper=1"], "phases[0].qps: Input should be a valid number"),
+        (["run", "smoke", "--set", "phases.0.qps.deeper=1"], "phases.0.qps is a value, not a mapping or list"),
         (["run", "smoke", "--set", "phases.0.qps=1"], "cluster 'refusals' is not running"),
     ],
 )
