@@ -12,6 +12,9 @@ containers run ``sleep N`` (and do not restart) or that carries
 - init containers run in order before the pod's own (``sleep N`` for N seconds, any
   other command ending at once), the pod Pending while one runs; a sidecar
   (restartPolicy Always) runs beside the pod's containers until they end;
+- in a pod whose restartPolicy is Always, a container whose ``sleep N`` ends is started
+  again, at once the first time, then after a back-off of 10 s doubling to 5 minutes;
+  its claims stay prepared;
 - a container gets the CDI devices of the claim requests it names, matched EXACTLY
   against the ``request_names`` the driver returned (a device with none goes to all);
 - each status PATCH carries the pod's UID (PatchPodStatus), so a write meant for a pod
@@ -78,6 +81,8 @@ STATUS_SYNC_S = 60.0
 is when a device whose health went stale turns Unknown. A pod whose claims could not be
 prepared is tried again then too: the kubelet records the failure as an event and ends
 that sync as if it had succeeded."""
+CRASH_LOOP_INITIAL_S, CRASH_LOOP_MAX_S = 10.0, 300.0
+"""The kubelet's back-off before it starts again a container that exited."""
 SYNC_ERROR_BACKOFF_S = 10.0
 """The kubelet's backOffPeriod: a pod whose sync failed (a container the runtime could not
 create, an unprepare the driver refused) is synced again this long later."""
@@ -193,6 +198,8 @@ class PodManager:
         """Pods shown Pending (podstatus.py), with the container the runtime refused."""
         self._inits: dict[str, podstatus.InitRun] = {}
         """Pods whose init containers ran or run: how far they got."""
+        self._restarted: dict[str, dict[str, podstatus.Restarted]] = {}
+        """By pod UID and container name: containers that exited and are started again."""
         self._started_before_restart: set[str] = set()
         """Pods whose claims were prepared when the checkpoint was written: those still
         Running kept their containers through this kubelet's restart."""
@@ -306,6 +313,8 @@ class PodManager:
                         since = self._not_running(uid)
                         await self._release(uid)
                         await self._set_ended(uid, since, podstatus.Ended.completed(now_rfc3339()))
+                else:
+                    await self._restart_exited(uid)
                 while not self._deleting(uid):
                     await self._pause(uid, 3600)
             await self._finish_deletion(uid)
@@ -334,6 +343,7 @@ class PodManager:
                 if self._kept_running(pod):
                     env = await self._adopt(pod)
                     inits = podstatus.InitRun.from_status(pod) or podstatus.InitRun.complete(pod, now_rfc3339())
+                    self._restarted[uid] = podstatus.Restarted.from_status(pod)
                 else:
                     env = await self._prepare(pod)
                     ran = await self._initialize(pod)
@@ -658,6 +668,64 @@ class PodManager:
             return
         self._waiting[uid] = refused
 
+    async def _restart_exited(self, uid: str) -> None:
+        """As the kubelet restarts the containers of a pod whose restartPolicy is Always: a
+        container whose ``sleep N`` ends exits and is started again, at once the first
+        time, then after a back-off (``restart_delay``), the pod Running throughout with
+        that container not ready meanwhile, its claims left prepared (a container restart
+        is no concern of the drivers'). Returns once the pod is being deleted."""
+        pod = self._pod(uid)
+        periods = {c["name"]: s for c in pod["spec"].get("containers", []) if (s := restart_seconds(pod, c))}
+        ids, restarted = _container_ids(pod), self._restarted.setdefault(uid, {})
+        due = {name: time.monotonic() + seconds for name, seconds in periods.items()}
+        back_off: dict[str, tuple[float, float]] = {}
+        backed_off: dict[str, float] = {}
+        """Containers waiting out a back-off, and how long it is."""
+        while periods and not self._deleting(uid):
+            name = min(due, key=due.__getitem__)
+            if (left := due[name] - time.monotonic()) > 0:
+                await self._pause(uid, left)
+                continue
+            pod, again = self._pod(uid), restarted.get(name)
+            if again is None:  # the first container of that name
+                running = {"running": {"startedAt": self._running[uid]}}
+                again = restarted[name] = podstatus.Restarted(0, ids[name], running, {})
+            if "running" in again.state:  # it exits now, its command done
+                ended = podstatus.Ended.completed(now_rfc3339())
+                exited = podstatus.terminated_state(again.container_id, again.state["running"]["startedAt"], ended)
+                restarted[name] = podstatus.Restarted(again.count, again.container_id, exited, again.last)
+                delay, back_off[name] = restart_delay(back_off.get(name), time.monotonic())
+                await self._write_running(uid)
+                if delay:
+                    backed_off[name] = delay
+                    await self.event(
+                        pod, "BackOff", f"Back-off restarting failed container {name} in pod {_described(pod)}"
+                    )
+                due[name] = time.monotonic() + delay + until_next_relist()
+                continue
+            if name in backed_off:  # as its status reads at the sync that starts it again
+                shown = _go_duration(backed_off.pop(name))
+                message = f"back-off {shown} restarting failed container={name} pod={_described(pod)}"
+                waiting = {"waiting": {"reason": "CrashLoopBackOff", "message": message}}
+                restarted[name] = podstatus.Restarted(again.count, again.container_id, waiting, again.state)
+                await self._write_running(uid)
+            count = again.count + 1
+            running = {"running": {"startedAt": now_rfc3339()}}
+            restarted[name] = podstatus.Restarted(count, f"{ids[name]}-{count}", running, again.state)
+            await self._write_running(uid)
+            due[name] = time.monotonic() + periods[name]
+
+    async def _write_running(self, uid: str) -> None:
+        """The status of a Running pod whose containers changed since it started."""
+        pod, started = self._pod(uid), self._running[uid]
+        restarted = self._restarted.get(uid)
+        status = podstatus.running_status(
+            pod, started, _container_ids(pod), now_rfc3339(), self._inits.get(uid, podstatus.NO_INITS), restarted
+        )
+        self._add_device_health(pod, status["containerStatuses"])
+        status["startTime"] = _start_time(pod, started)
+        await self._patch_status(pod, {"status": status})
+
     def _addresses_of(self, pod: Obj) -> Obj:
         """The host's and the pod's addresses, as its status shows them."""
         host, pod_ip = self.node.internal_ip(), self._sandbox_ip(pod)
@@ -693,7 +761,8 @@ class PodManager:
             raise
 
     def _running_container_statuses(self, pod: Obj, stamp: str) -> list[Obj]:
-        statuses = podstatus.running_containers(pod, stamp, _container_ids(pod))
+        restarted = self._restarted.get(pod["metadata"]["uid"])
+        statuses = podstatus.running_containers(pod, stamp, _container_ids(pod), restarted)
         self._add_device_health(pod, statuses)
         return statuses
 
@@ -810,8 +879,8 @@ class PodManager:
 
     async def _set_ended(self, uid: str, started: str, ended: podstatus.Ended) -> None:
         pod = self._pod(uid)
-        inits = self._inits.get(uid, podstatus.NO_INITS)
-        status = podstatus.ended_status(pod, started, _container_ids(pod), ended, inits)
+        inits, restarted = self._inits.get(uid, podstatus.NO_INITS), self._restarted.get(uid)
+        status = podstatus.ended_status(pod, started, _container_ids(pod), ended, inits, restarted)
         await self._patch_status(pod, {"status": status})
 
     async def _release(self, pod_uid: str) -> None:
@@ -994,6 +1063,7 @@ class PodManager:
         self._latest.pop(uid, None)
         self._waiting.pop(uid, None)
         self._inits.pop(uid, None)
+        self._restarted.pop(uid, None)
         self._updated.pop(uid, None)
         self._changes.pop(uid, None)
         self._resources_status.pop(uid, None)
@@ -1042,6 +1112,38 @@ def init_seconds(container: Obj) -> float | None:
     except ValueError:
         return 0.0
     return None if math.isinf(seconds) else max(0.0, seconds)
+
+
+def restart_seconds(pod: Obj, container: Obj) -> float | None:
+    """How long a container of a pod that restarts its containers (restartPolicy Always)
+    runs before it exits: N for ``sleep N``; None if it runs until the pod is deleted."""
+    if pod["spec"].get("restartPolicy", "Always") != "Always" or run_seconds(pod) is not None:
+        return None
+    match = SLEEP_COMMAND.search(" ".join(container.get("command", []) + container.get("args", [])))
+    return float(match.group(1)) if match else None
+
+
+def restart_delay(back_off: tuple[float, float] | None, exited: float) -> tuple[float, tuple[float, float]]:
+    """How long the kubelet waits before it starts again a container that exited at
+    ``exited``, and its back-off from then on (seconds, when last set), given the one
+    before: none the first time (it is then set to 10 s), else the back-off, doubled for
+    the next time up to 5 minutes; forgotten once it was last set over 10 minutes before
+    (the kubelet's flowcontrol.Backoff)."""
+    if back_off is None or exited - back_off[1] > 2 * CRASH_LOOP_MAX_S:
+        return 0.0, (CRASH_LOOP_INITIAL_S, exited)
+    return back_off[0], (min(back_off[0] * 2, CRASH_LOOP_MAX_S), exited)
+
+
+def _described(pod: Obj) -> str:
+    """As the kubelet names a pod in its messages (format.Pod)."""
+    meta = pod["metadata"]
+    return f"{meta['name']}_{meta['namespace']}({meta['uid']})"
+
+
+def _go_duration(seconds: float) -> str:
+    """As Go prints a whole number of seconds: 10s, 1m20s, 5m0s."""
+    minutes, rest = divmod(int(seconds), 60)
+    return f"{minutes}m{rest}s" if minutes else f"{rest}s"
 
 
 def _start_time(pod: Obj, default: str | None = None) -> str:

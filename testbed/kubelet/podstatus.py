@@ -111,17 +111,43 @@ def is_sidecar(container: Obj) -> bool:
     return container.get("restartPolicy") == "Always"
 
 
+@dataclass(frozen=True)
+class Restarted:
+    """A container of a pod that restarts its containers (restartPolicy Always) that
+    exited since the pod started: how often it was started again, the container it is now
+    (running, or exited and waiting for its restart) and the one before it."""
+
+    count: int
+    container_id: str
+    state: Obj
+    last: Obj
+
+    @classmethod
+    def from_status(cls, pod: Obj) -> dict[str, Restarted]:
+        """Those the pod's status shows restarted (a kubelet restarted finds them there)."""
+        return {
+            s["name"]: cls(s["restartCount"], s.get("containerID", ""), s.get("state") or {}, s.get("lastState") or {})
+            for s in pod.get("status", {}).get("containerStatuses") or []
+            if s.get("restartCount")
+        }
+
+
 def running_status(
-    pod: Obj, started: str, container_ids: Mapping[str, str], now: str, inits: InitRun = NO_INITS
+    pod: Obj,
+    started: str,
+    container_ids: Mapping[str, str],
+    now: str,
+    inits: InitRun = NO_INITS,
+    restarted: Mapping[str, Restarted] | None = None,
 ) -> Obj:
-    """The status that makes the pod Running (addresses and device health are the
-    caller's): every container running since ``started``, after ``inits``."""
+    """The status of a Running pod (addresses and device health are the caller's): every
+    container running since ``started``, after ``inits``, but those ``restarted``."""
     return {
         **_status(
             pod,
             "Running",
             _init_statuses(pod, container_ids, inits),
-            running_containers(pod, started, container_ids),
+            running_containers(pod, started, container_ids, restarted),
             "ready",
             now,
         ),
@@ -129,13 +155,26 @@ def running_status(
     }
 
 
-def running_containers(pod: Obj, started: str, container_ids: Mapping[str, str]) -> list[Obj]:
+def running_containers(
+    pod: Obj, started: str, container_ids: Mapping[str, str], restarted: Mapping[str, Restarted] | None = None
+) -> list[Obj]:
     """The statuses of a running pod's (regular) containers, sorted by name as the kubelet
     sorts them."""
-    return _by_name(
-        container_status(c, container_ids[c["name"]], {"running": {"startedAt": started}}, ready=True)
-        for c in pod["spec"].get("containers", [])
-    )
+    statuses = []
+    for container in pod["spec"].get("containers", []):
+        now = _as_restarted(container, started, container_ids, restarted)
+        status = container_status(container, now.container_id, now.state, ready="running" in now.state)
+        statuses.append({**status, "restartCount": now.count, "lastState": now.last})
+    return _by_name(statuses)
+
+
+def _as_restarted(
+    container: Obj, started: str, container_ids: Mapping[str, str], restarted: Mapping[str, Restarted] | None
+) -> Restarted:
+    """The container as ``restarted`` says, else the first of its name, running since ``started``."""
+    name = container["name"]
+    first = Restarted(0, container_ids[name], {"running": {"startedAt": started}}, {})
+    return (restarted or {}).get(name) or first
 
 
 def initializing_status(
@@ -153,14 +192,26 @@ def initializing_status(
 
 
 def ended_status(
-    pod: Obj, started: str, container_ids: Mapping[str, str], ended: Ended, inits: InitRun = NO_INITS
+    pod: Obj,
+    started: str,
+    container_ids: Mapping[str, str],
+    ended: Ended,
+    inits: InitRun = NO_INITS,
+    restarted: Mapping[str, Restarted] | None = None,
 ) -> Obj:
     """The terminal status: every container terminated as ``ended`` says (sidecars and an
-    init container still running are stopped, whatever the pod's phase)."""
-    mains = [
-        container_status(c, container_ids[c["name"]], _terminated(container_ids[c["name"]], started, ended), False)
-        for c in pod["spec"].get("containers", [])
-    ]
+    init container still running are stopped, whatever the pod's phase), but a restarted
+    one that had exited and not been started again: that stays as it ended."""
+    mains = []
+    for container in pod["spec"].get("containers", []):
+        now = _as_restarted(container, started, container_ids, restarted)
+        state = now.state
+        if "running" in state:
+            state = terminated_state(now.container_id, state["running"]["startedAt"], ended)
+        elif "waiting" in state:  # to be started again: as the container before it ended
+            state = now.last
+        status = container_status(container, now.container_id, state, ready=False)
+        mains.append({**status, "restartCount": now.count, "lastState": now.last})
     init_statuses = _init_statuses(pod, container_ids, inits, Ended.stopped(ended.at))
     return _status(pod, ended.phase, init_statuses, _by_name(mains), "gone", ended.at)
 
@@ -240,9 +291,9 @@ def _init_statuses(
             continue
         container_id, (started, ended) = container_ids[container["name"]], inits.spans[index]
         if ended:
-            state = _terminated(container_id, started, Ended("Succeeded", 0, "Completed", ended))
+            state = terminated_state(container_id, started, Ended("Succeeded", 0, "Completed", ended))
         elif stopped is not None:
-            state = _terminated(container_id, started, stopped)
+            state = terminated_state(container_id, started, stopped)
         else:
             state = {"running": {"startedAt": started}}
         done = "terminated" in state and state["terminated"]["exitCode"] == 0
@@ -251,7 +302,7 @@ def _init_statuses(
     return statuses
 
 
-def _terminated(container_id: str, started: str, ended: Ended) -> Obj:
+def terminated_state(container_id: str, started: str, ended: Ended) -> Obj:
     state = {"containerID": container_id, "exitCode": ended.exit_code, "reason": ended.reason}
     return {"terminated": {**state, "startedAt": started, "finishedAt": ended.at}}
 

@@ -10,6 +10,7 @@ Needs root (namespaces); skipped with the reason otherwise.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import itertools
 import json
 import re
@@ -663,6 +664,7 @@ def _status_shape(pod: Obj) -> dict[str, Any]:
 
     def container(c: Obj) -> dict[str, Any]:
         state = {kind: sorted(value) for kind, value in c["state"].items() if value}
+        last = {kind: sorted(value) for kind, value in c.get("lastState", {}).items() if value}
         mounts = [
             {**m, "name": re.sub(r"^kube-api-access-.*", "kube-api-access", m["name"])}
             for m in c.get("volumeMounts", [])
@@ -670,9 +672,9 @@ def _status_shape(pod: Obj) -> dict[str, Any]:
         shape = {
             k: v
             for k, v in c.items()
-            if k not in ("containerID", "imageID", "state", "volumeMounts", "allocatedResourcesStatus")
+            if k not in ("containerID", "imageID", "state", "lastState", "volumeMounts", "allocatedResourcesStatus")
         }
-        return {**shape, "state": state, "mounts": mounts, "has_image_id": bool(c.get("imageID"))}
+        return {**shape, "state": state, "last": last, "mounts": mounts, "has_image_id": bool(c.get("imageID"))}
 
     return {
         "keys": sorted(k for k in status if k not in POD_LEVEL_RESOURCES),
@@ -889,6 +891,73 @@ def test_init_containers_and_sidecars_run_and_read_alike_on_real_and_fake_kubele
             assert fake["sidecar done"]["conditions"] == real["sidecar done"]["conditions"]
 
     asyncio.run(scenario())
+
+
+def _main(pod: Obj) -> Obj:
+    return next(c for c in pod["status"].get("containerStatuses", []) if c["name"] == "main")
+
+
+def test_a_container_that_exits_is_started_again_after_a_back_off_its_claim_left_prepared(
+    control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
+) -> None:
+    """restartPolicy Always: a container whose command ends is started again, at once the
+    first time, then after a back-off (10 s, doubling), showing Completed meanwhile, its
+    restart count and the container before it, the pod Running but not Ready; a BackOff
+    Event; the claim prepared once, not again for each restart. The fake kubelet kept such
+    a container running for good."""
+
+    async def scenario() -> None:
+        async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
+
+            async def case(side: Side) -> dict[str, Any]:
+                await side.template("gpu", [request("gpu", GPU)])
+                since = time.time()
+                await side.pod("loop", {"resourceClaimTemplateName": "gpu"}, command=["sleep", "3"])
+
+                async def main_is(state: str, restarts: int) -> Obj | None:
+                    pod = await side.read_pod("loop")
+                    main = _main(pod) if pod["status"].get("containerStatuses") else {}
+                    return pod if state in main.get("state", {}) and main.get("restartCount") == restarts else None
+
+                found = {"restarted at once": await until(lambda: main_is("running", 1), 60, "a first restart")}
+                found["exited again"] = await until(lambda: main_is("terminated", 1), 60, "a second exit")
+                found["after its back-off"] = await until(lambda: main_is("running", 2), 60, "a restart after back-off")
+                back_off = [m for r, m in await side.events("loop") if r == "BackOff"]
+                calls = side.calls_by_claim(since)
+                await side.delete_pod("loop")
+                await side.gone("loop")
+                exited = found["exited again"]["status"]["containerStatuses"][0]["state"]["terminated"]
+                waited = _main(found["after its back-off"])["state"]["running"]["startedAt"]
+                return {
+                    "shapes": {stage: _status_shape(pod) for stage, pod in found.items()},
+                    "back-off events": back_off,
+                    "calls": list(calls.values()),
+                    "waited": (parse_time(waited) - parse_time(exited["finishedAt"])),
+                    "uid": found["exited again"]["metadata"]["uid"],
+                }
+
+            found = await both(sides, case)
+            for stage, shape in found["real"]["shapes"].items():
+                assert found["fake"]["shapes"][stage] == shape, stage
+            assert _main_shape(found["fake"]["shapes"]["exited again"])["last"] == {
+                "terminated": ["containerID", "exitCode", "finishedAt", "reason", "startedAt"]
+            }
+            for kind, seen in found.items():
+                namespace = sides[kind].namespace
+                wanted = f"Back-off restarting failed container main in pod loop_{namespace}({seen['uid']})"
+                assert seen["back-off events"] and set(seen["back-off events"]) == {wanted}, (kind, seen)
+                assert seen["calls"] == [[PREPARE]], f"{kind}: prepared once, not for each restart: {seen['calls']}"
+                assert 10 <= seen["waited"] <= 20, f"{kind}: started again {seen['waited']} s after it exited"
+
+    asyncio.run(scenario())
+
+
+def _main_shape(shape: dict[str, Any]) -> dict[str, Any]:
+    return next(c for c in shape["containers"] if c["name"] == "main")
+
+
+def parse_time(stamp: str) -> float:
+    return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
 def test_a_rolling_update_hands_claims_to_the_new_driver_instance_and_keeps_the_slices(

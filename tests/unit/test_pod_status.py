@@ -13,7 +13,7 @@ from testbed.kubeapi import KubeClient, Obj
 from testbed.kubelet import podstatus
 from testbed.kubelet.node import NodeSpec
 from testbed.kubelet.plugins import PluginManager
-from testbed.kubelet.pods import PodManager, init_seconds
+from testbed.kubelet.pods import PodManager, _go_duration, init_seconds, restart_delay, restart_seconds
 
 STARTED, NOW, LATER = "2026-11-27T10:00:00Z", "2026-11-27T10:00:05Z", "2026-11-27T10:01:00Z"
 IDS = {"main": "dra-testbed://u-main"}
@@ -296,3 +296,37 @@ def test_the_pod_manager_runs_init_containers_first_and_writes_each_state_once(t
     assert running["initContainerStatuses"][0]["state"]["terminated"]["reason"] == "Completed"
     assert done["containerStatuses"][0]["state"]["terminated"]["reason"] == "Completed"
     assert api.deletes == 1
+
+
+def test_a_container_that_keeps_exiting_is_started_again_at_once_then_after_a_doubling_back_off() -> None:
+    delays, back_off, at = [], None, 0.0
+    for _ in range(8):
+        delay, back_off = restart_delay(back_off, at)
+        delays.append(delay)
+        at += delay + 3  # it runs 3 s each time
+    assert delays == [0, 10, 20, 40, 80, 160, 300, 300]
+    assert restart_delay(back_off, at + 601)[0] == 0, "forgotten once set over 10 minutes before"
+    assert [_go_duration(s) for s in (10, 80, 300)] == ["10s", "1m20s", "5m0s"]
+
+
+def test_only_a_restarting_pods_sleep_n_containers_exit_to_be_started_again() -> None:
+    sleeper = {"name": "main", "command": ["sh", "-c", "sleep 2"]}
+    always = {"metadata": {}, "spec": {"containers": [sleeper]}}
+    assert restart_seconds(always, sleeper) == 2.0
+    assert restart_seconds(always, {"name": "main", "command": ["sleep", "infinity"]}) is None
+    never = {"metadata": {}, "spec": {"restartPolicy": "Never", "containers": [sleeper]}}
+    assert restart_seconds(never, sleeper) is None, "it completes instead"
+
+
+def test_a_restarted_container_shows_its_count_its_state_and_the_container_before() -> None:
+    exited = podstatus.terminated_state("dra-testbed://u-main", STARTED, podstatus.Ended.completed(NOW))
+    waiting = {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 10s restarting failed container=main"}}
+    backing_off = {"main": podstatus.Restarted(1, "dra-testbed://u-main-1", waiting, exited)}
+    status = podstatus.running_status(pod(), STARTED, IDS, LATER, restarted=backing_off)
+    [main] = status["containerStatuses"]
+    assert (main["restartCount"], main["state"], main["lastState"]) == (1, waiting, exited)
+    assert status["phase"] == "Running" and by_type(status)["Ready"]["reason"] == "ContainersNotReady"
+    assert podstatus.Restarted.from_status({**pod(), "status": status}) == backing_off
+    # Deleted meanwhile: it stays as it exited; a running one ends as stopped.
+    ended = podstatus.ended_status(pod(), STARTED, IDS, podstatus.Ended.stopped(LATER), restarted=backing_off)
+    assert ended["containerStatuses"][0]["state"] == exited and ended["containerStatuses"][0]["restartCount"] == 1
