@@ -1040,7 +1040,8 @@ class PodManager:
                     )
                     await self._patch_status(pod, {"status": status})
                 elif uid in self._waiting:
-                    await self._patch_status(pod, {"status": podstatus.never_ran_status(pod, now_rfc3339())})
+                    status = podstatus.never_ran_status(pod, now_rfc3339(), self._waiting[uid] is not None)
+                    await self._patch_status(pod, {"status": status})
             with contextlib.suppress(ApiError):
                 await self.client.delete(
                     path_for("v1", "pods", meta["name"], meta["namespace"]),

@@ -252,14 +252,16 @@ def waiting_status(pod: Obj, host_ip: str, now: str, failed: CreateFailed | None
     }
 
 
-def never_ran_status(pod: Obj, now: str) -> Obj:
+def never_ran_status(pod: Obj, now: str, sandbox_made: bool = False) -> Obj:
     """The terminal status of a pod deleted before its containers ever ran. As the kubelet
     marks it (TerminatePod), over the conditions of the Pending pod it was: containers not
     known to have run end ContainerStatusUnknown; with init containers, only the first of
-    those (the pod never initialized: its containers stay waiting)."""
+    those (the pod never initialized: its containers stay waiting). ``sandbox_made``: the
+    runtime had made its sandbox (and refused a container), now removed."""
     inits, mains = _waiting_statuses(pod, None)
     unknown = {"terminated": {"exitCode": 137, "reason": "ContainerStatusUnknown", "message": CONTAINER_NOT_FOUND}}
-    status = _status(pod, "Failed", inits, mains, "none", now, conditions_phase="Pending")
+    sandbox = "gone" if sandbox_made else "none"
+    status = _status(pod, "Failed", inits, mains, sandbox, now, conditions_phase="Pending")
     ended = status["initContainerStatuses"][:1] if inits else status["containerStatuses"]
     for container in ended:
         container["state"] = unknown

@@ -109,6 +109,26 @@ class Side:
     async def delete_pod(self, name: str) -> None:
         await self.client.delete_if_exists(path_for("v1", "pods", name, self.namespace))
 
+    async def deleted(self, name: str, timeout_s: float = 60) -> Obj:
+        """Delete the pod; the pod as it was when it went (its last status)."""
+        last: dict[str, Obj] = {}
+
+        async def follow() -> None:
+            path = path_for("v1", "pods", namespace=self.namespace)
+            async for kind, pod in self.client.watch(path, {"fieldSelector": f"metadata.name={name}"}):
+                last[kind] = pod
+
+        async def gone() -> bool:
+            return "DELETED" in last
+
+        following = asyncio.create_task(follow())
+        try:
+            await self.delete_pod(name)
+            await until(gone, timeout_s, f"{self.kind}: {name} deleted")
+        finally:
+            following.cancel()
+        return last["DELETED"]
+
     async def gone(self, name: str, timeout_s: float = 120) -> None:
         async def absent() -> bool:
             try:
@@ -746,23 +766,7 @@ def test_a_pods_status_reads_alike_on_real_and_fake_kubelets(
                 found["gated and ready"] = _status_shape(await until(gate_ready, 60, f"{side.kind}: gated Ready"))
                 # Deleted: the last status before the pod is gone is a terminal one.
                 for name in ("claiming", "broken"):
-                    last: dict[str, Obj] = {}
-
-                    async def follow(name: str = name, last: dict[str, Obj] = last) -> None:
-                        path = path_for("v1", "pods", namespace=side.namespace)
-                        async for kind, pod in side.client.watch(path, {"fieldSelector": f"metadata.name={name}"}):
-                            last[kind] = pod
-
-                    async def gone(last: dict[str, Obj] = last) -> bool:
-                        return "DELETED" in last
-
-                    following = asyncio.create_task(follow())
-                    try:
-                        await side.delete_pod(name)
-                        await until(gone, 60, f"{side.kind}: {name} deleted")
-                    finally:
-                        following.cancel()
-                    found[f"{name} deleted"] = _status_shape(last["DELETED"])
+                    found[f"{name} deleted"] = _status_shape(await side.deleted(name))
                 return found
 
             found = await both(sides, case)
@@ -836,27 +840,12 @@ def test_init_containers_and_sidecars_run_and_read_alike_on_real_and_fake_kubele
                 envs = {c: await side.env("initialized", c) for c in ("check", "main", "agent")}
                 found["stuck"] = _status_shape(await until(lambda: initializing("stuck"), 60, "stuck initializing"))
                 sidecar_done = await until(lambda: side._phase("with-sidecar", "Succeeded"), 60, "sidecar pod done")
-                last: dict[str, Obj] = {}
-
-                async def follow() -> None:
-                    path = path_for("v1", "pods", namespace=side.namespace)
-                    async for kind, pod in side.client.watch(path, {"fieldSelector": "metadata.name=stuck"}):
-                        last[kind] = pod
-
-                async def gone() -> bool:
-                    return "DELETED" in last
-
-                following = asyncio.create_task(follow())
-                try:
-                    await side.delete_pod("stuck")
-                    await until(gone, 60, f"{side.kind}: stuck deleted")
-                finally:
-                    following.cancel()
+                stuck_deleted = await side.deleted("stuck")
                 return {
                     "found": found,
                     "envs": envs,
                     "sidecar done": _status_shape(sidecar_done),
-                    "stuck deleted": _status_shape(last["DELETED"]),
+                    "stuck deleted": _status_shape(stuck_deleted),
                 }
 
             results = await both(sides, case)
@@ -1567,13 +1556,13 @@ def test_a_container_that_fails_to_start_is_tried_again_every_10_to_15_seconds(
                 pod = await side.read_pod("wrong")
                 phase, shape = pod["status"]["phase"], _status_shape(pod)
                 events = await side.events("wrong")
-                await side.delete_pod("wrong")
-                await side.gone("wrong")
+                deleted = _status_shape(await side.deleted("wrong"))
                 gaps = [round(b - a, 1) for a, b in itertools.pairwise(seen_at)]
-                return {"gaps": gaps, "phase": phase, "events": events[-3:], "status": shape}
+                return {"gaps": gaps, "phase": phase, "events": events[-3:], "status": shape, "deleted": deleted}
 
             found = await both(sides, case)
             assert found["fake"]["status"] == found["real"]["status"], "the status of a pod whose container failed"
+            assert found["fake"]["deleted"] == found["real"]["deleted"], "that pod's status as it was deleted"
             for kind, seen in found.items():
                 assert seen["phase"] == "Pending", (kind, seen)
                 assert len(seen["gaps"]) >= 3, (kind, seen)

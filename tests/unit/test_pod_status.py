@@ -162,6 +162,9 @@ def test_a_container_the_runtime_refused_waits_in_create_container_error_in_a_sa
     assert by_type(status)["ContainersReady"]["reason"] == "ContainersNotReady"
     waiting = status["containerStatuses"][0]["state"]["waiting"]
     assert waiting == {"reason": "CreateContainerError", "message": refused.message}
+    # Deleted so: its sandbox, made, is now gone (not "no pod sandbox exists").
+    gone = podstatus.never_ran_status(pod(), LATER, sandbox_made=True)
+    assert by_type(gone)["PodReadyToStartContainers"]["message"] == "pod sandbox is not ready"
 
 
 def with_inits(*inits: Obj, containers: tuple[str, ...] = ("main",)) -> Obj:
