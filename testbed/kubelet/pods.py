@@ -15,6 +15,8 @@ containers run ``sleep N`` (and do not restart) or that carries
 - in a pod whose restartPolicy is Always, a container whose ``sleep N`` ends is started
   again, at once the first time, then after a back-off of 10 s doubling to 5 minutes;
   its claims stay prepared;
+- a container with a readiness (or startup) probe is held unready (not started) until
+  the probe would pass, the workload taken to answer it (``probe_plan``);
 - a container gets the CDI devices of the claim requests it names, matched EXACTLY
   against the ``request_names`` the driver returned (a device with none goes to all);
 - each status PATCH carries the pod's UID (PatchPodStatus), so a write meant for a pod
@@ -200,6 +202,8 @@ class PodManager:
         """Pods whose init containers ran or run: how far they got."""
         self._restarted: dict[str, dict[str, podstatus.Restarted]] = {}
         """By pod UID and container name: containers that exited and are started again."""
+        self._probing: dict[str, dict[str, str]] = {}
+        """By pod UID and container name: containers whose probes have not passed yet."""
         self._started_before_restart: set[str] = set()
         """Pods whose claims were prepared when the checkpoint was written: those still
         Running kept their containers through this kubelet's restart."""
@@ -351,7 +355,7 @@ class PodManager:
                         return False  # deleted while its init containers ran
                     inits = ran
                 # The pod as last seen: its status holds what the init containers' writes said.
-                await self._set_running(self._pod(uid), env, inits)
+                await self._set_running(self._pod(uid), env, inits, probed=not self._kept_running(pod))
                 return True
             except StartFailed as exc:
                 self._inits.pop(uid, None)
@@ -617,8 +621,14 @@ class PodManager:
         return run
 
     async def _set_running(
-        self, pod: Obj, env: Mapping[str, Mapping[str, str]], inits: podstatus.InitRun = podstatus.NO_INITS
+        self,
+        pod: Obj,
+        env: Mapping[str, Mapping[str, str]],
+        inits: podstatus.InitRun = podstatus.NO_INITS,
+        probed: bool = True,
     ) -> None:
+        """``probed``: its containers just started, so their probes have yet to pass (a
+        restarted kubelet finds them passed)."""
         meta = pod["metadata"]
         # A restarted kubelet finds its pods running: their start time stays what it was.
         previous = pod.get("status", {})
@@ -631,7 +641,9 @@ class PodManager:
         self._resync_schedule.add(meta["uid"], time.monotonic())
         self._resync_wake.set()
 
-        status = podstatus.running_status(pod, stamp, _container_ids(pod), now_rfc3339(), inits)
+        probing, changes = probe_plan(pod) if probed else ({}, [])
+        self._probing[meta["uid"]] = probing
+        status = podstatus.running_status(pod, stamp, _container_ids(pod), now_rfc3339(), inits, probing=probing)
         self._add_device_health(pod, status["containerStatuses"])
         status.update(startTime=_start_time(pod, stamp), **addresses)
         body: Obj = {"status": status}
@@ -642,6 +654,23 @@ class PodManager:
             # change them there (labels only are refused).
             body["metadata"] = {"annotations": {CONTAINER_ENV_ANNOTATION: json.dumps(env, sort_keys=True)}}
         await self._patch_status(pod, body)
+        if changes:
+            self._in_background(self._follow_probes(meta["uid"], changes), f"pod-probes-{meta['uid']}")
+
+    async def _follow_probes(self, uid: str, changes: list[tuple[float, str, str | None]]) -> None:
+        """As the kubelet's prober passes a container's startup and readiness probes (their
+        commands taken to succeed): each change written when it comes, while the pod runs."""
+        started = time.monotonic()
+        for after, name, waits_for in changes:
+            await asyncio.sleep(max(0.0, started + after - time.monotonic()))
+            probing = self._probing.get(uid)
+            if probing is None or uid not in self._running or self._deleting(uid):
+                return
+            if waits_for is None:
+                probing.pop(name, None)
+            else:
+                probing[name] = waits_for
+            await self._write_running(uid)
 
     async def _set_waiting(self, pod: Obj, refused: tuple[str, str] | None = None) -> None:
         """Pending with its containers ContainerCreating, as the kubelet shows a pod whose
@@ -718,9 +747,9 @@ class PodManager:
     async def _write_running(self, uid: str) -> None:
         """The status of a Running pod whose containers changed since it started."""
         pod, started = self._pod(uid), self._running[uid]
-        restarted = self._restarted.get(uid)
+        restarted, inits = self._restarted.get(uid), self._inits.get(uid, podstatus.NO_INITS)
         status = podstatus.running_status(
-            pod, started, _container_ids(pod), now_rfc3339(), self._inits.get(uid, podstatus.NO_INITS), restarted
+            pod, started, _container_ids(pod), now_rfc3339(), inits, restarted, self._probing.get(uid)
         )
         self._add_device_health(pod, status["containerStatuses"])
         status["startTime"] = _start_time(pod, started)
@@ -761,8 +790,9 @@ class PodManager:
             raise
 
     def _running_container_statuses(self, pod: Obj, stamp: str) -> list[Obj]:
-        restarted = self._restarted.get(pod["metadata"]["uid"])
-        statuses = podstatus.running_containers(pod, stamp, _container_ids(pod), restarted)
+        uid = pod["metadata"]["uid"]
+        restarted, probing = self._restarted.get(uid), self._probing.get(uid)
+        statuses = podstatus.running_containers(pod, stamp, _container_ids(pod), restarted, probing)
         self._add_device_health(pod, statuses)
         return statuses
 
@@ -1065,6 +1095,7 @@ class PodManager:
         self._waiting.pop(uid, None)
         self._inits.pop(uid, None)
         self._restarted.pop(uid, None)
+        self._probing.pop(uid, None)
         self._updated.pop(uid, None)
         self._changes.pop(uid, None)
         self._resources_status.pop(uid, None)
@@ -1122,6 +1153,44 @@ def restart_seconds(pod: Obj, container: Obj) -> float | None:
         return None
     match = SLEEP_COMMAND.search(" ".join(container.get("command", []) + container.get("args", [])))
     return float(match.group(1)) if match else None
+
+
+def probe_plan(pod: Obj) -> tuple[dict[str, str], list[tuple[float, str, str | None]]]:
+    """How the pod's containers' probes go, as the kubelet's prober runs them and a
+    workload that answers passes them: what each container waits for as it starts
+    ("starting": its startup probe, which holds back its readiness probe; "unready": its
+    readiness probe), and when (seconds after it started) that changes (None: ready).
+    Liveness probes pass, and change nothing."""
+    waiting: dict[str, str] = {}
+    changes: list[tuple[float, str, str | None]] = []
+    for container in pod["spec"].get("containers", []):
+        name, startup, readiness = container["name"], container.get("startupProbe"), container.get("readinessProbe")
+        started_after = 0.0
+        if startup:
+            started_after = _passes_after(startup)
+            waiting[name] = "starting"
+            changes.append((started_after, name, "unready" if readiness else None))
+        if readiness:
+            waiting.setdefault(name, "unready")
+            changes.append((_passes_after(readiness, started_after), name, None))
+    changes.sort(key=lambda change: change[0])
+    while changes and changes[0][0] <= 0:  # passed by the first probe, as the container starts
+        _, name, waits_for = changes.pop(0)
+        if waits_for is None:
+            waiting.pop(name, None)
+        else:
+            waiting[name] = waits_for
+    return waiting, changes
+
+
+def _passes_after(probe: Obj, after: float = 0.0) -> float:
+    """When a probe passes, in seconds after its container started: its worker probes at
+    once and then every ``periodSeconds``; a probe counts once the container ran
+    ``initialDelaySeconds`` (and, for readiness, once the startup probe passed at
+    ``after``), and ``successThreshold`` in a row make it pass."""
+    period = float(probe.get("periodSeconds") or 10)
+    first = math.ceil(max(float(probe.get("initialDelaySeconds") or 0), after) / period)
+    return (first + int(probe.get("successThreshold") or 1) - 1) * period
 
 
 def restart_delay(back_off: tuple[float, float] | None, exited: float) -> tuple[float, tuple[float, float]]:

@@ -139,15 +139,17 @@ def running_status(
     now: str,
     inits: InitRun = NO_INITS,
     restarted: Mapping[str, Restarted] | None = None,
+    probing: Mapping[str, str] | None = None,
 ) -> Obj:
     """The status of a Running pod (addresses and device health are the caller's): every
-    container running since ``started``, after ``inits``, but those ``restarted``."""
+    container running since ``started``, after ``inits``, but those ``restarted``; those
+    ``probing`` not ready yet (``running_containers``)."""
     return {
         **_status(
             pod,
             "Running",
             _init_statuses(pod, container_ids, inits),
-            running_containers(pod, started, container_ids, restarted),
+            running_containers(pod, started, container_ids, restarted, probing),
             "ready",
             now,
         ),
@@ -156,14 +158,22 @@ def running_status(
 
 
 def running_containers(
-    pod: Obj, started: str, container_ids: Mapping[str, str], restarted: Mapping[str, Restarted] | None = None
+    pod: Obj,
+    started: str,
+    container_ids: Mapping[str, str],
+    restarted: Mapping[str, Restarted] | None = None,
+    probing: Mapping[str, str] | None = None,
 ) -> list[Obj]:
     """The statuses of a running pod's (regular) containers, sorted by name as the kubelet
-    sorts them."""
+    sorts them. ``probing``: those whose startup probe has not passed yet ("starting":
+    neither started nor ready) or whose readiness probe has not ("unready")."""
     statuses = []
     for container in pod["spec"].get("containers", []):
         now = _as_restarted(container, started, container_ids, restarted)
         status = container_status(container, now.container_id, now.state, ready="running" in now.state)
+        waits_for = (probing or {}).get(container["name"]) if "running" in now.state else None
+        if waits_for is not None:
+            status.update(ready=False, started=waits_for != "starting")
         statuses.append({**status, "restartCount": now.count, "lastState": now.last})
     return _by_name(statuses)
 

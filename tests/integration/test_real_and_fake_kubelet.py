@@ -941,6 +941,55 @@ def test_a_container_that_exits_is_started_again_after_a_back_off_its_claim_left
     asyncio.run(scenario())
 
 
+def test_probes_hold_containers_unready_until_they_pass_alike_on_real_and_fake_kubelets(
+    control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
+) -> None:
+    """A readiness probe keeps its container unready (the pod Running, not Ready) until it
+    passes after its initial delay; a startup probe keeps its container not started, and
+    its readiness probe waiting, until it passes. Exec probes, which the reference's
+    runtime answers with success. The fake kubelet made every container ready at once."""
+
+    def probe(**timing: int) -> Obj:
+        return {"exec": {"command": ["true"]}, **timing}
+
+    async def scenario() -> None:
+        async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
+
+            async def case(side: Side) -> dict[str, Any]:
+                main = {"name": "main", "image": "registry.invalid/work", "command": ["sleep", "3600"]}
+                await side.create_pod(
+                    "probed",
+                    containers=[
+                        {**main, "readinessProbe": probe(initialDelaySeconds=4, periodSeconds=2)},
+                        {**main, "name": "warm", "startupProbe": probe(initialDelaySeconds=3, periodSeconds=3)},
+                    ],
+                )
+                first = _status_shape(await side.running("probed"))
+
+                async def ready() -> Obj | None:
+                    pod = await side.read_pod("probed")
+                    conditions = {c["type"]: c for c in pod["status"].get("conditions", [])}
+                    return pod if conditions.get("Ready", {}).get("status") == "True" else None
+
+                pod = await until(ready, 60, f"{side.kind}: probed Ready")
+                started = _main(pod)["state"]["running"]["startedAt"]
+                ready_at = next(c["lastTransitionTime"] for c in pod["status"]["conditions"] if c["type"] == "Ready")
+                return {
+                    "running": first,
+                    "ready": _status_shape(pod),
+                    "after": parse_time(ready_at) - parse_time(started),
+                }
+
+            found = await both(sides, case)
+            assert found["fake"]["running"] == found["real"]["running"], "Running, its containers still probed"
+            assert found["fake"]["ready"] == found["real"]["ready"], "Ready once the probes passed"
+            containers = {c["name"]: c for c in found["fake"]["running"]["containers"]}
+            assert (containers["main"]["ready"], containers["main"]["started"]) == (False, True)
+            assert (containers["warm"]["ready"], containers["warm"]["started"]) == (False, False)
+            for kind, seen in found.items():
+                assert 3 <= seen["after"] <= 12, f"{kind}: Ready {seen['after']} s after its containers started"
+
+
 def _main_shape(shape: dict[str, Any]) -> dict[str, Any]:
     return next(c for c in shape["containers"] if c["name"] == "main")
 

@@ -13,7 +13,14 @@ from testbed.kubeapi import KubeClient, Obj
 from testbed.kubelet import podstatus
 from testbed.kubelet.node import NodeSpec
 from testbed.kubelet.plugins import PluginManager
-from testbed.kubelet.pods import PodManager, _go_duration, init_seconds, restart_delay, restart_seconds
+from testbed.kubelet.pods import (
+    PodManager,
+    _go_duration,
+    init_seconds,
+    probe_plan,
+    restart_delay,
+    restart_seconds,
+)
 
 STARTED, NOW, LATER = "2026-11-27T10:00:00Z", "2026-11-27T10:00:05Z", "2026-11-27T10:01:00Z"
 IDS = {"main": "dra-testbed://u-main"}
@@ -333,3 +340,23 @@ def test_a_restarted_container_shows_its_count_its_state_and_the_container_befor
     # Deleted meanwhile: it stays as it exited; a running one ends as stopped.
     ended = podstatus.ended_status(pod(), STARTED, IDS, podstatus.Ended.stopped(LATER), restarted=backing_off)
     assert ended["containerStatuses"][0]["state"] == exited and ended["containerStatuses"][0]["restartCount"] == 1
+
+
+def test_probes_hold_a_container_unready_until_they_pass_as_the_kubelets_prober_runs_them() -> None:
+    def probe(**timing: int) -> Obj:
+        return {"exec": {"command": ["true"]}, **timing}
+
+    containers = [
+        {"name": "main", "readinessProbe": probe(initialDelaySeconds=5, periodSeconds=2)},
+        {"name": "warm", "startupProbe": probe(initialDelaySeconds=3), "readinessProbe": probe(periodSeconds=4)},
+        {"name": "twice", "readinessProbe": probe(periodSeconds=3, successThreshold=2)},
+        {"name": "at-once", "readinessProbe": probe(), "livenessProbe": probe(initialDelaySeconds=60)},
+        {"name": "plain"},
+    ]
+    waiting, changes = probe_plan({"spec": {"containers": containers}})
+    assert waiting == {"main": "unready", "warm": "starting", "twice": "unready"}, "a probe passing at 0 holds none"
+    assert changes == [(3.0, "twice", None), (6.0, "main", None), (10.0, "warm", "unready"), (12.0, "warm", None)]
+    status = podstatus.running_status(pod(), STARTED, IDS, NOW, probing={"main": "starting"})
+    [main] = status["containerStatuses"]
+    assert (main["ready"], main["started"]) == (False, False)
+    assert by_type(status)["ContainersReady"]["message"] == "containers with unready status: [main]"
