@@ -704,7 +704,11 @@ class PodManager:
         that container not ready meanwhile, its claims left prepared (a container restart
         is no concern of the drivers'). Returns once the pod is being deleted."""
         pod = self._pod(uid)
-        periods = {c["name"]: s for c in pod["spec"].get("containers", []) if (s := restart_seconds(pod, c))}
+        periods = {
+            c["name"]: seconds
+            for c in pod["spec"].get("containers", [])
+            if (seconds := restart_seconds(pod, c)) is not None
+        }
         ids, restarted = _container_ids(pod), self._restarted.setdefault(uid, {})
         due = {name: time.monotonic() + seconds for name, seconds in periods.items()}
         back_off: dict[str, tuple[float, float]] = {}
