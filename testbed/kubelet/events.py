@@ -15,12 +15,18 @@ API sees, and users read the result in `kubectl describe pod`:
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
-import uuid
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from testbed.http11 import TransportError
 from testbed.kubeapi import ApiError, KubeClient, Obj, now_rfc3339, path_for
+from testbed.tasks import cancel_and_wait
+
+log = logging.getLogger(__name__)
 
 SPAM_BURST = 25
 SPAM_REFILL_PER_S = 1 / 300
@@ -47,9 +53,10 @@ class _Bucket:
         return True
 
 
-Key = tuple[str, str, str | None]
-"""An event's type, reason and message (None: the combined Event of that type and
-reason): the same again is counted on one Event."""
+Key = tuple[str, str, str | None, str]
+"""An event's type, reason, message (None: the combined Event of that type and reason)
+and the container it is about (its field path, "" for the pod or the combined Event):
+the same again is counted on one Event."""
 
 
 @dataclass(frozen=True)
@@ -58,7 +65,7 @@ class Write:
 
     name: str | None
     body: Obj
-    key: Key = field(default=("", "", None), compare=False)
+    key: Key = field(default=("", "", None, ""), compare=False)
     """Which Event this is, for `EventRecorder.recreated`."""
 
 
@@ -68,6 +75,8 @@ class _Recorded:
     count: int
     first: str
     message: str = ""
+    about: Obj = field(default_factory=dict)
+    """The involved object: the pod (or Node, or container) as it was when first told of."""
     written: bool = False
     """The Event exists in the API (the first ones may all have been held back)."""
 
@@ -86,17 +95,18 @@ class _PodEvents:
     buckets: dict[str, _Bucket] = field(default_factory=dict)
     similar: dict[tuple[str, str], _Similar] = field(default_factory=dict)
 
-    def correlate(self, kind: str, reason: str, message: str, now: float) -> tuple[Key, str]:
-        """The Event this one is counted on, and the message it writes there."""
+    def correlate(self, kind: str, reason: str, message: str, path: str, now: float) -> tuple[Key, str]:
+        """The Event this one is counted on, and the message it writes there: messages are
+        told apart per container, but counted as similar across the pod's containers."""
         similar = self.similar.get((kind, reason))
         if similar is None or now - similar.last > SIMILAR_WINDOW_S:
             similar = self.similar[(kind, reason)] = _Similar(now)
         similar.last = now
         similar.messages.add(message)
         if len(similar.messages) < SIMILAR_MESSAGES:
-            return (kind, reason, message), message
+            return (kind, reason, message, path), message
         similar.messages.pop()  # any one, as client-go drops any: the set stays below the bar
-        return (kind, reason, None), COMBINED + message
+        return (kind, reason, None, ""), COMBINED + message
 
 
 class EventRecorder:
@@ -104,16 +114,18 @@ class EventRecorder:
         self.host = host
         self.clock = clock
         self._pods: dict[str, _PodEvents] = {}
+        self._last_name_ns = 0
 
-    def record(self, pod: Obj, kind: str, reason: str, message: str, stamp: str) -> Write | None:
+    def record(self, pod: Obj, kind: str, reason: str, message: str, stamp: str, field_path: str = "") -> Write | None:
         """The write for this event on ``pod`` (or on a Node: an object whose ``kind``
-        says so), ``stamp`` being now (RFC 3339); None if held back."""
+        says so), or on one of its containers (``field_path``, as ``containerevents``
+        names it), ``stamp`` being now (RFC 3339); None if held back."""
         events = self._pods.setdefault(pod["metadata"]["uid"], _PodEvents())
         now = self.clock()
-        key, message = events.correlate(kind, reason, message, now)
+        key, message = events.correlate(kind, reason, message, field_path, now)
         seen = events.recorded.get(key)
         if seen is None:
-            seen = events.recorded[key] = _Recorded(_event_name(pod), 0, stamp)
+            seen = events.recorded[key] = _Recorded(self._event_name(pod), 0, stamp, about=_reference(pod, field_path))
         seen.count += 1
         seen.message = message
         if not events.buckets.setdefault(kind, _Bucket(now)).take(now):
@@ -136,24 +148,19 @@ class EventRecorder:
     def forget(self, pod_uid: str) -> None:
         self._pods.pop(pod_uid, None)
 
+    def _event_name(self, obj: Obj) -> str:
+        """As client-go names an Event: the object's name and the time in hex nanoseconds
+        (made unique here: two Events of one start may share a clock reading)."""
+        self._last_name_ns = max(time.time_ns(), self._last_name_ns + 1)
+        return f"{obj['metadata']['name']}.{self._last_name_ns:x}"
+
     def _event(self, pod: Obj, key: Key, seen: _Recorded, stamp: str) -> Obj:
-        meta = pod["metadata"]
-        kind, reason, _ = key
-        if pod.get("kind") == "Node":  # the kubelet's node reference: no namespace, no apiVersion
-            involved = {"kind": "Node", "name": meta["name"], "uid": meta["uid"]}
-        else:
-            involved = {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "name": meta["name"],
-                "namespace": meta["namespace"],
-                "uid": meta["uid"],
-            }
+        kind, reason, *_ = key
         return {
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {"name": seen.name, "namespace": event_namespace(pod)},
-            "involvedObject": involved,
+            "involvedObject": seen.about,
             "reason": reason,
             "message": seen.message[:1024],
             "type": kind,
@@ -166,8 +173,24 @@ class EventRecorder:
         }
 
 
-def _event_name(pod: Obj) -> str:
-    return f"{pod['metadata']['name']}.{uuid.uuid4().hex[:16]}"
+def _reference(obj: Obj, field_path: str) -> Obj:
+    """The involved object as the kubelet refers to it: a pod (or its container) by its
+    name, UID and resourceVersion then; its Node by name and UID (nodeRefWithUID)."""
+    meta = obj["metadata"]
+    if obj.get("kind") == "Node":
+        return {"apiVersion": "v1", "kind": "Node", "name": meta["name"], "uid": meta["uid"]}
+    involved = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "name": meta["name"],
+        "namespace": meta["namespace"],
+        "uid": meta["uid"],
+    }
+    if meta.get("resourceVersion"):
+        involved["resourceVersion"] = meta["resourceVersion"]
+    if field_path:
+        involved["fieldPath"] = field_path
+    return involved
 
 
 def event_namespace(obj: Obj) -> str:
@@ -176,14 +199,24 @@ def event_namespace(obj: Obj) -> str:
 
 
 async def write_event(
-    client: KubeClient, recorder: EventRecorder, obj: Obj, kind: str, reason: str, message: str
+    client: KubeClient,
+    recorder: EventRecorder,
+    obj: Obj,
+    kind: str,
+    reason: str,
+    message: str,
+    field_path: str = "",
 ) -> None:
     """Record an Event on ``obj`` as the kubelet's recorder does: created, counted up on the
     one recorded before, or created again under its name if it expired meanwhile."""
-    namespace, stamp = event_namespace(obj), now_rfc3339()
-    write = recorder.record(obj, kind, reason, message, stamp)
-    if write is None:
-        return
+    stamp = now_rfc3339()
+    write = recorder.record(obj, kind, reason, message, stamp, field_path)
+    if write is not None:
+        await _send(client, recorder, obj, write, stamp)
+
+
+async def _send(client: KubeClient, recorder: EventRecorder, obj: Obj, write: Write, stamp: str) -> None:
+    namespace = event_namespace(obj)
     events = path_for("v1", "events", namespace=namespace)
     if write.name is None:
         await client.create(events, write.body)
@@ -196,3 +229,49 @@ async def write_event(
         again = recorder.recreated(obj, write, stamp)
         if again is not None:
             await client.create(events, again.body)
+
+
+class EventQueue:
+    """Events told now and written behind, one at a time in the order told, as the
+    kubelet's event broadcaster sends them: a pod's start does not wait for its Events,
+    and an Event counted up is never patched before it was created."""
+
+    def __init__(self, client: KubeClient, recorder: EventRecorder):
+        self.client, self.recorder = client, recorder
+        self._pending: deque[tuple[Obj, Write, str]] = deque()
+        self._sender: asyncio.Task[None] | None = None
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def tell(self, obj: Obj, kind: str, reason: str, message: str, field_path: str = "") -> None:
+        stamp = now_rfc3339()
+        write = self.recorder.record(obj, kind, reason, message, stamp, field_path)
+        if write is None:
+            return
+        self._pending.append((obj, write, stamp))
+        self._idle.clear()
+        if self._sender is None:
+            self._sender = asyncio.create_task(self._send_all(), name=f"events-{self.recorder.host}")
+
+    async def _send_all(self) -> None:
+        try:
+            while self._pending:
+                obj, write, stamp = self._pending.popleft()
+                try:
+                    await _send(self.client, self.recorder, obj, write, stamp)
+                except (ApiError, TransportError) as exc:  # the broadcaster drops it after its retries too
+                    log.debug("could not record event %s on %s: %s", write.key[1], obj["metadata"]["name"], exc)
+                except Exception:  # one Event's fault must not keep the rest from being written
+                    log.exception("recording event %s on %s failed", write.key[1], obj["metadata"]["name"])
+        finally:
+            self._sender = None
+            self._idle.set()
+
+    async def sent(self) -> None:
+        """Until every Event told so far was written (or given up on)."""
+        await self._idle.wait()
+
+    async def close(self) -> None:
+        """Stop writing: what is left is dropped, as with a kubelet that stops."""
+        self._pending.clear()
+        await cancel_and_wait(self._sender)

@@ -20,6 +20,9 @@ from testbed.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 CHECKPOINT_FILE = "dra_manager_state.json"
+IMAGES_FILE = "runtime-images.json"
+"""The images the node's pods pulled: a container runtime's state, kept beside the
+kubelet's so a restarted kubelet finds them (containerevents.ImageStore)."""
 
 
 class FakeKubelet:
@@ -62,6 +65,7 @@ class FakeKubelet:
             cdi_dir,
             watch_pods=watch_pods,
             checkpoint=kubelet_dir / CHECKPOINT_FILE,
+            images=kubelet_dir / IMAGES_FILE,
             watch_client=watch_client,
             durable=durable,
             pod_cidr=lambda: (self.node.observed or {}).get("spec", {}).get("podCIDR"),

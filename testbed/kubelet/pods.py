@@ -28,9 +28,12 @@ containers run ``sleep N`` (and do not restart) or that carries
   jittered to 60-90 s), or at once when the pod changes beyond its status; a container
   the runtime could not create is tried again at the next PLEG relist (which sees the
   sandbox the attempt left), then every 10-15 s;
-- Events are written as the kubelet's event recorder writes them (events.py): a repeat
-  counts up the Event recorded before, the tenth different message of one reason is
-  combined into an Event of its own, and a pod's burst of events is rate-limited;
+- Events are written as the kubelet's event recorder writes them (events.py), behind
+  the pod's start: a repeat counts up the Event recorded before, the tenth different
+  message of one reason is combined into an Event of its own, and a pod's burst of
+  events is rate-limited. Each container's start and stop is told as the kubelet tells
+  it (containerevents.py): its image pulled or found, Created, Started, and Killing when
+  the pod is deleted or a sidecar stopped;
 - when a pod's containers end, its claims are unprepared BEFORE the new status is
   written, and a failed unprepare is retried until it succeeds (once more at the next
   PLEG relist, then every 10-15 s); a deleted pod is removed for good only after that;
@@ -66,9 +69,10 @@ from typing import Any
 from testbed.http11 import TransportError
 from testbed.keys import CONTAINER_ENV_ANNOTATION, RUN_SECONDS_ANNOTATION
 from testbed.kubeapi import ApiError, ClaimRef, KubeClient, Obj, WatchPosition, now_rfc3339, path_for
-from testbed.kubelet import claiminfo, metrics, podstatus, skips
+from testbed.kubelet import claiminfo, containerevents, metrics, podstatus, skips
 from testbed.kubelet.claiminfo import PreparedClaim
-from testbed.kubelet.events import EventRecorder, write_event
+from testbed.kubelet.containerevents import Told
+from testbed.kubelet.events import EventQueue, EventRecorder
 from testbed.kubelet.node import NodeSpec
 from testbed.kubelet.plugins import PluginCallError, PluginManager, PreparedDevice
 from testbed.kubelet.podnetwork import AddressesExhausted, PodAddresses
@@ -139,10 +143,11 @@ class LinkWait:
 class StartFailed(Exception):
     def __init__(self, reason: str, message: str, created: tuple[str, str] | None = None):
         """``created``: the runtime made the sandbox, and this container (its name) it
-        refused, in these words (the runtime's)."""
+        refused, in these words (the runtime's); the Event is then about that container."""
         super().__init__(message)
         self.reason = reason
         self.created = created
+        self.container = created[0] if created else ""
 
 
 class PodManager:
@@ -157,10 +162,12 @@ class PodManager:
         watch_client: KubeClient | None = None,
         durable: bool = True,
         pod_cidr: Callable[[], str | None] = lambda: None,
+        images: Path | None = None,
     ):
         """``durable``: fsync the checkpoint, as the kubelet does (a real node); synthetic
         nodes, whose state is throw-away, skip it. ``pod_cidr``: the Node's, as last seen
-        (pods get their IPs from it: podnetwork.py)."""
+        (pods get their IPs from it: podnetwork.py). ``images``: where the images pulled
+        are kept (containerevents.ImageStore)."""
         self.client = client
         self.watch_client = watch_client or client
         self.checkpoint = checkpoint
@@ -184,6 +191,8 @@ class PodManager:
         """How far the pod watch got: set once its first list was handed over."""
         self._status_tasks: set[asyncio.Task[None]] = set()
         self._events = EventRecorder(node.name)
+        self._told = EventQueue(client, self._events)
+        self._images = containerevents.ImageStore(images)
         self._running: dict[str, str] = {}
         """Pods whose containers run, by UID: when they started (RFC 3339)."""
         self._resync_schedule = ResyncSchedule(STATUS_SYNC_S, JITTER)
@@ -238,6 +247,7 @@ class PodManager:
         await cancel_and_wait(
             self._task, self._resync_task, self._reconcile_task, *self._status_tasks, *self._workers.values()
         )
+        await self._told.close()
         self._workers.clear()
 
     async def _watch(self) -> None:
@@ -293,12 +303,19 @@ class PodManager:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(event.wait(), seconds)
 
-    async def event(self, pod: Obj, reason: str, message: str, kind: str = "Warning") -> None:
-        """Record an Event on the pod as a kubelet's event recorder does (events.py)."""
-        try:
-            await write_event(self.client, self._events, pod, kind, reason, message)
-        except ApiError as exc:
-            log.debug("could not record event %s on %s: %s", reason, pod["metadata"]["name"], exc)
+    def tell(self, pod: Obj, told: Told, container: str = "") -> None:
+        """Record an Event on the pod, or on its ``container``, as a kubelet's event
+        recorder does (events.py): written behind, in the order told."""
+        where = containerevents.field_path(pod, container) if container else ""
+        self._told.tell(pod, told.kind, told.reason, told.message, where)
+
+    def _tell_started(self, pod: Obj, container: Obj) -> None:
+        for told in containerevents.started(self._images, container):
+            self.tell(pod, told, container["name"])
+
+    async def events_sent(self) -> None:
+        """Until every Event told so far was written."""
+        await self._told.sent()
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -312,9 +329,11 @@ class PodManager:
                     while not self._deleting(uid) and (left := deadline - time.monotonic()) > 0:
                         await self._pause(uid, left)
                     if not self._deleting(uid):
-                        # The kubelet unprepares after the containers stopped and before
-                        # the pod's new status reaches the API server.
+                        # Its containers completed, its sidecars are stopped. The kubelet
+                        # unprepares after the containers stopped and before the pod's new
+                        # status reaches the API server.
                         since = self._not_running(uid)
+                        self._tell_stopping(uid)
                         await self._release(uid)
                         await self._set_ended(uid, since, podstatus.Ended.completed(now_rfc3339()))
                 else:
@@ -359,7 +378,7 @@ class PodManager:
                 return True
             except StartFailed as exc:
                 self._inits.pop(uid, None)
-                await self.event(pod, exc.reason, str(exc))
+                self.tell(pod, Told("Warning", exc.reason, str(exc)), exc.container)
                 if exc.reason in (PREPARE_FAILED, SANDBOX_FAILED):
                     await self._set_waiting(pod)
                 elif exc.created is not None:
@@ -586,7 +605,7 @@ class PodManager:
                 env[container["name"]] = cdi.resolve(self.cdi_dir, ids)
             except cdi.CdiResolutionError as exc:
                 refused = (container["name"], f"failed to inject CDI devices: {exc}")
-                raise StartFailed("Failed", f"container {container['name']}: {exc}", refused) from None
+                raise StartFailed("Failed", f"Error: {refused[1]}", refused) from None
         return env
 
     async def _initialize(self, pod: Obj) -> podstatus.InitRun | None:
@@ -597,6 +616,7 @@ class PodManager:
         uid = pod["metadata"]["uid"]
         run = podstatus.InitRun()
         for container in pod["spec"].get("initContainers") or []:
+            self._tell_started(pod, container)
             run = self._inits[uid] = run.then(now_rfc3339())
             if podstatus.is_sidecar(container):
                 continue
@@ -641,6 +661,9 @@ class PodManager:
         self._resync_schedule.add(meta["uid"], time.monotonic())
         self._resync_wake.set()
 
+        if probed:  # they start now (a restarted kubelet finds them running)
+            for container in pod["spec"].get("containers", []):
+                self._tell_started(pod, container)
         probing, changes = probe_plan(pod) if probed else ({}, [])
         self._probing[meta["uid"]] = probing
         status = podstatus.running_status(pod, stamp, _container_ids(pod), now_rfc3339(), inits, probing=probing)
@@ -731,9 +754,8 @@ class PodManager:
                 await self._write_running(uid)
                 if delay:
                     backed_off[name] = delay
-                    await self.event(
-                        pod, "BackOff", f"Back-off restarting failed container {name} in pod {_described(pod)}"
-                    )
+                    message = f"Back-off restarting failed container {name} in pod {_described(pod)}"
+                    self.tell(pod, Told("Warning", "BackOff", message), name)
                 due[name] = time.monotonic() + delay + until_next_relist()
                 continue
             if name in backed_off:  # as its status reads at the sync that starts it again
@@ -743,6 +765,7 @@ class PodManager:
                 restarted[name] = podstatus.Restarted(again.count, again.container_id, waiting, again.state)
                 await self._write_running(uid)
             count = again.count + 1
+            self._tell_started(pod, next(c for c in pod["spec"]["containers"] if c["name"] == name))
             running = {"running": {"startedAt": now_rfc3339()}}
             restarted[name] = podstatus.Restarted(count, f"{ids[name]}-{count}", running, again.state)
             await self._write_running(uid)
@@ -1047,6 +1070,24 @@ class PodManager:
         by someone else's watch, it cannot tell, and claims are left alone."""
         return self.watch_pods and bool(self._position.resource_version)
 
+    def _tell_stopping(self, uid: str) -> None:
+        """Tell of each container that runs now being stopped: the pod's own (unless they
+        completed), then its init containers still running (sidecars, stopped last)."""
+        pod, restarted = self._pod(uid), self._restarted.get(uid, {})
+        spec = pod["spec"]
+        running = []
+        if uid in self._running:
+            running = [
+                c
+                for c in spec.get("containers", [])
+                if c["name"] not in restarted or "running" in restarted[c["name"]].state
+            ]
+        spans = self._inits.get(uid, podstatus.NO_INITS).spans  # those started so far
+        inits = zip(spec.get("initContainers") or [], spans, strict=False)
+        running += reversed([c for c, (_, ended) in inits if not ended])
+        for container in running:
+            self.tell(pod, containerevents.stopping(container), container["name"])
+
     def _not_running(self, uid: str) -> str:
         """Its containers and sandbox are gone (its status keeps the IP it had); when they
         had started ("" if they never ran)."""
@@ -1057,6 +1098,8 @@ class PodManager:
 
     async def _finish_deletion(self, uid: str) -> None:
         ended_before = uid in self._terminated  # its containers completed: its status says so
+        if uid in self._latest and not ended_before:
+            self._tell_stopping(uid)
         started = self._not_running(uid)
         await self._release(uid)
         pod = self._latest.get(uid)

@@ -998,6 +998,87 @@ def parse_time(stamp: str) -> float:
     return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
+async def _told(side: Side, counted: bool = True) -> dict[str, list[tuple[Any, ...]]]:
+    """The kubelet's Events on each pod, in the order told, as a user reads them: what
+    they are about, their words (the node's and namespace's names, and a pull's
+    duration, put aside), and how often each was counted."""
+    items = (await side.client.get(path_for("v1", "events", namespace=side.namespace)))["items"]
+    told: dict[str, list[tuple[Any, ...]]] = {}
+    for event in sorted(items, key=lambda e: e["metadata"]["name"]):  # <pod>.<hex time>
+        if event.get("source", {}).get("component") != "kubelet" or event["reason"] == "MissingClusterDNS":
+            continue  # the scheduler's; the reference kubelet has no cluster DNS configured
+        about = event["involvedObject"]
+        words = re.sub(r"in \S+ \(\S+ including waiting\)", "in T (T including waiting)", event["message"])
+        words = words.replace(side.namespace, "NS").replace(about["uid"], "UID")
+        fact = (about.get("fieldPath", ""), event["type"], event["reason"], words, sorted(about))
+        told.setdefault(about["name"], []).append((*fact, event["count"]) if counted else fact)
+    return told
+
+
+def test_container_events_read_alike_on_real_and_fake_kubelets(
+    control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
+) -> None:
+    """`kubectl describe pod` reads the same on both nodes: for each container its image
+    pulled (``:latest`` every time) or found present, Created, Started, again at each
+    restart, with the back-off; Killing when the pod is deleted, and for a sidecar when
+    the pod's own containers complete. The fake kubelet recorded none of these."""
+
+    async def scenario() -> None:
+        async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
+
+            async def case(side: Side) -> dict[str, Any]:
+                await side.template("gpu", [request("gpu", GPU)])
+                await side.pod("latest", {"resourceClaimTemplateName": "gpu"})
+                main = {"name": "main", "image": "registry.invalid/work:v1", "command": ["sleep", "3600"]}
+                await side.create_pod("first", containers=[main])
+                await side.running("latest")
+                await side.running("first")
+                await side.create_pod("again", containers=[main])  # its image is on the node now
+                sidecar = {**main, "name": "proxy", "restartPolicy": "Always"}
+                await side.create_pod(
+                    "with-sidecar",
+                    restartPolicy="Never",
+                    initContainers=[sidecar, {**main, "name": "setup", "command": ["sleep", "1"]}],
+                    containers=[{**main, "command": ["sleep", "2"]}],
+                )
+                await side.create_pod("loop", containers=[{**main, "command": ["sleep", "1"]}])
+                await side.running("again")
+                await until(lambda: side._phase("with-sidecar", "Succeeded"), 60, f"{side.kind}: sidecar pod done")
+
+                async def restarted_twice() -> bool:
+                    status = _main(await side.read_pod("loop"))
+                    return status.get("restartCount", 0) >= 2
+
+                await until(restarted_twice, 60, f"{side.kind}: loop restarted twice")
+                loop = (await _told(side, counted=False))["loop"]
+                for name in ("latest", "first"):
+                    await side.deleted(name)
+
+                async def killed() -> dict[str, list[tuple[Any, ...]]] | None:
+                    told = await _told(side)
+                    done = all(any(e[2] == "Killing" for e in told.get(n, [])) for n in ("latest", "first"))
+                    return told if done else None
+
+                told = await until(killed, 30, f"{side.kind}: Killing recorded")
+                return {**{name: told.get(name) for name in ("latest", "first", "again", "with-sidecar")}, "loop": loop}
+
+            found = await both(sides, case)
+            real, fake = found["real"], found["fake"]
+            for pod in real:
+                assert fake[pod] == real[pod], pod
+            c = "spec.containers{main}"
+            keys = ["apiVersion", "fieldPath", "kind", "name", "namespace", "resourceVersion", "uid"]
+            assert [e[2] for e in real["latest"]] == ["Pulling", "Pulled", "Created", "Started", "Killing"]
+            assert real["again"][0] == (c, "Normal", "Pulled", PRESENT.format("registry.invalid/work:v1"), keys, 1)
+            assert [(e[0], e[2]) for e in real["with-sidecar"]][-1] == ("spec.initContainers{proxy}", "Killing")
+            assert {e[2] for e in real["loop"]} == {"Pulled", "Created", "Started", "BackOff"}
+
+    asyncio.run(scenario())
+
+
+PRESENT = 'Container image "{}" already present on machine and can be accessed by the pod'
+
+
 def test_a_rolling_update_hands_claims_to_the_new_driver_instance_and_keeps_the_slices(
     control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
 ) -> None:

@@ -264,6 +264,11 @@ class StatusWrites:
     def __init__(self) -> None:
         self.statuses: list[Obj] = []
         self.deletes = 0
+        self.events: list[Obj] = []
+
+    async def create(self, path: str, body: Obj) -> Obj:
+        self.events.append(body)
+        return body
 
     async def patch(self, path: str, body: Obj, kind: str) -> Obj:
         self.statuses.append(body["status"])
@@ -298,9 +303,15 @@ def test_the_pod_manager_runs_init_containers_first_and_writes_each_state_once(t
         deleting = {**meta, "deletionTimestamp": "2026-11-28T00:00:00Z"}
         manager.observe("MODIFIED", {**pod, "metadata": deleting, "status": {"phase": "Succeeded"}})
         await asyncio.wait_for(asyncio.gather(*manager._workers.values()), 5)
+        await asyncio.wait_for(manager.events_sent(), 5)
 
     asyncio.run(scenario())
     assert [s["phase"] for s in api.statuses] == ["Pending", "Running", "Succeeded"]
+    told = [(e["involvedObject"]["fieldPath"], e["reason"]) for e in api.events]
+    started = ["Pulling", "Pulled", "Created", "Started"]
+    assert told == [("spec.initContainers{check}", r) for r in started] + [
+        ("spec.containers{main}", r) for r in started
+    ], "each container's start told in order, and no Killing: it completed before the deletion"
     initializing, running, done = api.statuses
     assert "running" in initializing["initContainerStatuses"][0]["state"]
     assert running["initContainerStatuses"][0]["state"]["terminated"]["reason"] == "Completed"

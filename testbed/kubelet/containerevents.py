@@ -1,0 +1,119 @@
+"""What a kubelet tells about a container as it starts and stops it, decided without I/O.
+
+`kubectl describe pod` on a real node reads, per container: the image pulled (Pulling,
+then Pulled "Successfully pulled image ... in 3ms") or found ("already present on
+machine"), Created, Started, and Killing ("Stopping container main") when the pod is
+deleted. Those Events are what users and tools look for; a fake node that showed only
+the scheduler's looked broken. No runtime runs here, so the node keeps the images its
+pods asked for (``ImageStore``) and a pull takes no time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from testbed.kubeapi import Obj
+
+log = logging.getLogger(__name__)
+
+IMAGE_SIZE_BYTES = 64 << 20
+"""The size every pulled image reports (a real runtime's is the image's)."""
+
+
+@dataclass(frozen=True)
+class Told:
+    """One Event about a container: its type, reason and message."""
+
+    kind: str
+    reason: str
+    message: str
+
+
+class ImageStore:
+    """The images on this node, as its container runtime would keep them: across the
+    kubelet's restarts (``path``, when given), so a restarted kubelet finds them present."""
+
+    def __init__(self, path: Path | None = None):
+        self.path = path
+        self._present: set[str] = set()
+        if path is not None and path.exists():
+            try:
+                self._present = set(json.loads(path.read_text()))
+            except (OSError, ValueError, TypeError) as exc:
+                log.warning("image list %s unreadable (%s): starting with none", path, exc)
+
+    def __contains__(self, image: str) -> bool:
+        return image in self._present
+
+    def names(self) -> list[str]:
+        return sorted(self._present)
+
+    def ensure(self, container: Obj) -> list[Told]:
+        """What the kubelet's image manager records before the container is created,
+        per the pull policy the API server set on it (Always for ``:latest``). An image
+        never to be pulled is taken to be on the node (preloaded): the kubelet would
+        refuse the container if it were not (ErrImageNeverPull)."""
+        image, policy = container.get("image", ""), container.get("imagePullPolicy", "IfNotPresent")
+        if policy == "Never" or (policy != "Always" and image in self._present):
+            message = f"Container image {json.dumps(image)} already present on machine and can be accessed by the pod"
+            return [Told("Normal", "Pulled", message)]
+        started = time.monotonic()
+        self._add(image)
+        took = go_milliseconds(time.monotonic() - started)
+        return [
+            Told("Normal", "Pulling", f"Pulling image {json.dumps(image)}"),
+            Told(
+                "Normal",
+                "Pulled",
+                f"Successfully pulled image {json.dumps(image)} in {took} ({took} including waiting). "
+                f"Image size: {IMAGE_SIZE_BYTES} bytes.",
+            ),
+        ]
+
+    def _add(self, image: str) -> None:
+        if image in self._present:
+            return
+        self._present.add(image)
+        if self.path is not None:
+            try:
+                self.path.write_text(json.dumps(sorted(self._present)))
+            except OSError as exc:
+                log.warning("could not keep the image list in %s: %s", self.path, exc)
+
+
+def started(images: ImageStore, container: Obj) -> list[Told]:
+    """The Events of one container start: its image, then Created and Started."""
+    return [*images.ensure(container), CREATED, STARTED]
+
+
+CREATED = Told("Normal", "Created", "Container created")
+STARTED = Told("Normal", "Started", "Container started")
+
+
+def stopping(container: Obj) -> Told:
+    return Told("Normal", "Killing", f"Stopping container {container['name']}")
+
+
+def field_path(pod: Obj, name: str) -> str:
+    """Where the container is in the pod's spec, as the kubelet's container reference
+    names it: ``spec.containers{main}``, ``spec.initContainers{setup}``."""
+    spec = pod["spec"]
+    if any(c["name"] == name for c in spec.get("containers", [])):
+        return f"spec.containers{{{name}}}"
+    if any(c["name"] == name for c in spec.get("initContainers", [])):
+        return f"spec.initContainers{{{name}}}"
+    return f"implicitly required container {name}"
+
+
+def go_milliseconds(seconds: float) -> str:
+    """A duration truncated to milliseconds as Go prints it: 0s, 3ms, 1.5s, 2m3.004s."""
+    ms = int(seconds * 1000)
+    if ms < 1000:
+        return f"{ms}ms" if ms else "0s"
+    minutes, rest_ms = divmod(ms, 60_000)
+    secs = f"{rest_ms / 1000:.3f}".rstrip("0").rstrip(".")
+    return f"{minutes}m{secs}s" if minutes else f"{secs}s"

@@ -1,0 +1,86 @@
+"""What the fake kubelet tells of a container's start and stop, and how its Events name
+what they are about: the words users read in `kubectl describe pod`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from testbed.kubelet.containerevents import ImageStore, field_path, go_milliseconds, started, stopping
+from testbed.kubelet.events import EventRecorder
+
+
+def reasons(images: ImageStore, container: dict[str, str]) -> list[str]:
+    return [told.reason for told in started(images, container)]
+
+
+def test_an_image_is_pulled_once_unless_its_policy_says_always(tmp_path: Path) -> None:
+    images = ImageStore(tmp_path / "images.json")
+    tagged = {"name": "main", "image": "registry.invalid/work:v1", "imagePullPolicy": "IfNotPresent"}
+    assert reasons(images, tagged) == ["Pulling", "Pulled", "Created", "Started"]
+    [present] = images.ensure(tagged)
+    assert present.message == (
+        'Container image "registry.invalid/work:v1" already present on machine and can be accessed by the pod'
+    )
+    latest = {"name": "main", "image": "registry.invalid/work", "imagePullPolicy": "Always"}
+    for _ in range(2):
+        pulling, pulled = images.ensure(latest)
+        assert pulling.message == 'Pulling image "registry.invalid/work"'
+        assert pulled.message == (
+            'Successfully pulled image "registry.invalid/work" in 0s (0s including waiting).'
+            " Image size: 67108864 bytes."
+        )
+    never = {"name": "main", "image": "registry.invalid/preloaded:v1", "imagePullPolicy": "Never"}
+    assert reasons(images, never) == ["Pulled", "Created", "Started"], "taken to be preloaded"
+    assert "registry.invalid/preloaded:v1" not in images
+
+
+def test_a_restarted_kubelet_finds_the_images_its_pods_pulled(tmp_path: Path) -> None:
+    path = tmp_path / "images.json"
+    ImageStore(path).ensure({"image": "registry.invalid/work:v1"})
+    assert ImageStore(path).names() == ["registry.invalid/work:v1"]
+    path.write_text("{not json")
+    assert ImageStore(path).names() == [], "an unreadable list is started afresh, not fatal"
+
+
+def test_a_container_is_named_by_where_it_is_in_the_spec() -> None:
+    pod = {"spec": {"initContainers": [{"name": "setup"}], "containers": [{"name": "main"}]}}
+    assert field_path(pod, "main") == "spec.containers{main}"
+    assert field_path(pod, "setup") == "spec.initContainers{setup}"
+    assert stopping({"name": "main"}).message == "Stopping container main"
+
+
+def test_durations_print_as_go_prints_them() -> None:
+    assert [go_milliseconds(s) for s in (0, 0.0034, 1.5, 123.0045, 120)] == ["0s", "3ms", "1.5s", "2m3.004s", "2m0s"]
+
+
+POD = {"metadata": {"name": "web", "namespace": "ns", "uid": "u1", "resourceVersion": "7"}}
+
+
+def test_the_same_words_about_two_containers_are_two_events_and_refer_to_each() -> None:
+    recorder = EventRecorder("node-1")
+    first = recorder.record(POD, "Normal", "Started", "Container started", "t0", "spec.containers{a}")
+    second = recorder.record(POD, "Normal", "Started", "Container started", "t0", "spec.containers{b}")
+    again = recorder.record(POD, "Normal", "Started", "Container started", "t1", "spec.containers{a}")
+    assert first is not None and second is not None and again is not None
+    assert first.name is None and second.name is None, "both created"
+    assert first.body["metadata"]["name"] != second.body["metadata"]["name"]
+    assert again.name == first.body["metadata"]["name"] and again.body["count"] == 2
+    assert first.body["involvedObject"] == {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "name": "web",
+        "namespace": "ns",
+        "uid": "u1",
+        "resourceVersion": "7",
+        "fieldPath": "spec.containers{a}",
+    }
+    names = [first.body["metadata"]["name"], second.body["metadata"]["name"]]
+    assert names == sorted(names) and all(n.startswith("web.") for n in names), "as client-go: <name>.<hex time>"
+
+
+def test_an_event_on_the_node_refers_to_it_by_name_and_uid() -> None:
+    node = {"kind": "Node", "metadata": {"name": "node-1", "uid": "n1"}}
+    write = EventRecorder("node-1").record(node, "Normal", "NodeReady", "Node node-1 status is now: NodeReady", "t")
+    assert write is not None
+    assert write.body["involvedObject"] == {"apiVersion": "v1", "kind": "Node", "name": "node-1", "uid": "n1"}
+    assert write.body["metadata"]["namespace"] == "default"
