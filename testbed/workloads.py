@@ -75,7 +75,7 @@ def pod(
         "containers": [
             {
                 "name": c,
-                "image": "registry.invalid/workload",
+                "image": "registry.invalid/workload:v1",
                 "command": command or ["run-forever"],
                 "resources": {"claims": [{"name": n} for n in used]},
             }

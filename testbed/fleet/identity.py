@@ -152,8 +152,8 @@ class NodeAuthority:
         return KubeClient(Credentials(self.server, context), connection_limit=NODE_CONNECTIONS, borrow=connections)
 
 
-"""Marks a synthetic node's driver pod. Not deploy/'s DaemonSet selector: that DaemonSet
-would adopt such pods, and delete them from the synthetic nodes it keeps off."""
+DRIVER_IMAGE = "registry.invalid/dra-testbed-driver:v1"
+"""Tagged, as a DaemonSet's image is: pulled once per node (IfNotPresent)."""
 
 
 def is_driver_pod(pod: Obj) -> bool:
@@ -181,9 +181,7 @@ def driver_pod(node: str) -> Obj:
             "automountServiceAccountToken": False,
             "terminationGracePeriodSeconds": 0,
             "tolerations": [{"operator": "Exists"}],
-            "containers": [
-                {"name": "driver", "image": "registry.invalid/dra-testbed-driver", "command": ["run-until-deleted"]}
-            ],
+            "containers": [{"name": "driver", "image": DRIVER_IMAGE, "command": ["run-until-deleted"]}],
         },
     }
 

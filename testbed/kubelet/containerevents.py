@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +24,10 @@ log = logging.getLogger(__name__)
 
 IMAGE_SIZE_BYTES = 64 << 20
 """The size every pulled image reports (a real runtime's is the image's)."""
+MAX_IMAGES_IN_STATUS = 50
+"""The kubelet's nodeStatusMaxImages."""
+TAGGED = re.compile(r"(@|:[\w][\w.-]*$)")
+"""An image reference with a digest, or a tag after its last ``/``."""
 
 
 @dataclass(frozen=True)
@@ -35,10 +41,12 @@ class Told:
 
 class ImageStore:
     """The images on this node, as its container runtime would keep them: across the
-    kubelet's restarts (``path``, when given), so a restarted kubelet finds them present."""
+    kubelet's restarts (``path``, when given), so a restarted kubelet finds them present.
+    ``on_change`` hears of each image added (the Node's status lists them)."""
 
     def __init__(self, path: Path | None = None):
         self.path = path
+        self.on_change: Callable[[], None] | None = None
         self._present: set[str] = set()
         if path is not None and path.exists():
             try:
@@ -51,6 +59,12 @@ class ImageStore:
 
     def names(self) -> list[str]:
         return sorted(self._present)
+
+    def node_status(self) -> list[Obj]:
+        """``status.images`` as the kubelet reports them: each by the name it was pulled
+        under (``:latest`` added when untagged, as the kubelet pulls it), with its size."""
+        names = self.names()[:MAX_IMAGES_IN_STATUS]
+        return [{"names": [pulled_name(name)], "sizeBytes": IMAGE_SIZE_BYTES} for name in names]
 
     def ensure(self, container: Obj) -> list[Told]:
         """What the kubelet's image manager records before the container is created,
@@ -78,11 +92,18 @@ class ImageStore:
         if image in self._present:
             return
         self._present.add(image)
+        if self.on_change is not None:
+            self.on_change()
         if self.path is not None:
             try:
                 self.path.write_text(json.dumps(sorted(self._present)))
             except OSError as exc:
                 log.warning("could not keep the image list in %s: %s", self.path, exc)
+
+
+def pulled_name(image: str) -> str:
+    """The reference the kubelet asks the runtime for: ``:latest`` if none is given."""
+    return image if TAGGED.search(image.rsplit("/", 1)[-1]) else f"{image}:latest"
 
 
 def started(images: ImageStore, container: Obj) -> list[Told]:

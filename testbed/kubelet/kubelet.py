@@ -12,6 +12,7 @@ import grpc
 from testbed.grpcapi import podresources_v1_pb2_grpc
 from testbed.kubeapi import ApiError, KubeClient, path_for
 from testbed.kubelet import podresources
+from testbed.kubelet.containerevents import ImageStore
 from testbed.kubelet.lease import LeaseFence
 from testbed.kubelet.node import NodeAgent, NodeSpec, NodeWatcher
 from testbed.kubelet.plugins import SCAN_INTERVAL_S, PluginManager
@@ -58,6 +59,8 @@ class FakeKubelet:
             scan_interval_s=scan_interval_s,
             on_health_change=lambda driver, devices: self.pods.health_changed(driver, devices),
         )
+        images = ImageStore(kubelet_dir / IMAGES_FILE)
+        self.node.report_images(images)
         self.pods = PodManager(
             client,
             spec,
@@ -65,7 +68,7 @@ class FakeKubelet:
             cdi_dir,
             watch_pods=watch_pods,
             checkpoint=kubelet_dir / CHECKPOINT_FILE,
-            images=kubelet_dir / IMAGES_FILE,
+            images=images,
             watch_client=watch_client,
             durable=durable,
             pod_cidr=lambda: (self.node.observed or {}).get("spec", {}).get("podCIDR"),

@@ -27,6 +27,7 @@ from testbed import config
 from testbed.keys import SYNTHETIC
 from testbed.kubeapi import PATCH_TYPES, ApiError, KubeClient, Obj, now_rfc3339, path_for, until_answered
 from testbed.kubelet import lease, nodestatus
+from testbed.kubelet.containerevents import ImageStore
 from testbed.kubelet.events import EventRecorder, write_event
 from testbed.kubelet.lease import LeaseFence, NodeLease
 from testbed.routedwatch import RoutedWatch
@@ -217,6 +218,18 @@ class NodeAgent:
         self._events = EventRecorder(spec.name)
         self._unschedulable = False
         """Whether the Node was cordoned when last looked at (a kubelet starts from False)."""
+
+    def report_images(self, images: ImageStore) -> None:
+        """List the node's images in its status as the kubelet lists its runtime's: from
+        the next status sync on, and again at the one after an image is added."""
+
+        def changed() -> None:
+            self._own_status["images"] = images.node_status()
+            self._verified = None
+
+        images.on_change = changed
+        if images.names():
+            changed()
 
     async def register(self) -> None:
         """Create the Node, Ready from the start, or adopt an existing one of the same name

@@ -162,12 +162,12 @@ class PodManager:
         watch_client: KubeClient | None = None,
         durable: bool = True,
         pod_cidr: Callable[[], str | None] = lambda: None,
-        images: Path | None = None,
+        images: containerevents.ImageStore | None = None,
     ):
         """``durable``: fsync the checkpoint, as the kubelet does (a real node); synthetic
         nodes, whose state is throw-away, skip it. ``pod_cidr``: the Node's, as last seen
-        (pods get their IPs from it: podnetwork.py). ``images``: where the images pulled
-        are kept (containerevents.ImageStore)."""
+        (pods get their IPs from it: podnetwork.py). ``images``: the node's, as its
+        runtime keeps them (none to start with, forgotten on a restart, if not given)."""
         self.client = client
         self.watch_client = watch_client or client
         self.checkpoint = checkpoint
@@ -192,7 +192,7 @@ class PodManager:
         self._status_tasks: set[asyncio.Task[None]] = set()
         self._events = EventRecorder(node.name)
         self._told = EventQueue(client, self._events)
-        self._images = containerevents.ImageStore(images)
+        self._images = images or containerevents.ImageStore()
         self._running: dict[str, str] = {}
         """Pods whose containers run, by UID: when they started (RFC 3339)."""
         self._resync_schedule = ResyncSchedule(STATUS_SYNC_S, JITTER)

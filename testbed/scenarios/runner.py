@@ -237,12 +237,15 @@ def job_manifest(name: str, phase: Phase, run_id: str) -> Obj:
     }
 
 
+WORKLOAD_IMAGE = "registry.invalid/dra-testbed-workload:v1"
+"""Tagged, so pulled once per node (IfNotPresent) as a load test's pause image is: a pod
+started after the first on a node is told "already present", not pulled again."""
 EXTENDED_RESOURCE_PREFIX = "deviceclass.resource.kubernetes.io/"
 """Every DeviceClass is also an extended resource of this name plus its own."""
 
 
 def pod_spec(phase: Phase, command: list[str]) -> Obj:
-    container: Obj = {"name": "work", "image": "registry.invalid/dra-testbed-workload", "command": command}
+    container: Obj = {"name": "work", "image": WORKLOAD_IMAGE, "command": command}
     spec: Obj = {
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": 0,

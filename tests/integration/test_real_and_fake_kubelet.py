@@ -1021,7 +1021,8 @@ def test_container_events_read_alike_on_real_and_fake_kubelets(
     """`kubectl describe pod` reads the same on both nodes: for each container its image
     pulled (``:latest`` every time) or found present, Created, Started, again at each
     restart, with the back-off; Killing when the pod is deleted, and for a sidecar when
-    the pod's own containers complete. The fake kubelet recorded none of these."""
+    the pod's own containers complete; the images pulled listed in the Node's status (the
+    scheduler's ImageLocality reads them). The fake kubelet did none of these."""
 
     async def scenario() -> None:
         async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
@@ -1051,6 +1052,14 @@ def test_container_events_read_alike_on_real_and_fake_kubelets(
 
                 await until(restarted_twice, 60, f"{side.kind}: loop restarted twice")
                 loop = (await _told(side, counted=False))["loop"]
+
+                async def listed() -> list[Obj] | None:
+                    node = await side.client.get(path_for("v1", "nodes", side.node.name))
+                    images = sorted(node["status"].get("images") or [], key=lambda i: i["names"])
+                    return images if len(images) == 2 else None
+
+                # The real kubelet lists its runtime's images every 30 s, then reports them.
+                images = await until(listed, 60, f"{side.kind}: the Node's status lists the images pulled")
                 for name in ("latest", "first"):
                     await side.deleted(name)
 
@@ -1060,7 +1069,8 @@ def test_container_events_read_alike_on_real_and_fake_kubelets(
                     return told if done else None
 
                 told = await until(killed, 30, f"{side.kind}: Killing recorded")
-                return {**{name: told.get(name) for name in ("latest", "first", "again", "with-sidecar")}, "loop": loop}
+                pods = ("latest", "first", "again", "with-sidecar")
+                return {**{name: told.get(name) for name in pods}, "loop": loop, "images": images}
 
             found = await both(sides, case)
             real, fake = found["real"], found["fake"]
@@ -1072,6 +1082,10 @@ def test_container_events_read_alike_on_real_and_fake_kubelets(
             assert real["again"][0] == (c, "Normal", "Pulled", PRESENT.format("registry.invalid/work:v1"), keys, 1)
             assert [(e[0], e[2]) for e in real["with-sidecar"]][-1] == ("spec.initContainers{proxy}", "Killing")
             assert {e[2] for e in real["loop"]} == {"Pulled", "Created", "Started", "BackOff"}
+            assert [i["names"] for i in real["images"]] == [
+                ["registry.invalid/work:v1"],
+                ["registry.invalid/workload:latest"],
+            ]
 
     asyncio.run(scenario())
 

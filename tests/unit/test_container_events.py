@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from testbed.kubelet.containerevents import ImageStore, field_path, go_milliseconds, started, stopping
+from testbed.kubelet.containerevents import (
+    IMAGE_SIZE_BYTES,
+    ImageStore,
+    field_path,
+    go_milliseconds,
+    pulled_name,
+    started,
+    stopping,
+)
 from testbed.kubelet.events import EventRecorder
 
 
@@ -40,6 +48,20 @@ def test_a_restarted_kubelet_finds_the_images_its_pods_pulled(tmp_path: Path) ->
     assert ImageStore(path).names() == ["registry.invalid/work:v1"]
     path.write_text("{not json")
     assert ImageStore(path).names() == [], "an unreadable list is started afresh, not fatal"
+
+
+def test_the_node_lists_each_image_by_the_name_it_was_pulled_under() -> None:
+    images, heard = ImageStore(), []
+    images.on_change = lambda: heard.append(images.names())
+    for image in ("registry.invalid/work", "registry.invalid/work:v1", "registry.invalid/work:v1"):
+        images.ensure({"image": image, "imagePullPolicy": "IfNotPresent"})
+    assert heard == [["registry.invalid/work"], ["registry.invalid/work", "registry.invalid/work:v1"]]
+    assert images.node_status() == [
+        {"names": ["registry.invalid/work:latest"], "sizeBytes": IMAGE_SIZE_BYTES},
+        {"names": ["registry.invalid/work:v1"], "sizeBytes": IMAGE_SIZE_BYTES},
+    ]
+    assert pulled_name("localhost:5000/work") == "localhost:5000/work:latest", "a port is no tag"
+    assert pulled_name("registry.invalid/work@sha256:ab12") == "registry.invalid/work@sha256:ab12"
 
 
 def test_a_container_is_named_by_where_it_is_in_the_spec() -> None:
