@@ -153,7 +153,8 @@ class NodeAuthority:
 
 
 DRIVER_IMAGE = "registry.invalid/dra-testbed-driver:v1"
-"""Tagged, as a DaemonSet's image is: pulled once per node (IfNotPresent)."""
+"""Tagged, as a DaemonSet's image is, and on synthetic nodes from the start, as in a GPU
+node image with its driver baked in: the driver pod's start pulls nothing."""
 
 
 def is_driver_pod(pod: Obj) -> bool:

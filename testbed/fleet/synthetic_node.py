@@ -20,6 +20,7 @@ from testbed.drivers import driver_on_node, drivers_for
 from testbed.drivers.backend import LocalBackend
 from testbed.errors import TestbedError
 from testbed.fleet.external import ExternalDriver, ExternalDriverSpec, ShortPaths, driver_environment
+from testbed.fleet.identity import DRIVER_IMAGE
 from testbed.keys import PROFILE_LABEL
 from testbed.kubeapi import KubeClient
 from testbed.kubelet.kubelet import FakeKubelet
@@ -125,6 +126,7 @@ class SyntheticNode:
             fence=fence,
             node_watcher=node_watcher,
             durable=False,  # as its drivers: a synthetic node's state is throw-away
+            preloaded_images=(DRIVER_IMAGE,),
         )
         self.drivers = [
             driver_on_node(

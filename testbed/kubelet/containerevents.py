@@ -14,7 +14,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,15 +42,16 @@ class Told:
 class ImageStore:
     """The images on this node, as its container runtime would keep them: across the
     kubelet's restarts (``path``, when given), so a restarted kubelet finds them present.
-    ``on_change`` hears of each image added (the Node's status lists them)."""
+    ``on_change`` hears of each image added (the Node's status lists them). ``preloaded``:
+    images the node was built with (a node image with its driver's baked in)."""
 
-    def __init__(self, path: Path | None = None):
+    def __init__(self, path: Path | None = None, preloaded: Iterable[str] = ()):
         self.path = path
         self.on_change: Callable[[], None] | None = None
-        self._present: set[str] = set()
+        self._present: set[str] = set(preloaded)
         if path is not None and path.exists():
             try:
-                self._present = set(json.loads(path.read_text()))
+                self._present |= set(json.loads(path.read_text()))
             except (OSError, ValueError, TypeError) as exc:
                 log.warning("image list %s unreadable (%s): starting with none", path, exc)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
@@ -40,12 +41,14 @@ class FakeKubelet:
         fence: LeaseFence | None = None,
         durable: bool = True,
         node_watcher: NodeWatcher | None = None,
+        preloaded_images: Sequence[str] = (),
     ):
         """``registry_dir``: where plugins register (default ``kubelet_dir/plugins_registry``).
         ``watch_client``: what the pod watch holds its connection on (default ``client``).
         ``fence``: for a node another server may take over (see NodeAgent).
         ``durable``: fsync its claim checkpoint, as a kubelet does (False: synthetic nodes).
-        ``node_watcher``: a NodeHost's watch of its nodes (default: one of this Node alone)."""
+        ``node_watcher``: a NodeHost's watch of its nodes (default: one of this Node alone).
+        ``preloaded_images``: on the node from the start, as in a node image."""
         self.client = client
         self.spec = spec
         self.kubelet_dir = kubelet_dir
@@ -59,7 +62,7 @@ class FakeKubelet:
             scan_interval_s=scan_interval_s,
             on_health_change=lambda driver, devices: self.pods.health_changed(driver, devices),
         )
-        images = ImageStore(kubelet_dir / IMAGES_FILE)
+        images = ImageStore(kubelet_dir / IMAGES_FILE, preloaded_images)
         self.node.report_images(images)
         self.pods = PodManager(
             client,

@@ -249,8 +249,11 @@ class NodeAgent:
             await self.lease.sync()
 
     async def _create_or_adopt(self) -> Obj:
+        body = node_object(self.spec)
+        if "images" in self._own_status:  # as the kubelet's first status: its setters all ran
+            body["status"]["images"] = self._own_status["images"]
         try:
-            node = await self.client.create(path_for("v1", "nodes"), node_object(self.spec))
+            node = await self.client.create(path_for("v1", "nodes"), body)
         except ApiError as exc:
             if not exc.conflict:
                 raise

@@ -64,6 +64,18 @@ def test_the_node_lists_each_image_by_the_name_it_was_pulled_under() -> None:
     assert pulled_name("registry.invalid/work@sha256:ab12") == "registry.invalid/work@sha256:ab12"
 
 
+def test_an_image_the_node_was_built_with_is_found_not_pulled(tmp_path: Path) -> None:
+    path = tmp_path / "images.json"
+    ImageStore(path).ensure({"image": "registry.invalid/work:v1"})
+    images = ImageStore(path, preloaded=["registry.invalid/driver:v1"])
+    assert images.names() == ["registry.invalid/driver:v1", "registry.invalid/work:v1"]
+    assert reasons(images, {"name": "driver", "image": "registry.invalid/driver:v1"}) == [
+        "Pulled",
+        "Created",
+        "Started",
+    ]
+
+
 def test_a_container_is_named_by_where_it_is_in_the_spec() -> None:
     pod = {"spec": {"initContainers": [{"name": "setup"}], "containers": [{"name": "main"}]}}
     assert field_path(pod, "main") == "spec.containers{main}"
