@@ -48,15 +48,15 @@ class ImageStore:
     def __init__(self, path: Path | None = None, preloaded: Iterable[str] = ()):
         self.path = path
         self.on_change: Callable[[], None] | None = None
-        self._present: set[str] = set(preloaded)
+        self._present: set[str] = {pulled_name(image) for image in preloaded}
         if path is not None and path.exists():
             try:
                 self._present |= set(json.loads(path.read_text()))
             except (OSError, ValueError, TypeError) as exc:
-                log.warning("image list %s unreadable (%s): starting with none", path, exc)
+                log.warning("image list %s unreadable (%s): the images pulled before are forgotten", path, exc)
 
     def __contains__(self, image: str) -> bool:
-        return image in self._present
+        return pulled_name(image) in self._present
 
     def names(self) -> list[str]:
         return sorted(self._present)
@@ -65,7 +65,7 @@ class ImageStore:
         """``status.images`` as the kubelet reports them: each by the name it was pulled
         under (``:latest`` added when untagged, as the kubelet pulls it), with its size."""
         names = self.names()[:MAX_IMAGES_IN_STATUS]
-        return [{"names": [pulled_name(name)], "sizeBytes": IMAGE_SIZE_BYTES} for name in names]
+        return [{"names": [name], "sizeBytes": IMAGE_SIZE_BYTES} for name in names]
 
     def ensure(self, container: Obj) -> list[Told]:
         """What the kubelet's image manager records before the container is created,
@@ -73,7 +73,7 @@ class ImageStore:
         never to be pulled is taken to be on the node (preloaded): the kubelet would
         refuse the container if it were not (ErrImageNeverPull)."""
         image, policy = container.get("image", ""), container.get("imagePullPolicy", "IfNotPresent")
-        if policy == "Never" or (policy != "Always" and image in self._present):
+        if policy == "Never" or (policy != "Always" and image in self):
             message = f"Container image {json.dumps(image)} already present on machine and can be accessed by the pod"
             return [Told("Normal", "Pulled", message)]
         started = time.monotonic()
@@ -90,9 +90,9 @@ class ImageStore:
         ]
 
     def _add(self, image: str) -> None:
-        if image in self._present:
+        if image in self:
             return
-        self._present.add(image)
+        self._present.add(pulled_name(image))
         if self.on_change is not None:
             self.on_change()
         if self.path is not None:

@@ -55,7 +55,8 @@ def test_the_node_lists_each_image_by_the_name_it_was_pulled_under() -> None:
     images.on_change = lambda: heard.append(images.names())
     for image in ("registry.invalid/work", "registry.invalid/work:v1", "registry.invalid/work:v1"):
         images.ensure({"image": image, "imagePullPolicy": "IfNotPresent"})
-    assert heard == [["registry.invalid/work"], ["registry.invalid/work", "registry.invalid/work:v1"]]
+    assert heard == [["registry.invalid/work:latest"], ["registry.invalid/work:latest", "registry.invalid/work:v1"]]
+    assert "registry.invalid/work:latest" in images and "registry.invalid/work" in images, "the same image"
     assert images.node_status() == [
         {"names": ["registry.invalid/work:latest"], "sizeBytes": IMAGE_SIZE_BYTES},
         {"names": ["registry.invalid/work:v1"], "sizeBytes": IMAGE_SIZE_BYTES},
