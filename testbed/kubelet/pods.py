@@ -6,15 +6,18 @@ NodePrepareResources once per driver for the claims not yet prepared on this nod
 gone); resolve each container's CDI device IDs against the spec files as a runtime
 would (an unknown ID fails the start); set the pod Running, with its IP from the Node's
 pod CIDR (podnetwork.py) and the environment a container would see (the runtime's
-report) in the ``dra-testbed.io/container-env`` annotation of that same status write. A pod whose
-containers run ``sleep N`` (and do not restart) or that carries
-``dra-testbed.io/run-seconds`` succeeds after that long. As kubelet v1.37 does:
+report) in the ``dra-testbed.io/container-env`` annotation of that same status write. A
+container's command says how it ends (commands.py: after ``sleep N``, with ``exit N``'s
+status); a pod whose containers all end and are not started again ends then (Succeeded,
+or Failed if one exited non-zero), as does one that carries ``dra-testbed.io/run-seconds``.
+As kubelet v1.37 does:
 - init containers run in order before the pod's own (``sleep N`` for N seconds, any
   other command ending at once), the pod Pending while one runs; a sidecar
-  (restartPolicy Always) runs beside the pod's containers until they end;
-- in a pod whose restartPolicy is Always, a container whose ``sleep N`` ends is started
-  again, at once the first time, then after a back-off of 10 s doubling to 5 minutes;
-  its claims stay prepared;
+  (restartPolicy Always) runs beside the pod's containers until they end; one that exits
+  non-zero fails the pod under restartPolicy Never, else is started again as below;
+- in a pod whose restartPolicy is Always (or OnFailure, for a container that exits
+  non-zero), a container whose command ends is started again, at once the first time,
+  then after a back-off of 10 s doubling to 5 minutes; its claims stay prepared;
 - a container with a readiness (or startup) probe is held unready (not started) until
   the probe would pass, the workload taken to answer it (``probe_plan``);
 - a container gets the CDI devices of the claim requests it names, matched EXACTLY
@@ -67,9 +70,9 @@ from pathlib import Path
 from typing import Any
 
 from testbed.http11 import TransportError
-from testbed.keys import CONTAINER_ENV_ANNOTATION, RUN_SECONDS_ANNOTATION
+from testbed.keys import CONTAINER_ENV_ANNOTATION
 from testbed.kubeapi import ApiError, ClaimRef, KubeClient, Obj, WatchPosition, now_rfc3339, path_for
-from testbed.kubelet import claiminfo, containerevents, metrics, podstatus, skips
+from testbed.kubelet import claiminfo, commands, containerevents, metrics, podstatus, skips
 from testbed.kubelet.claiminfo import PreparedClaim
 from testbed.kubelet.containerevents import Told
 from testbed.kubelet.events import EventQueue, EventRecorder
@@ -109,28 +112,6 @@ AUTHORIZER_CATCH_UP_S = (0.005, 0.01, 0.02, 0.04, 0.08)
 EXTENDED_RESOURCES = ":extended-resources"
 """Stands for the pod's extended-resource claim among its claim names (no pod claim can be
 named so: those are DNS labels)."""
-SLEEP_COMMAND = re.compile(r"(?:^|\s|;|&&)sleep\s+(\d+(?:\.\d+)?)(?:\s|;|$)")
-SLEEP_WORD = re.compile(r"(?:^|\s|;|&&)sleep\s+(\S+)")
-
-
-def run_seconds(pod: Obj) -> float | None:
-    """How long the pod runs before it succeeds; None if it runs until deleted."""
-    annotation = pod["metadata"].get("annotations", {}).get(RUN_SECONDS_ANNOTATION)
-    if annotation is not None:
-        try:
-            return max(0.0, float(annotation))
-        except ValueError:
-            return None
-    spec = pod["spec"]
-    if spec.get("restartPolicy", "Always") == "Always":
-        return None
-    durations = []
-    for container in spec.get("containers", []):
-        match = SLEEP_COMMAND.search(" ".join(container.get("command", []) + container.get("args", [])))
-        if match is None:
-            return None
-        durations.append(float(match.group(1)))
-    return max(durations, default=None)
 
 
 @dataclass
@@ -323,23 +304,24 @@ class PodManager:
         try:
             started = await self._start(uid)
             if started:
-                seconds = run_seconds(self._pod(uid))
+                seconds = commands.run_seconds(self._pod(uid))
                 if seconds is not None:
                     deadline = time.monotonic() + seconds
                     while not self._deleting(uid) and (left := deadline - time.monotonic()) > 0:
                         await self._pause(uid, left)
                     if not self._deleting(uid):
-                        # Its containers completed, its sidecars are stopped. The kubelet
+                        # Its containers ended, its sidecars are stopped. The kubelet
                         # unprepares after the containers stopped and before the pod's new
                         # status reaches the API server.
                         since = self._not_running(uid)
                         self._tell_stopping(uid)
                         await self._release(uid)
-                        await self._set_ended(uid, since, podstatus.Ended.completed(now_rfc3339()))
+                        codes = {c["name"]: commands.exit_code(c) for c in self._pod(uid)["spec"]["containers"]}
+                        await self._set_ended(uid, since, podstatus.Ended.exited(codes, now_rfc3339()))
                 else:
                     await self._restart_exited(uid)
-                while not self._deleting(uid):
-                    await self._pause(uid, 3600)
+            while not self._deleting(uid):  # ended, or never to start (an init container failed)
+                await self._pause(uid, 3600)
             await self._finish_deletion(uid)
         except asyncio.CancelledError:
             raise
@@ -372,6 +354,9 @@ class PodManager:
                     ran = await self._initialize(pod)
                     if ran is None:
                         return False  # deleted while its init containers ran
+                    if ran.failing is not None:
+                        await self._fail_initializing(uid)
+                        return False
                     inits = ran
                 # The pod as last seen: its status holds what the init containers' writes said.
                 await self._set_running(self._pod(uid), env, inits, probed=not self._kept_running(pod))
@@ -612,7 +597,9 @@ class PodManager:
         """Run the pod's init containers in order before its own, as the kubelet does: each
         to its end (``sleep N``: N seconds; ``sleep infinity``: never; any other command at
         once), a sidecar (restartPolicy Always) started and left running. While one runs,
-        the pod shows Pending with it running. None if the pod is deleted meanwhile."""
+        the pod shows Pending with it running. One that exits non-zero (``exit N``) fails
+        the pod under restartPolicy Never (returned ``failing``), else is started again
+        until the pod is deleted (``_retry_init``). None if the pod is deleted meanwhile."""
         uid = pod["metadata"]["uid"]
         run = podstatus.InitRun()
         for container in pod["spec"].get("initContainers") or []:
@@ -620,25 +607,78 @@ class PodManager:
             run = self._inits[uid] = run.then(now_rfc3339())
             if podstatus.is_sidecar(container):
                 continue
-            seconds = init_seconds(container)
+            seconds = commands.init_seconds(container)
             if seconds != 0:
-                latest = self._pod(uid)
-                addresses = self._addresses_of(latest)
-                status = podstatus.initializing_status(
-                    latest, _start_time(latest), _container_ids(latest), run, addresses, now_rfc3339()
-                )
-                self._add_device_health(latest, status["containerStatuses"])  # its claims are prepared
-                await self._patch_status(latest, {"status": status})
-                deadline = None if seconds is None else time.monotonic() + seconds
-                while not self._deleting(uid):
-                    left = 3600.0 if deadline is None else deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    await self._pause(uid, left)
-                if self._deleting(uid):
+                await self._write_initializing(uid)
+                if not await self._runs_for(uid, seconds):
                     return None
+            if code := commands.exit_code(container):
+                return await self._retry_init(uid, container, code)
             run = self._inits[uid] = run.ended(now_rfc3339())
         return run
+
+    async def _fail_initializing(self, uid: str) -> None:
+        """The pod failed for its init container (restartPolicy Never): as for a pod whose
+        containers ended, its sidecars stopped and its claims unprepared before its
+        terminal status is written."""
+        self._tell_stopping(uid)
+        self._not_running(uid)
+        await self._release(uid)
+        pod = self._pod(uid)
+        status = podstatus.failed_initializing_status(pod, _container_ids(pod), self._inits[uid], now_rfc3339())
+        await self._patch_status(pod, {"status": status})
+
+    async def _write_initializing(self, uid: str) -> None:
+        latest = self._pod(uid)
+        addresses = self._addresses_of(latest)
+        status = podstatus.initializing_status(
+            latest, _start_time(latest), _container_ids(latest), self._inits[uid], addresses, now_rfc3339()
+        )
+        self._add_device_health(latest, status["containerStatuses"])  # its claims are prepared
+        await self._patch_status(latest, {"status": status})
+
+    async def _runs_for(self, uid: str, seconds: float | None) -> bool:
+        """Until ``seconds`` passed (None: for good); False if the pod is being deleted."""
+        deadline = None if seconds is None else time.monotonic() + seconds
+        while not self._deleting(uid):
+            left = 3600.0 if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                return True
+            await self._pause(uid, left)
+        return False
+
+    async def _retry_init(self, uid: str, container: Obj, code: int) -> podstatus.InitRun | None:
+        """An init container exited with ``code``: under restartPolicy Never, the run with
+        it failed; else, as the kubelet, it is started again, at once the first time, then
+        after a back-off (``restart_delay``), the pod Pending, until the pod is deleted
+        (None). Its command ends alike each time, so it never gets further."""
+        pod, name = self._pod(uid), container["name"]
+        first_id = _container_ids(pod)[name]
+        run = self._inits[uid]
+        now = podstatus.Restarted(0, first_id, {"running": {"startedAt": run.spans[-1][0]}}, {})
+        back_off: tuple[float, float] | None = None
+        seconds = commands.init_seconds(container)
+        while True:
+            ended = podstatus.Ended.exit_status(code, now_rfc3339())
+            exited = podstatus.terminated_state(now.container_id, now.state["running"]["startedAt"], ended)
+            run = self._inits[uid] = run.failed(podstatus.Restarted(now.count, now.container_id, exited, now.last))
+            if pod["spec"].get("restartPolicy", "Always") == "Never":
+                run = self._inits[uid] = run.ended(ended.at)
+                return run
+            delay, back_off = restart_delay(back_off, time.monotonic())
+            if delay:  # shown exited meanwhile (started again at once, it never shows so)
+                await self._write_initializing(uid)
+                message = f"Back-off restarting failed container {name} in pod {_described(pod)}"
+                self.tell(pod, Told("Warning", "BackOff", message), name)
+            if not await self._runs_for(uid, delay + until_next_relist()):
+                return None
+            self._tell_started(pod, container)
+            count = now.count + 1
+            now = podstatus.Restarted(count, f"{first_id}-{count}", {"running": {"startedAt": now_rfc3339()}}, exited)
+            run = self._inits[uid] = run.failed(now)
+            await self._write_initializing(uid)
+            if not await self._runs_for(uid, seconds):
+                return None
 
     async def _set_running(
         self,
@@ -721,16 +761,18 @@ class PodManager:
         self._waiting[uid] = refused
 
     async def _restart_exited(self, uid: str) -> None:
-        """As the kubelet restarts the containers of a pod whose restartPolicy is Always: a
-        container whose ``sleep N`` ends exits and is started again, at once the first
-        time, then after a back-off (``restart_delay``), the pod Running throughout with
-        that container not ready meanwhile, its claims left prepared (a container restart
-        is no concern of the drivers'). Returns once the pod is being deleted."""
+        """As the kubelet restarts the containers of a pod that does not end of itself
+        (``commands.run_seconds`` None): a container whose command ends exits and, under
+        restartPolicy Always or when it failed under OnFailure, is started again, at once
+        the first time, then after a back-off (``restart_delay``), the pod Running
+        throughout with that container not ready meanwhile, its claims left prepared (a
+        container restart is no concern of the drivers'); one that completed under
+        OnFailure stays so. Returns once the pod is being deleted."""
         pod = self._pod(uid)
         periods = {
             c["name"]: seconds
             for c in pod["spec"].get("containers", [])
-            if (seconds := restart_seconds(pod, c)) is not None
+            if (seconds := commands.restart_seconds(pod, c)) is not None
         }
         ids, restarted = _container_ids(pod), self._restarted.setdefault(uid, {})
         due = {name: time.monotonic() + seconds for name, seconds in periods.items()}
@@ -747,9 +789,14 @@ class PodManager:
                 running = {"running": {"startedAt": self._running[uid]}}
                 again = restarted[name] = podstatus.Restarted(0, ids[name], running, {})
             if "running" in again.state:  # it exits now, its command done
-                ended = podstatus.Ended.completed(now_rfc3339())
+                container = next(c for c in pod["spec"]["containers"] if c["name"] == name)
+                ended = podstatus.Ended.exit_status(commands.exit_code(container), now_rfc3339())
                 exited = podstatus.terminated_state(again.container_id, again.state["running"]["startedAt"], ended)
                 restarted[name] = podstatus.Restarted(again.count, again.container_id, exited, again.last)
+                if not commands.restarts(pod, container):
+                    del periods[name], due[name]
+                    await self._write_running(uid)
+                    continue
                 delay, back_off[name] = restart_delay(back_off.get(name), time.monotonic())
                 await self._write_running(uid)
                 if delay:
@@ -1082,9 +1129,9 @@ class PodManager:
                 for c in spec.get("containers", [])
                 if c["name"] not in restarted or "running" in restarted[c["name"]].state
             ]
-        spans = self._inits.get(uid, podstatus.NO_INITS).spans  # those started so far
-        inits = zip(spec.get("initContainers") or [], spans, strict=False)
-        running += reversed([c for c, (_, ended) in inits if not ended])
+        run = self._inits.get(uid, podstatus.NO_INITS)  # those started so far
+        inits = enumerate((spec.get("initContainers") or [])[: len(run.spans)])
+        running += reversed([c for index, c in inits if run.runs(index)])
         for container in running:
             self.tell(pod, containerevents.stopping(container), container["name"])
 
@@ -1178,28 +1225,6 @@ def jittered(seconds: float) -> float:
 def until_next_relist() -> float:
     """The PLEG lists containers on a fixed period: what changed now is seen within one."""
     return PLEG_RELIST_S * random.random()
-
-
-def init_seconds(container: Obj) -> float | None:
-    """How long an init container runs: N for ``sleep N``, None (until stopped) for
-    ``sleep infinity``, no time at all for any other command (init containers end)."""
-    match = SLEEP_WORD.search(" ".join(container.get("command", []) + container.get("args", [])))
-    if match is None:
-        return 0.0
-    try:
-        seconds = float(match.group(1).strip("\"'"))
-    except ValueError:
-        return 0.0
-    return None if math.isinf(seconds) else max(0.0, seconds)
-
-
-def restart_seconds(pod: Obj, container: Obj) -> float | None:
-    """How long a container of a pod that restarts its containers (restartPolicy Always)
-    runs before it exits: N for ``sleep N``; None if it runs until the pod is deleted."""
-    if pod["spec"].get("restartPolicy", "Always") != "Always" or run_seconds(pod) is not None:
-        return None
-    match = SLEEP_COMMAND.search(" ".join(container.get("command", []) + container.get("args", [])))
-    return float(match.group(1)) if match else None
 
 
 def probe_plan(pod: Obj) -> tuple[dict[str, str], list[tuple[float, str, str | None]]]:

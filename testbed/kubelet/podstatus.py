@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from testbed.kubeapi import Obj
 
@@ -49,18 +49,38 @@ class Ended:
     """How a pod's containers ended."""
 
     phase: str
-    """Succeeded (they completed) or Failed (stopped for the pod's deletion)."""
+    """Succeeded (they completed) or Failed (one exited non-zero, or they were stopped
+    for the pod's deletion)."""
     exit_code: int
     reason: str
     at: str
+    exit_codes: Mapping[str, int] = field(default_factory=dict)
+    """Containers that ended with a status of their own (their command's ``exit N``)."""
 
     @classmethod
     def completed(cls, at: str) -> Ended:
-        return cls("Succeeded", 0, "Completed", at)
+        return cls.exit_status(0, at)
 
     @classmethod
     def stopped(cls, at: str) -> Ended:
         return cls("Failed", STOPPED_EXIT_CODE, "Error", at)
+
+    @classmethod
+    def exit_status(cls, code: int, at: str) -> Ended:
+        """One container's exit with ``code``, worded as container runtimes word it."""
+        return cls("Succeeded" if code == 0 else "Failed", code, "Completed" if code == 0 else "Error", at)
+
+    @classmethod
+    def exited(cls, exit_codes: Mapping[str, int], at: str) -> Ended:
+        """A pod's containers, each ended with its own status: the pod Failed if one
+        failed (the kubelet's phase for restartPolicy Never), else Succeeded."""
+        failed = any(exit_codes.values())
+        return replace(cls.exit_status(0, at), phase="Failed" if failed else "Succeeded", exit_codes=dict(exit_codes))
+
+    def of(self, container: str) -> Ended:
+        """How ``container`` ended."""
+        code = self.exit_codes.get(container)
+        return self if code is None else Ended.exit_status(code, self.at)
 
 
 @dataclass(frozen=True)
@@ -69,14 +89,28 @@ class InitRun:
     it started and when it ended ("" while it runs: the one running now, or a sidecar)."""
 
     spans: tuple[tuple[str, str], ...] = ()
+    failing: Restarted | None = None
+    """The last one started, once it exited non-zero: how often it was started again, its
+    state now and the one before (its spans's times no longer count)."""
 
     def then(self, started: str, ended: str = "") -> InitRun:
         return InitRun((*self.spans, (started, ended)))
 
     def ended(self, at: str) -> InitRun:
-        """The one running now has ended (exit 0)."""
+        """The one running now has ended (exit 0, unless it is ``failing``)."""
         *done, (started, _) = self.spans
-        return InitRun((*done, (started, at)))
+        return InitRun((*done, (started, at)), self.failing)
+
+    def failed(self, now: Restarted) -> InitRun:
+        """The last one started exited non-zero (``now``: as it is now)."""
+        return replace(self, failing=now)
+
+    def runs(self, index: int) -> bool:
+        """Whether the init container at ``index`` runs now."""
+        if index >= len(self.spans) or self.spans[index][1]:
+            return False
+        last = index == len(self.spans) - 1
+        return not (last and self.failing is not None and "running" not in self.failing.state)
 
     @classmethod
     def complete(cls, pod: Obj, at: str) -> InitRun:
@@ -217,7 +251,7 @@ def ended_status(
         now = _as_restarted(container, started, container_ids, restarted)
         state = now.state
         if "running" in state:
-            state = terminated_state(now.container_id, state["running"]["startedAt"], ended)
+            state = terminated_state(now.container_id, state["running"]["startedAt"], ended.of(container["name"]))
         elif "waiting" in state:  # to be started again: as the container before it ended
             state = now.last
         status = container_status(container, now.container_id, state, ready=False)
@@ -234,6 +268,15 @@ def stopped_initializing_status(pod: Obj, container_ids: Mapping[str, str], init
     mains = _by_name(_unstarted_status(c, waiting) for c in pod["spec"].get("containers", []))
     init_statuses = _init_statuses(pod, container_ids, inits, Ended.stopped(at))
     return _status(pod, "Failed", init_statuses, mains, "gone", at, conditions_phase="Pending")
+
+
+def failed_initializing_status(pod: Obj, container_ids: Mapping[str, str], inits: InitRun, at: str) -> Obj:
+    """The terminal status of a pod (restartPolicy Never) whose init container exited
+    non-zero (``inits.failing``): Failed, the pod's containers never started."""
+    waiting = {"waiting": {"reason": POD_INITIALIZING}}
+    mains = _by_name(_unstarted_status(c, waiting) for c in pod["spec"].get("containers", []))
+    init_statuses = _init_statuses(pod, container_ids, inits, Ended.stopped(at))
+    return _status(pod, "Failed", init_statuses, mains, "gone", at)
 
 
 @dataclass(frozen=True)
@@ -300,6 +343,14 @@ def _init_statuses(
     for index, container in enumerate(pod["spec"].get("initContainers") or []):
         if index >= len(inits.spans):
             statuses.append(_unstarted_status(container, {"waiting": {"reason": POD_INITIALIZING}}))
+            continue
+        if inits.failing is not None and index == len(inits.spans) - 1:
+            now = inits.failing
+            state = now.state
+            if stopped is not None and "running" in state:
+                state = terminated_state(now.container_id, state["running"]["startedAt"], stopped)
+            status = container_status(container, now.container_id, state, ready=False)
+            statuses.append({**status, "restartCount": now.count, "lastState": now.last})
             continue
         container_id, (started, ended) = container_ids[container["name"]], inits.spans[index]
         if ended:

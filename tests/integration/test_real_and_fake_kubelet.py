@@ -941,6 +941,163 @@ def test_a_container_that_exits_is_started_again_after_a_back_off_its_claim_left
     asyncio.run(scenario())
 
 
+def _exits(pod: Obj) -> dict[str, tuple[Any, ...]]:
+    """Each container's restart count and how it (or the one before it) exited."""
+    exits = {}
+    for status in pod["status"].get("containerStatuses", []):
+        ended = status["state"].get("terminated") or status.get("lastState", {}).get("terminated") or {}
+        exits[status["name"]] = (status["restartCount"], ended.get("exitCode"), ended.get("reason"))
+    return exits
+
+
+async def _all_unprepared(side: Side, since: float) -> dict[str, list[str]]:
+    """The driver calls per claim since then, once every claim's last was an unprepare."""
+
+    async def unprepared() -> dict[str, list[str]] | None:
+        calls = side.calls_by_claim(since)
+        return calls if calls and all(c[-1] == UNPREPARE for c in calls.values()) else None
+
+    return await until(unprepared, 60, f"{side.kind}: the failed pod's claim unprepared")
+
+
+def test_a_container_that_exits_non_zero_fails_its_pod_or_is_started_again_alike(
+    control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
+) -> None:
+    """A container's command says how it exits (``sh -c "sleep 1; exit 3"``): under
+    restartPolicy Never the pod Fails, each container showing its own exit code and
+    reason, and its claim is unprepared; under OnFailure the failing container is started
+    again while one that completed stays so, the pod Running. The fake kubelet took every
+    container to exit 0."""
+
+    async def scenario() -> None:
+        async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
+
+            async def case(side: Side) -> dict[str, Any]:
+                await side.template("gpu", [request("gpu", GPU)])
+                since = time.time()
+                image = "registry.invalid/workload:v1"
+                failing = {"name": "main", "image": image, "command": ["sh", "-c", "sleep 1; exit 3"]}
+                helper = {"name": "helper", "image": image, "command": ["sleep", "1"]}
+                await side.create_pod(
+                    "fails",
+                    restartPolicy="Never",
+                    resourceClaims=[{"name": "c", "resourceClaimTemplateName": "gpu"}],
+                    containers=[{**failing, "resources": {"claims": [{"name": "c"}]}}, helper],
+                )
+                retried = {**failing, "command": ["sh", "-c", "sleep 2; exit 1"]}
+                await side.create_pod("retries", restartPolicy="OnFailure", containers=[retried, helper])
+                failed = await until(lambda: side._phase("fails", "Failed"), 60, f"{side.kind}: fails to fail")
+
+                async def retried_and_exited() -> Obj | None:
+                    pod = await side.read_pod("retries")
+                    exits = _exits(pod) if pod["status"].get("containerStatuses") else {}
+                    main = next((c for c in pod["status"].get("containerStatuses", []) if c["name"] == "main"), {})
+                    done = exits.get("helper") == (0, 0, "Completed") and "terminated" in main.get("state", {})
+                    return pod if done and main.get("restartCount") == 1 else None
+
+                retrying = await until(retried_and_exited, 60, f"{side.kind}: retries' main to exit twice")
+
+                calls = await _all_unprepared(side, since)
+
+                async def backed_off() -> list[str]:
+                    return [m for r, m in await side.events("retries") if r == "BackOff"]
+
+                await until(backed_off, 60, f"{side.kind}: retries' main backed off")
+                return {
+                    "failed": _status_shape(failed),
+                    "failed exits": _exits(failed),
+                    "retrying": _status_shape(retrying),
+                    "retrying exits": _exits(retrying),
+                    "calls": list(calls.values()),
+                    "failed's events": (await _told(side, counted=False))["fails"],
+                }
+
+            found = await both(sides, case)
+            assert found["fake"] == found["real"]
+            fake = found["fake"]
+            assert fake["failed"]["phase"] == "Failed" and fake["retrying"]["phase"] == "Running"
+            assert fake["failed exits"] == {"main": (0, 3, "Error"), "helper": (0, 0, "Completed")}
+            assert fake["retrying exits"] == {"main": (1, 1, "Error"), "helper": (0, 0, "Completed")}
+            assert fake["calls"] == [[PREPARE, UNPREPARE]]
+
+    asyncio.run(scenario())
+
+
+def _init_exits(pod: Obj) -> dict[str, tuple[Any, ...]]:
+    """Each init container's restart count, what it is now and how it last exited."""
+    exits = {}
+    for status in pod["status"].get("initContainerStatuses", []):
+        ended = status["state"].get("terminated") or status.get("lastState", {}).get("terminated") or {}
+        exits[status["name"]] = (status["restartCount"], *status["state"], ended.get("exitCode"), ended.get("reason"))
+    return exits
+
+
+def test_an_init_container_that_exits_non_zero_fails_its_pod_or_is_started_again_alike(
+    control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
+) -> None:
+    """An init container whose command exits non-zero: under restartPolicy Never the pod
+    Fails there, its later init containers and its own never started, its claim
+    unprepared; otherwise it is started again (at once, then after a back-off), the pod
+    Pending, `Init:Error` meanwhile. The fake kubelet took every init container to
+    succeed."""
+
+    async def scenario() -> None:
+        async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
+
+            async def case(side: Side) -> dict[str, Any]:
+                await side.template("gpu", [request("gpu", GPU)])
+                since = time.time()
+                image = "registry.invalid/workload:v1"
+                check = {"name": "check", "image": image, "command": ["sh", "-c", "sleep 1; exit 2"]}
+                then = {"name": "then", "image": image, "command": ["sleep", "1"]}
+                main = {"name": "main", "image": image, "command": ["sleep", "3600"]}
+                claimed = {"resources": {"claims": [{"name": "c"}]}}
+                await side.create_pod(
+                    "init-fails",
+                    restartPolicy="Never",
+                    resourceClaims=[{"name": "c", "resourceClaimTemplateName": "gpu"}],
+                    initContainers=[{**check, **claimed}, then],
+                    containers=[{**main, **claimed}],
+                )
+                await side.create_pod("init-retries", initContainers=[check, then], containers=[main])
+                failed = await until(lambda: side._phase("init-fails", "Failed"), 60, f"{side.kind}: init-fails")
+
+                async def exited_again() -> Obj | None:
+                    pod = await side.read_pod("init-retries")
+                    exits = _init_exits(pod) if pod["status"].get("initContainerStatuses") else {}
+                    return pod if exits.get("check", (0, "running"))[:2] == (1, "terminated") else None
+
+                retrying = await until(exited_again, 60, f"{side.kind}: init-retries' check to exit twice")
+
+                async def backed_off() -> list[str]:
+                    return [m for r, m in await side.events("init-retries") if r == "BackOff"]
+
+                await until(backed_off, 60, f"{side.kind}: init-retries' check backed off")
+
+                calls = await _all_unprepared(side, since)
+                told = await _told(side, counted=False)
+                return {
+                    "failed": _status_shape(failed),
+                    "failed exits": _init_exits(failed),
+                    "retrying": _status_shape(retrying),
+                    "retrying exits": _init_exits(retrying),
+                    "calls": list(calls.values()),
+                    "failed's events": told["init-fails"],
+                    "back-off": [e[2:4] for e in told["init-retries"] if e[2] == "BackOff"],
+                }
+
+            found = await both(sides, case)
+            for key, value in found["real"].items():
+                assert found["fake"][key] == value, key
+            fake = found["fake"]
+            assert fake["failed"]["phase"] == "Failed" and fake["retrying"]["phase"] == "Pending"
+            assert fake["failed exits"] == {"check": (0, "terminated", 2, "Error"), "then": (0, "waiting", None, None)}
+            assert fake["retrying exits"]["check"] == (1, "terminated", 2, "Error")
+            assert fake["calls"] == [[PREPARE, UNPREPARE]]
+
+    asyncio.run(scenario())
+
+
 def test_probes_hold_containers_unready_until_they_pass_alike_on_real_and_fake_kubelets(
     control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
 ) -> None:

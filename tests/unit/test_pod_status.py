@@ -7,20 +7,11 @@ import time
 from pathlib import Path
 from typing import cast
 
-import pytest
-
 from testbed.kubeapi import KubeClient, Obj
 from testbed.kubelet import podstatus
 from testbed.kubelet.node import NodeSpec
 from testbed.kubelet.plugins import PluginManager
-from testbed.kubelet.pods import (
-    PodManager,
-    _go_duration,
-    init_seconds,
-    probe_plan,
-    restart_delay,
-    restart_seconds,
-)
+from testbed.kubelet.pods import PodManager, _go_duration, probe_plan, restart_delay
 
 STARTED, NOW, LATER = "2026-11-27T10:00:00Z", "2026-11-27T10:00:05Z", "2026-11-27T10:01:00Z"
 IDS = {"main": "dra-testbed://u-main"}
@@ -118,6 +109,20 @@ def test_a_pod_stopped_for_its_deletion_failed_as_a_container_ending_on_sigterm(
     assert conditions["Ready"]["reason"] == conditions["ContainersReady"]["reason"] == "PodFailed"
     assert "reason" not in conditions["Initialized"]
     assert status["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 143
+
+
+def test_a_pod_whose_container_exits_non_zero_fails_each_container_showing_its_own_status() -> None:
+    spec = pod()
+    spec["spec"]["containers"].append({"name": "helper", "image": "registry.invalid/work"})
+    ids = {**IDS, "helper": "dra-testbed://u-helper"}
+    status = podstatus.ended_status(spec, STARTED, ids, podstatus.Ended.exited({"main": 3, "helper": 0}, LATER))
+    assert status["phase"] == "Failed"
+    assert by_type(status)["Ready"]["reason"] == by_type(status)["ContainersReady"]["reason"] == "PodFailed"
+    ended = {c["name"]: c["state"]["terminated"] for c in status["containerStatuses"]}
+    assert (ended["main"]["exitCode"], ended["main"]["reason"]) == (3, "Error")
+    assert (ended["helper"]["exitCode"], ended["helper"]["reason"]) == (0, "Completed")
+    all_done = podstatus.ended_status(spec, STARTED, ids, podstatus.Ended.exited({"main": 0, "helper": 0}, LATER))
+    assert all_done["phase"] == "Succeeded"
 
 
 def test_a_container_status_names_its_image_as_a_runtime_does_its_mounts_and_its_resources() -> None:
@@ -242,20 +247,26 @@ def test_a_pod_deleted_before_it_initialized_fails_with_its_containers_never_sta
     assert second["state"] == gone["containerStatuses"][0]["state"] == {"waiting": {"reason": "PodInitializing"}}
 
 
-@pytest.mark.parametrize(
-    ("command", "seconds"),
-    [
-        (["sleep", "5"], 5.0),
-        (["sh", "-c", "nvidia-smi -L && sleep 2.5"], 2.5),
-        (["sleep", "infinity"], None),
-        (["nvidia-smi", "-L"], 0.0),
-        ([], 0.0),
-    ],
-)
-def test_an_init_container_runs_as_long_as_its_sleep_and_any_other_command_ends_at_once(
-    command: list[str], seconds: float | None
-) -> None:
-    assert init_seconds({"name": "check", "command": command}) == seconds
+def test_an_init_container_that_exits_non_zero_shows_its_status_and_fails_a_pod_that_never_restarts() -> None:
+    spec = with_inits(CHECK, {**CHECK, "name": "quick"})
+    exited = podstatus.terminated_state(ALL_IDS["check"], STARTED, podstatus.Ended.exit_status(2, NOW))
+    running = {"running": {"startedAt": LATER}}
+    again = podstatus.InitRun().then(STARTED).failed(podstatus.Restarted(1, "dra-testbed://u-check-1", running, exited))
+    pending = podstatus.initializing_status(spec, STARTED, ALL_IDS, again, ADDRESSES, LATER)
+    check, quick = pending["initContainerStatuses"]
+    assert pending["phase"] == "Pending" and (check["restartCount"], check["state"]) == (1, running)
+    assert check["lastState"]["terminated"]["exitCode"] == 2 and check["lastState"]["terminated"]["reason"] == "Error"
+    assert quick["state"] == {"waiting": {"reason": "PodInitializing"}}
+    assert again.runs(0) and not again.failed(podstatus.Restarted(0, "", exited, {})).runs(0)
+    # restartPolicy Never: the pod fails there.
+    failed_run = (
+        podstatus.InitRun().then(STARTED).failed(podstatus.Restarted(0, ALL_IDS["check"], exited, {})).ended(NOW)
+    )
+    failed = podstatus.failed_initializing_status(spec, ALL_IDS, failed_run, LATER)
+    assert failed["phase"] == "Failed" and not failed_run.runs(0)
+    assert failed["initContainerStatuses"][0]["state"] == exited
+    assert by_type(failed)["Initialized"]["message"] == "containers with incomplete status: [check quick]"
+    assert failed["containerStatuses"][0]["state"] == {"waiting": {"reason": "PodInitializing"}}
 
 
 class StatusWrites:
@@ -328,15 +339,6 @@ def test_a_container_that_keeps_exiting_is_started_again_at_once_then_after_a_do
     assert delays == [0, 10, 20, 40, 80, 160, 300, 300]
     assert restart_delay(back_off, at + 601)[0] == 0, "forgotten once set over 10 minutes before"
     assert [_go_duration(s) for s in (10, 80, 300)] == ["10s", "1m20s", "5m0s"]
-
-
-def test_only_a_restarting_pods_sleep_n_containers_exit_to_be_started_again() -> None:
-    sleeper = {"name": "main", "command": ["sh", "-c", "sleep 2"]}
-    always = {"metadata": {}, "spec": {"containers": [sleeper]}}
-    assert restart_seconds(always, sleeper) == 2.0
-    assert restart_seconds(always, {"name": "main", "command": ["sleep", "infinity"]}) is None
-    never = {"metadata": {}, "spec": {"restartPolicy": "Never", "containers": [sleeper]}}
-    assert restart_seconds(never, sleeper) is None, "it completes instead"
 
 
 def test_a_restarted_container_shows_its_count_its_state_and_the_container_before() -> None:

@@ -5,8 +5,10 @@
 // images with a size (the kubelet rejects size 0), containers with a log path (with an
 // empty one the kubelet's garbage collector deletes files in its working directory),
 // CDI device resolution against the node's spec files as containerd and CRI-O do (an
-// unresolvable device fails CreateContainer), and containers whose command is
-// `sleep N` exiting with status 0 after N seconds, as the fake kubelet runs them.
+// unresolvable device fails CreateContainer), and containers that end as their command
+// says, read as the fake kubelet reads it (testbed/kubelet/commands.py): after `sleep N`
+// (at once without one), with `exit N`'s status (0 without one); `sleep infinity`, or a
+// command that neither sleeps nor exits, runs until stopped.
 //
 // Every CreateContainer is appended to --record as one JSON line (pod, container, the
 // CDI device IDs the kubelet passed and the environment they resolved to), so tests
@@ -27,6 +29,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unicode"
 
 	"google.golang.org/grpc"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -39,7 +42,7 @@ type runtime struct {
 	cdiDirs []string
 	record  string
 	mu      sync.Mutex // guards commands and appends to record
-	// commands holds each container's command and args, for `sleep N`.
+	// commands holds each container's command and args, for how it ends.
 	commands map[string]string
 }
 
@@ -173,17 +176,46 @@ func (r *runtime) CreateContainer(ctx context.Context, req *runtimeapi.CreateCon
 	return resp, nil
 }
 
-// sleepSeconds reads `sleep N` (optionally through `sh -c`) from a container's command.
-func sleepSeconds(command string) (float64, bool) {
-	words := strings.Fields(command)
-	for i := 0; i+1 < len(words); i++ {
-		if words[i] == "sleep" || strings.HasSuffix(words[i], "/sleep") {
-			// ParseFloat takes "infinity": `sleep infinity` runs until stopped.
-			seconds, err := strconv.ParseFloat(strings.Trim(words[i+1], `"'`), 64)
-			return seconds, err == nil && seconds >= 0 && !math.IsInf(seconds, 0) && !math.IsNaN(seconds)
+// words splits a container's command and args as the fake kubelet does: at spaces and
+// semicolons, quotes trimmed.
+func words(command string) []string {
+	var out []string
+	for _, word := range strings.FieldsFunc(command, func(r rune) bool { return unicode.IsSpace(r) || r == ';' }) {
+		if word = strings.Trim(word, `"'`); word != "" {
+			out = append(out, word)
 		}
 	}
-	return 0, false
+	return out
+}
+
+// ending reads how a container's command ends: after its first `sleep N` (at once
+// without one), with its first `exit N`'s status (0 without one); ends is false if it
+// runs until stopped (`sleep infinity`, or neither a sleep nor an exit).
+func ending(command string) (seconds float64, code int32, ends bool) {
+	ws := words(command)
+	slept, exits := false, false
+	for i := 0; i+1 < len(ws); i++ {
+		if ws[i] == "sleep" || strings.HasSuffix(ws[i], "/sleep") {
+			// ParseFloat takes "infinity": `sleep infinity` runs until stopped.
+			value, err := strconv.ParseFloat(ws[i+1], 64)
+			if err == nil && math.IsInf(value, 1) {
+				return 0, 0, false
+			}
+			if err == nil && value >= 0 {
+				seconds, slept = value, true
+			}
+			break
+		}
+	}
+	for i := 0; i+1 < len(ws); i++ {
+		if ws[i] == "exit" {
+			if value, err := strconv.ParseUint(ws[i+1], 10, 64); err == nil {
+				code, exits = int32(value%256), true
+				break
+			}
+		}
+	}
+	return seconds, code, slept || exits
 }
 
 func (r *runtime) StartContainer(ctx context.Context, req *runtimeapi.StartContainerRequest) (*runtimeapi.StartContainerResponse, error) {
@@ -195,7 +227,7 @@ func (r *runtime) StartContainer(ctx context.Context, req *runtimeapi.StartConta
 	r.mu.Lock()
 	command := r.commands[req.GetContainerId()]
 	r.mu.Unlock()
-	if seconds, sleeps := sleepSeconds(command); sleeps {
+	if seconds, code, ends := ending(command); ends {
 		id := req.GetContainerId()
 		time.AfterFunc(time.Duration(seconds*float64(time.Second)), func() {
 			service.Lock()
@@ -203,8 +235,12 @@ func (r *runtime) StartContainer(ctx context.Context, req *runtimeapi.StartConta
 			if c, ok := service.Containers[id]; ok && c.State == runtimeapi.ContainerState_CONTAINER_RUNNING {
 				c.State = runtimeapi.ContainerState_CONTAINER_EXITED
 				c.FinishedAt = time.Now().UnixNano()
-				c.ExitCode = 0
+				c.ExitCode = code
+				// As containerd words an exit.
 				c.Reason = "Completed"
+				if code != 0 {
+					c.Reason = "Error"
+				}
 			}
 		})
 	}

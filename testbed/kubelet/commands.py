@@ -1,0 +1,120 @@
+"""What a container's command says it does, for a kubelet that runs no process: how long
+it runs (``sleep N``) and how it exits (``exit N``), through ``sh -c`` too.
+
+The reference node's runtime (``testbed-cri``) reads commands by the same rules, so a pod
+runs alike on a fake and a real kubelet: ``sleep 5`` ends after 5 s with status 0, ``sh
+-c "sleep 2; exit 3"`` after 2 s with status 3, ``exit 1`` at once with 1; ``sleep
+infinity``, or a command that neither sleeps nor exits, runs until stopped.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from dataclasses import dataclass
+
+from testbed.keys import RUN_SECONDS_ANNOTATION
+from testbed.kubeapi import Obj
+
+_SEPARATORS = re.compile(r"[\s;]+")
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How a container's command ends: after ``seconds``, with ``exit_code``."""
+
+    seconds: float
+    exit_code: int
+
+
+def _words(container: Obj) -> list[str]:
+    text = " ".join([*(container.get("command") or []), *(container.get("args") or [])])
+    return [word for word in (w.strip("\"'") for w in _SEPARATORS.split(text)) if word]
+
+
+def _sleep(words: list[str]) -> float | None:
+    """The first ``sleep``'s seconds: inf for ``sleep infinity``; None without a sleep
+    that says how long (``sleep -1``, ``sleep 5m``: not read)."""
+    for word, after in itertools.pairwise(words):
+        if word == "sleep" or word.endswith("/sleep"):
+            try:
+                seconds = float(after)
+            except ValueError:
+                return None
+            return seconds if seconds >= 0 else None  # NaN compares False: None too
+    return None
+
+
+def _exit(words: list[str]) -> int | None:
+    """The first ``exit N``'s status, as a shell takes it (mod 256)."""
+    for word, after in itertools.pairwise(words):
+        if word == "exit" and after.isascii() and after.isdigit():
+            return int(after) % 256
+    return None
+
+
+def ending(container: Obj) -> Ending | None:
+    """How the container's command ends: after its ``sleep N`` (at once without one),
+    with its ``exit N``'s status (0 without one); None if it runs until stopped."""
+    words = _words(container)
+    seconds, code = _sleep(words), _exit(words)
+    if seconds is not None and math.isinf(seconds):
+        return None
+    if seconds is None and code is None:
+        return None
+    return Ending(seconds or 0.0, code or 0)
+
+
+def exit_code(container: Obj) -> int:
+    """The status the container's command ends with (0 if it never ends of itself)."""
+    ended = ending(container)
+    return 0 if ended is None else ended.exit_code
+
+
+def run_seconds(pod: Obj) -> float | None:
+    """How long the pod's containers run before the pod ends (Succeeded, or Failed when
+    one exits non-zero under restartPolicy Never); None if it runs until deleted: under
+    restartPolicy Always, when a container never ends, or under OnFailure when one fails
+    (it is started again)."""
+    annotation = pod["metadata"].get("annotations", {}).get(RUN_SECONDS_ANNOTATION)
+    if annotation is not None:
+        try:
+            return max(0.0, float(annotation))
+        except ValueError:
+            return None
+    spec = pod["spec"]
+    policy = spec.get("restartPolicy", "Always")
+    if policy == "Always":
+        return None
+    endings = [ending(c) for c in spec.get("containers", [])]
+    if not endings or any(e is None for e in endings):
+        return None
+    if policy == "OnFailure" and any(e.exit_code for e in endings if e is not None):
+        return None
+    return max(e.seconds for e in endings if e is not None)
+
+
+def restart_seconds(pod: Obj, container: Obj) -> float | None:
+    """How long a container of a pod that does not end of itself (``run_seconds`` None)
+    runs before it exits, to be started again (restartPolicy Always, or OnFailure when it
+    exits non-zero) or to stay exited; None if it runs until the pod is deleted."""
+    if pod["spec"].get("restartPolicy", "Always") == "Never" or run_seconds(pod) is not None:
+        return None
+    ended = ending(container)
+    return None if ended is None else ended.seconds
+
+
+def restarts(pod: Obj, container: Obj) -> bool:
+    """Whether the kubelet starts the container again once it exited (restartPolicy)."""
+    policy = pod["spec"].get("restartPolicy", "Always")
+    return policy == "Always" or (policy == "OnFailure" and exit_code(container) != 0)
+
+
+def init_seconds(container: Obj) -> float | None:
+    """How long an init container runs: N for ``sleep N``, None (until stopped) for
+    ``sleep infinity``, no time at all for any other command (init containers end)."""
+    seconds = _sleep(_words(container))
+    if seconds is None:
+        return 0.0
+    return None if math.isinf(seconds) else seconds

@@ -1,0 +1,85 @@
+"""What a container's command says it does (testbed/kubelet/commands.py): how long it runs
+and how it exits, read as the reference node's runtime reads it."""
+
+from __future__ import annotations
+
+import pytest
+
+from testbed.kubeapi import Obj
+from testbed.kubelet.commands import Ending, ending, init_seconds, restart_seconds, restarts, run_seconds
+
+
+def container(*command: str, name: str = "main") -> Obj:
+    return {"name": name, "command": list(command)}
+
+
+def pod(policy: str | None, *containers: Obj) -> Obj:
+    spec: Obj = {"containers": list(containers)}
+    if policy is not None:
+        spec["restartPolicy"] = policy
+    return {"metadata": {}, "spec": spec}
+
+
+@pytest.mark.parametrize(
+    ("command", "ends"),
+    [
+        (["sleep", "5"], Ending(5.0, 0)),
+        (["/bin/sleep", "0.5"], Ending(0.5, 0)),
+        (["sh", "-c", "sleep 2; exit 3"], Ending(2.0, 3)),
+        (["sh", "-c", "nvidia-smi -L && sleep '1.5' && exit 1"], Ending(1.5, 1)),
+        (["sh", "-c", "exit 1"], Ending(0.0, 1)),
+        (["sh", "-c", "exit 256"], Ending(0.0, 0)),
+        (["sleep", "infinity"], None),
+        (["sh", "-c", "sleep infinity; exit 1"], None),
+        (["run-until-deleted"], None),
+        (["sleep", "-1"], None),
+        ([], None),
+    ],
+)
+def test_a_command_ends_after_its_sleep_with_its_exit_status_or_runs_until_stopped(
+    command: list[str], ends: Ending | None
+) -> None:
+    assert ending(container(*command)) == ends
+
+
+def test_args_are_read_with_the_command() -> None:
+    assert ending({"name": "main", "command": ["sh", "-c"], "args": ["sleep 4; exit 2"]}) == Ending(4.0, 2)
+
+
+def test_a_pod_ends_when_its_containers_do_unless_it_restarts_them() -> None:
+    done, failing = container("sleep", "2"), container("sh", "-c", "sleep 1; exit 1", name="check")
+    assert run_seconds(pod("Never", done, failing)) == 2.0, "Never: it ends, Failed"
+    assert run_seconds(pod("OnFailure", done)) == 2.0
+    assert run_seconds(pod("OnFailure", done, failing)) is None, "OnFailure: the failing one is started again"
+    assert run_seconds(pod(None, done)) is None, "Always (the default): started again"
+    assert run_seconds(pod("Never", done, container("run-until-deleted", name="server"))) is None
+
+
+def test_only_a_container_of_a_pod_that_does_not_end_exits_to_be_started_again_or_stay_exited() -> None:
+    sleeper = container("sh", "-c", "sleep 2")
+    assert restart_seconds(pod(None, sleeper), sleeper) == 2.0
+    forever = container("sleep", "infinity")
+    assert restart_seconds(pod(None, forever), forever) is None
+    assert restart_seconds(pod("Never", sleeper), sleeper) is None, "it completes instead"
+    failing = container("sh", "-c", "exit 1", name="check")
+    on_failure = pod("OnFailure", sleeper, failing)
+    assert restart_seconds(on_failure, sleeper) == 2.0 and restart_seconds(on_failure, failing) == 0.0
+    assert restarts(on_failure, failing) and not restarts(on_failure, sleeper), "a completed one stays so"
+    assert restarts(pod(None, sleeper), sleeper)
+    assert not restarts(pod("Never", failing), failing)
+
+
+@pytest.mark.parametrize(
+    ("command", "seconds"),
+    [
+        (["sleep", "5"], 5.0),
+        (["sh", "-c", "nvidia-smi -L && sleep 2.5"], 2.5),
+        (["sleep", "infinity"], None),
+        (["nvidia-smi", "-L"], 0.0),
+        ([], 0.0),
+    ],
+)
+def test_an_init_container_runs_as_long_as_its_sleep_and_any_other_command_ends_at_once(
+    command: list[str], seconds: float | None
+) -> None:
+    assert init_seconds({"name": "check", "command": command}) == seconds
