@@ -764,10 +764,13 @@ class PodManager:
         """As the kubelet restarts the containers of a pod that does not end of itself
         (``commands.run_seconds`` None): a container whose command ends exits and, under
         restartPolicy Always or when it failed under OnFailure, is started again, at once
-        the first time, then after a back-off (``restart_delay``), the pod Running
-        throughout with that container not ready meanwhile, its claims left prepared (a
-        container restart is no concern of the drivers'); one that completed under
-        OnFailure stays so. Returns once the pod is being deleted."""
+        the first time, then after a back-off (``restart_delay``), by the first of the
+        pod worker's syncs (at the next relist, then every 10-15 s) that finds it over:
+        shown exited, and CrashLoopBackOff from the second sync it blocked on (each blocked
+        sync tells BackOff), the pod Running throughout with that
+        container not ready meanwhile, its claims left prepared (a container restart is no
+        concern of the drivers'); one that completed under OnFailure stays so. Returns
+        once the pod is being deleted."""
         pod = self._pod(uid)
         periods = {
             c["name"]: seconds
@@ -777,8 +780,8 @@ class PodManager:
         ids, restarted = _container_ids(pod), self._restarted.setdefault(uid, {})
         due = {name: time.monotonic() + seconds for name, seconds in periods.items()}
         back_off: dict[str, tuple[float, float]] = {}
-        backed_off: dict[str, float] = {}
-        """Containers waiting out a back-off, and how long it is."""
+        backed_off: dict[str, tuple[float, float, int]] = {}
+        """Containers in a back-off: until when, how long it is, the syncs it blocked."""
         while periods and not self._deleting(uid):
             name = min(due, key=due.__getitem__)
             if (left := due[name] - time.monotonic()) > 0:
@@ -798,23 +801,29 @@ class PodManager:
                     await self._write_running(uid)
                     continue
                 delay, back_off[name] = restart_delay(back_off.get(name), time.monotonic())
-                await self._write_running(uid)
                 if delay:
-                    backed_off[name] = delay
-                    message = f"Back-off restarting failed container {name} in pod {_described(pod)}"
-                    self.tell(pod, Told("Warning", "BackOff", message), name)
-                due[name] = time.monotonic() + delay + until_next_relist()
+                    backed_off[name] = (time.monotonic() + delay, delay, 0)
+                    await self._write_running(uid)
+                due[name] = time.monotonic() + until_next_relist()  # the sync its exit causes
                 continue
-            if name in backed_off:  # as its status reads at the sync that starts it again
-                shown = _go_duration(backed_off.pop(name))
-                message = f"back-off {shown} restarting failed container={name} pod={_described(pod)}"
-                waiting = {"waiting": {"reason": "CrashLoopBackOff", "message": message}}
-                restarted[name] = podstatus.Restarted(again.count, again.container_id, waiting, again.state)
-                await self._write_running(uid)
+            if name in backed_off and time.monotonic() < backed_off[name][0]:  # a sync in its back-off
+                until, delay, syncs = backed_off[name]
+                message = f"Back-off restarting failed container {name} in pod {_described(pod)}"
+                self.tell(pod, Told("Warning", "BackOff", message), name)
+                if syncs and "terminated" in again.state:  # the sync before it gave the reason
+                    message = f"back-off {_go_duration(delay)} restarting failed container={name} pod={_described(pod)}"
+                    waiting = {"waiting": {"reason": "CrashLoopBackOff", "message": message}}
+                    restarted[name] = podstatus.Restarted(again.count, again.container_id, waiting, again.state)
+                    await self._write_running(uid)
+                backed_off[name] = (until, delay, syncs + 1)
+                due[name] = time.monotonic() + jittered(SYNC_ERROR_BACKOFF_S)  # requeued after a failed sync
+                continue
+            backed_off.pop(name, None)
             count = again.count + 1
             self._tell_started(pod, next(c for c in pod["spec"]["containers"] if c["name"] == name))
             running = {"running": {"startedAt": now_rfc3339()}}
-            restarted[name] = podstatus.Restarted(count, f"{ids[name]}-{count}", running, again.state)
+            before = again.last if "waiting" in again.state else again.state
+            restarted[name] = podstatus.Restarted(count, f"{ids[name]}-{count}", running, before)
             await self._write_running(uid)
             due[name] = time.monotonic() + periods[name]
 
