@@ -115,6 +115,21 @@ named so: those are DNS labels)."""
 
 
 @dataclass
+class _BackingOff:
+    """A container that exited, until the pod worker's sync that starts it again: the
+    syncs before that its back-off blocks (``back_off_syncs``, as monotonic times)."""
+
+    delay: float
+    blocked: list[float]
+    restart_at: float
+    synced: bool = False
+    """Whether a sync was blocked already (the next shows CrashLoopBackOff)."""
+
+    def next_sync(self) -> float:
+        return self.blocked[0] if self.blocked else self.restart_at
+
+
+@dataclass
 class LinkWait:
     """How long a pod start waited for the node authorizer to link its claims to the node."""
 
@@ -650,8 +665,9 @@ class PodManager:
     async def _retry_init(self, uid: str, container: Obj, code: int) -> podstatus.InitRun | None:
         """An init container exited with ``code``: under restartPolicy Never, the run with
         it failed; else, as the kubelet, it is started again, at once the first time, then
-        after a back-off (``restart_delay``), the pod Pending, until the pod is deleted
-        (None). Its command ends alike each time, so it never gets further."""
+        after a back-off (``restart_delay``, ``back_off_syncs``; shown exited meanwhile),
+        the pod Pending, until the pod is deleted (None). Its command ends alike each
+        time, so it never gets further."""
         pod, name = self._pod(uid), container["name"]
         first_id = _container_ids(pod)[name]
         run = self._inits[uid]
@@ -665,12 +681,17 @@ class PodManager:
             if pod["spec"].get("restartPolicy", "Always") == "Never":
                 run = self._inits[uid] = run.ended(ended.at)
                 return run
-            delay, back_off = restart_delay(back_off, time.monotonic())
+            exited_at = time.monotonic()
+            delay, back_off = restart_delay(back_off, exited_at)
             if delay:  # shown exited meanwhile (started again at once, it never shows so)
                 await self._write_initializing(uid)
+            blocked, restart_at = back_off_syncs(delay)
+            for at in blocked:
+                if not await self._runs_for(uid, exited_at + at - time.monotonic()):
+                    return None
                 message = f"Back-off restarting failed container {name} in pod {_described(pod)}"
                 self.tell(pod, Told("Warning", "BackOff", message), name)
-            if not await self._runs_for(uid, delay + until_next_relist()):
+            if not await self._runs_for(uid, exited_at + restart_at - time.monotonic()):
                 return None
             self._tell_started(pod, container)
             count = now.count + 1
@@ -767,10 +788,10 @@ class PodManager:
         the first time, then after a back-off (``restart_delay``), by the first of the
         pod worker's syncs (at the next relist, then every 10-15 s) that finds it over:
         shown exited, and CrashLoopBackOff from the second sync it blocked on (each blocked
-        sync tells BackOff), the pod Running throughout with that
-        container not ready meanwhile, its claims left prepared (a container restart is no
-        concern of the drivers'); one that completed under OnFailure stays so. Returns
-        once the pod is being deleted."""
+        sync tells BackOff), the pod Running throughout with that container not ready
+        meanwhile, its claims left prepared (a container restart is no concern of the
+        drivers'); one that completed under OnFailure stays so. Returns once the pod is
+        being deleted."""
         pod = self._pod(uid)
         periods = {
             c["name"]: seconds
@@ -780,8 +801,8 @@ class PodManager:
         ids, restarted = _container_ids(pod), self._restarted.setdefault(uid, {})
         due = {name: time.monotonic() + seconds for name, seconds in periods.items()}
         back_off: dict[str, tuple[float, float]] = {}
-        backed_off: dict[str, tuple[float, float, int]] = {}
-        """Containers in a back-off: until when, how long it is, the syncs it blocked."""
+        backed_off: dict[str, _BackingOff] = {}
+        """Containers that exited, until started again."""
         while periods and not self._deleting(uid):
             name = min(due, key=due.__getitem__)
             if (left := due[name] - time.monotonic()) > 0:
@@ -800,25 +821,29 @@ class PodManager:
                     del periods[name], due[name]
                     await self._write_running(uid)
                     continue
-                delay, back_off[name] = restart_delay(back_off.get(name), time.monotonic())
-                if delay:
-                    backed_off[name] = (time.monotonic() + delay, delay, 0)
+                exited_at = time.monotonic()
+                delay, back_off[name] = restart_delay(back_off.get(name), exited_at)
+                if delay:  # shown exited (started again at once, it never shows so)
                     await self._write_running(uid)
-                due[name] = time.monotonic() + until_next_relist()  # the sync its exit causes
+                blocked, restart_at = back_off_syncs(delay)
+                backed_off[name] = _BackingOff(delay, [exited_at + at for at in blocked], exited_at + restart_at)
+                due[name] = backed_off[name].next_sync()
                 continue
-            if name in backed_off and time.monotonic() < backed_off[name][0]:  # a sync in its back-off
-                until, delay, syncs = backed_off[name]
+            plan: _BackingOff | None = backed_off.pop(name, None)  # None: found so by a restarted kubelet
+            if plan is not None and plan.blocked:  # a sync its back-off blocks
+                plan.blocked.pop(0)
                 message = f"Back-off restarting failed container {name} in pod {_described(pod)}"
                 self.tell(pod, Told("Warning", "BackOff", message), name)
-                if syncs and "terminated" in again.state:  # the sync before it gave the reason
-                    message = f"back-off {_go_duration(delay)} restarting failed container={name} pod={_described(pod)}"
+                if plan.synced and "terminated" in again.state:  # the sync before gave the reason
+                    shown = _go_duration(plan.delay)
+                    message = f"back-off {shown} restarting failed container={name} pod={_described(pod)}"
                     waiting = {"waiting": {"reason": "CrashLoopBackOff", "message": message}}
                     restarted[name] = podstatus.Restarted(again.count, again.container_id, waiting, again.state)
                     await self._write_running(uid)
-                backed_off[name] = (until, delay, syncs + 1)
-                due[name] = time.monotonic() + jittered(SYNC_ERROR_BACKOFF_S)  # requeued after a failed sync
+                plan.synced = True
+                backed_off[name] = plan
+                due[name] = plan.next_sync()
                 continue
-            backed_off.pop(name, None)
             count = again.count + 1
             self._tell_started(pod, next(c for c in pod["spec"]["containers"] if c["name"] == name))
             running = {"running": {"startedAt": now_rfc3339()}}
@@ -1283,6 +1308,18 @@ def restart_delay(back_off: tuple[float, float] | None, exited: float) -> tuple[
     if back_off is None or exited - back_off[1] > 2 * CRASH_LOOP_MAX_S:
         return 0.0, (CRASH_LOOP_INITIAL_S, exited)
     return back_off[0], (min(back_off[0] * 2, CRASH_LOOP_MAX_S), exited)
+
+
+def back_off_syncs(delay: float) -> tuple[list[float], float]:
+    """When, in seconds after a container exited into a back-off of ``delay``, the pod
+    worker syncs the pod and finds it still backing off (each sync a BackOff Event), and
+    when the sync that starts it again comes: the first at the next relist, each after a
+    failed one 10-15 s later (the kubelet's backOffPeriod, jittered)."""
+    blocked, at = [], until_next_relist()
+    while at < delay:
+        blocked.append(at)
+        at += jittered(SYNC_ERROR_BACKOFF_S)
+    return blocked, at
 
 
 def _described(pod: Obj) -> str:

@@ -11,7 +11,7 @@ from testbed.kubeapi import KubeClient, Obj
 from testbed.kubelet import podstatus
 from testbed.kubelet.node import NodeSpec
 from testbed.kubelet.plugins import PluginManager
-from testbed.kubelet.pods import PodManager, _go_duration, probe_plan, restart_delay
+from testbed.kubelet.pods import PodManager, _go_duration, back_off_syncs, probe_plan, restart_delay
 
 STARTED, NOW, LATER = "2026-11-27T10:00:00Z", "2026-11-27T10:00:05Z", "2026-11-27T10:01:00Z"
 IDS = {"main": "dra-testbed://u-main"}
@@ -339,6 +339,16 @@ def test_a_container_that_keeps_exiting_is_started_again_at_once_then_after_a_do
     assert delays == [0, 10, 20, 40, 80, 160, 300, 300]
     assert restart_delay(back_off, at + 601)[0] == 0, "forgotten once set over 10 minutes before"
     assert [_go_duration(s) for s in (10, 80, 300)] == ["10s", "1m20s", "5m0s"]
+
+
+def test_a_back_off_is_over_at_the_first_pod_sync_after_it_each_sync_before_blocked() -> None:
+    for _ in range(20):
+        blocked, restart = back_off_syncs(0.0)
+        assert blocked == [] and 0 <= restart < 1, "started again at the relist that sees the exit"
+        blocked, restart = back_off_syncs(10.0)
+        assert len(blocked) == 1 and blocked[0] < 1 and 10 <= restart < 16
+        blocked, restart = back_off_syncs(20.0)
+        assert len(blocked) == 2 and 10 <= blocked[1] < 16 and 20 <= restart < 31
 
 
 def test_a_restarted_container_shows_its_count_its_state_and_the_container_before() -> None:
