@@ -354,7 +354,7 @@ def _init_statuses(
             continue
         container_id, (started, ended) = container_ids[container["name"]], inits.spans[index]
         if ended:
-            state = terminated_state(container_id, started, Ended("Succeeded", 0, "Completed", ended))
+            state = terminated_state(container_id, started, Ended.completed(ended))
         elif stopped is not None:
             state = terminated_state(container_id, started, stopped)
         else:
