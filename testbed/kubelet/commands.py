@@ -95,6 +95,18 @@ def run_seconds(pod: Obj) -> float | None:
     return max(e.seconds for e in endings if e is not None)
 
 
+def ending_first(pod: Obj) -> dict[str, Ending]:
+    """The containers of a pod that ends (``run_seconds``) that end before it does, each
+    after its own command's time, as a runtime ends each: the pod runs on, showing them
+    exited, until its last one ends. None when the run-seconds annotation gives the pod's
+    time (every container ends then)."""
+    seconds = run_seconds(pod)
+    if seconds is None or RUN_SECONDS_ANNOTATION in pod["metadata"].get("annotations", {}):
+        return {}
+    endings = {c["name"]: ending(c) for c in pod["spec"].get("containers", [])}
+    return {name: e for name, e in endings.items() if e is not None and e.seconds < seconds}
+
+
 def restart_seconds(pod: Obj, container: Obj) -> float | None:
     """How long a container of a pod that does not end of itself (``run_seconds`` None)
     runs before it exits, to be started again (restartPolicy Always, or OnFailure when it

@@ -320,21 +320,17 @@ class PodManager:
             started = await self._start(uid)
             if started:
                 seconds = commands.run_seconds(self._pod(uid))
-                if seconds is not None:
-                    deadline = time.monotonic() + seconds
-                    while not self._deleting(uid) and (left := deadline - time.monotonic()) > 0:
-                        await self._pause(uid, left)
-                    if not self._deleting(uid):
-                        # Its containers ended, its sidecars are stopped. The kubelet
-                        # unprepares after the containers stopped and before the pod's new
-                        # status reaches the API server.
-                        since = self._not_running(uid)
-                        self._tell_stopping(uid)
-                        await self._release(uid)
-                        codes = {c["name"]: commands.exit_code(c) for c in self._pod(uid)["spec"]["containers"]}
-                        await self._set_ended(uid, since, podstatus.Ended.exited(codes, now_rfc3339()))
-                else:
+                if seconds is None:
                     await self._restart_exited(uid)
+                elif await self._run_to_the_end(uid, seconds):
+                    # Its containers ended, its sidecars are stopped. The kubelet
+                    # unprepares after the containers stopped and before the pod's new
+                    # status reaches the API server.
+                    since = self._not_running(uid)
+                    self._tell_stopping(uid)
+                    await self._release(uid)
+                    codes = {c["name"]: commands.exit_code(c) for c in self._pod(uid)["spec"]["containers"]}
+                    await self._set_ended(uid, since, podstatus.Ended.exited(codes, now_rfc3339()))
             while not self._deleting(uid):  # ended, or never to start (an init container failed)
                 await self._pause(uid, 3600)
             await self._finish_deletion(uid)
@@ -352,6 +348,30 @@ class PodManager:
             log.exception("pod worker %s on %s failed", uid, self.node.name)
         finally:
             self._workers.pop(uid, None)
+
+    async def _run_to_the_end(self, uid: str, seconds: float) -> bool:
+        """The containers of a pod that ends run as their commands say: one that ends
+        before the last is shown exited (with its status; the pod Running, not ready) at
+        its own time. True once the last one's time (``seconds``) is over, False if the
+        pod is being deleted first."""
+        begin, pod = time.monotonic(), self._pod(uid)
+        ids, restarted = _container_ids(pod), self._restarted.setdefault(uid, {})
+        for name, ends in sorted(commands.ending_first(pod).items(), key=lambda item: item[1].seconds):
+            if name in restarted:  # it had ended before this kubelet restarted
+                continue
+            if not await self._until(uid, begin + ends.seconds):
+                return False
+            ended = podstatus.Ended.exit_status(ends.exit_code, now_rfc3339())
+            exited = podstatus.terminated_state(ids[name], self._running[uid], ended)
+            restarted[name] = podstatus.Restarted(0, ids[name], exited, {})
+            await self._write_running(uid)
+        return await self._until(uid, begin + seconds)
+
+    async def _until(self, uid: str, deadline: float) -> bool:
+        """Wait until then (monotonic); False if the pod is being deleted first."""
+        while not self._deleting(uid) and (left := deadline - time.monotonic()) > 0:
+            await self._pause(uid, left)
+        return not self._deleting(uid)
 
     async def _start(self, uid: str) -> bool:
         """As the kubelet's pod worker: a failed attempt is made again at the next sync
@@ -799,6 +819,10 @@ class PodManager:
             if (seconds := commands.restart_seconds(pod, c)) is not None
         }
         ids, restarted = _container_ids(pod), self._restarted.setdefault(uid, {})
+        for container in pod["spec"].get("containers", []):  # exited for good before this kubelet restarted
+            again = restarted.get(container["name"])
+            if again is not None and "terminated" in again.state and not commands.restarts(pod, container):
+                periods.pop(container["name"], None)
         due = {name: time.monotonic() + seconds for name, seconds in periods.items()}
         back_off: dict[str, tuple[float, float]] = {}
         backed_off: dict[str, _BackingOff] = {}

@@ -147,9 +147,9 @@ def is_sidecar(container: Obj) -> bool:
 
 @dataclass(frozen=True)
 class Restarted:
-    """A container of a pod that restarts its containers (restartPolicy Always) that
-    exited since the pod started: how often it was started again, the container it is now
-    (running, or exited and waiting for its restart) and the one before it."""
+    """A container that exited since its pod started: how often it was started again, the
+    container it is now (running, exited and waiting for its restart, or exited for good)
+    and the one before it."""
 
     count: int
     container_id: str
@@ -158,11 +158,12 @@ class Restarted:
 
     @classmethod
     def from_status(cls, pod: Obj) -> dict[str, Restarted]:
-        """Those the pod's status shows restarted (a kubelet restarted finds them there)."""
+        """Those the pod's status shows restarted or exited (a kubelet restarted finds
+        them there)."""
         return {
             s["name"]: cls(s["restartCount"], s.get("containerID", ""), s.get("state") or {}, s.get("lastState") or {})
             for s in pod.get("status", {}).get("containerStatuses") or []
-            if s.get("restartCount")
+            if s.get("restartCount") or "terminated" in (s.get("state") or {})
         }
 
 

@@ -1028,6 +1028,64 @@ def test_a_container_that_exits_non_zero_fails_its_pod_or_is_started_again_alike
     asyncio.run(scenario())
 
 
+def test_containers_of_a_pod_that_ends_end_each_at_its_own_time_alike(
+    control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
+) -> None:
+    """In a pod that ends (restartPolicy Never), a container whose command ends first is
+    shown exited, with its own status and time, while the others run: the pod Running
+    and not ready. The fake kubelet ended every container of such a pod at the last
+    one's time."""
+
+    async def scenario() -> None:
+        async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
+
+            async def case(side: Side) -> dict[str, Any]:
+                await side.template("gpu", [request("gpu", GPU)])
+                image = "registry.invalid/workload:v1"
+                short = {"name": "short", "image": image, "command": ["sh", "-c", "sleep 1; exit 2"]}
+                long = {
+                    "name": "long",
+                    "image": image,
+                    "command": ["sleep", "6"],
+                    "resources": {"claims": [{"name": "c"}]},
+                }
+                await side.create_pod(
+                    "staggered",
+                    restartPolicy="Never",
+                    resourceClaims=[{"name": "c", "resourceClaimTemplateName": "gpu"}],
+                    containers=[short, long],
+                )
+
+                async def short_ended() -> Obj | None:
+                    pod = await side.read_pod("staggered")
+                    states = {c["name"]: c["state"] for c in pod["status"].get("containerStatuses", [])}
+                    return pod if "terminated" in states.get("short", {}) else None
+
+                meanwhile = await until(short_ended, 60, f"{side.kind}: short to exit")
+                ended = await until(lambda: side._phase("staggered", "Failed"), 60, f"{side.kind}: the pod to end")
+                finished = {
+                    c["name"]: parse_time(c["state"]["terminated"]["finishedAt"])
+                    for c in ended["status"]["containerStatuses"]
+                }
+                return {
+                    "meanwhile": _status_shape(meanwhile),
+                    "meanwhile exits": _exits(meanwhile),
+                    "ended": _status_shape(ended),
+                    "ended exits": _exits(ended),
+                    "long ended after short by (s)": round(finished["long"] - finished["short"]),
+                }
+
+            found = await both(sides, case)
+            assert found["fake"] == found["real"]
+            fake = found["fake"]
+            assert fake["meanwhile"]["phase"] == "Running"
+            assert fake["meanwhile exits"] == {"short": (0, 2, "Error"), "long": (0, None, None)}
+            assert fake["ended exits"] == {"short": (0, 2, "Error"), "long": (0, 0, "Completed")}
+            assert fake["long ended after short by (s)"] == 5
+
+    asyncio.run(scenario())
+
+
 def _init_exits(pod: Obj) -> dict[str, tuple[Any, ...]]:
     """Each init container's restart count, what it is now and how it last exited."""
     exits = {}

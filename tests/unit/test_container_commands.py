@@ -5,8 +5,17 @@ from __future__ import annotations
 
 import pytest
 
+from testbed.keys import RUN_SECONDS_ANNOTATION
 from testbed.kubeapi import Obj
-from testbed.kubelet.commands import Ending, ending, init_seconds, restart_seconds, restarts, run_seconds
+from testbed.kubelet.commands import (
+    Ending,
+    ending,
+    ending_first,
+    init_seconds,
+    restart_seconds,
+    restarts,
+    run_seconds,
+)
 
 
 def container(*command: str, name: str = "main") -> Obj:
@@ -53,6 +62,18 @@ def test_a_pod_ends_when_its_containers_do_unless_it_restarts_them() -> None:
     assert run_seconds(pod("OnFailure", done, failing)) is None, "OnFailure: the failing one is started again"
     assert run_seconds(pod(None, done)) is None, "Always (the default): started again"
     assert run_seconds(pod("Never", done, container("run-until-deleted", name="server"))) is None
+
+
+def test_in_a_pod_that_ends_each_container_ends_at_its_own_time_the_pod_at_the_last() -> None:
+    short, failing = container("sleep", "1", name="short"), container("sh", "-c", "sleep 3; exit 2", name="check")
+    long = container("sleep", "5", name="long")
+    never = pod("Never", short, failing, long)
+    assert run_seconds(never) == 5.0
+    assert ending_first(never) == {"short": Ending(1.0, 0), "check": Ending(3.0, 2)}, "shown exited, the pod Running"
+    assert ending_first(pod("Never", long, container("sleep", "5", name="twin"))) == {}, "they end together"
+    assert ending_first(pod(None, short, long)) == {}, "Always: restarted instead"
+    annotated = {**never, "metadata": {"annotations": {RUN_SECONDS_ANNOTATION: "2"}}}
+    assert run_seconds(annotated) == 2.0 and ending_first(annotated) == {}, "the annotation times them all"
 
 
 def test_only_a_container_of_a_pod_that_does_not_end_exits_to_be_started_again_or_stay_exited() -> None:

@@ -360,6 +360,11 @@ def test_a_restarted_container_shows_its_count_its_state_and_the_container_befor
     assert (main["restartCount"], main["state"], main["lastState"]) == (1, waiting, exited)
     assert status["phase"] == "Running" and by_type(status)["Ready"]["reason"] == "ContainersNotReady"
     assert podstatus.Restarted.from_status({**pod(), "status": status}) == backing_off
+    completed = {"main": podstatus.Restarted(0, "dra-testbed://u-main", exited, {})}
+    shown = podstatus.running_status(pod(), STARTED, IDS, LATER, restarted=completed)
+    assert podstatus.Restarted.from_status({**pod(), "status": shown}) == completed, "exited for good, read back"
+    running = podstatus.running_status(pod(), STARTED, IDS, LATER)
+    assert podstatus.Restarted.from_status({**pod(), "status": running}) == {}
     # Deleted meanwhile: it stays as it exited; a running one ends as stopped.
     ended = podstatus.ended_status(pod(), STARTED, IDS, podstatus.Ended.stopped(LATER), restarted=backing_off)
     assert ended["containerStatuses"][0]["state"] == exited and ended["containerStatuses"][0]["restartCount"] == 1
