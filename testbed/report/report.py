@@ -91,6 +91,7 @@ def build(data: RunData, leaks: dict[str, int], cluster: dict[str, Any]) -> dict
                 "pods_expected": result.pods_expected,
                 "pods_running": result.pods_running,
                 "pods_succeeded": result.pods_succeeded,
+                "pods_failed": result.pods_failed,
                 "pods_removed": result.pods_removed,
                 "unschedulable": result.unschedulable,
                 "pods_not_started": result.not_started,
@@ -318,15 +319,15 @@ def markdown(report: dict[str, Any]) -> str:
             if report["metrics"].get("fleet_partial")
             else []
         ),
-        "| phase | jobs | pods expected | ran | succeeded | removed | unschedulable | pods/s "
+        "| phase | jobs | pods expected | ran | succeeded | failed | removed | unschedulable | pods/s "
         "| startup p50 | p90 | p99 | SLO p99 |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in report["phases"]:
         lat = p["pod_startup_s"]
         lines.append(
             f"| {p['name']} | {p['jobs']} | {p['pods_expected']} | {p['pods_running']} | {p['pods_succeeded']} | "
-            f"{p.get('pods_removed', 0)} | {p['unschedulable']}"
+            f"{p.get('pods_failed', 0)} | {p.get('pods_removed', 0)} | {p['unschedulable']}"
             + (f" (+{p['pods_not_started']} on a node, never started)" if p.get("pods_not_started") else "")
             + f" | {p['pods_per_s']} | {_fmt(lat['p50'])} | {_fmt(lat['p90'])} | {_fmt(lat['p99'])} | "
             f"{slo_text(p['slo_met'], p)} (<= {p['slo_p99_s']} s) |"
@@ -511,6 +512,7 @@ def phase_line(p: dict[str, Any]) -> str:
     return (
         f"{p['name']}: {p['pods_running']}/{p['pods_expected']} pods ran"
         + (f" ({p['pods_removed']} removed before finishing)" if p.get("pods_removed") else "")
+        + (f", {p['pods_failed']} failed" if p.get("pods_failed") else "")
         + f", {p['unschedulable']} unschedulable, "
         + (f"{p['pods_not_started']} on a node but never started, " if p.get("pods_not_started") else "")
         + f"startup p50 {_fmt(lat['p50'])} p99 {_fmt(lat['p99'])}, {p['pods_per_s']} pods/s, "

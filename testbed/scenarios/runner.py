@@ -55,6 +55,8 @@ class PodRecord:
     node: str = ""
     bound: float | None = None
     """When the scheduler's binding (``spec.nodeName``) was first seen."""
+    failed: bool = False
+    """It finished Failed (its container exited non-zero)."""
 
 
 KUBELET_RETRY_S = 100.0
@@ -63,13 +65,15 @@ at the pod's next sync, 60-90 s later: a phase whose waiting pods are all on nod
 that long before it calls itself stalled."""
 
 
-def stall_window(stall_seconds: float, waiting: list[PodRecord]) -> float:
+def stall_window(stall_seconds: float, waiting: list[PodRecord], retry_back_off_s: float = 0.0) -> float:
     """How long a phase may go without progress: ``stall_seconds``, or a kubelet's retry
     when every pod it waits for is bound (those are not unschedulable: their kubelets
-    have them, and may be waiting for their next sync)."""
+    have them, and may be waiting for their next sync); longer by the Job controller's
+    back-off where failed pods are replaced (none waits meanwhile)."""
+    window = stall_seconds + retry_back_off_s
     if waiting and all(p.bound is not None for p in waiting):
-        return max(stall_seconds, KUBELET_RETRY_S)
-    return stall_seconds
+        return max(window, KUBELET_RETRY_S)
+    return window
 
 
 def never_ran(pods: list[PodRecord]) -> tuple[int, int]:
@@ -88,6 +92,7 @@ class PhaseResult:
     ended: float = 0.0
     pods_running: int = 0
     pods_succeeded: int = 0
+    pods_failed: int = 0
     pods_removed: int = 0
     unschedulable: int = 0
     """Pods that never ran and were never bound to a node."""
@@ -222,7 +227,11 @@ def profiles_with(device_classes: list[str]) -> list[str]:
 
 
 def job_manifest(name: str, phase: Phase, run_id: str) -> Obj:
-    command = ["sleep", f"{phase.run_seconds:g}"] if phase.run_seconds is not None else ["run-until-deleted"]
+    command = ["run-until-deleted"]
+    if phase.run_seconds is not None:
+        command = ["sleep", f"{phase.run_seconds:g}"]
+        if phase.exit_code:
+            command = ["sh", "-c", f"sleep {phase.run_seconds:g}; exit {phase.exit_code}"]
     labels = {RUN_LABEL: run_id, PHASE_LABEL: phase.name}
     return {
         "apiVersion": "batch/v1",
@@ -231,7 +240,7 @@ def job_manifest(name: str, phase: Phase, run_id: str) -> Obj:
         "spec": {
             "completions": phase.completions,
             "parallelism": phase.parallelism,
-            "backoffLimit": 0,
+            "backoffLimit": phase.backoff_limit,
             "template": {"metadata": {"labels": labels}, "spec": pod_spec(phase, command)},
         },
     }
@@ -335,6 +344,7 @@ class Runner:
                 record.node = pod["spec"].get("nodeName", "")
             if status in ("Succeeded", "Failed") and record.finished is None:
                 record.finished = now
+                record.failed = status == "Failed"
                 if record.running is None:
                     record.running = now
             if kind == "DELETED" and record.finished is None:
@@ -469,7 +479,7 @@ class Runner:
     async def _run_phase(self, phase: Phase, held: int, session: aiohttp.ClientSession) -> PhaseResult:
         await self._snapshot(session)
         jobs = self._jobs_for(phase, held)
-        expected = jobs * (phase.completions if phase.wait == "complete" else phase.parallelism)
+        expected = jobs * phase.pods_per_job
         result = PhaseResult(phase.name, jobs, expected, time.monotonic() - self.data.started)
         self.data.phases.append(result)  # recorded now, so an interrupted run still reports it
         self._say(f"phase {phase.name}: {jobs} Jobs at {phase.qps:g}/s")
@@ -493,14 +503,15 @@ class Runner:
         result.ended = time.monotonic() - self.data.started
         mine = [p for p in self.data.pods.values() if p.phase == result.name]
         result.pods_running = sum(1 for p in mine if p.running is not None)
-        result.pods_succeeded = sum(1 for p in mine if p.finished is not None)
+        result.pods_succeeded = sum(1 for p in mine if p.finished is not None and not p.failed)
+        result.pods_failed = sum(1 for p in mine if p.failed)
         result.pods_removed = sum(1 for p in mine if p.removed is not None)
         result.unschedulable, result.not_started = never_ran(mine)
 
     async def _wait(self, phase: Phase, jobs: int, result: PhaseResult) -> None:
         if phase.wait == "none":
             return
-        want = jobs * (phase.parallelism if phase.wait == "running" else phase.completions)
+        want = jobs * phase.pods_per_job
         deadline = time.monotonic() + phase.timeout_seconds
         last_progress, last_count = time.monotonic(), -1
         while True:
@@ -520,7 +531,7 @@ class Runner:
             waiting = [
                 p for p in mine if p.removed is None and (p.running if phase.wait == "running" else p.finished) is None
             ]
-            window = stall_window(phase.stall_seconds, waiting)
+            window = stall_window(phase.stall_seconds, waiting, phase.retry_back_off_s)
             if now - last_progress > window or now > deadline:
                 result.stalled = True
                 self._say(f"phase {phase.name}: no progress for {window:.0f}s at {done}/{want}; moving on")

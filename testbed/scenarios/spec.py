@@ -3,7 +3,8 @@
 A phase creates Jobs at a rate (QPS), each Job's pods using one ResourceClaimTemplate.
 ``devices`` says how many Jobs: a count, or a fraction of the cluster's matching devices
 (``fraction: 0.9``), or ``remaining`` (what earlier phases left free). Pods run for
-``runSeconds`` and succeed, or run until the scenario ends (``runSeconds: null``).
+``runSeconds`` and succeed (or fail, with ``exitCode``), or run until the scenario ends
+(``runSeconds: null``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ from fake_devices.specfiles import SpecFileError, parse_yaml, validate
 from testbed.fleet.spec import DEFAULT_NODES_PER_HOST
 
 SHIPPED_DIR = Path(__file__).parent / "shipped"
+JOB_BACK_OFF_S = 10.0
+"""The Job controller's first wait before it replaces a failed pod; it doubles with each
+failure (capped at six minutes)."""
 
 
 class _Strict(BaseModel):
@@ -40,6 +44,11 @@ class Phase(_Strict):
     completions: int = Field(default=1, ge=1)
     parallelism: int = Field(default=1, ge=1)
     run_seconds: float | None = Field(default=None, alias="runSeconds", ge=0)
+    exit_code: int = Field(default=0, alias="exitCode", ge=0, le=255)
+    """The status each pod's container exits with after ``runSeconds``: non-zero fails the
+    pod, its claim is released, and its Job makes another (up to ``backoffLimit``, after
+    the Job controller's back-off of 10 s, doubling), each with a claim of its own."""
+    backoff_limit: int = Field(default=0, alias="backoffLimit", ge=0, le=6)
     requests: list[ClaimRequest] = Field(
         default_factory=lambda: [ClaimRequest(name="gpu", deviceClass="gpu.dra-testbed.io")],
     )
@@ -66,7 +75,29 @@ class Phase(_Strict):
             raise ValueError(
                 "an extended resource carries no selector or constraint; use requestAs: claim, or drop them"
             )
+        if self.exit_code and self.run_seconds is None:
+            raise ValueError("exitCode needs runSeconds: a pod that runs until the scenario ends never exits")
+        if self.exit_code and self.parallelism != 1:
+            raise ValueError(
+                "a phase whose pods fail (exitCode) runs one pod per Job at a time, so that each Job "
+                "makes backoffLimit + 1 pods; set parallelism: 1"
+            )
         return self
+
+    @property
+    def pods_per_job(self) -> int:
+        """The pods of a Job the phase waits for: those that run at once (wait: running),
+        else every pod it makes: its completions, or for pods that fail each try
+        (backoffLimit + 1)."""
+        if self.wait == "running":
+            return self.parallelism
+        return self.backoff_limit + 1 if self.exit_code else self.completions
+
+    @property
+    def retry_back_off_s(self) -> float:
+        """The Job controller's longest wait before it makes a failed pod's successor (10 s,
+        doubling with each failure): a phase shows no progress meanwhile."""
+        return JOB_BACK_OFF_S * 2 ** (self.backoff_limit - 1) if self.exit_code and self.backoff_limit else 0.0
 
 
 class Fault(_Strict):

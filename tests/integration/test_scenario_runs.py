@@ -150,3 +150,31 @@ def test_a_scenarios_faults_reach_the_fleet_at_their_time_and_the_report(
     assert "no device 'no-such-device'" in faults[3]["error"]
     assert faults[4]["error"] == "no node matches 'elsewhere-*'"
     assert report["phases"][0]["pods_succeeded"] == 1, "the run went on"
+
+
+def test_a_phase_whose_pods_fail_has_its_jobs_try_again_each_pod_with_a_claim_of_its_own(
+    control_plane: ClusterState, fleet: Fleet
+) -> None:
+    """Pods that exit non-zero fail (the kubelet's word), their claims are unprepared and
+    released, and the Job controller makes their successors after its back-off, each
+    with a new claim: the report counts the failures and leaves nothing on the nodes."""
+    scenario = spec.Scenario.model_validate(
+        {
+            "name": "flaky",
+            "phases": [
+                {"name": "fails", "jobs": 2, "qps": 20, "runSeconds": 0.5, "exitCode": 3, "backoffLimit": 1}
+                | {"wait": "complete"}
+            ],
+        }
+    )
+    data = _run(control_plane, fleet, scenario)
+    leaks = runner.nodes_dir_leaks(nodes_dir(control_plane.root), data.namespace, set(data.claims))
+    report = reporting.build(data, leaks, {})
+    [phase] = report["phases"]
+    assert (phase["pods_expected"], phase["pods_running"]) == (4, 4), phase
+    assert (phase["pods_failed"], phase["pods_succeeded"], phase["stalled"]) == (4, 0, False), phase
+    allocated = [uid for uid, (_, at) in data.claims.items() if at is not None]
+    assert len(allocated) == 4 and report["claim_allocation_s"]["count"] == 4, "each try had a claim of its own"
+    assert report["leaks"]["ok"], report["leaks"]
+    assert report["verdict"] == "PASS", report
+    assert "4 failed" in reporting.phase_line(phase)

@@ -5,9 +5,10 @@ from pathlib import Path
 
 import pytest
 
+from testbed.kubelet.commands import Ending, ending
 from testbed.report.metrics import Scrape, fleet_increase, quantile
 from testbed.scenarios import spec
-from testbed.scenarios.runner import count_devices, pod_spec
+from testbed.scenarios.runner import PodRecord, count_devices, job_manifest, pod_spec, stall_window
 
 
 def test_every_shipped_scenario_is_valid() -> None:
@@ -68,6 +69,34 @@ def test_a_phase_may_ask_for_its_devices_as_extended_resources() -> None:
     }
     with pytest.raises(spec.ScenarioError, match=r"phases\[2\]: .*no selector or constraint; use requestAs: claim"):
         spec.load("smoke", {"phases.2.requestAs": "extended-resource"})  # its GPU and NIC share a PCIe root
+
+
+def test_a_phase_whose_pods_fail_makes_each_job_try_backoff_limit_plus_one_pods() -> None:
+    phase = spec.Phase.model_validate(
+        {"name": "flaky", "jobs": 3, "runSeconds": 2, "exitCode": 3, "backoffLimit": 2, "wait": "complete"}
+    )
+    job = job_manifest("flaky-0", phase, "run1")
+    assert job["spec"]["backoffLimit"] == 2
+    [container] = job["spec"]["template"]["spec"]["containers"]
+    assert ending(container) == Ending(2.0, 3), "a kubelet reads the command as the phase means it"
+    assert phase.pods_per_job == 3, "every try fails: the Job makes backoffLimit + 1 pods"
+    assert phase.retry_back_off_s == 20.0, "the Job controller waits 10 s, then 20 s"
+    assert stall_window(30.0, [], phase.retry_back_off_s) == 50.0, "no pod waits during the back-off"
+    passing = spec.Phase.model_validate(
+        {"name": "ok", "jobs": 3, "runSeconds": 2, "completions": 4, "wait": "complete"}
+    )
+    assert ending(job_manifest("ok-0", passing, "run1")["spec"]["template"]["spec"]["containers"][0]) == Ending(2.0, 0)
+    assert passing.pods_per_job == 4 and passing.retry_back_off_s == 0.0
+    assert stall_window(30.0, [PodRecord("ok", 1.0, bound=1.5)]) == 100.0, "bound pods: a kubelet's retry"
+
+
+def test_a_failing_phase_needs_a_run_time_and_one_pod_per_job_at_a_time() -> None:
+    with pytest.raises(spec.ScenarioError, match=r"phases\[1\]: .*exitCode needs runSeconds"):
+        spec.load("cl2-dra", {"phases.1.exitCode": 1, "phases.1.runSeconds": None})
+    with pytest.raises(spec.ScenarioError, match=r"phases\[0\]: .*set parallelism: 1"):
+        spec.load("steady-churn", {"phases.0.exitCode": 1, "phases.0.parallelism": 2})
+    with pytest.raises(spec.ScenarioError, match=r"phases\[0\]\.exitCode: Input should be less than or equal to 255"):
+        spec.load("steady-churn", {"phases.0.exitCode": 256})
 
 
 def test_overrides_reach_nested_fields() -> None:
