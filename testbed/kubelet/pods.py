@@ -759,17 +759,43 @@ class PodManager:
             body["metadata"] = {"annotations": {CONTAINER_ENV_ANNOTATION: json.dumps(env, sort_keys=True)}}
         await self._patch_status(pod, body)
         if changes:
-            self._in_background(self._follow_probes(meta["uid"], changes), f"pod-probes-{meta['uid']}")
+            probed_ids = _container_ids(pod)
+            self._in_background(self._follow_probes(meta["uid"], changes, probed_ids), f"pod-probes-{meta['uid']}")
 
-    async def _follow_probes(self, uid: str, changes: list[tuple[float, str, str | None]]) -> None:
+    def _probe_again(self, uid: str, container: Obj, container_id: str) -> None:
+        """A container started again is probed as a new one (the prober resets its result
+        for a new container ID): unready, or not started, until its probes pass."""
+        waiting, changes = probe_plan({"spec": {"containers": [container]}})
+        probing = self._probing.setdefault(uid, {})
+        probing.pop(container["name"], None)
+        probing.update(waiting)
+        if changes:
+            probed = {container["name"]: container_id}
+            self._in_background(self._follow_probes(uid, changes, probed), f"pod-probes-{container_id}")
+
+    def _readiness_period(self, uid: str, container: Obj) -> float | None:
+        """How often the container's readiness probe runs, if it passed (the container is
+        ready by it); else None."""
+        probe = container.get("readinessProbe")
+        if probe is None or container["name"] in self._probing.get(uid, {}):
+            return None
+        return float(probe.get("periodSeconds") or 10)
+
+    async def _follow_probes(
+        self, uid: str, changes: list[tuple[float, str, str | None]], probed_ids: Mapping[str, str]
+    ) -> None:
         """As the kubelet's prober passes a container's startup and readiness probes (their
-        commands taken to succeed): each change written when it comes, while the pod runs."""
+        commands taken to succeed): each change written when it comes, while the pod runs
+        and the container is the one probed (``probed_ids``: not one started since)."""
         started = time.monotonic()
         for after, name, waits_for in changes:
             await asyncio.sleep(max(0.0, started + after - time.monotonic()))
             probing = self._probing.get(uid)
             if probing is None or uid not in self._running or self._deleting(uid):
                 return
+            again = self._restarted.get(uid, {}).get(name)
+            if again is not None and again.container_id != probed_ids[name]:
+                continue  # it exited since; the one started after it has probes of its own
             if waits_for is None:
                 probing.pop(name, None)
             else:
@@ -849,7 +875,7 @@ class PodManager:
                 delay, back_off[name] = restart_delay(back_off.get(name), exited_at)
                 if delay:  # shown exited (started again at once, it never shows so)
                     await self._write_running(uid)
-                blocked, restart_at = back_off_syncs(delay)
+                blocked, restart_at = back_off_syncs(delay, self._readiness_period(uid, container))
                 backed_off[name] = _BackingOff(delay, [exited_at + at for at in blocked], exited_at + restart_at)
                 due[name] = backed_off[name].next_sync()
                 continue
@@ -869,10 +895,12 @@ class PodManager:
                 due[name] = plan.next_sync()
                 continue
             count = again.count + 1
-            self._tell_started(pod, next(c for c in pod["spec"]["containers"] if c["name"] == name))
+            container = next(c for c in pod["spec"]["containers"] if c["name"] == name)
+            self._tell_started(pod, container)
             running = {"running": {"startedAt": now_rfc3339()}}
             before = again.last if "waiting" in again.state else again.state
             restarted[name] = podstatus.Restarted(count, f"{ids[name]}-{count}", running, before)
+            self._probe_again(uid, container, restarted[name].container_id)
             await self._write_running(uid)
             due[name] = time.monotonic() + periods[name]
 
@@ -1334,12 +1362,17 @@ def restart_delay(back_off: tuple[float, float] | None, exited: float) -> tuple[
     return back_off[0], (min(back_off[0] * 2, CRASH_LOOP_MAX_S), exited)
 
 
-def back_off_syncs(delay: float) -> tuple[list[float], float]:
+def back_off_syncs(delay: float, probed_every: float | None = None) -> tuple[list[float], float]:
     """When, in seconds after a container exited into a back-off of ``delay``, the pod
     worker syncs the pod and finds it still backing off (each sync a BackOff Event), and
     when the sync that starts it again comes: the first at the next relist, each after a
-    failed one 10-15 s later (the kubelet's backOffPeriod, jittered)."""
+    failed one 10-15 s later (the kubelet's backOffPeriod, jittered). ``probed_every``:
+    the container was ready by a readiness probe run that often, whose next run after the
+    relist finds it exited, turns it unready and so syncs the pod once more."""
     blocked, at = [], until_next_relist()
+    if probed_every is not None and delay:
+        blocked.append(at)
+        at += probed_every * random.random()
     while at < delay:
         blocked.append(at)
         at += jittered(SYNC_ERROR_BACKOFF_S)

@@ -1210,6 +1210,52 @@ def test_probes_hold_containers_unready_until_they_pass_alike_on_real_and_fake_k
                 assert 3 <= seen["after"] <= 12, f"{kind}: Ready {seen['after']} s after its containers started"
 
 
+def test_a_restarted_container_is_probed_again_and_unready_meanwhile_alike(
+    control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
+) -> None:
+    """A container started again is probed as a new one: unready until its readiness
+    probe passes after its initial delay. One that was ready when it exited into a
+    back-off turns unready at its probe's next run, which syncs the pod once more:
+    CrashLoopBackOff shows within a period of the exit even in a 10 s back-off. Polled
+    every 0.1 s on both nodes; the fake kubelet made a restarted container ready at once
+    and showed no CrashLoopBackOff in a 10 s back-off."""
+
+    async def scenario() -> None:
+        async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
+
+            async def case(side: Side) -> list[tuple[Any, ...]]:
+                probe = {"exec": {"command": ["true"]}, "initialDelaySeconds": 2, "periodSeconds": 1}
+                main = {"name": "main", "image": "registry.invalid/work", "command": ["sh", "-c", "sleep 5"]}
+                await side.create_pod("probed", containers=[{**main, "readinessProbe": probe}])
+                seen: list[tuple[Any, ...]] = []
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline and seen[-1:] != [(2, "running", None, True)]:
+                    pod = await side.read_pod("probed")
+                    for status in pod["status"].get("containerStatuses", []):
+                        [(state, detail)] = status["state"].items()
+                        shown = (status["restartCount"], state, detail.get("reason"), status["ready"])
+                        # Left out: states shown too briefly for a poll to see each time (the
+                        # exit before CrashLoopBackOff, the real node's ContainerCreating).
+                        if state == "running" or detail.get("reason") == "CrashLoopBackOff":
+                            seen += [shown] if seen[-1:] != [shown] else []
+                    await asyncio.sleep(0.1)
+                return seen
+
+            found = await both(sides, case)
+            assert found["fake"] == found["real"]
+            assert found["fake"] == [
+                (0, "running", None, False),
+                (0, "running", None, True),
+                (1, "running", None, False),
+                (1, "running", None, True),
+                (1, "waiting", "CrashLoopBackOff", False),
+                (2, "running", None, False),
+                (2, "running", None, True),
+            ]
+
+    asyncio.run(scenario())
+
+
 def _main_shape(shape: dict[str, Any]) -> dict[str, Any]:
     return next(c for c in shape["containers"] if c["name"] == "main")
 

@@ -349,6 +349,10 @@ def test_a_back_off_is_over_at_the_first_pod_sync_after_it_each_sync_before_bloc
         assert len(blocked) == 1 and blocked[0] < 1 and 10 <= restart < 16
         blocked, restart = back_off_syncs(20.0)
         assert len(blocked) == 2 and 10 <= blocked[1] < 16 and 20 <= restart < 31
+        # Ready by a readiness probe: its next run (every 2 s) finds it exited and syncs once more.
+        blocked, restart = back_off_syncs(10.0, probed_every=2.0)
+        assert len(blocked) == 2 and blocked[0] <= blocked[1] < blocked[0] + 2 and 10 <= restart < 18
+        assert back_off_syncs(0.0, probed_every=2.0)[0] == [], "started again at once: nothing to block"
 
 
 def test_a_restarted_container_shows_its_count_its_state_and_the_container_before() -> None:
