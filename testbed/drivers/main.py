@@ -17,9 +17,10 @@ Configured from the environment, as a DaemonSet passes it:
     KUBECONFIG         a kubeconfig; without it, the pod's service account
     CALL_LOG           append every DRA call a kubelet makes to this file (JSON lines)
     FAULTS_FILE        a JSON file the driver follows: {"unhealthy": {"gpu-0": "XID 79"},
-                       "busy": {"gpu-1": "held by pid 4242"}}: the unhealthy devices
-                       with that message, the rest healthy; a busy device's claim cannot
-                       be unprepared (the call fails with the message) until freed
+                       "busy": {"gpu-1": "held by pid 4242"}, "latencyMs": 3000}: the
+                       unhealthy devices with that message, the rest healthy; a busy
+                       device's claim cannot be unprepared (the call fails with the
+                       message) until freed; every prepare and unprepare that much slower
     DEVICES_PER_SLICE  at most this many devices per ResourceSlice (0: the API's limits)    0
 
 SIGTERM or SIGINT stops it cleanly: it removes its own sockets and leaves the slices
@@ -140,9 +141,11 @@ FAULTS_POLL_S = 0.5
 async def follow_faults(path: Path, hardware: NodeHardware) -> None:
     """Apply the faults file whenever it changes; a malformed one is logged and skipped.
     ``unhealthy``: devices reported Unhealthy; ``busy``: devices whose claims cannot be
-    released (unprepare fails with the message) until taken out of the file."""
+    released (unprepare fails with the message) until taken out of the file;
+    ``latencyMs``: added to every prepare and unprepare (a slow driver)."""
     seen: float | None = None
     applied: dict[str, dict[str, str]] = {"unhealthy": {}, "busy": {}}
+    latency_ms = 0.0
     while True:
         try:
             stamp = path.stat().st_mtime if path.exists() else None
@@ -150,6 +153,9 @@ async def follow_faults(path: Path, hardware: NodeHardware) -> None:
                 seen = stamp
                 document = json.loads(path.read_text()) if stamp is not None else {}
                 wanted = {kind: {d: str(m) for d, m in document.get(kind, {}).items()} for kind in applied}
+                slower = float(document.get("latencyMs", 0))
+                if not slower >= 0:  # NaN too
+                    raise ValueError(f"latencyMs must be a number of milliseconds >= 0, not {slower}")
                 for device in set(applied["unhealthy"]) - set(wanted["unhealthy"]):
                     hardware.set_health(device, Health.HEALTHY)
                 for device, message in wanted["unhealthy"].items():
@@ -159,13 +165,21 @@ async def follow_faults(path: Path, hardware: NodeHardware) -> None:
                     hardware.set_busy(device, None)
                 for device, message in wanted["busy"].items():
                     hardware.set_busy(device, message)
-                if wanted != applied:
+                hardware.inject(latency_s=slower / 1000)
+                if wanted != applied or slower != latency_ms:
                     listed = {kind: sorted(devices) for kind, devices in wanted.items()}
-                    log.info("faults file %s applied: unhealthy %s, busy %s", path, listed["unhealthy"], listed["busy"])
-                applied = wanted
-        except (OSError, ValueError, AttributeError, KeyError) as exc:
+                    log.info(
+                        "faults file %s applied: unhealthy %s, busy %s, latency %g ms",
+                        path,
+                        listed["unhealthy"],
+                        listed["busy"],
+                        slower,
+                    )
+                applied, latency_ms = wanted, slower
+        except (OSError, ValueError, TypeError, AttributeError, KeyError) as exc:
             log.warning(
-                'faults file %s: %s; fix it (want {"unhealthy": {DEVICE: MESSAGE}, "busy": {DEVICE: MESSAGE}})',
+                'faults file %s: %s; fix it (want {"unhealthy": {DEVICE: MESSAGE}, "busy": {DEVICE: MESSAGE}, '
+                '"latencyMs": N})',
                 path,
                 exc,
             )

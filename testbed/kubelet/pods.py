@@ -26,7 +26,8 @@ As kubelet v1.37 does:
   deleted meanwhile is refused instead of landing on a namesake created since; the status
   itself is the kubelet's (podstatus.py): its conditions at the pod's generation, Ready
   following the readiness gates, Pending with its containers ContainerCreating while a
-  prepare fails, and a terminal status before a deleted pod is removed;
+  prepare fails or is slow (``CREATING_SHOWN_AFTER_S``), and a terminal status before a
+  deleted pod is removed;
 - a failed prepare is recorded as an event and made again at the pod's next sync (60 s,
   jittered to 60-90 s), or at once when the pod changes beyond its status; a container
   the runtime could not create is tried again at the next PLEG relist (which sees the
@@ -67,7 +68,7 @@ import time
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from testbed.http11 import TransportError
 from testbed.keys import CONTAINER_ENV_ANNOTATION
@@ -84,6 +85,7 @@ from testbed.kubeletplugin import cdi
 from testbed.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 STATUS_SYNC_S = 60.0
 """The kubelet's syncFrequency: each running pod's status is recomputed this often, which
@@ -102,6 +104,11 @@ JITTER = 0.5
 """The kubelet's pod workers requeue after ``d`` plus up to half of ``d`` more."""
 RECONCILE_S = 60.0
 """How often claims of pods that are gone are looked for, as the kubelet's DRA manager does."""
+CREATING_SHOWN_AFTER_S = 1.0
+"""A start (the claims' prepare) that takes longer shows the pod Pending with its
+containers ContainerCreating, as the kubelet's status at the start of its sync does; a
+quicker one goes straight to Running (the kubelet's ContainerCreating then lasts a
+fraction of a second), saving one status write per pod."""
 PREPARE_FAILED = "FailedPrepareDynamicResources"
 PREPARE_FAILED_MESSAGE = "Failed to prepare dynamic resources: prepare dynamic resources"
 """The event's words and the kubelet's own wrapping of every PrepareResources error."""
@@ -385,7 +392,7 @@ class PodManager:
                     inits = podstatus.InitRun.from_status(pod) or podstatus.InitRun.complete(pod, now_rfc3339())
                     self._restarted[uid] = podstatus.Restarted.from_status(pod)
                 else:
-                    env = await self._prepare(pod)
+                    env = await self._creating_while(pod, self._prepare(pod))
                     ran = await self._initialize(pod)
                     if ran is None:
                         return False  # deleted while its init containers ran
@@ -414,6 +421,26 @@ class PodManager:
                     next_sync = jittered(SYNC_ERROR_BACKOFF_S)
             await self._pause(uid, next_sync, seen)
         return False
+
+    async def _creating_while(self, pod: Obj, start: Coroutine[Any, Any, T]) -> T:
+        """``start``'s result; once it took ``CREATING_SHOWN_AFTER_S``, the pod is shown
+        ContainerCreating meanwhile (a slow driver's prepare), a write that always lands
+        before the next one, as it is awaited first."""
+        task = asyncio.ensure_future(start)
+        try:
+            done, _ = await asyncio.wait({task}, timeout=CREATING_SHOWN_AFTER_S)
+            if not done:
+                await self._set_waiting(pod)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        except BaseException:
+            # The pod is gone: let the start end, so that what it prepared is recorded
+            # and released with the pod.
+            with contextlib.suppress(Exception):
+                await task
+            raise
+        return await task
 
     async def _pod_claims(self, pod: Obj, link_wait: LinkWait | None = None) -> list[Obj]:
         """The pod's ResourceClaims, each allocated and reserved for it (and, made from a

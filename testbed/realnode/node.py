@@ -164,10 +164,17 @@ class ProcessNode:
     def faults_file(self) -> Path:
         return self.root / "faults.json"
 
-    def set_faults(self, unhealthy: Mapping[str, str] | None = None, busy: Mapping[str, str] | None = None) -> None:
-        """These devices unhealthy, and these busy (device -> message); all others fine."""
+    def set_faults(
+        self,
+        unhealthy: Mapping[str, str] | None = None,
+        busy: Mapping[str, str] | None = None,
+        latency_ms: float = 0.0,
+    ) -> None:
+        """These devices unhealthy, and these busy (device -> message); all others fine;
+        every prepare and unprepare ``latency_ms`` slower."""
+        document = {"unhealthy": dict(unhealthy or {}), "busy": dict(busy or {}), "latencyMs": latency_ms}
         temporary = self.faults_file.with_suffix(".tmp")
-        temporary.write_text(json.dumps({"unhealthy": dict(unhealthy or {}), "busy": dict(busy or {})}))
+        temporary.write_text(json.dumps(document))
         temporary.replace(self.faults_file)
 
     def log(self, process: str) -> Path:

@@ -1256,6 +1256,43 @@ def test_a_restarted_container_is_probed_again_and_unready_meanwhile_alike(
     asyncio.run(scenario())
 
 
+def test_a_pod_whose_driver_is_slow_to_prepare_shows_container_creating_alike(
+    control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
+) -> None:
+    """While a slow driver prepares a pod's claim (3 s here), the real kubelet shows the
+    pod Pending with its containers ContainerCreating, as `kubectl get pods` prints it; a
+    fake node showed a bare Pending (the scheduler's status) until Running."""
+
+    async def scenario() -> None:
+        async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
+
+            async def case(side: Side) -> dict[str, Any]:
+                side.node.set_faults(latency_ms=3000)
+
+                async def applied() -> bool:
+                    return "latency 3000 ms" in side.node.log_tail("driver")
+
+                await until(applied, 30, f"{side.kind}: the driver to apply the faults file")
+                await side.template("gpu", [request("gpu", GPU)])
+                await side.pod("slow", {"resourceClaimTemplateName": "gpu"})
+
+                async def creating() -> Obj | None:
+                    pod = await side.read_pod("slow")
+                    waiting = [c["state"].get("waiting", {}) for c in pod["status"].get("containerStatuses", [])]
+                    return pod if waiting and waiting[0].get("reason") == "ContainerCreating" else None
+
+                shown = await until(creating, 60, f"{side.kind}: slow shown ContainerCreating")
+                running = await side.running("slow")
+                side.node.set_faults()
+                return {"creating": _status_shape(shown), "then": _status_shape(running)["phase"]}
+
+            found = await both(sides, case)
+            assert found["fake"] == found["real"]
+            assert found["fake"]["creating"]["phase"] == "Pending" and found["fake"]["then"] == "Running"
+
+    asyncio.run(scenario())
+
+
 def _main_shape(shape: dict[str, Any]) -> dict[str, Any]:
     return next(c for c in shape["containers"] if c["name"] == "main")
 

@@ -1,0 +1,52 @@
+"""The standalone driver's faults file (FAULTS_FILE): what a developer writes there reaches
+the emulated hardware while the driver runs, and a bad file changes nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from fake_devices.hardware import NodeHardware
+from testbed.drivers import load_profile
+from testbed.drivers.main import follow_faults
+
+
+async def _until(condition: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s} s: {what}")
+        await asyncio.sleep(0.05)
+
+
+def _write(path: Path, document: object) -> None:
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps(document))
+    temporary.replace(path)
+
+
+def test_a_latency_reaches_the_hardware_while_the_driver_runs_and_a_bad_one_changes_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    hardware = NodeHardware("n", load_profile("tiny"))
+    faults = tmp_path / "faults.json"
+
+    async def scenario() -> None:
+        following = asyncio.create_task(follow_faults(faults, hardware))
+        try:
+            _write(faults, {"busy": {"gpu-0": "held by pid 4242"}, "latencyMs": 250})
+            await _until(lambda: hardware.faults.latency_s == 0.25, "the latency applied")
+            _write(faults, {"latencyMs": -1})
+            await _until(lambda: "latencyMs must be a number" in caplog.text, "the bad file named")
+            assert hardware.faults.latency_s == 0.25, "a bad file changes nothing"
+            _write(faults, {})
+            await _until(lambda: hardware.faults.latency_s == 0, "the latency taken off")
+        finally:
+            following.cancel()
+
+    asyncio.run(scenario())
