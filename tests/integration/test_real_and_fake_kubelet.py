@@ -989,8 +989,13 @@ def test_a_container_that_exits_non_zero_fails_its_pod_or_is_started_again_alike
                     resourceClaims=[{"name": "c", "resourceClaimTemplateName": "gpu"}],
                     containers=[{**failing, "resources": {"claims": [{"name": "c"}]}}, helper],
                 )
-                retried = {**failing, "command": ["sh", "-c", "sleep 2; exit 1"]}
-                await side.create_pod("retries", restartPolicy="OnFailure", containers=[retried, helper])
+                # An image of its own: which pod pulls a shared one first is a race, and so
+                # are the pull Events compared below.
+                other = "registry.invalid/retrying:v1"
+                retried = {**failing, "image": other, "command": ["sh", "-c", "sleep 2; exit 1"]}
+                await side.create_pod(
+                    "retries", restartPolicy="OnFailure", containers=[retried, {**helper, "image": other}]
+                )
                 failed = await until(lambda: side._phase("fails", "Failed"), 60, f"{side.kind}: fails to fail")
 
                 async def retried_and_exited() -> Obj | None:
@@ -1122,7 +1127,11 @@ def test_an_init_container_that_exits_non_zero_fails_its_pod_or_is_started_again
                     initContainers=[{**check, **claimed}, then],
                     containers=[{**main, **claimed}],
                 )
-                await side.create_pod("init-retries", initContainers=[check, then], containers=[main])
+                # An image of its own, as which pod pulls a shared one first is a race.
+                own = {"image": "registry.invalid/retrying:v1"}
+                await side.create_pod(
+                    "init-retries", initContainers=[{**check, **own}, {**then, **own}], containers=[{**main, **own}]
+                )
                 failed = await until(lambda: side._phase("init-fails", "Failed"), 60, f"{side.kind}: init-fails")
 
                 async def exited_again() -> Obj | None:
