@@ -212,6 +212,8 @@ class PodManager:
         """Pods shown Pending (podstatus.py), with the container the runtime refused."""
         self._inits: dict[str, podstatus.InitRun] = {}
         """Pods whose init containers ran or run: how far they got."""
+        self._initializing: set[str] = set()
+        """Pods whose init containers run now (``_initialize``)."""
         self._restarted: dict[str, dict[str, podstatus.Restarted]] = {}
         """By pod UID and container name: containers that exited and are started again."""
         self._probing: dict[str, dict[str, str]] = {}
@@ -664,20 +666,55 @@ class PodManager:
         until the pod is deleted (``_retry_init``). None if the pod is deleted meanwhile."""
         uid = pod["metadata"]["uid"]
         run = podstatus.InitRun()
-        for container in pod["spec"].get("initContainers") or []:
-            self._tell_started(pod, container)
-            run = self._inits[uid] = run.then(now_rfc3339())
-            if podstatus.is_sidecar(container):
-                continue
-            seconds = commands.init_seconds(container)
-            if seconds != 0:
-                await self._write_initializing(uid)
-                if not await self._runs_for(uid, seconds):
-                    return None
-            if code := commands.exit_code(container):
-                return await self._retry_init(uid, container, code)
-            run = self._inits[uid] = run.ended(now_rfc3339())
-        return run
+        self._initializing.add(uid)
+        try:
+            for container in pod["spec"].get("initContainers") or []:
+                self._tell_started(pod, container)
+                run = self._inits[uid] = run.then(now_rfc3339())
+                if podstatus.is_sidecar(container):
+                    if not await self._start_sidecar(uid, container):
+                        return None
+                    continue
+                seconds = commands.init_seconds(container)
+                if seconds != 0:
+                    await self._write_initializing(uid)
+                    if not await self._runs_for(uid, seconds):
+                        return None
+                if code := commands.exit_code(container):
+                    return await self._retry_init(uid, container, code)
+                run = self._inits[uid] = run.ended(now_rfc3339())
+            return run
+        finally:
+            self._initializing.discard(uid)
+
+    async def _start_sidecar(self, uid: str, container: Obj) -> bool:
+        """A sidecar is probed from its start, as the pod's containers are from theirs;
+        the kubelet starts the next container once its startup probe passed (shown
+        running, not started, meanwhile; then started, the next one shown from the
+        relist after). False if the pod is deleted first."""
+        name, began = container["name"], time.monotonic()
+        waiting, changes = probe_plan({"spec": {"containers": [container]}})
+        probing = self._probing.setdefault(uid, {})
+        probing.pop(name, None)
+        probing.update(waiting)
+        if waiting.get(name) == "starting":
+            await self._write_initializing(uid)
+            (started_after, _, then), *changes = changes  # its startup probe's pass comes first
+            if not await self._runs_for(uid, started_after):
+                return False
+            if then is None:
+                probing.pop(name, None)
+            else:
+                probing[name] = then
+            # The probe's result syncs the pod: shown started, and the next container,
+            # started by that sync, shown running from the relist after.
+            await self._write_initializing(uid)
+            if not await self._runs_for(uid, until_next_relist()):
+                return False
+        if changes:
+            probed = {name: _container_ids(self._pod(uid))[name]}
+            self._in_background(self._follow_probes(uid, changes, probed, began), f"pod-probes-{probed[name]}")
+        return True
 
     async def _fail_initializing(self, uid: str) -> None:
         """The pod failed for its init container (restartPolicy Never): as for a pod whose
@@ -694,7 +731,13 @@ class PodManager:
         latest = self._pod(uid)
         addresses = self._addresses_of(latest)
         status = podstatus.initializing_status(
-            latest, _start_time(latest), _container_ids(latest), self._inits[uid], addresses, now_rfc3339()
+            latest,
+            _start_time(latest),
+            _container_ids(latest),
+            self._inits[uid],
+            addresses,
+            now_rfc3339(),
+            self._probing.get(uid),
         )
         self._add_device_health(latest, status["containerStatuses"])  # its claims are prepared
         await self._patch_status(latest, {"status": status})
@@ -773,7 +816,7 @@ class PodManager:
             for container in pod["spec"].get("containers", []):
                 self._tell_started(pod, container)
         probing, changes = probe_plan(pod) if probed else ({}, [])
-        self._probing[meta["uid"]] = probing
+        probing = self._probing[meta["uid"]] = {**self._probing.get(meta["uid"], {}), **probing}  # sidecars' kept
         status = podstatus.running_status(pod, stamp, _container_ids(pod), now_rfc3339(), inits, probing=probing)
         self._add_device_health(pod, status["containerStatuses"])
         status.update(startTime=_start_time(pod, stamp), **addresses)
@@ -809,16 +852,23 @@ class PodManager:
         return float(probe.get("periodSeconds") or 10)
 
     async def _follow_probes(
-        self, uid: str, changes: list[tuple[float, str, str | None]], probed_ids: Mapping[str, str]
+        self,
+        uid: str,
+        changes: list[tuple[float, str, str | None]],
+        probed_ids: Mapping[str, str],
+        started: float | None = None,
     ) -> None:
         """As the kubelet's prober passes a container's startup and readiness probes (their
-        commands taken to succeed): each change written when it comes, while the pod runs
-        and the container is the one probed (``probed_ids``: not one started since)."""
-        started = time.monotonic()
+        commands taken to succeed): each change written when it comes (``changes``' times
+        count from ``started``, monotonic, else now), while the pod runs or initializes
+        (a sidecar's) and the container is the one probed (``probed_ids``: not one
+        started since)."""
+        started = time.monotonic() if started is None else started
         for after, name, waits_for in changes:
             await asyncio.sleep(max(0.0, started + after - time.monotonic()))
             probing = self._probing.get(uid)
-            if probing is None or uid not in self._running or self._deleting(uid):
+            running = uid in self._running
+            if probing is None or not (running or uid in self._initializing) or self._deleting(uid):
                 return
             again = self._restarted.get(uid, {}).get(name)
             if again is not None and again.container_id != probed_ids[name]:
@@ -827,7 +877,7 @@ class PodManager:
                 probing.pop(name, None)
             else:
                 probing[name] = waits_for
-            await self._write_running(uid)
+            await (self._write_running(uid) if running else self._write_initializing(uid))
 
     async def _set_waiting(self, pod: Obj, refused: tuple[str, str] | None = None) -> None:
         """Pending with its containers ContainerCreating, as the kubelet shows a pod whose

@@ -183,7 +183,7 @@ def running_status(
         **_status(
             pod,
             "Running",
-            _init_statuses(pod, container_ids, inits),
+            _init_statuses(pod, container_ids, inits, probing=probing),
             running_containers(pod, started, container_ids, restarted, probing),
             "ready",
             now,
@@ -223,14 +223,22 @@ def _as_restarted(
 
 
 def initializing_status(
-    pod: Obj, started: str, container_ids: Mapping[str, str], inits: InitRun, addresses: Obj, now: str
+    pod: Obj,
+    started: str,
+    container_ids: Mapping[str, str],
+    inits: InitRun,
+    addresses: Obj,
+    now: str,
+    probing: Mapping[str, str] | None = None,
 ) -> Obj:
     """Pending while init containers run: those done terminated, the one running now
-    (the last of ``inits``), the rest and the pod's containers waiting (PodInitializing)."""
+    (the last of ``inits``), the rest and the pod's containers waiting (PodInitializing);
+    sidecars ``probing`` not ready (or not started) yet."""
     waiting = {"waiting": {"reason": POD_INITIALIZING}}
     mains = _by_name(_unstarted_status(c, waiting) for c in pod["spec"].get("containers", []))
+    init_statuses = _init_statuses(pod, container_ids, inits, probing=probing)
     return {
-        **_status(pod, "Pending", _init_statuses(pod, container_ids, inits), mains, "ready", now),
+        **_status(pod, "Pending", init_statuses, mains, "ready", now),
         "startTime": started,
         **addresses,
     }
@@ -336,10 +344,15 @@ def _waiting_statuses(pod: Obj, failed: CreateFailed | None) -> tuple[list[Obj],
 
 
 def _init_statuses(
-    pod: Obj, container_ids: Mapping[str, str], inits: InitRun, stopped: Ended | None = None
+    pod: Obj,
+    container_ids: Mapping[str, str],
+    inits: InitRun,
+    stopped: Ended | None = None,
+    probing: Mapping[str, str] | None = None,
 ) -> list[Obj]:
     """In spec order, as the kubelet lists them: those that ran as ``inits`` says (with
-    ``stopped``, those still running were stopped so), the rest waiting."""
+    ``stopped``, those still running were stopped so), the rest waiting; running
+    sidecars ``probing`` not ready, or not started (``running_containers``)."""
     statuses = []
     for index, container in enumerate(pod["spec"].get("initContainers") or []):
         if index >= len(inits.spans):
@@ -362,7 +375,11 @@ def _init_statuses(
             state = {"running": {"startedAt": started}}
         done = "terminated" in state and state["terminated"]["exitCode"] == 0
         ready = "running" in state if is_sidecar(container) else done
-        statuses.append(container_status(container, container_id, state, ready))
+        status = container_status(container, container_id, state, ready)
+        waits_for = (probing or {}).get(container["name"]) if "running" in state and is_sidecar(container) else None
+        if waits_for is not None:
+            status.update(ready=False, started=waits_for != "starting")
+        statuses.append(status)
     return statuses
 
 

@@ -1302,6 +1302,66 @@ def test_a_pod_whose_driver_is_slow_to_prepare_shows_container_creating_alike(
     asyncio.run(scenario())
 
 
+def test_a_sidecars_probes_hold_the_pods_start_and_readiness_alike(
+    control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
+) -> None:
+    """A sidecar's startup probe holds back the pod's containers until it passes (the
+    sidecar running, not started, the pod Pending meanwhile), and its readiness probe
+    holds the pod unready until that passes. Polled every 0.1 s on both nodes; the fake
+    kubelet ran no sidecar probe (started and ready at once)."""
+
+    def probe(**timing: int) -> Obj:
+        return {"exec": {"command": ["true"]}, **timing}
+
+    async def scenario() -> None:
+        async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
+
+            async def case(side: Side) -> list[tuple[Any, ...]]:
+                image = "registry.invalid/work:v1"
+                proxy = {
+                    "name": "proxy",
+                    "image": image,
+                    "command": ["sleep", "3600"],
+                    "restartPolicy": "Always",
+                    "startupProbe": probe(initialDelaySeconds=2, periodSeconds=1),
+                    "readinessProbe": probe(initialDelaySeconds=4, periodSeconds=1),
+                }
+                main = {"name": "main", "image": image, "command": ["sleep", "3600"]}
+                await side.create_pod("meshed", initContainers=[proxy], containers=[main])
+                seen: list[tuple[Any, ...]] = []
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline and not (seen and seen[-1][-1] == "True"):
+                    status = (await side.read_pod("meshed"))["status"]
+                    [sidecar] = status.get("initContainerStatuses") or [{}]
+                    [own] = status.get("containerStatuses") or [{}]
+                    ready = {c["type"]: c["status"] for c in status.get("conditions", [])}.get("Ready")
+                    shown = (
+                        status.get("phase"),
+                        next(iter(sidecar.get("state") or {"none": 0})),
+                        sidecar.get("started"),
+                        sidecar.get("ready"),
+                        next(iter(own.get("state") or {"none": 0})),
+                        ready,
+                    )
+                    # Left out: the sidecar shown started before the pod's container runs,
+                    # which the real kubelet writes or not (the sync that starts the
+                    # container may write first).
+                    between = shown[0] == "Pending" and shown[2]
+                    seen += [shown] if seen[-1:] != [shown] and shown[1] == "running" and not between else []
+                    await asyncio.sleep(0.1)
+                return seen
+
+            found = await both(sides, case)
+            assert found["fake"] == found["real"]
+            assert found["fake"] == [
+                ("Pending", "running", False, False, "waiting", "False"),
+                ("Running", "running", True, False, "running", "False"),
+                ("Running", "running", True, True, "running", "True"),
+            ]
+
+    asyncio.run(scenario())
+
+
 def _main_shape(shape: dict[str, Any]) -> dict[str, Any]:
     return next(c for c in shape["containers"] if c["name"] == "main")
 

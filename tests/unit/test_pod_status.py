@@ -230,6 +230,18 @@ def test_init_containers_done_show_completed_and_a_sidecar_runs_beside_the_pods_
     assert done["initContainerStatuses"][1]["state"]["terminated"]["exitCode"] == podstatus.STOPPED_EXIT_CODE
 
 
+def test_a_sidecar_whose_probes_have_not_passed_is_not_started_or_not_ready_and_holds_the_pod_unready() -> None:
+    spec = with_inits(CHECK, PROXY)
+    run = podstatus.InitRun().then(STARTED).ended(NOW).then(NOW)
+    starting = podstatus.initializing_status(spec, STARTED, ALL_IDS, run, ADDRESSES, NOW, {"proxy": "starting"})
+    proxy = starting["initContainerStatuses"][1]
+    assert "running" in proxy["state"] and (proxy["started"], proxy["ready"]) == (False, False)
+    unready = podstatus.running_status(spec, NOW, ALL_IDS, NOW, run, probing={"proxy": "unready"})
+    proxy = unready["initContainerStatuses"][1]
+    assert (proxy["started"], proxy["ready"]) == (True, False)
+    assert by_type(unready)["ContainersReady"]["message"] == "containers with unready status: [proxy]"
+
+
 def test_a_pod_deleted_before_it_initialized_fails_with_its_containers_never_started() -> None:
     spec = with_inits(CHECK, {**CHECK, "name": "quick"})
     stopped = podstatus.stopped_initializing_status(spec, ALL_IDS, podstatus.InitRun().then(NOW), LATER)
