@@ -368,19 +368,13 @@ class PodManager:
         for name, ends in sorted(commands.ending_first(pod).items(), key=lambda item: item[1].seconds):
             if name in restarted:  # it had ended before this kubelet restarted
                 continue
-            if not await self._until(uid, begin + ends.seconds):
+            if not await self._runs_for(uid, begin + ends.seconds - time.monotonic()):
                 return False
             ended = podstatus.Ended.exit_status(ends.exit_code, now_rfc3339())
             exited = podstatus.terminated_state(ids[name], self._running[uid], ended)
             restarted[name] = podstatus.Restarted(0, ids[name], exited, {})
             await self._write_running(uid)
-        return await self._until(uid, begin + seconds)
-
-    async def _until(self, uid: str, deadline: float) -> bool:
-        """Wait until then (monotonic); False if the pod is being deleted first."""
-        while not self._deleting(uid) and (left := deadline - time.monotonic()) > 0:
-            await self._pause(uid, left)
-        return not self._deleting(uid)
+        return await self._runs_for(uid, begin + seconds - time.monotonic())
 
     async def _start(self, uid: str) -> bool:
         """As the kubelet's pod worker: a failed attempt is made again at the next sync
