@@ -98,7 +98,7 @@ def run_seconds(pod: Obj) -> float | None:
 def ending_first(pod: Obj) -> dict[str, Ending]:
     """The containers of a pod that ends (``run_seconds``) that end before it does, each
     after its own command's time, as a runtime ends each: the pod runs on, showing them
-    exited, until its last one ends. None when the run-seconds annotation gives the pod's
+    exited, until its last one ends. Empty when the run-seconds annotation gives the pod's
     time (every container ends then)."""
     seconds = run_seconds(pod)
     if seconds is None or RUN_SECONDS_ANNOTATION in pod["metadata"].get("annotations", {}):
