@@ -687,11 +687,9 @@ class PodManager:
         running, not started, meanwhile; then started, the next one shown from the
         relist after). False if the pod is deleted first."""
         name, began = container["name"], time.monotonic()
-        waiting, changes = probe_plan({"spec": {"containers": [container]}})
-        probing = self._probing.setdefault(uid, {})
-        probing.pop(name, None)
-        probing.update(waiting)
-        if waiting.get(name) == "starting":
+        changes = self._probed_from_start(uid, container)
+        probing = self._probing[uid]
+        if probing.get(name) == "starting":
             await self._write_initializing(uid)
             (started_after, _, then), *changes = changes  # its startup probe's pass comes first
             if not await self._runs_for(uid, started_after):
@@ -829,13 +827,19 @@ class PodManager:
     def _probe_again(self, uid: str, container: Obj, container_id: str) -> None:
         """A container started again is probed as a new one (the prober resets its result
         for a new container ID): unready, or not started, until its probes pass."""
+        changes = self._probed_from_start(uid, container)
+        if changes:
+            probed = {container["name"]: container_id}
+            self._in_background(self._follow_probes(uid, changes, probed), f"pod-probes-{container_id}")
+
+    def _probed_from_start(self, uid: str, container: Obj) -> list[tuple[float, str, str | None]]:
+        """A container starting now: what it waits for first noted in ``_probing``; the
+        changes to come, in seconds from now (``probe_plan``)."""
         waiting, changes = probe_plan({"spec": {"containers": [container]}})
         probing = self._probing.setdefault(uid, {})
         probing.pop(container["name"], None)
         probing.update(waiting)
-        if changes:
-            probed = {container["name"]: container_id}
-            self._in_background(self._follow_probes(uid, changes, probed), f"pod-probes-{container_id}")
+        return changes
 
     def _readiness_period(self, uid: str, container: Obj) -> float | None:
         """How often the container's readiness probe runs, if it passed (the container is
