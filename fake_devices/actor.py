@@ -14,6 +14,7 @@ from fake_devices.hardware import (
     Health,
     NodeHardware,
     PreparedDevice,
+    Share,
 )
 from fake_devices.kinds import Device, SharedPool
 from fake_devices.profiles import HardwareProfile
@@ -53,8 +54,9 @@ class HardwareHost:
         devices: list[str],
         settings: Mapping[str, Mapping[str, str]] | None,
         admin_access: bool,
+        shares: list[Share] | None = None,
     ) -> list[PreparedDevice]:
-        return await self._node(node).prepare(claim_uid, devices, settings, admin_access)
+        return await self._node(node).prepare(claim_uid, devices, settings, admin_access, shares or ())
 
     async def unprepare(self, node: str, claim_uid: str, kinds: list[str] | None = None) -> bool:
         return await self._node(node).unprepare(claim_uid, kinds)

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import hashlib
 import random
+import re
 import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
@@ -42,6 +43,18 @@ class PreparedDevice:
     name: str
     env: Mapping[str, str]
     """What a container using this device would see in its environment."""
+    share_id: str | None = None
+    """Set for one share of a shareable device."""
+
+
+@dataclass(frozen=True)
+class Share:
+    """One of several allocations of a shareable device, and what it consumes of each of
+    the device's capacities."""
+
+    device: str
+    id: str
+    consumes: Mapping[str, int]
 
 
 class HardwareError(Exception):
@@ -87,6 +100,10 @@ class NodeHardware:
         self._health: dict[str, DeviceHealth] = {}
         self._claims: dict[str, list[str]] = {}
         """claim UID -> devices it holds."""
+        self._shares: dict[str, dict[str, Share]] = {}
+        """claim UID -> the shares it holds, by share ID."""
+        self._slots: dict[tuple[str, str], int] = {}
+        """(device, share ID) -> the share's slot on the device (its virtual function)."""
         self._admin_claims: set[str] = set()
         self._busy: dict[str, str] = {}
         """device -> why it cannot be released now (a process still holds it)."""
@@ -181,7 +198,7 @@ class NodeHardware:
 
     # --- use -----------------------------------------------------------------------
 
-    def _check_conflicts(self, claim_uid: str, names: list[str]) -> None:
+    def _check_conflicts(self, claim_uid: str, names: list[str], shares: Collection[Share]) -> None:
         drawn: dict[str, dict[str, int]] = {}
         for uid, held in self._claims.items():
             if uid == claim_uid or uid in self._admin_claims:
@@ -192,8 +209,9 @@ class NodeHardware:
                     for counter, amount in device.draws.items():
                         drawn.setdefault(device.pool, {}).setdefault(counter, 0)
                         drawn[device.pool][counter] += amount
-                elif name in names:
+                elif name in names or any(share.device == name for share in shares):
                     raise HardwareError(f"{self.node}: {name} is in use by claim {uid}")
+        self._check_shares(claim_uid, names, shares)
         for name in names:
             device = self._devices[name]
             if not device.pool:
@@ -216,42 +234,98 @@ class NodeHardware:
                     )
                 drawn[device.pool][counter] = used + amount
 
+    def _check_shares(self, claim_uid: str, names: list[str], shares: Collection[Share]) -> None:
+        """A shared device is held whole by no one, and its shares together consume no more
+        than it has: the scheduler sees to both; the hardware refuses what slips through."""
+        others = [
+            (uid, share)
+            for uid, held in self._shares.items()
+            if uid not in self._admin_claims
+            for share in held.values()
+            if uid != claim_uid
+        ]
+        for name in names:
+            holders = sorted({uid for uid, share in others if share.device == name})
+            if holders:
+                raise HardwareError(f"{self.node}: {name} is shared by claim(s) {', '.join(holders)}")
+        for device_name in sorted({share.device for share in shares}):
+            device = self._devices[device_name]
+            if not device.shareable:
+                raise HardwareError(f"{self.node}: {device_name} cannot be shared: it allows one allocation")
+            mine = [s for s in shares if s.device == device_name]
+            theirs = [s for _, s in others if s.device == device_name]
+            for capacity, total in device.capacity.items():
+                used = sum(s.consumes.get(capacity, 0) for s in [*mine, *theirs])
+                if used > total:
+                    raise HardwareError(
+                        f"{self.node}: {device_name} has {total} {capacity}; its shares would consume {used}"
+                    )
+
     async def prepare(
         self,
         claim_uid: str,
         names: list[str],
         settings: Mapping[str, Mapping[str, str]] | None = None,
         admin_access: bool = False,
+        shares: Collection[Share] = (),
     ) -> list[PreparedDevice]:
-        """Reserve ``names`` for the claim and apply each device's settings (sharing
-        strategy and the like). Idempotent: the same claim and devices again returns the
-        same answer. A claim may be prepared in parts (one per driver whose devices it
-        has, a GPU's and a NIC's): it holds them all."""
+        """Reserve ``names`` (whole devices) and ``shares`` (parts of shareable ones) for
+        the claim and apply each device's settings (sharing strategy and the like).
+        Idempotent: the same claim and devices again returns the same answer. A claim may
+        be prepared in parts (one per driver whose devices it has, a GPU's and a NIC's):
+        it holds them all."""
         settings = settings or {}
         held = self._claims.get(claim_uid, [])
-        if set(names) <= set(held):
-            return [self._prepared(n, settings.get(n)) for n in sorted(names)]
+        held_shares = self._shares.get(claim_uid, {})
+        if set(names) <= set(held) and all(held_shares.get(share.id) == share for share in shares):
+            return self._answer(names, shares, settings)
         if self.faults.fail_next_prepares > 0:
             self.faults.fail_next_prepares -= 1
             raise HardwareError(f"{self.node}: {self.faults.fail_message}")
         if self.faults.failure_rate and self._rng.random() < self.faults.failure_rate:
             raise HardwareError(f"{self.node}: {self.faults.fail_message} (random)")
-        for name in names:
+        for name in [*names, *(share.device for share in shares)]:
             self.device(name)
             sick = self._health.get(name)
             if sick is not None:
                 raise HardwareError(f"{self.node}: {name} is unhealthy: {sick.message}")
+        merged = {**held_shares, **{share.id: share for share in shares}}
         if not admin_access:
-            self._check_conflicts(claim_uid, names)
+            self._check_conflicts(claim_uid, names, list(merged.values()))
         else:
             self._admin_claims.add(claim_uid)
         self._claims[claim_uid] = sorted({*held, *names})
+        if merged:
+            self._shares[claim_uid] = merged
+        for share in shares:
+            self._take_slot(share)
         if self.faults.latency_s:  # reserved, then slow to come up: a crash can land here
             await asyncio.sleep(self.faults.latency_s)
-        return [self._prepared(n, settings.get(n)) for n in sorted(names)]
+        return self._answer(names, shares, settings)
+
+    def _take_slot(self, share: Share) -> None:
+        if (share.device, share.id) in self._slots:
+            return
+        taken = {slot for (device, _), slot in self._slots.items() if device == share.device}
+        self._slots[(share.device, share.id)] = min(set(range(len(taken) + 1)) - taken)
+
+    def _answer(
+        self, names: list[str], shares: Collection[Share], settings: Mapping[str, Mapping[str, str]]
+    ) -> list[PreparedDevice]:
+        whole = [self._prepared(n, settings.get(n)) for n in sorted(names)]
+        ordered = sorted(shares, key=lambda s: (s.device, s.id))
+        parts = [self._prepared_share(s, settings.get(s.device)) for s in ordered]
+        return whole + parts
 
     def _prepared(self, name: str, settings: Mapping[str, str] | None) -> PreparedDevice:
         return PreparedDevice(name, {**self._devices[name].env, **(settings or {})})
+
+    def _prepared_share(self, share: Share, settings: Mapping[str, str] | None) -> PreparedDevice:
+        device = self._devices[share.device]
+        prefix = device.share_env_prefix or share.device.upper().replace("-", "_")
+        env = {**device.env, f"{prefix}_SHARE": str(self._slots[(share.device, share.id)])}
+        env.update({f"{prefix}_{_env_name(k)}": str(v) for k, v in sorted(share.consumes.items())})
+        return PreparedDevice(share.device, {**env, **(settings or {})}, share.id)
 
     async def unprepare(self, claim_uid: str, kinds: Collection[str] | None = None) -> bool:
         """Release the claim's devices (only those of these kinds, when given: one driver's
@@ -260,17 +334,40 @@ class NodeHardware:
         if self.faults.latency_s:
             await asyncio.sleep(self.faults.latency_s)
         held = self._claims.get(claim_uid, [])
-        releasing = [n for n in held if kinds is None or self._devices[n].kind in kinds]
-        for name in releasing:
+        shares = self._shares.get(claim_uid, {})
+
+        def releases(name: str) -> bool:
+            return kinds is None or self._devices[name].kind in kinds
+
+        releasing = [n for n in held if releases(n)]
+        releasing_shares = [s for s in shares.values() if releases(s.device)]
+        for name in [*releasing, *(s.device for s in releasing_shares)]:
             if name in self._busy:
                 raise HardwareError(f"{self.node}: {name} is busy: {self._busy[name]}")
         kept = [n for n in held if n not in releasing]
+        kept_shares = {s.id: s for s in shares.values() if s not in releasing_shares}
+        for share in releasing_shares:
+            self._slots.pop((share.device, share.id), None)
+        if kept_shares:
+            self._shares[claim_uid] = kept_shares
+        else:
+            self._shares.pop(claim_uid, None)
         if kept:
             self._claims[claim_uid] = kept
         else:
             self._claims.pop(claim_uid, None)
+        if not kept and not kept_shares:
             self._admin_claims.discard(claim_uid)
-        return bool(releasing)
+        return bool(releasing or releasing_shares)
 
     def claims(self) -> dict[str, list[str]]:
-        return {uid: list(names) for uid, names in self._claims.items()}
+        """Each claim's devices, a shared device once for each share the claim holds."""
+        held = {uid: list(names) for uid, names in self._claims.items() if names}
+        for uid, shares in self._shares.items():
+            held.setdefault(uid, []).extend(sorted(s.device for s in shares.values()))
+        return held
+
+
+def _env_name(capacity: str) -> str:
+    """``virtualFunctions`` -> ``VIRTUAL_FUNCTIONS``."""
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", capacity).upper()

@@ -28,6 +28,18 @@ class SharedPool:
 
 
 @dataclass(frozen=True)
+class SharePolicy:
+    """How one share of a shareable device consumes one of its capacities: ``default``
+    when the request names no amount, otherwise the amount rounded up to ``minimum`` plus
+    a multiple of ``step``, at most ``maximum`` (None: the whole capacity)."""
+
+    default: int
+    minimum: int = 0
+    step: int = 0
+    maximum: int | None = None
+
+
+@dataclass(frozen=True)
 class Device:
     name: str
     kind: str
@@ -43,6 +55,14 @@ class Device:
     pci_ids: tuple[str, str, str] | None = None
     """(vendor, device, class) when the device is a PCI function: it then appears in the
     sysfs-like tree under its ``pciBusID`` attribute."""
+    shareable: bool = False
+    """Several claims may hold it at once, each a share consuming part of its capacity
+    (a port shared through virtual functions); together they never exceed it."""
+    share_policies: Mapping[str, SharePolicy] = field(default_factory=dict)
+    """For a shareable device, how a share consumes each capacity."""
+    share_env_prefix: str = ""
+    """A share's container sees ``<prefix>_SHARE`` (its slot on the device, from 0) and
+    ``<prefix>_<CAPACITY>`` (what it consumes of each capacity)."""
 
 
 @dataclass(frozen=True)

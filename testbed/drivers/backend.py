@@ -14,6 +14,7 @@ from fake_devices.hardware import (
     HardwareError,
     NodeHardware,
     PreparedDevice,
+    Share,
 )
 from fake_devices.kinds import Device, SharedPool
 
@@ -28,6 +29,7 @@ class DeviceBackend(Protocol):
         devices: list[str],
         settings: Mapping[str, Mapping[str, str]],
         admin_access: bool,
+        shares: Collection[Share] = (),
     ) -> list[PreparedDevice]: ...
     async def unprepare(self, claim_uid: str, kinds: Collection[str] | None = None) -> bool: ...
     async def claims(self) -> dict[str, list[str]]: ...
@@ -54,8 +56,9 @@ class LocalBackend:
         devices: list[str],
         settings: Mapping[str, Mapping[str, str]],
         admin_access: bool,
+        shares: Collection[Share] = (),
     ) -> list[PreparedDevice]:
-        return await self.hardware.prepare(claim_uid, devices, settings, admin_access)
+        return await self.hardware.prepare(claim_uid, devices, settings, admin_access, shares)
 
     async def unprepare(self, claim_uid: str, kinds: Collection[str] | None = None) -> bool:
         return await self.hardware.unprepare(claim_uid, kinds)
@@ -89,6 +92,7 @@ class RayBackend:
         devices: list[str],
         settings: Mapping[str, Mapping[str, str]],
         admin_access: bool,
+        shares: Collection[Share] = (),
     ) -> list[PreparedDevice]:
         try:
             result: list[PreparedDevice] = await self.actor.prepare.remote(
@@ -97,6 +101,7 @@ class RayBackend:
                 devices,
                 {k: dict(v) for k, v in settings.items()},
                 admin_access,
+                list(shares),
             )
         except Exception as exc:  # a HardwareError arrives wrapped in a RayTaskError
             cause = getattr(exc, "cause", None)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fake_devices.hardware import DeviceHealth, HardwareError, PreparedDevice
+from fake_devices.hardware import DeviceHealth, HardwareError, PreparedDevice, Share
 from fake_devices.kinds import Device, DeviceSpec, SharedPool
 from testbed.drivers.backend import DeviceBackend
 from testbed.kubeapi import KubeClient
@@ -115,10 +115,10 @@ class EmulatedDriver:
 
     async def prepare(self, claim: ClaimToPrepare) -> list[PreparedDevice]:
         settings = self.settings(claim)
+        whole = [d.device for d in claim.devices if d.share_id is None]
+        shares = [Share(d.device, d.share_id, d.consumed) for d in claim.devices if d.share_id is not None]
         try:
-            return await self.backend.prepare(
-                claim.ref.uid, [d.device for d in claim.devices], settings, claim.admin_access
-            )
+            return await self.backend.prepare(claim.ref.uid, whole, settings, claim.admin_access, shares)
         except HardwareError as exc:
             raise ClaimFailed("DeviceError", str(exc)) from None
 

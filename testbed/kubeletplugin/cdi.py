@@ -54,8 +54,10 @@ def device_id(driver: str, name: str) -> str:
     return f"{kind_for(driver)}={name}"
 
 
-def claim_device_name(claim_uid: str, device: str) -> str:
-    return f"{claim_uid}-{device}"
+def claim_device_name(claim_uid: str, device: str, share_id: str | None = None) -> str:
+    """A claim's own name for a device, so specs of two claims never clash; a share of a
+    shareable device adds its share ID (one claim may hold two shares of a device)."""
+    return f"{claim_uid}-{device}-{share_id}" if share_id else f"{claim_uid}-{device}"
 
 
 def spec_path(cdi_dir: Path, driver: str, claim_uid: str) -> Path:

@@ -58,6 +58,8 @@ class ClaimRecord:
     """What the claim's CDI spec says (None in records of drivers before 2026-11-23)."""
     configs: list[dict[str, Any]] = field(default_factory=list)
     """The allocation's config entries, for re-asserting the claim as it was prepared."""
+    consumed: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Share ID -> what that share of a shareable device consumes, to re-assert it."""
 
     @property
     def ref(self) -> ClaimRef:
@@ -78,6 +80,8 @@ class ClaimRecord:
             data["cdi_spec"] = self.spec.to_json()
         if self.configs:
             data["configs"] = self.configs
+        if self.consumed:
+            data["consumed"] = self.consumed
         return data
 
     @classmethod
@@ -92,6 +96,10 @@ class ClaimRecord:
             admin_access=bool(data.get("admin_access", False)),
             spec=ClaimSpec.from_json(spec) if spec is not None else None,
             configs=list(data.get("configs", [])),
+            consumed={
+                str(share): {str(k): int(v) for k, v in amounts.items()}
+                for share, amounts in data.get("consumed", {}).items()
+            },
         )
 
 

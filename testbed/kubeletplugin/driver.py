@@ -36,6 +36,9 @@ class AllocatedDevice:
     device: str
     share_id: str | None = None
     admin_access: bool = False
+    consumed: Mapping[str, int] = field(default_factory=dict)
+    """For one share of a shareable device: what it consumes of each capacity, as the
+    scheduler recorded it (``consumedCapacity``)."""
 
 
 @dataclass(frozen=True)

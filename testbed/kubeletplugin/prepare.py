@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from testbed import quantity
 from testbed.kubeapi import ApiError, ClaimRef
 from testbed.kubeletplugin import cdi, metrics
 from testbed.kubeletplugin.checkpoint import (
@@ -170,7 +171,14 @@ class ClaimPreparer:
             for record in list(self.checkpoint.claims.values()):
                 if record.state is ClaimState.PREPARE_COMPLETED:
                     devices = [
-                        AllocatedDevice(d.request_names[0], d.pool, d.device, d.share_id, record.admin_access)
+                        AllocatedDevice(
+                            d.request_names[0],
+                            d.pool,
+                            d.device,
+                            d.share_id,
+                            record.admin_access,
+                            record.consumed.get(d.share_id, {}) if d.share_id else {},
+                        )
                         for d in record.devices
                     ]
                     try:
@@ -280,7 +288,14 @@ class ClaimPreparer:
         claim = fetched if fetched is not None else await self._fetch(ref)
         results, configs = self._allocation(ref, claim)
         allocated = [
-            AllocatedDevice(r["request"], r["pool"], r["device"], r.get("shareID"), bool(r.get("adminAccess")))
+            AllocatedDevice(
+                r["request"],
+                r["pool"],
+                r["device"],
+                r.get("shareID"),
+                bool(r.get("adminAccess")),
+                _consumed(ref, r),
+            )
             for r in results
         ]
         records = [
@@ -288,7 +303,9 @@ class ClaimPreparer:
                 request_names=[device.request],
                 pool=device.pool,
                 device=device.device,
-                cdi_device_ids=[cdi.device_id(self.name, cdi.claim_device_name(ref.uid, device.device))],
+                cdi_device_ids=[
+                    cdi.device_id(self.name, cdi.claim_device_name(ref.uid, device.device, device.share_id))
+                ],
                 share_id=device.share_id,
             )
             for device in allocated
@@ -309,12 +326,13 @@ class ClaimPreparer:
                 raise ClaimFailed(exc.reason, f"claim {ref.namespace}/{ref.name}: {exc}") from None
             spec = cdi.ClaimSpec(
                 {"DRA_TESTBED_CLAIM": f"{ref.namespace}/{ref.name}"},
-                [cdi.CdiDevice(cdi.claim_device_name(ref.uid, p.name), p.env) for p in prepared],
+                [cdi.CdiDevice(cdi.claim_device_name(ref.uid, p.name, p.share_id), p.env) for p in prepared],
             )
             cdi.write_claim_spec(self.paths.cdi_dir, self.name, ref.uid, spec, durable=False)
             completed = ClaimState.PREPARE_COMPLETED
+            consumed = {d.share_id: dict(d.consumed) for d in allocated if d.share_id}
             record = ClaimRecord(
-                ref.uid, ref.namespace, ref.name, completed, records, wanted.admin_access, spec, configs
+                ref.uid, ref.namespace, ref.name, completed, records, wanted.admin_access, spec, configs, consumed
             )
             self.checkpoint.put(record)
         except ClaimFailed:
@@ -386,3 +404,13 @@ class ClaimPreparer:
                     errors[ref.uid] = f"{self.name}: unprepare {ref.namespace}/{ref.name}: {exc}"
             self._record_gauge()
         return errors
+
+
+def _consumed(ref: ClaimRef, result: Mapping[str, Any]) -> dict[str, int]:
+    """What a share of a shareable device consumes, from its allocation result."""
+    try:
+        return {str(k): quantity.parse(str(v)) for k, v in (result.get("consumedCapacity") or {}).items()}
+    except ValueError as exc:
+        raise ClaimFailed(
+            "InvalidAllocation", f"claim {ref.namespace}/{ref.name}: consumedCapacity of {result.get('device')}: {exc}"
+        ) from None

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from fake_devices.hardware import DeviceHealth, Health
-from fake_devices.kinds import Device, SharedPool
+from fake_devices.kinds import Device, SharedPool, SharePolicy
+from testbed import quantity
 from testbed.keys import SLICE_NODE_LABEL, UNHEALTHY_TAINT_KEY
 from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
 from testbed.routedwatch import RoutedWatch
@@ -47,20 +48,34 @@ def device_entry(device: Device, health: DeviceHealth | None) -> Obj:
         (f"resource.kubernetes.io/{k}" if k in STANDARD_ATTRIBUTES else k): _attribute(v, k)
         for k, v in device.attributes.items()
     }
-    capacity = {k: {"value": str(v)} for k, v in device.capacity.items()}
+    capacity: dict[str, Obj] = {k: {"value": quantity.canonical(v)} for k, v in device.capacity.items()}
+    for name, policy in device.share_policies.items():
+        capacity[name]["requestPolicy"] = _request_policy(policy)
     if len(attributes) + len(capacity) > MAX_ATTRIBUTES_AND_CAPACITIES:
         raise ValueError(f"{device.name}: more than {MAX_ATTRIBUTES_AND_CAPACITIES} attributes+capacities")
     entry: Obj = {"name": device.name, "attributes": attributes, "capacity": capacity}
+    if device.shareable:
+        entry["allowMultipleAllocations"] = True
     if device.pool:
         entry["consumesCounters"] = [
             {
                 "counterSet": device.pool,
-                "counters": {k: {"value": str(v)} for k, v in device.draws.items()},
+                "counters": {k: {"value": quantity.canonical(v)} for k, v in device.draws.items()},
             }
         ]
     if health is not None and health.health is Health.UNHEALTHY:
         entry["taints"] = [{"key": UNHEALTHY_TAINT_KEY, "value": "true", "effect": "NoSchedule"}]
     return entry
+
+
+def _request_policy(policy: SharePolicy) -> Obj:
+    """How a share consumes a capacity, as the scheduler reads it (``requestPolicy``)."""
+    valid_range: Obj = {"min": quantity.canonical(policy.minimum)}
+    if policy.maximum is not None:
+        valid_range["max"] = quantity.canonical(policy.maximum)
+    if policy.step:
+        valid_range["step"] = quantity.canonical(policy.step)
+    return {"default": quantity.canonical(policy.default), "validRange": valid_range}
 
 
 @dataclass(frozen=True)
@@ -92,7 +107,7 @@ def desired_slices(
     entries = [device_entry(d, by_name.get(d.name)) for d in devices]
     used_pools = {d.pool for d in devices if d.pool}
     counter_sets = [
-        {"name": p.name, "counters": {k: {"value": str(v)} for k, v in p.capacity.items()}}
+        {"name": p.name, "counters": {k: {"value": quantity.canonical(v)} for k, v in p.capacity.items()}}
         for p in pools
         if p.name in used_pools
     ]

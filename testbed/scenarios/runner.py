@@ -284,6 +284,8 @@ def claim_template(phase: Phase) -> Obj:
         exactly: dict[str, Any] = {"deviceClassName": request.device_class}
         if request.selector:
             exactly["selectors"] = [{"cel": {"expression": request.selector}}]
+        if request.capacity:
+            exactly["capacity"] = {"requests": dict(request.capacity)}
         requests.append({"name": request.name, "exactly": exactly})
     devices: dict[str, Any] = {"requests": requests}
     if phase.constraints:

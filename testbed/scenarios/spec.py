@@ -13,10 +13,11 @@ import typing
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
 from fake_devices.specfiles import SpecFileError, parse_yaml, validate
+from testbed import quantity
 from testbed.fleet.spec import DEFAULT_NODES_PER_HOST
 
 SHIPPED_DIR = Path(__file__).parent / "shipped"
@@ -33,6 +34,19 @@ class ClaimRequest(_Strict):
     name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
     device_class: str = Field(alias="deviceClass")
     selector: str | None = None
+    capacity: dict[str, str] = Field(default_factory=dict)
+    """How much of each capacity of a shareable device the request takes (``bandwidth:
+    40G``): pods then share devices, as on ``shared-nic`` nodes' ports."""
+
+    @field_validator("capacity")
+    @classmethod
+    def _quantities(cls, capacity: dict[str, str]) -> dict[str, str]:
+        for name, amount in capacity.items():
+            try:
+                quantity.parse(amount)
+            except ValueError as exc:
+                raise ValueError(f"{name}: {exc}") from None
+        return capacity
 
 
 class Phase(_Strict):
@@ -71,9 +85,16 @@ class Phase(_Strict):
             raise ValueError("give exactly one of jobs, fraction or remaining")
         if not self.requests and self.jobs is None:
             raise ValueError("a phase without requests has no devices to take a fraction of; give jobs")
-        if self.request_as == "extended-resource" and (self.constraints or any(r.selector for r in self.requests)):
+        if self.request_as == "extended-resource" and (
+            self.constraints or any(r.selector or r.capacity for r in self.requests)
+        ):
             raise ValueError(
-                "an extended resource carries no selector or constraint; use requestAs: claim, or drop them"
+                "an extended resource carries no selector, capacity or constraint; use requestAs: claim, or drop them"
+            )
+        if self.jobs is None and any(r.capacity for r in self.requests):
+            raise ValueError(
+                "a request for capacity may put several pods on one device, so a fraction of the devices "
+                "says nothing of how many pods fit; give jobs"
             )
         if self.exit_code and self.run_seconds is None:
             raise ValueError("exitCode needs runSeconds: a pod that runs until the scenario ends never exits")

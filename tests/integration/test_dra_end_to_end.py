@@ -17,7 +17,7 @@ from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
 from fake_devices.actor import hardware_host_actor
-from fake_devices.hardware import HardwareError
+from fake_devices.hardware import HardwareError, Share
 from testbed.drivers import load_profile
 from testbed.drivers.backend import RayBackend
 from testbed.fleet.fleet import Fleet
@@ -329,13 +329,19 @@ def test_hardware_in_its_own_ray_actor_backs_a_driver(fleet: Fleet) -> None:
             await backend.prepare("c2", ["gpu-0"], {}, False)
         assert await backend.claims() == {"c1": ["gpu-0-1g5gb-0"]}
         assert await backend.unprepare("c1") and await backend.claims() == {}
+        shared = RayBackend(sharing, "hw-s")  # shares of a port cross to the actor and back
+        [share] = await shared.prepare("c3", [], {}, False, [Share("nic-0", "s1", {"bandwidth": 60 * 10**9})])
+        assert share.share_id == "s1" and share.env["NIC_0_SHARE"] == "0"
+        with pytest.raises(HardwareError, match="its shares would consume"):
+            await shared.prepare("c4", [], {}, False, [Share("nic-0", "s2", {"bandwidth": 50 * 10**9})])
 
+    sharing = hardware_host_actor().remote({"hw-s": load_profile("shared-nic")}, 7)
     try:
         asyncio.run(scenario())
         uuids = [ray.get(a.inventory.remote("hw-a"))[1][0].attributes["uuid"] for a in (first, twin, other_seed)]
         assert uuids[0] == uuids[1] != uuids[2], "deterministic from the seed"
     finally:
-        for actor in (first, twin, other_seed):
+        for actor in (first, twin, other_seed, sharing):
             ray.kill(actor)
 
 

@@ -3,6 +3,7 @@ kubectl, on the synthetic nodes, and its pods run (the Job completes)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -11,9 +12,12 @@ from pathlib import Path
 import pytest
 from kubernetes import client as k8s
 
+from testbed.config import nodes_dir
 from testbed.controlplane.binaries import Binaries
 from testbed.controlplane.cluster import ClusterState
 from testbed.fleet.fleet import Fleet
+from testbed.fleet.spec import FleetFile
+from testbed.keys import CONTAINER_ENV_ANNOTATION
 from testbed.testing import wait_for
 from testbed.workloads import unique, wait_gone
 
@@ -36,7 +40,7 @@ def _kubectl(binaries: Binaries, control_plane: ClusterState, *args: str) -> str
 
 def test_every_example_is_covered() -> None:
     shipped = {p.name for p in EXAMPLES.glob("*.yaml")} - {"fleet.yaml"}
-    assert shipped == {*PODS, "gpu-job.yaml"}
+    assert shipped == {*PODS, "gpu-job.yaml", "shared-nic.yaml"}
 
 
 @pytest.mark.parametrize("example", [*PODS, "gpu-job.yaml"])
@@ -82,3 +86,44 @@ def test_the_driver_dev_example_runs_its_driver_and_sanity(control_plane: Cluste
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "2 passed" in proc.stdout
+
+
+def test_the_shared_nic_example_puts_at_most_two_pods_on_a_port(
+    kube_binaries: Binaries, control_plane: ClusterState, fleet: Fleet, kube_api: k8s.ApiClient
+) -> None:
+    """On a node of its own whose profile shares its NIC ports (the session's nodes' ports
+    are not shared, so the scheduler cannot put the example's pods there): each pod gets a
+    share of 40G, its own slot on the port, and its share is released when it goes."""
+    spec = FleetFile.model_validate({"pools": [{"name": unique("sn"), "count": 1, "profile": "shared-nic"}]})
+    own = Fleet(spec, control_plane.kubeconfig, nodes_dir(control_plane.root))
+    own.start()
+    [node] = own.host_of
+    core = k8s.CoreV1Api(kube_api)
+    namespace = unique("example")
+    core.create_namespace({"metadata": {"name": namespace}})
+    pods = ["nic-share-a", "nic-share-b", "nic-share-c"]
+    try:
+        _kubectl(kube_binaries, control_plane, "apply", "-n", namespace, "-f", str(EXAMPLES / "shared-nic.yaml"))
+        for pod in pods:
+            wait_for(lambda p=pod: core.read_namespaced_pod(p, namespace).status.phase == "Running", 180, pod)
+        held = own.hardware_claims(node)
+        assert len(held) == 3 and sorted(d for devices in held.values() for d in devices) in (
+            ["nic-0", "nic-0", "nic-1"],
+            ["nic-0", "nic-1", "nic-1"],
+        ), held
+        slots = set()
+        for pod in pods:
+            read = core.read_namespaced_pod(pod, namespace)
+            assert read.spec.node_name == node
+            env = json.loads(read.metadata.annotations[CONTAINER_ENV_ANNOTATION])["main"]
+            [share] = [k for k in env if k.endswith("_SHARE")]
+            slots.add((share, env[share]))
+            assert env[share.replace("_SHARE", "_BANDWIDTH")] == str(40 * 10**9)
+        assert len(slots) == 3, f"each pod has a slot of its own on its port: {slots}"
+        _kubectl(kube_binaries, control_plane, "delete", "-n", namespace, "-f", str(EXAMPLES / "shared-nic.yaml"))
+        for pod in pods:
+            wait_gone(kube_api, namespace, pod)
+        wait_for(lambda: own.hardware_claims(node) == {}, 60, "the shares released")
+    finally:
+        core.delete_namespace(namespace)
+        own.stop(remove_nodes=True)

@@ -18,7 +18,7 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -210,7 +210,9 @@ async def until(condition: Callable[[], Awaitable[T | None]], timeout_s: float, 
 
 
 @asynccontextmanager
-async def two_nodes(control_plane: ClusterState, root: Path, binaries: Binaries) -> AsyncIterator[dict[str, Side]]:
+async def two_nodes(
+    control_plane: ClusterState, root: Path, binaries: Binaries, profile: str = "tiny"
+) -> AsyncIterator[dict[str, Side]]:
     client = KubeClient.from_kubeconfig(control_plane.kubeconfig)
     tag = uuid.uuid4().hex[:5]
     sides: dict[str, Side] = {}
@@ -218,7 +220,7 @@ async def two_nodes(control_plane: ClusterState, root: Path, binaries: Binaries)
         for kind in KINDS:
             name = f"{kind}-{tag}"
             node = ProcessNode(
-                NodeSpec(name), "tiny", [GPU, NIC], root / kind, control_plane.kubeconfig, binaries, kubelet=kind
+                NodeSpec(name), profile, [GPU, NIC], root / kind, control_plane.kubeconfig, binaries, kubelet=kind
             )
             await client.create(path_for("v1", "namespaces"), {"metadata": {"name": name}})
             sides[kind] = Side(kind, node, client, name)
@@ -1948,6 +1950,96 @@ def test_the_pod_resources_api_names_each_containers_devices_alike(
             assert fake == real
 
     asyncio.run(scenario())
+
+
+def test_shares_of_a_port_reach_the_pod_resources_api_and_outlive_a_kubelet_restart_alike(
+    control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
+) -> None:
+    """NIC ports shared by several claims (consumable capacity): each share is prepared
+    with its share ID, which the kubelet keeps in its checkpoint and names, with the
+    share's own CDI device, in the pod-resources API, before and after a kubelet restart.
+    A claim may hold two shares of one port."""
+
+    async def scenario() -> None:
+        async with two_nodes(control_plane, short_tmp_path, node_binaries, profile="shared-nic") as sides:
+
+            async def case(side: Side) -> dict[str, Any]:
+                def share(name: str, bandwidth: str) -> Obj:
+                    return request(name, NIC, capacity={"requests": {"bandwidth": bandwidth}})
+
+                await side.template("40g", [share("nic", "40G")])
+                await side.template("two", [share("a", "30G"), share("b", "30G")])
+                pods = {"first": "40g", "second": "40g", "pair": "two"}
+                for pod, template in pods.items():
+                    await side.pod(pod, {"resourceClaimTemplateName": template})
+                for pod in pods:
+                    await side.running(pod)
+                seen: dict[str, Any] = {}
+                for pod in pods:
+                    name = await side.claim_name(pod)
+                    claim = await side.client.get(path_for(RESOURCE, "resourceclaims", name, side.namespace))
+                    seen[pod] = (claim, await side.env(pod))
+                before = {pod: await _shares_seen(side, pod, claim) for pod, (claim, _) in seen.items()}
+                await side.node.stop_process("kubelet")
+                await side.node.start_kubelet()
+                await until(lambda: _pod_resources_served(side, pods), 60, f"{side.kind}: pod-resources again")
+                after = {pod: await _shares_seen(side, pod, claim) for pod, (claim, _) in seen.items()}
+                for pod in pods:
+                    await side.delete_pod(pod)
+                for pod in pods:
+                    await side.gone(pod)
+                slots = {
+                    pod: sorted({re.sub(r"NIC_\d+", "NIC_i", k) for k in env if k.endswith(("_SHARE", "_BANDWIDTH"))})
+                    for pod, (_, env) in seen.items()
+                }
+                calls = {name.rsplit("-", 1)[0]: calls for name, calls in side.calls_by_claim().items()}
+                return {"before": before, "after": after, "env": slots, "calls": calls}
+
+            found = await both(sides, case)
+            real, fake = found["real"], found["fake"]
+            assert [len(r) - 2 for r in real["before"]["pair"]] == [1, 2], f"CDI lists grow along the shares: {real}"
+            assert all(r[1].startswith("SHARE") for rs in real["before"].values() for r in rs), real
+            assert real["after"] == real["before"], "the real kubelet keeps share IDs across its restart"
+            assert real["env"]["pair"] == ["NIC_i_BANDWIDTH", "NIC_i_SHARE"], real
+            assert fake == real
+
+    asyncio.run(scenario())
+
+
+async def _pod_resources_served(side: Side, pods: Iterable[str]) -> bool:
+    """Whether a restarted kubelet answers for each of ``pods`` again (it serves the API
+    before its pod manager has heard of them)."""
+    try:
+        for pod in pods:
+            await _pod_resources(side, "Get", pod_name=pod, pod_namespace=side.namespace)
+    except grpc.aio.AioRpcError:
+        return False
+    return True
+
+
+async def _shares_seen(side: Side, pod: str, claim: Obj) -> list[tuple[str, ...]]:
+    """The pod-resources API's devices of the pod's claim as (driver, share, CDI IDs...),
+    each share ID checked against the claim's allocation, and claim UIDs, devices and share
+    IDs (which differ between nodes) replaced by placeholders."""
+    uid = claim["metadata"]["uid"]
+    results = claim["status"]["allocation"]["devices"]["results"]
+    shares = {(r["device"], r.get("shareID", "")) for r in results}
+    ids = {r["shareID"]: f"SHARE{i}" for i, r in enumerate(results) if r.get("shareID")}  # in request order
+    answer = await _pod_resources(side, "Get", pod_name=pod, pod_namespace=side.namespace)
+    seen = []
+    for container in answer.pod_resources.containers:
+        for dynamic in container.dynamic_resources:
+            for r in dynamic.claim_resources:
+                share_id = r.share_id if r.HasField("share_id") else ""
+                ok = ids[share_id] if (r.device_name, share_id) in shares and share_id else f"unknown {share_id!r}"
+                named = []
+                for cdi_device in r.cdi_devices:
+                    name = cdi_device.name.replace(uid, "UID").replace(r.device_name, "DEVICE")
+                    for share, placeholder in ids.items():
+                        name = name.replace(share, placeholder)
+                    named.append(name)
+                seen.append((r.driver_name, ok, *named))
+    return seen
 
 
 def test_a_driver_registering_in_a_subdirectory_of_the_registry_is_found(

@@ -298,3 +298,33 @@ def test_a_slice_deleted_while_the_publisher_writes_or_lists_is_published_again(
             await client.close()
 
     asyncio.run(scenario())
+
+
+def test_a_restarted_driver_finds_its_shared_ports_published_as_the_api_returns_them(
+    control_plane: ClusterState,
+) -> None:
+    """A shared NIC's capacities and request policies come back from the API server in
+    its canonical quantity form; a driver that published them otherwise would rewrite its
+    slices at every start and every re-list."""
+    nic = "nic.dra-testbed.io"
+    hardware = NodeHardware("shared-nic-node", load_profile("shared-nic"))
+    devices, pools = KINDS[nic].select(hardware.devices(), hardware.pools())
+    specs = desired_slices(nic, hardware.node, devices, pools, hardware.health())
+
+    async def scenario() -> None:
+        client = KubeClient.from_kubeconfig(control_plane.kubeconfig)
+        first = SlicePublisher(client, nic, hardware.node)
+        try:
+            assert await first.publish(specs)
+            [published] = await first.existing(consistent=True)
+            port = published["spec"]["devices"][0]
+            assert port["allowMultipleAllocations"] is True
+            assert port["capacity"]["bandwidth"]["requestPolicy"]["default"] == "25G"
+            restarted = SlicePublisher(client, nic, hardware.node)
+            assert not await restarted.publish(specs), "what the API returned differs from what was published"
+            assert restarted.writes == 0
+        finally:
+            await first.remove_all()
+            await client.close()
+
+    asyncio.run(scenario())

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from fake_devices.hardware import HardwareError, Health, NodeHardware
+from fake_devices.hardware import HardwareError, Health, NodeHardware, Share
 from fake_devices.profiles import ProfileError
 from testbed.drivers import PROFILES, load_profile
 
@@ -32,7 +32,7 @@ def test_profile_errors_name_the_field() -> None:
         PROFILES.parse(bad, "bad.yaml")
     with pytest.raises(ProfileError, match=r"nics\.linkSpeedGbps: Field required"):
         PROFILES.parse("name: x\nnics: {count: 1, model: m}\n", "nic.yaml")
-    with pytest.raises(ProfileError, match="shipped profiles: fpga4, gpu8, h100x8, tiny"):
+    with pytest.raises(ProfileError, match="shipped profiles: fpga4, gpu8, h100x8, shared-nic, tiny"):
         load_profile("h200x9")
 
 
@@ -167,3 +167,60 @@ def test_the_hardware_dir_shows_devices_health_and_losses_as_files(tmp_path: Pat
     assert not (tmp_path / "bus/pci/devices" / lost).exists()
     assert (net / "operstate").read_text() == "down\n"
     assert not list(tmp_path.rglob(".tmp-*")), "every file replaced atomically, no temporaries left"
+
+
+G = 10**9
+
+
+def test_a_shared_port_takes_shares_up_to_its_capacity_each_in_a_slot_of_its_own() -> None:
+    hw = NodeHardware("n", load_profile("shared-nic"))
+    nic = hw.device("nic-0")
+    assert nic.shareable and nic.capacity == {"virtualFunctions": 4, "bandwidth": 100 * G}
+    assert nic.share_policies["bandwidth"].default == 25 * G  # the link over its virtual functions
+    first = run(hw.prepare("a", [], shares=[Share("nic-0", "s1", {"virtualFunctions": 1, "bandwidth": 40 * G})]))
+    assert first[0].share_id == "s1"
+    assert first[0].env == {"NIC_0_IFNAME": "eth1", "NIC_0_SHARE": "0", "NIC_0_VIRTUAL_FUNCTIONS": "1",
+                            "NIC_0_BANDWIDTH": str(40 * G)}  # fmt: skip
+    second = run(hw.prepare("b", [], shares=[Share("nic-0", "s2", {"virtualFunctions": 1, "bandwidth": 60 * G})]))
+    assert second[0].env["NIC_0_SHARE"] == "1"
+    with pytest.raises(HardwareError, match=r"nic-0 has 100000000000 bandwidth; its shares would consume 101000000000"):
+        run(hw.prepare("c", [], shares=[Share("nic-0", "s3", {"virtualFunctions": 1, "bandwidth": G})]))
+    with pytest.raises(HardwareError, match=r"nic-0 is shared by claim\(s\) a, b"):
+        run(hw.prepare("c", ["nic-0"]))  # the whole port
+    assert hw.claims() == {"a": ["nic-0"], "b": ["nic-0"]}
+    run(hw.unprepare("a"))
+    third = run(hw.prepare("c", [], shares=[Share("nic-0", "s3", {"virtualFunctions": 1, "bandwidth": G})]))
+    assert third[0].env["NIC_0_SHARE"] == "0"  # the slot a left
+    assert run(hw.prepare("c", [], shares=[Share("nic-0", "s3", {"virtualFunctions": 1, "bandwidth": G})])) == third
+
+
+def test_a_claim_may_hold_two_shares_of_one_port_and_a_whole_port_refuses_shares() -> None:
+    hw = NodeHardware("n", load_profile("shared-nic"))
+    two = [Share("nic-1", "x", {"bandwidth": 30 * G}), Share("nic-1", "y", {"bandwidth": 30 * G})]
+    prepared = run(hw.prepare("a", [], shares=two))
+    assert [(p.share_id, p.env["NIC_1_SHARE"]) for p in prepared] == [("x", "0"), ("y", "1")]
+    with pytest.raises(HardwareError, match="nic-1 has 100000000000 bandwidth; its shares would consume 110"):
+        run(hw.prepare("b", [], shares=[Share("nic-1", "z", {"bandwidth": 50 * G})]))
+    plain = NodeHardware("n", load_profile("tiny"))
+    with pytest.raises(HardwareError, match="nic-0 cannot be shared: it allows one allocation"):
+        run(plain.prepare("a", [], shares=[Share("nic-0", "x", {})]))
+    run(plain.prepare("b", ["nic-1"]))
+    with pytest.raises(HardwareError, match="nic-1 is in use by claim b"):
+        run(plain.prepare("a", [], shares=[Share("nic-1", "x", {})]))
+
+
+def test_a_claims_shares_go_with_its_driver_part_and_a_busy_share_stays() -> None:
+    hw = NodeHardware("n", load_profile("shared-nic"))
+    run(hw.prepare("a", ["gpu-0"], shares=[Share("nic-0", "x", {"bandwidth": 25 * G})]))
+    hw.set_busy("nic-0", "a process has eth1 open")
+    with pytest.raises(HardwareError, match="nic-0 is busy"):
+        run(hw.unprepare("a", ["nic"]))
+    hw.set_busy("nic-0", None)
+    assert run(hw.unprepare("a", ["nic"]))
+    assert hw.claims() == {"a": ["gpu-0"]}
+    assert not run(hw.unprepare("a", ["nic"]))
+
+
+def test_a_shared_nic_profile_needs_virtual_functions() -> None:
+    with pytest.raises(ProfileError, match="shared: true needs virtualFunctions >= 1"):
+        PROFILES.parse("name: x\nnics: {count: 1, model: m, linkSpeedGbps: 10, shared: true}\n", "nic.yaml")

@@ -8,7 +8,7 @@ import pytest
 from testbed.kubelet.commands import Ending, ending
 from testbed.report.metrics import Scrape, fleet_increase, quantile
 from testbed.scenarios import spec
-from testbed.scenarios.runner import PodRecord, count_devices, job_manifest, pod_spec, stall_window
+from testbed.scenarios.runner import PodRecord, claim_template, count_devices, job_manifest, pod_spec, stall_window
 
 
 def test_every_shipped_scenario_is_valid() -> None:
@@ -67,8 +67,31 @@ def test_a_phase_may_ask_for_its_devices_as_extended_resources() -> None:
             "deviceclass.resource.kubernetes.io/nic.dra-testbed.io": "1",
         }
     }
-    with pytest.raises(spec.ScenarioError, match=r"phases\[2\]: .*no selector or constraint; use requestAs: claim"):
+    with pytest.raises(
+        spec.ScenarioError, match=r"phases\[2\]: .*no selector, capacity or constraint; use requestAs: claim"
+    ):
         spec.load("smoke", {"phases.2.requestAs": "extended-resource"})  # its GPU and NIC share a PCIe root
+
+
+def test_a_phase_may_ask_for_part_of_a_shareable_device_in_jobs_not_fractions() -> None:
+    phase = spec.Phase.model_validate(
+        {
+            "name": "shares",
+            "jobs": 6,
+            "requests": [{"name": "nic", "deviceClass": "nic.dra-testbed.io", "capacity": {"bandwidth": "40G"}}],
+        }
+    )
+    [nic] = claim_template(phase)["spec"]["spec"]["devices"]["requests"]
+    assert nic == {
+        "name": "nic",
+        "exactly": {"deviceClassName": "nic.dra-testbed.io", "capacity": {"requests": {"bandwidth": "40G"}}},
+    }
+    with pytest.raises(spec.ScenarioError, match=r"phases\[0\]\.requests\[0\]\.capacity: .*bandwidth: 'fast' is not a"):
+        spec.load("steady-churn", {"phases.0.requests.0.capacity": {"bandwidth": "fast"}})
+    with pytest.raises(
+        spec.ScenarioError, match=r"phases\[0\]: .*a fraction of the devices says nothing .*; give jobs"
+    ):
+        spec.load("cl2-dra", {"phases.0.requests.0.capacity": {"memory": "1Gi"}})
 
 
 def test_a_phase_whose_pods_fail_makes_each_job_try_backoff_limit_plus_one_pods() -> None:

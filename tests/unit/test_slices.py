@@ -78,3 +78,19 @@ def test_the_standalone_driver_takes_its_slice_size_from_the_environment() -> No
     assert Settings.from_env({"NODE_NAME": "n1", "DEVICES_PER_SLICE": "16"}).devices_per_slice == 16
     with pytest.raises(TestbedError, match="DEVICES_PER_SLICE=500 is out of range"):
         Settings.from_env({"NODE_NAME": "n1", "DEVICES_PER_SLICE": "500"})
+
+
+def test_a_shared_port_is_published_for_several_allocations_with_how_a_share_consumes_it() -> None:
+    [spec] = _slices("shared-nic", NIC)
+    nic = {d["name"]: d for d in spec.devices}["nic-1"]
+    assert nic["allowMultipleAllocations"] is True
+    assert nic["capacity"] == {
+        "virtualFunctions": {"value": "4", "requestPolicy": {"default": "1", "validRange": {"min": "1", "max": "1"}}},
+        "bandwidth": {
+            "value": "100G",  # the API server's canonical form, so a read-back compares equal
+            "requestPolicy": {"default": "25G", "validRange": {"min": "1G", "step": "1G"}},
+        },
+    }
+    [plain] = _slices("tiny", NIC)
+    assert all("allowMultipleAllocations" not in d for d in plain.devices)
+    assert plain.devices[0]["capacity"] == {"virtualFunctions": {"value": "4"}}

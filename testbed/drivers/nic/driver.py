@@ -45,12 +45,14 @@ class NicDriver(EmulatedDriver):
             if nic is None:
                 continue
             config = configs.get(device.device)
-            ips = list(config.ips) if config and config.ips else [derived_ip(ref.uid, nic.attributes["index"])]
+            seed = f"{ref.uid}/{device.share_id}" if device.share_id else ref.uid
+            ips = list(config.ips) if config and config.ips else [derived_ip(seed, nic.attributes["index"])]
+            entry: dict[str, object] = {"driver": self.name, "pool": device.pool, "device": device.device}
+            if device.share_id:  # a share's status is keyed by its share ID too
+                entry["shareID"] = device.share_id
             entries.append(
-                {
-                    "driver": self.name,
-                    "pool": device.pool,
-                    "device": device.device,
+                entry
+                | {
                     "conditions": [
                         {
                             "type": "Ready",
@@ -87,7 +89,7 @@ class NicDriver(EmulatedDriver):
             log.warning("%s: could not write network status of %s/%s: %s", self.name, ref.namespace, ref.name, exc)
 
 
-def derived_ip(claim_uid: str, index: object) -> str:
-    """An address for a NIC whose claim gave none: stable per claim and port."""
-    host = int(hashlib.sha256(claim_uid.encode()).hexdigest(), 16) % 250 + 2
+def derived_ip(seed: str, index: object) -> str:
+    """An address for a NIC whose claim gave none: stable per claim (and share) and port."""
+    host = int(hashlib.sha256(seed.encode()).hexdigest(), 16) % 250 + 2
     return f"192.168.{int(str(index))}.{host}/24"
