@@ -12,7 +12,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
-PYTEST_ARGS ?=
+PYTEST_ARGS ?= --durations=15
 RUNS ?= 5
 FLEET_NODES ?= 1000
 FLEET_PROFILE ?= gpu8

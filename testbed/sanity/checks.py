@@ -8,6 +8,7 @@ checks that restart the driver come last.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -22,6 +23,7 @@ from typing import Any
 
 import grpc
 
+from testbed import quantity
 from testbed.errors import TestbedError
 from testbed.http11 import TransportError
 from testbed.kubeapi import ClaimRef
@@ -88,6 +90,45 @@ def answer_problem(method: str, asked: set[str], answered: set[str]) -> str:
     return ""
 
 
+def _shareable(driver: str, slices: list[Any]) -> tuple[Any, str]:
+    """The first device that allows multiple allocations, and a CEL selector that picks
+    it out by an attribute no other device of the driver has the same value of."""
+    devices = [d for s in slices for d in s["spec"].get("devices") or []]
+    for device in (d for d in devices if d.get("allowMultipleAllocations")):
+        for name, value in (device.get("attributes") or {}).items():
+            literal = _cel_literal(value)
+            same = [d for d in devices if (d.get("attributes") or {}).get(name) == value]
+            if literal is not None and len(same) == 1:
+                domain, _, attribute = name.rpartition("/")
+                return device, f'device.attributes["{domain or driver}"].{attribute} == {literal}'
+        raise Problem(f"no attribute of {device['name']} tells it apart from the driver's other devices", Status.SKIP)
+    raise Problem("the driver publishes no device that allows multiple allocations", Status.SKIP)
+
+
+def _cel_literal(value: Any) -> str | None:
+    if "string" in value:
+        return json.dumps(value["string"])
+    if "int" in value:
+        return str(int(value["int"]))
+    if "bool" in value:
+        return "true" if value["bool"] else "false"
+    return None  # a version compares through semver(), not ==
+
+
+def _least_shares(device: Any) -> dict[str, str]:
+    """The least of each capacity its policy allows, if two of that fit the device;
+    Problem (SKIP) if they do not."""
+    least = {}
+    for name, capacity in (device.get("capacity") or {}).items():
+        policy = capacity.get("requestPolicy") or {}
+        values, valid_range = policy.get("validValues") or [], policy.get("validRange") or {}
+        amount = values[0] if values else valid_range.get("min") or "1"
+        if 2 * quantity.parse(str(amount)) > quantity.parse(str(capacity["value"])):
+            raise Problem(f"{device['name']} cannot hold two shares of {amount} {name}", Status.SKIP)
+        least[name] = str(amount)
+    return least
+
+
 def _devices(entry: Any) -> list[tuple[list[str], str, str, list[str]]]:
     return [(list(d.request_names), d.pool_name, d.device_name, list(d.cdi_device_ids)) for d in entry.devices]
 
@@ -140,6 +181,7 @@ class Suite:
             ("v1 and v1beta1 agree", self.check_versions_agree),
             ("unprepare, twice and unknown", self.check_unprepare),
             ("firstAvailable: base request names", self.check_first_available),
+            ("shares of one device", self.check_shares),
             ("per-claim errors", self.check_per_claim_errors),
             ("answers name the claims asked", self.check_exact_answers),
             ("health stream", self.check_health),
@@ -327,6 +369,46 @@ class Suite:
         finally:
             await self._done_with(claim)
         return "request_names ['dev'] for subrequest dev/one"
+
+    async def check_shares(self) -> str:
+        """A device that allows multiple allocations, held twice by one claim: each share is
+        answered with its share ID (v1), which the kubelet keeps and names in the
+        pod-resources API, and with CDI IDs of its own."""
+        device, selector = _shareable(self.harness.driver_name, await self.harness.slices())
+        least = _least_shares(device)
+        claim = await self.harness.claim(self.harness.two_shares(selector, least))
+        try:
+            response = await self.prepare([claim])
+            expect(claim.uid in response.claims, f"no answer for claim {claim.name}")
+            entry = response.claims[claim.uid]
+            expect(not entry.error, f"claim {claim.name}: {entry.error}")
+            results = {r["request"]: r for r in claim.allocation["devices"]["results"]}
+            expect(len(entry.devices) == 2, f"{len(entry.devices)} devices answered for two shares")
+            ids = []
+            for answered in entry.devices:
+                [request] = list(answered.request_names) or [""]
+                allocated = results.get(request, {})
+                wanted = allocated.get("shareID", "")
+                ids.append(tuple(answered.cdi_device_ids))
+                if self.service.startswith("v1."):
+                    got = answered.share_id if answered.HasField("share_id") else ""
+                    expect(
+                        got == wanted,
+                        f"request {request!r}: share_id {got!r}, the allocation's shareID {wanted!r}: the kubelet "
+                        "keeps the answer's, and a monitoring agent reading pod-resources cannot tell the shares apart",
+                        Status.WARN,
+                    )
+            self._resolve([i for answered in ids for i in answered])
+            expect(
+                ids[0] != ids[1],
+                f"both shares of {device['name']} got CDI IDs {list(ids[0])}: a container cannot be given one share "
+                "without the other's settings",
+                Status.WARN,
+            )
+        finally:
+            await self._done_with(claim)
+        taken = ", ".join(f"{k} {v}" for k, v in least.items()) or "no capacity"
+        return f"two shares of {device['name']} ({taken} each): share IDs answered, CDI IDs of their own"
 
     async def check_per_claim_errors(self) -> str:
         good = await self.harness.claim(self.harness.one_device())

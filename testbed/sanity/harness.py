@@ -323,6 +323,14 @@ class Harness:
     def one_device(self) -> list[Obj]:
         return [{"name": "dev", "exactly": {"deviceClassName": self.device_class}}]
 
+    def two_shares(self, selector: str, least: Mapping[str, str]) -> list[Obj]:
+        """Two requests for the device ``selector`` picks out, each taking ``least`` of its
+        capacities: a claim that holds two shares of one device."""
+        exactly: Obj = {"deviceClassName": self.device_class, "selectors": [{"cel": {"expression": selector}}]}
+        if least:
+            exactly["capacity"] = {"requests": dict(least)}
+        return [{"name": name, "exactly": exactly} for name in ("one", "two")]
+
     def first_available(self) -> list[Obj]:
         """The first choice cannot be met (more devices than a node has), the second can."""
         choices = [

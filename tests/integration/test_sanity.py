@@ -62,11 +62,13 @@ def _sanity(
 @pytest.mark.parametrize("driver", list(KINDS))
 def test_every_check_passes_for_the_built_in_drivers(control_plane: ClusterState, fleet: Fleet, driver: str) -> None:
     del fleet  # for its DeviceClasses and access policy
-    [profile] = [p for p in ("tiny", "fpga4") if drivers_for(load_profile(p)).count(driver)][:1]
+    [profile] = [p for p in ("shared-nic", "fpga4") if drivers_for(load_profile(p)).count(driver)][:1]
     env = {"DRIVERS": driver, "HARDWARE_PROFILE": profile, "HEALTH_PORT": "-1", "METRICS_PORT": "-1"}
     results = _sanity(control_plane, DRIVER, env, driver)
-    assert len(results) == 15
-    assert {r.name: r.status for r in results if r.status is not Status.PASS} == {}, [
+    assert len(results) == 16
+    # The NIC's ports are shared on this profile; the other drivers' devices are not.
+    unshared = {} if driver == "nic.dra-testbed.io" else {"shares of one device": Status.SKIP}
+    assert {r.name: r.status for r in results if r.status is not Status.PASS} == unshared, [
         (r.name, r.detail) for r in results if r.status is not Status.PASS
     ]
 
@@ -81,6 +83,7 @@ def test_a_driver_on_the_upstream_kubeletplugin_helper_passes(control_plane: Clu
     helper = str(ensure_bench_binaries().path("testbed-helperdriver"))
     results = {r.name: r for r in _sanity(control_plane, [helper, "--driver", HELPER, "--gpus", "2"], {}, HELPER)}
     assert results.pop("health stream").status is Status.SKIP, "it serves no health stream"
+    assert results.pop("shares of one device").status is Status.SKIP, "its devices are not shared"
     assert {name: r.detail for name, r in results.items() if r.status is not Status.PASS} == {}
     assert "the call failed as a whole, naming the problem (UNKNOWN: " in results["per-claim errors"].detail
     assert "2 devices" in results["resource slices within API limits"].detail
@@ -94,6 +97,7 @@ def test_a_running_nodes_driver_is_checked_without_restarting_it(control_plane: 
     assert {results[name].status for name in restarts} == {Status.SKIP}
     # built-in drivers on synthetic nodes run in-process and never roll: their sockets need no pod UID
     assert results.pop("rolling-update socket names").status in (Status.SKIP, Status.WARN)
+    assert results.pop("shares of one device").status is Status.SKIP, "a tiny node's GPUs are not shared"
     assert {name: r.detail for name, r in results.items() if r.status is not Status.PASS and name not in restarts} == {}
     assert "gpu.dra-testbed.io" in results["registration"].detail
     [ready] = [c for c in fleet_node(control_plane, node)["status"]["conditions"] if c["type"] == "Ready"]
