@@ -278,7 +278,7 @@ def _kubectl() -> Path:
     "--profile",
     default="tiny",
     show_default=True,
-    help="Hardware profile of the synthetic nodes: gpu8, h100x8, tiny, fpga4, or a YAML file.",
+    help="Hardware profile of the synthetic nodes: gpu8, h100x8, tiny, shared-nic, fpga4, or a YAML file.",
 )
 @click.option(
     "--nodes-per-host",

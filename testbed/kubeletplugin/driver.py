@@ -83,8 +83,10 @@ class Driver(Protocol):
         ...
 
     async def prepare(self, claim: ClaimToPrepare) -> list[PreparedDevice]:
-        """Hold the claim's devices and say what a container using each sees. Raise
-        ClaimFailed to fail this claim; it is unprepared again then. Idempotent."""
+        """Hold the claim's devices and say what a container using each sees (a share of a
+        shareable device answered with its ``share_id``: each share gets a CDI device of
+        its own). Raise ClaimFailed to fail this claim; it is unprepared again then.
+        Idempotent."""
         ...
 
     async def unprepare(self, claim_uid: str) -> None:

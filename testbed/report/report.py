@@ -307,8 +307,7 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [
         f"# {report['scenario']}: {report['verdict']}",
         "",
-        report["description"],
-        "",
+        *([report["description"], ""] if report["description"] else []),
         f"Started {report['started']}, {report['duration_s']} s, namespace `{report['namespace']}`.",
         "",
         *_cluster_lines(report),

@@ -52,3 +52,10 @@ def test_a_histogram_read_with_nothing_in_it_says_so_rather_than_n_a(
         data.before["fleet"], data.after["fleet"] = before, after
     text = report.markdown(report.build(data, {"checkpoint_entries": 0, "cdi_specs": 0}, {}))
     assert shown in text, [line for line in text.splitlines() if "GC pause" in line]
+
+
+def test_a_scenario_without_a_description_leaves_no_gap_under_the_title() -> None:
+    scenario = spec.Scenario.model_validate({"name": "plain", "phases": [{"name": "p", "jobs": 1}]})
+    leaks = {"checkpoint_entries": 0, "cdi_specs": 0}
+    text = report.markdown(report.build(RunData(scenario, "ns", 0.0, 0.0, ended=1.0), leaks, {}))
+    assert text.startswith("# plain: ") and "\n\n\n" not in text.split("| cluster |")[0], text[:200]
