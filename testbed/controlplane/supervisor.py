@@ -18,6 +18,7 @@ too, and ends.
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -96,13 +97,21 @@ def read(root: Path) -> dict[str, Component]:
 
 
 class Supervisor:
-    def __init__(self, root: Path, records: list[ProcessRecord], others: list[ProcessRecord] | None = None):
+    def __init__(
+        self,
+        root: Path,
+        records: list[ProcessRecord],
+        others: list[ProcessRecord] | None = None,
+        outside: list[Path] | None = None,
+    ):
         """``records``: the components to keep running, in the order to stop them;
         ``others``: the cluster's other processes (Ray's head), stopped if the cluster
-        directory goes."""
+        directory goes; ``outside``: its directories elsewhere (the synthetic nodes',
+        which hold their hosts' credentials, and Ray's temp dir), removed then too."""
         self.root = root
         self.components = {r.name: Component(r, started_at=processes.started_at(r)) for r in records}
         self.others = list(others or [])
+        self.outside = list(outside or [])
         self.children: dict[str, subprocess.Popen[bytes]] = {}
         self.stopping = False
         self._directory = _identity(root)
@@ -173,6 +182,9 @@ class Supervisor:
                 self.stopping = True
                 stopped = self.stop_everything()
                 print(f"the cluster directory {self.root} is gone: stopped {', '.join(stopped)}", flush=True)
+                for directory in self.outside:
+                    shutil.rmtree(directory, ignore_errors=True)
+                    print(f"removed {directory}", flush=True)
                 return
             self.step(time.time())
             now = json.dumps({n: c.next_start_at for n, c in self.components.items()})
@@ -193,6 +205,7 @@ class Supervisor:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from testbed.config import nodes_dir
     from testbed.controlplane.cluster import STOP_ORDER, SUPERVISOR, ClusterState
 
     args = sys.argv[1:] if argv is None else argv
@@ -205,8 +218,13 @@ def main(argv: list[str] | None = None) -> None:
     by_name = {p.name: p for p in state.processes}
     records = [by_name[name] for name in STOP_ORDER if name in by_name]
     others = [p for p in state.processes if p.name not in STOP_ORDER and p.name != SUPERVISOR]
+    outside = [nodes_dir(root)]  # computed now: the path derives from the directory while it exists
+    if any(p.name == "ray" for p in others):
+        from testbed.fleet.raycluster import ray_temp_dir  # the entry point's one look beyond the control plane
+
+        outside.append(ray_temp_dir(root).parent)
     print(f"supervising {', '.join(r.name for r in records)}", flush=True)
-    Supervisor(root, records, others).run()
+    Supervisor(root, records, others, outside).run()
 
 
 if __name__ == "__main__":

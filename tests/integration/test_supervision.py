@@ -214,11 +214,15 @@ def test_a_cluster_whose_directory_is_removed_is_stopped_by_its_supervisor(kube_
         return found
 
     assert ray_processes(), "the fleet's Ray runs"
+    outside = [nodes_dir(config.cluster_dir), raycluster.ray_temp_dir(config.cluster_dir).parent]
+    assert all(d.is_dir() for d in outside), outside
     try:
         shutil.rmtree(config.state_dir.parent)
         wait_for(lambda: not any(r.alive() for r in recorded), 60, "every process of the removed cluster stopped")
         wait_for(lambda: not ray_processes(), 30, "Ray's processes (raylet, NodeHosts) gone with its head")
         assert not config.state_dir.parent.exists(), "a restarted component made the cluster directory again"
+        # The nodes' directory holds the NodeHosts' kubeconfigs: nothing of it may stay behind.
+        wait_for(lambda: not any(d.exists() for d in outside), 30, f"{outside} removed with the cluster")
     finally:
         processes.stop([r for r in recorded if r.alive()])
         raycluster.remove_temp_dir(config.cluster_dir)
