@@ -1037,6 +1037,14 @@ def fault(node: str, action: str, target: str, name: str, state_dir: Path | None
 @click.option("--env", "env_items", multiple=True, metavar="KEY=VALUE", help="Extra environment for the driver.")
 @click.option("--junit", type=click.Path(path_type=Path, dir_okay=False), default=None, help="Also write JUnit XML.")
 @click.option(
+    "--check",
+    "wanted",
+    multiple=True,
+    metavar="TEXT",
+    help="Run only the checks whose names contain TEXT (repeatable; any case), with the ones they "
+    "stand on: e.g. --check health --check 'per-claim'.",
+)
+@click.option(
     "--node",
     "node",
     default="",
@@ -1051,6 +1059,7 @@ def sanity(
     driver_name: str,
     env_items: tuple[str, ...],
     junit: Path | None,
+    wanted: tuple[str, ...],
     node: str,
     command: tuple[str, ...],
 ) -> None:
@@ -1061,8 +1070,12 @@ def sanity(
     (--node N), plays the kubelet's part on the wire, and has the real scheduler
     allocate the claims it prepares. One line per check; exit 0 only without FAIL."""
     from testbed import sanity as sanity_suite
-    from testbed.sanity.checks import Result, Status, junit_xml
+    from testbed.sanity.checks import Result, Status, junit_xml, select
 
+    try:
+        only = select(wanted) if wanted else None
+    except ValueError as exc:
+        raise TestbedError(f"--check: {exc}", hint="give part of a check's name, as the suite prints it") from None
     if bool(node) == bool(command):
         raise TestbedError(
             "give the driver's command (after --) or --node N, one of the two",
@@ -1086,7 +1099,7 @@ def sanity(
 
     runnable = fleet_spec.runnable_from(list(command), Path.cwd()) if command else []
     results, driver = sanity_suite.run(
-        state.kubeconfig, runnable, env, driver_name, lambda line: stderr.print(line, markup=False), say, running
+        state.kubeconfig, runnable, env, driver_name, lambda line: stderr.print(line, markup=False), say, running, only
     )
     counts = {status: sum(1 for r in results if r.status is status) for status in Status}
     stderr.print(", ".join(f"{n} {status}" for status, n in counts.items() if n))

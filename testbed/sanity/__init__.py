@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
 from testbed.errors import run_coroutine
@@ -22,10 +22,12 @@ def run(
     say: Callable[[str], None] | None = None,
     on_result: Callable[[Result], None] | None = None,
     running: RunningNode | None = None,
+    only: Collection[str] | None = None,
 ) -> tuple[list[Result], str]:
     """Every check against ``command`` run as the driver of a node of its own on the
     cluster of ``kubeconfig`` (or against the driver already serving ``running``); the
-    results and the name the driver registered."""
+    results and the name the driver registered. ``only``: the names of the checks to run
+    (``checks.select`` works them out), else all of them."""
 
     async def go() -> tuple[list[Result], str]:
         admin = KubeClient.from_kubeconfig(kubeconfig)
@@ -41,7 +43,7 @@ def run(
                 say(f"driver on node {harness.node}; its log: {harness.process.log_path}")
             elif say is not None:
                 say(f"the running driver of node {harness.node}: checks that restart it are skipped")
-            return await Suite(harness, on_result).run(), harness.driver_name
+            return await Suite(harness, on_result, only).run(), harness.driver_name
         finally:
             try:
                 await harness.teardown()

@@ -15,7 +15,7 @@ import socket
 import time
 import uuid
 import xml.etree.ElementTree as ET
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -133,9 +133,54 @@ def _devices(entry: Any) -> list[tuple[list[str], str, str, list[str]]]:
     return [(list(d.request_names), d.pool_name, d.device_name, list(d.cdi_device_ids)) for d in entry.devices]
 
 
+CHECKS = [
+    ("registration", "check_registration"),
+    ("services answer", "check_services"),
+    ("rolling-update socket names", "check_socket_names"),
+    ("resource slices within API limits", "check_slices"),
+    ("prepare an allocated claim", "check_prepare"),
+    ("idempotent prepare", "check_idempotent"),
+    ("v1 and v1beta1 agree", "check_versions_agree"),
+    ("unprepare, twice and unknown", "check_unprepare"),
+    ("firstAvailable: base request names", "check_first_available"),
+    ("shares of one device", "check_shares"),
+    ("per-claim errors", "check_per_claim_errors"),
+    ("answers name the claims asked", "check_exact_answers"),
+    ("health stream", "check_health"),
+    ("kubelet restart: slices back", "check_slices_come_back"),
+    ("kill -9 mid-prepare, restart, retry", "check_kill_mid_prepare"),
+    ("API server unreachable", "check_api_unreachable"),
+]
+"""In the order they run: the checks that restart the driver come last."""
+CHECK_NAMES = [name for name, _ in CHECKS]
+_CLAIMS_FROM = CHECK_NAMES.index("prepare an allocated claim")
+_ON_THE_SHARED_CLAIM = {"idempotent prepare", "v1 and v1beta1 agree", "unprepare, twice and unknown"}
+
+
+def select(wanted: Collection[str]) -> list[str]:
+    """The checks whose names contain one of ``wanted`` (any case), with what they stand
+    on: registration always, the slices check (it makes the DeviceClass) before any claim,
+    and the shared claim's prepare and unprepare around the checks that reuse it."""
+    chosen: set[str] = set()
+    for text in wanted:
+        found = {name for name in CHECK_NAMES if text.strip().lower() in name.lower()} if text.strip() else set()
+        if not found:
+            raise ValueError(f"no check is named like {text!r}; the checks: {'; '.join(CHECK_NAMES)}")
+        chosen |= found
+    chosen.add("registration")
+    if any(CHECK_NAMES.index(name) >= _CLAIMS_FROM for name in chosen):
+        chosen.add("resource slices within API limits")
+    if chosen & (_ON_THE_SHARED_CLAIM | {"prepare an allocated claim"}):
+        chosen |= {"prepare an allocated claim", "unprepare, twice and unknown"}
+    return [name for name in CHECK_NAMES if name in chosen]
+
+
 class Suite:
-    def __init__(self, harness: Harness, say: Callable[[Result], None] | None = None):
+    def __init__(
+        self, harness: Harness, say: Callable[[Result], None] | None = None, only: Collection[str] | None = None
+    ):
         self.harness = harness
+        self.only = set(only) if only is not None else {name for name, _ in CHECKS}
         self.say = say
         self.registration: Registration | None = None
         self.results: list[Result] = []
@@ -171,27 +216,12 @@ class Suite:
         await self.harness.release(claim)
 
     async def run(self) -> list[Result]:
-        checks: list[tuple[str, Callable[[], Awaitable[str]]]] = [
-            ("registration", self.check_registration),
-            ("services answer", self.check_services),
-            ("rolling-update socket names", self.check_socket_names),
-            ("resource slices within API limits", self.check_slices),
-            ("prepare an allocated claim", self.check_prepare),
-            ("idempotent prepare", self.check_idempotent),
-            ("v1 and v1beta1 agree", self.check_versions_agree),
-            ("unprepare, twice and unknown", self.check_unprepare),
-            ("firstAvailable: base request names", self.check_first_available),
-            ("shares of one device", self.check_shares),
-            ("per-claim errors", self.check_per_claim_errors),
-            ("answers name the claims asked", self.check_exact_answers),
-            ("health stream", self.check_health),
-            ("kubelet restart: slices back", self.check_slices_come_back),
-            ("kill -9 mid-prepare, restart, retry", self.check_kill_mid_prepare),
-            ("API server unreachable", self.check_api_unreachable),
-        ]
         essential = {"registration", "resource slices within API limits"}
         broken = ""
-        for name, check in checks:
+        for name, method in CHECKS:
+            if name not in self.only:
+                continue
+            check: Callable[[], Awaitable[str]] = getattr(self, method)
             started = time.monotonic()
             if broken:
                 result = Result(name, Status.SKIP, f"not checked: {broken} failed")
