@@ -63,6 +63,9 @@ class Device:
     share_env_prefix: str = ""
     """A share's container sees ``<prefix>_SHARE`` (its slot on the device, from 0) and
     ``<prefix>_<CAPACITY>`` (what it consumes of each capacity)."""
+    behind_fabric: bool = False
+    """It sits in a chassis shared by many nodes and reaches a node over a fabric: the
+    fabric manager must attach it to the node that claims it before anything there uses it."""
 
 
 @dataclass(frozen=True)

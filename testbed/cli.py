@@ -31,7 +31,7 @@ from testbed.errors import TestbedError, interrupt_on_sigterm, run_coroutine
 from testbed.fingerprint import code_version
 from testbed.fleet import spec as fleet_spec
 from testbed.fleet.external import recorded_drivers
-from testbed.fleet.fleet import FAULT_ACTIONS, ScaleInterrupted
+from testbed.fleet.fleet import FAULT_ACTIONS, Fleet, ScaleInterrupted
 from testbed.progress import ConsoleProgress
 from testbed.realnode import kubelet_api
 from testbed.realnode.node import recorded_kubelet_pid, recorded_processes
@@ -126,7 +126,8 @@ def _print_fleet(state: cluster.ClusterState, out: Console) -> None:
         table.add_row(pool.name, pool.profile, pool.kubelet, f"{ready_by_pool.get(pool.name, 0)} / {pool.count}")
     out.print(table)
     try:
-        hosts = environment.attach_fleet(state).describe()
+        attached = environment.attach_fleet(state)
+        hosts = attached.describe()
     except TestbedError as exc:
         out.print(f"NodeHosts: {exc.message}", markup=False)
         return
@@ -149,6 +150,18 @@ def _print_fleet(state: cluster.ClusterState, out: Console) -> None:
         )
     out.print(table)
     out.print(_ray_hosts_table(hosts))
+    _print_fabric(attached, out)
+
+
+def _print_fabric(fleet: Fleet, out: Console) -> None:
+    try:
+        figures = fleet.fabric_figures()
+    except Exception as exc:  # a status must say what it can, not fail
+        out.print(f"fabric manager: did not answer ({type(exc).__name__})", markup=False)
+        return
+    if figures is not None:
+        said = ", ".join(f"{count} {what}" for what, count in figures.items())
+        out.print(f"fabric manager (since it last started): {said}", markup=False)
 
 
 def _ray_hosts_table(hosts: dict[str, dict[str, Any]]) -> Table:
@@ -278,7 +291,7 @@ def _kubectl() -> Path:
     "--profile",
     default="tiny",
     show_default=True,
-    help="Hardware profile of the synthetic nodes: gpu8, h100x8, tiny, shared-nic, fpga4, or a YAML file.",
+    help="Hardware profile of the synthetic nodes: gpu8, h100x8, tiny, shared-nic, fabric-gpu, fpga4, or a YAML file.",
 )
 @click.option(
     "--nodes-per-host",
@@ -1010,7 +1023,8 @@ def compare(run_a: Path, run_b: Path, fail_if: tuple[str, ...]) -> None:
 @reports_errors
 def fault(node: str, action: str, target: str, name: str, state_dir: Path | None, message: str) -> None:
     """Break a synthetic node's emulated hardware: NODE unhealthy|healthy|lost DEVICE, or
-    NODE fail-prepare N (the next N prepares fail), or NODE latency MS (every prepare).
+    NODE fail-prepare N (the next N prepares fail), or NODE latency MS (every prepare), or
+    NODE fail-attach N (the next N attaches of devices behind a fabric to NODE fail).
 
     Built-in drivers act on it at once (slices, health stream, prepare); external drivers
     see health and lost devices in $HARDWARE_DIR/inventory.json."""
@@ -1018,13 +1032,15 @@ def fault(node: str, action: str, target: str, name: str, state_dir: Path | None
     state = _running(name, state_dir)
     fleet = environment.attach_fleet(state)
     number = None
-    if action in ("fail-prepare", "latency"):
+    if action in ("fail-prepare", "latency", "fail-attach"):
         try:
             number = float(target)
         except ValueError:
             number = -1.0
-        if number < 0 or (action == "fail-prepare" and not number.is_integer()):
-            what = "a count of prepares" if action == "fail-prepare" else "milliseconds"
+        if number < 0 or (action != "latency" and not number.is_integer()):
+            what = {"fail-prepare": "a count of prepares", "fail-attach": "a count of attaches"}.get(
+                action, "milliseconds"
+            )
             raise TestbedError(f"{action} {target!r}: give {what}, a number of at least 0")
 
     run_coroutine(fleet.apply_fault(node, action, target if number is None else f"{number:g}", message))

@@ -20,3 +20,8 @@ PHASE_LABEL = "dra-testbed.io/phase"
 """On a scenario's Jobs and pods: the run and the phase they belong to."""
 SERVED_BY_ANNOTATION = "dra-testbed.io/served-by"
 """On a synthetic node's Lease: the NodeHost run that serves the node (see fleet/fencing.py)."""
+FABRIC_ATTACHED = "dra-testbed.io/FabricAttached"
+FABRIC_ATTACH_FAILED = "dra-testbed.io/FabricAttachFailed"
+"""The binding condition and binding-failure condition of a device behind a fabric: the
+fabric manager sets one of them True in the claim's status, and the scheduler binds the
+pod only after the first (and gives the allocation up on the second)."""

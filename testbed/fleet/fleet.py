@@ -11,10 +11,12 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from testbed.drivers import load_profile
 from testbed.errors import TestbedError, run_coroutine
 from testbed.files import private_dir
 from testbed.fingerprint import code_version, strangers
 from testbed.fleet.external import ExternalDriverSpec
+from testbed.fleet.fabric import FabricManager
 from testbed.fleet.identity import NodeAuthority, install_access_policy
 from testbed.fleet.membership import Membership, NodeRecipe
 from testbed.fleet.nodehost import NodeHost
@@ -24,7 +26,7 @@ from testbed.kubelet.declared import cluster_declared_features
 from testbed.progress import Progress, SilentProgress
 
 T = TypeVar("T")
-FAULT_ACTIONS = ("unhealthy", "healthy", "lost", "fail-prepare", "latency")
+FAULT_ACTIONS = ("unhealthy", "healthy", "lost", "fail-prepare", "latency", "fail-attach")
 RAY_BUILT_IN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
 RAY_LABELS = ("node:", "accelerator_type:")
 """Resources Ray gives every node by itself: not what a placement would ask for."""
@@ -46,6 +48,10 @@ def _index_in(pool: str, node: str) -> int | None:
     """The node's number in ``pool`` (Pool.node_name), or None: not one of its nodes."""
     prefix, _, index = node.rpartition("-")
     return int(index) if prefix == pool and index.isdigit() else None
+
+
+def _behind_fabric(profile: str) -> bool:
+    return any(getattr(spec, "fabric", False) for spec in load_profile(profile).devices.values())
 
 
 def _recipe(fleet: FleetFile, pool: Pool, index: int) -> NodeRecipe:
@@ -104,6 +110,8 @@ class Fleet:
         placement of their own)."""
         self.authority = NodeAuthority.for_cluster(kubeconfig) if spec.identities == "per-node" else None
         """Issues each node its identity; None: nodes use the fleet's credentials."""
+        self.fabric: Any = None
+        """The fabric manager actor (fabric.py), once a node has devices behind a fabric."""
 
     @classmethod
     def attach(cls, spec: FleetFile, kubeconfig: Path, nodes_dir: Path, fleet_id: str) -> Fleet:
@@ -121,6 +129,8 @@ class Fleet:
             )
         for name in names:
             fleet.hosts[name] = ray.get_actor(name)
+        with contextlib.suppress(ValueError):  # none: no node has devices behind a fabric
+            fleet.fabric = ray.get_actor(fleet._fabric_name)
         members = fleet._ask_all("ready", timeout_s=300)
         for name, nodes in members.items():
             fleet.host_of.update(dict.fromkeys(nodes, name))
@@ -179,6 +189,31 @@ class Fleet:
         )
         return name
 
+    @property
+    def _fabric_name(self) -> str:
+        return f"fabric-{self.id}"
+
+    def _ensure_fabric(self, recipes: list[NodeRecipe]) -> None:
+        """Start the fabric manager once a node to come has devices behind a fabric."""
+        import ray
+
+        if self.fabric is not None or not any(_behind_fabric(r.profile) for r in recipes):
+            return
+        options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 1000, "max_restarts": -1}
+        if self.detached:
+            options["lifetime"] = "detached"
+        self.fabric = (
+            ray.remote(FabricManager)
+            .options(name=self._fabric_name, get_if_exists=True, **options)
+            .remote(self.kubeconfig_content, self.spec.fabric.attach_seconds, self.authority)
+        )
+
+    def fabric_figures(self) -> dict[str, Any] | None:
+        """Attaches done, failed and under way; None without a fabric manager."""
+        import ray
+
+        return None if self.fabric is None else dict(ray.get(self.fabric.figures.remote(), timeout=30))
+
     def _declared_features(self) -> list[str]:
         """Read once: the API server's /metrics is megabytes, too much to ask per host."""
         if self._declared is None:
@@ -214,6 +249,7 @@ class Fleet:
         self._check_resources()
         placement = self._place(recipes)  # the hosts' processes start while the policy goes in
         self._install_access_policy(progress)
+        self._ensure_fabric(recipes)
         with progress.task(f"starting {len(recipes)} synthetic nodes on {len(placement)} NodeHost actors"):
             self._bring_up(placement, progress, timeout_s)
         pools = ", ".join(f"{p.name}: {p.count} x {p.profile}" for p in self.spec.pools)
@@ -349,6 +385,7 @@ class Fleet:
             except KeyboardInterrupt:
                 self._stop_unstarted(sorted(self._unstarted))
                 raise ScaleInterrupted(handed=0, given_up=len(wanted)) from None
+            self._ensure_fabric(wanted)
             with progress.task(f"adding {len(wanted)} nodes to pool {pool.name}"):
                 self._bring_up(placement, progress, timeout_s)
             progress.step(f"pool {pool.name}: {len(wanted)} nodes added")
@@ -506,6 +543,13 @@ class Fleet:
             call = host.lose_device.remote(node, target)
         elif action in ("healthy", "unhealthy"):
             call = host.set_health.remote(node, target, action == "healthy", message)
+        elif action == "fail-attach":
+            if self.fabric is None:
+                raise TestbedError(
+                    f"node {node}: no device of this fleet sits behind a fabric, so none is attached",
+                    hint="give a pool a profile with `gpus: {fabric: true}` (the shipped fabric-gpu)",
+                )
+            call = self.fabric.fail_attach.remote(node, int(target))
         else:
             raise TestbedError(f"unknown fault {action!r}", hint=f"use one of {', '.join(FAULT_ACTIONS)}")
         try:
@@ -567,5 +611,10 @@ class Fleet:
             ray.get([host.forget.remote() for host in self.hosts.values()], timeout=60)
             for host in self.hosts.values():
                 ray.kill(host)
+        if self.fabric is not None:
+            with contextlib.suppress(ray.exceptions.RayError):
+                ray.get(self.fabric.stop.remote(), timeout=10)
+            ray.kill(self.fabric)
+            self.fabric = None
         self.hosts.clear()
         self.host_of.clear()

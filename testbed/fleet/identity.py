@@ -108,6 +108,13 @@ class NodeAuthority:
         )
         return client_certificate(subject, *self._ca, encoding=encoding)
 
+    def user_client(self, user: str) -> KubeClient:
+        """A client that is ``user`` (no groups), as the API server sees it."""
+        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, user)])
+        context = self._context()
+        load_pem_pair(context, *client_certificate(subject, *self._ca))
+        return KubeClient(Credentials(self.server, context))
+
     def kubelet_client(self, node: str) -> KubeClient:
         """A client that is this node's kubelet, as the API server sees it."""
         context = self._context()

@@ -220,6 +220,13 @@ class RaySettings(_Strict):
     address: str | None = Field(default=None, pattern=r"^[^:\s]+:[0-9]+$")
 
 
+class FabricSettings(_Strict):
+    """The fabric manager's, for devices behind a fabric (a profile's ``gpus.fabric``)."""
+
+    attach_seconds: float = Field(default=1.0, alias="attachSeconds", ge=0, le=600)
+    """How long attaching a device takes; the scheduler looks every 5 s."""
+
+
 DEFAULT_NODES_PER_HOST = 250
 """Each NodeHost costs about 2 CPU-seconds before its first node (Python and Ray's
 imports in a new process), as much as 50 gpu8 nodes cost it, and about 0.014 core idle
@@ -238,6 +245,7 @@ class FleetFile(_Strict):
     nodes_per_host: int = Field(default=DEFAULT_NODES_PER_HOST, alias="nodesPerHost", ge=1, le=10_000)
     seed: int = 0
     ray: RaySettings = Field(default_factory=RaySettings)
+    fabric: FabricSettings = Field(default_factory=FabricSettings)
     pools: list[Pool] = Field(min_length=1)
     identities: Literal["per-node", "shared"] = "per-node"
     """per-node: each kubelet is system:node:<name> and each node's drivers use a token

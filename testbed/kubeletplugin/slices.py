@@ -19,7 +19,7 @@ from typing import Any
 from fake_devices.hardware import DeviceHealth, Health
 from fake_devices.kinds import Device, SharedPool, SharePolicy
 from testbed import quantity
-from testbed.keys import SLICE_NODE_LABEL, UNHEALTHY_TAINT_KEY
+from testbed.keys import FABRIC_ATTACH_FAILED, FABRIC_ATTACHED, SLICE_NODE_LABEL, UNHEALTHY_TAINT_KEY
 from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
 from testbed.routedwatch import RoutedWatch
 
@@ -56,6 +56,9 @@ def device_entry(device: Device, health: DeviceHealth | None) -> Obj:
     entry: Obj = {"name": device.name, "attributes": attributes, "capacity": capacity}
     if device.shareable:
         entry["allowMultipleAllocations"] = True
+    if device.behind_fabric:
+        entry["bindingConditions"] = [FABRIC_ATTACHED]
+        entry["bindingFailureConditions"] = [FABRIC_ATTACH_FAILED]
     if device.pool:
         entry["consumesCounters"] = [
             {

@@ -29,7 +29,7 @@ from testbed.fleet.external import ExternalDriver, ExternalDriverSpec, ShortPath
 from testbed.fleet.identity import DRIVER_NAMESPACE, NodeAuthority, driver_pod_name, driver_token, install_access_policy
 from testbed.grpcapi import pluginregistration_pb2, pluginregistration_pb2_grpc
 from testbed.grpcapi.channels import unix_channel
-from testbed.kubeapi import ApiError, ClaimRef, KubeClient, Obj, path_for
+from testbed.kubeapi import ApiError, ClaimRef, KubeClient, Obj, now_rfc3339, path_for
 from testbed.kubelet.node import NodeAgent, NodeSpec
 from testbed.kubelet.plugins import DRA_SERVICES, HEALTH_SERVICES
 from testbed.sanity import leftovers
@@ -356,11 +356,66 @@ class Harness:
             current = await self.admin.get(path_for(RESOURCE, "resourceclaims", name, self.namespace))
             allocation = current.get("status", {}).get("allocation")
             if allocation:
+                if await self._satisfy_binding_conditions(current):
+                    await self._wait_bound(f"holder-{name}", deadline)
                 return Claim(self.namespace, name, current["metadata"]["uid"], allocation)
             await asyncio.sleep(0.2)
         raise TestbedError(
             f"the scheduler did not allocate claim {name} on node {self.node} within {ALLOCATION_TIMEOUT_S:.0f} s",
             hint="does the driver publish ResourceSlices for its node with free devices?",
+        )
+
+    async def _satisfy_binding_conditions(self, claim: Obj) -> bool:
+        """Devices published with binding conditions wait for a controller of the cluster
+        (a fabric's, say) to set them True before the scheduler binds the pod; until then
+        the scheduler holds the devices, even past the pod's deletion, for up to its 600 s
+        binding timeout. The suite checks the kubelet plugin, not that controller: it plays
+        the controller, so each claim's pod is bound and its devices freed when it goes.
+        True if the claim had binding conditions."""
+        now = now_rfc3339()
+        entries = []
+        for result in claim["status"]["allocation"]["devices"].get("results") or []:
+            if not result.get("bindingConditions"):
+                continue
+            entry = {k: result[k] for k in ("driver", "pool", "device")}
+            if result.get("shareID"):
+                entry["shareID"] = result["shareID"]
+            conditions = [
+                {"type": c, "status": "True", "reason": "SanitySuite", "message": "", "lastTransitionTime": now}
+                for c in result["bindingConditions"]
+            ]
+            entries.append(entry | {"conditions": conditions})
+        if not entries:
+            return False
+        meta = claim["metadata"]
+        body = {
+            "apiVersion": RESOURCE,
+            "kind": "ResourceClaim",
+            "metadata": {"name": meta["name"], "namespace": meta["namespace"], "uid": meta["uid"]},
+            "status": {"devices": entries},
+        }
+        await self.admin.request(
+            "PATCH",
+            path_for(RESOURCE, "resourceclaims", meta["name"], meta["namespace"], "status"),
+            body,
+            params={"fieldManager": "dra-testbed-sanity", "force": "true"},
+            content_type="application/apply-patch+yaml",
+        )
+        return True
+
+    async def _wait_bound(self, pod: str, deadline: float) -> None:
+        """Until the scheduler, which looks every 5 s, has bound the pod: a pod deleted
+        while it waits leaves its devices held in the scheduler, and pods after it wait
+        minutes for their turn."""
+        while time.monotonic() < deadline:
+            current = await self.admin.get(path_for("v1", "pods", pod, self.namespace))
+            if current["spec"].get("nodeName"):
+                return
+            await asyncio.sleep(0.2)
+        raise TestbedError(
+            f"the scheduler did not bind pod {pod} within {ALLOCATION_TIMEOUT_S:.0f} s of its claim's binding "
+            "conditions being met",
+            hint="see the pod's events (kubectl describe pod)",
         )
 
     def _holder(self, claim: str) -> Obj:

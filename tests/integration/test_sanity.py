@@ -74,6 +74,20 @@ def test_every_check_passes_for_the_built_in_drivers(control_plane: ClusterState
     ]
 
 
+def test_claims_on_devices_with_binding_conditions_are_bound_and_freed_between_checks(
+    control_plane: ClusterState, fleet: Fleet
+) -> None:
+    """fabric-gpu's GPUs wait for a fabric to attach them: with nothing to meet their
+    binding conditions, the scheduler held each check's devices past its pod's deletion
+    and the next check's claim was not allocated within a minute."""
+    del fleet  # for its DeviceClasses and access policy
+    env = {"DRIVERS": "gpu.dra-testbed.io", "HARDWARE_PROFILE": "fabric-gpu", "HEALTH_PORT": "-1", "METRICS_PORT": "-1"}
+    chosen = checks.select(["prepare an allocated", "firstAvailable", "per-claim", "claims asked"])
+    results = _sanity(control_plane, DRIVER, env, "gpu.dra-testbed.io", only=chosen)
+    assert {r.name: r.detail for r in results if r.status is not Status.PASS} == {}
+    assert len(results) == 7, [r.name for r in results]
+
+
 def test_a_driver_on_the_upstream_kubeletplugin_helper_passes(control_plane: ClusterState, fleet: Fleet) -> None:
     """The suite grew up beside the testbed's own driver. A driver on the code driver
     developers build on (k8s.io/dynamic-resource-allocation's helper: its registrar,

@@ -32,7 +32,7 @@ def test_profile_errors_name_the_field() -> None:
         PROFILES.parse(bad, "bad.yaml")
     with pytest.raises(ProfileError, match=r"nics\.linkSpeedGbps: Field required"):
         PROFILES.parse("name: x\nnics: {count: 1, model: m}\n", "nic.yaml")
-    with pytest.raises(ProfileError, match="shipped profiles: fpga4, gpu8, h100x8, shared-nic, tiny"):
+    with pytest.raises(ProfileError, match="shipped profiles: fabric-gpu, fpga4, gpu8, h100x8, shared-nic, tiny"):
         load_profile("h200x9")
 
 

@@ -51,6 +51,10 @@ def test_defaults_keep_ordinary_workloads_off_synthetic_nodes() -> None:
             "pools: [{name: a, count: 1, placement: {labels: {tier: 'no spaces'}}}]",
             r"pools\[0\]\.placement: .*labels: tier='no spaces'",
         ),
+        (
+            "fabric: {attachSeconds: -1}\npools: [{name: a, count: 1}]",
+            r"fabric\.attachSeconds: Input should be greater than or equal to 0",
+        ),
     ],
 )
 def test_errors_name_the_field(text: str, message: str) -> None:

@@ -2,7 +2,7 @@
 
 from fake_devices.hardware import DeviceHealth, Health, build_inventory
 from testbed.drivers import KINDS, load_profile
-from testbed.keys import UNHEALTHY_TAINT_KEY
+from testbed.keys import FABRIC_ATTACH_FAILED, FABRIC_ATTACHED, UNHEALTHY_TAINT_KEY
 from testbed.kubeletplugin.slices import desired_slices
 
 GPU, NIC = "gpu.dra-testbed.io", "nic.dra-testbed.io"
@@ -94,3 +94,12 @@ def test_a_shared_port_is_published_for_several_allocations_with_how_a_share_con
     [plain] = _slices("tiny", NIC)
     assert all("allowMultipleAllocations" not in d for d in plain.devices)
     assert plain.devices[0]["capacity"] == {"virtualFunctions": {"value": "4"}}
+
+
+def test_gpus_behind_a_fabric_carry_the_conditions_the_scheduler_waits_for() -> None:
+    [spec] = _slices("fabric-gpu", GPU)
+    assert [d["name"] for d in spec.devices] == ["gpu-0", "gpu-1"]
+    for device in spec.devices:
+        assert device["bindingConditions"] == [FABRIC_ATTACHED]
+        assert device["bindingFailureConditions"] == [FABRIC_ATTACH_FAILED]
+    assert all("bindingConditions" not in d for s in _slices("tiny", GPU) for d in s.devices)

@@ -34,6 +34,11 @@ class GpuSpec(DeviceSpec):
     multiprocessors: int = Field(ge=1)
     memory_slices: int = Field(default=8, alias="memorySlices", ge=1, le=16)
     partitions: list[PartitionProfile] = Field(default_factory=list)
+    fabric: bool = Field(
+        default=False,
+        description="the GPUs sit in a chassis shared over a fabric: each is attached to the node "
+        "that claims it before a pod there may bind (binding conditions)",
+    )
 
     @model_validator(mode="after")
     def _placements_fit(self) -> GpuSpec:
@@ -80,11 +85,13 @@ class GpuSpec(DeviceSpec):
                     draws=dict(pool_capacity),
                     env={f"{key}_UUID": str(common["uuid"])},
                     pci_ids=PCI_IDS,
+                    behind_fabric=self.fabric,
                 )
             )
             for partition in self.partitions:
                 devices += [
-                    self._partition(slots, i, whole, pool_name, common, partition, s) for s in partition.placements
+                    self._partition(slots, i, whole, pool_name, common, partition, s, self.fabric)
+                    for s in partition.placements
                 ]
         return devices, pools
 
@@ -97,6 +104,7 @@ class GpuSpec(DeviceSpec):
         common: dict[str, AttributeValue],
         partition: PartitionProfile,
         start: int,
+        fabric: bool,
     ) -> Device:
         name = f"{whole}-{partition.name.replace('.', '')}-{start}"
         uuid = slots.uuid(f"mig{index}-{partition.name}", start)
@@ -118,4 +126,5 @@ class GpuSpec(DeviceSpec):
             draws=capacity | {f"memory-slice-{s}": 1 for s in range(start, start + partition.memory_slices)},
             parent=whole,
             env={f"{name.upper().replace('-', '_')}_UUID": uuid},
+            behind_fabric=fabric,
         )
