@@ -120,6 +120,28 @@ def test_rbac_separates_driver_user_and_admin(kubectl: Kubectl, deployed: None) 
     assert not kubectl.can_i(driver, "list", "pods", "default")
     assert not kubectl.can_i(driver, "create", "deviceclasses.resource.k8s.io")
 
+    # the fleet's fabric manager: every claim's status, for the GPU driver, on any node
+    fabric = "dra-testbed:fabric-manager"
+    assert kubectl.can_i(fabric, "watch", "resourceclaims.resource.k8s.io", "default")
+    assert kubectl.can_i(fabric, "patch", "resourceclaims.resource.k8s.io", "default", "--subresource=status")
+    assert kubectl.can_i(
+        fabric,
+        "arbitrary-node:patch",
+        "resourceclaims.resource.k8s.io/gpu.dra-testbed.io",
+        "default",
+        "--subresource=driver",
+    )
+    assert not kubectl.can_i(
+        fabric,
+        "arbitrary-node:patch",
+        "resourceclaims.resource.k8s.io/nic.dra-testbed.io",
+        "default",
+        "--subresource=driver",
+    )
+    assert not kubectl.can_i(fabric, "update", "resourceclaims.resource.k8s.io", "default")
+    assert not kubectl.can_i(fabric, "create", "resourceslices.resource.k8s.io")
+    assert not kubectl.can_i(fabric, "list", "pods", "default")
+
     # dra-user, bound in one namespace, as a team would get it
     kubectl("create", "namespace", "team-a")
     kubectl("create", "rolebinding", "alice-dra", "--clusterrole=dra-user", "--user=alice", "-n", "team-a")

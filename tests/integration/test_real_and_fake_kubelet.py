@@ -30,7 +30,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from testbed.controlplane.binaries import Binaries, ensure_node_binaries
 from testbed.controlplane.cluster import ClusterState
 from testbed.environment import install_device_classes
-from testbed.keys import CONTAINER_ENV_ANNOTATION
+from testbed.fleet.fabric import FabricManager
+from testbed.keys import CONTAINER_ENV_ANNOTATION, FABRIC_ATTACHED
 from testbed.kubeapi import ApiError, KubeClient, Obj, now_rfc3339, path_for
 from testbed.kubelet.node import SYNTHETIC_TOLERATION, NodeSpec
 from testbed.realnode.node import ProcessNode, unsupported_reason
@@ -2177,5 +2178,44 @@ def test_a_container_that_fails_to_start_is_tried_again_every_10_to_15_seconds(
                 first, *rest = seen["gaps"]
                 assert first <= 2.5, (kind, seen)
                 assert all(9 <= gap <= 17 for gap in rest), (kind, seen)
+
+    asyncio.run(scenario())
+
+
+def test_a_device_behind_a_fabric_is_prepared_once_attached_alike(
+    control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
+) -> None:
+    """fabric-gpu's GPUs wait for the fabric manager (run here as a fleet runs it, beside
+    the two nodes) before the scheduler binds their pod; the kubelet then hears of the
+    claim as of any other: the same driver calls and container environment on both."""
+
+    async def scenario() -> None:
+        async with two_nodes(control_plane, short_tmp_path, node_binaries, profile="fabric-gpu") as sides:
+            manager = FabricManager(str(control_plane.kubeconfig), attach_s=0.2)
+            try:
+
+                async def case(side: Side) -> dict[str, Any]:
+                    await side.template("gpu", [request("gpu", GPU)])
+                    await side.pod("p", {"resourceClaimTemplateName": "gpu"})
+                    await side.running("p")
+                    name = await side.claim_name("p")
+                    claim = await side.client.get(path_for(RESOURCE, "resourceclaims", name, side.namespace))
+                    outcomes = [
+                        (c["type"], c["status"]) for d in claim["status"]["devices"] for c in d.get("conditions") or []
+                    ]
+                    env = sorted(k for k in await side.env("p") if k.startswith("GPU"))
+                    await side.delete_pod("p")
+                    await side.gone("p")
+                    calls = {n.rsplit("-", 1)[0]: c for n, c in side.calls_by_claim().items()}
+                    return {"outcomes": outcomes, "env": env, "calls": calls}
+
+                found = await both(sides, case)
+            finally:
+                await manager.stop()
+            real, fake = found["real"], found["fake"]
+            assert real["outcomes"] == [(FABRIC_ATTACHED, "True")], real
+            assert real["env"] == ["GPU_0_UUID"] or real["env"] == ["GPU_1_UUID"], real
+            assert manager.attached == 2
+            assert fake == real
 
     asyncio.run(scenario())
