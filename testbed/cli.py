@@ -251,6 +251,14 @@ def _kubectl() -> Path:
     help="kube-scheduler's percentageOfNodesToScore (default: its adaptive choice; 100 scores every node).",
 )
 @click.option(
+    "--binding-timeout",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="SECONDS",
+    help="How long kube-scheduler waits for devices' binding conditions (devices behind a fabric) "
+    "before it allocates again (default: its 600).",
+)
+@click.option(
     "--scheduler-parallelism",
     type=click.IntRange(1, 1024),
     default=None,
@@ -349,6 +357,7 @@ def up(
     scheduler_burst: int,
     percentage_of_nodes_to_score: int | None,
     scheduler_parallelism: int | None,
+    binding_timeout: int | None,
     devices_per_slice: int | None,
     alpha: bool,
     feature_gates: str,
@@ -379,6 +388,7 @@ def up(
         scheduler_burst=scheduler_burst,
         percentage_of_nodes_to_score=percentage_of_nodes_to_score,
         scheduler_parallelism=scheduler_parallelism,
+        binding_timeout_s=binding_timeout,
         alpha=alpha,
         startup_timeout_s=timeout,
         extra_feature_gates=cfg.parse_feature_gates(feature_gates, "--feature-gates"),
@@ -726,7 +736,7 @@ def run_scenario(
     start: bool,
     junit: Path | None,
 ) -> None:
-    """Run a scenario (smoke, cl2-dra, steady-churn, baseline, or a YAML file); print the report dir last."""
+    """Run a scenario (smoke, cl2-dra, steady-churn, baseline, fabric, or a YAML file); print the report dir last."""
     _about(name, f"running scenario {scenario}")
     import yaml
 
@@ -773,6 +783,7 @@ def run_scenario(
             scheduler_burst=c.scheduler_burst,
             percentage_of_nodes_to_score=c.percentage_of_nodes_to_score,
             scheduler_parallelism=c.scheduler_parallelism,
+            binding_timeout_s=c.binding_timeout_s,
         )
         pool = fleet_spec.single_pool(c.nodes, c.profile, c.nodes_per_host, devices_per_slice=c.devices_per_slice)
         try:
@@ -1014,6 +1025,15 @@ def compare(run_a: Path, run_b: Path, fail_if: tuple[str, ...]) -> None:
         sys.exit(1)
 
 
+COUNTED_FAULTS = {
+    "fail-prepare": "a count of prepares",
+    "latency": "milliseconds",
+    "fail-attach": "a count of attaches",
+    "hang-attach": "a count of attaches",
+}
+"""The faults whose target is a number, and what it counts."""
+
+
 @main.command()
 @click.argument("node")
 @click.argument("action", type=click.Choice(FAULT_ACTIONS))
@@ -1024,24 +1044,22 @@ def compare(run_a: Path, run_b: Path, fail_if: tuple[str, ...]) -> None:
 def fault(node: str, action: str, target: str, name: str, state_dir: Path | None, message: str) -> None:
     """Break a synthetic node's emulated hardware: NODE unhealthy|healthy|lost DEVICE, or
     NODE fail-prepare N (the next N prepares fail), or NODE latency MS (every prepare), or
-    NODE fail-attach N (the next N attaches of devices behind a fabric to NODE fail).
+    NODE fail-attach N (the next N attaches of devices behind a fabric to NODE fail), or
+    NODE hang-attach N (they never end: the scheduler's binding timeout gives them up).
 
     Built-in drivers act on it at once (slices, health stream, prepare); external drivers
     see health and lost devices in $HARDWARE_DIR/inventory.json."""
     _about(name, f"{action} {target} on node {node}")
-    state = _running(name, state_dir)
-    fleet = environment.attach_fleet(state)
     number = None
-    if action in ("fail-prepare", "latency", "fail-attach"):
+    if action in COUNTED_FAULTS:
         try:
             number = float(target)
         except ValueError:
             number = -1.0
         if number < 0 or (action != "latency" and not number.is_integer()):
-            what = {"fail-prepare": "a count of prepares", "fail-attach": "a count of attaches"}.get(
-                action, "milliseconds"
-            )
-            raise TestbedError(f"{action} {target!r}: give {what}, a number of at least 0")
+            raise TestbedError(f"{action} {target!r}: give {COUNTED_FAULTS[action]}, a number of at least 0")
+    state = _running(name, state_dir)
+    fleet = environment.attach_fleet(state)
 
     run_coroutine(fleet.apply_fault(node, action, target if number is None else f"{number:g}", message))
     stderr.print(f"node {node}: {action} {target}" + (f" ({message})" if message else ""), markup=False)

@@ -226,6 +226,9 @@ class ControlPlaneConfig:
     """The scheduler's percentageOfNodesToScore (None: its adaptive default)."""
     scheduler_parallelism: int | None = None
     """The scheduler's parallelism: workers filtering and scoring nodes (None: 16)."""
+    binding_timeout_s: int | None = None
+    """How long the scheduler waits for a device's binding conditions before it gives the
+    allocation up (its DynamicResources bindingTimeout; None: its 600 s)."""
     alpha: bool = False
     """All alpha DRA gates plus alpha and beta API versions, on every component."""
     extra_feature_gates: dict[str, bool] = field(default_factory=dict)
@@ -266,6 +269,7 @@ class ControlPlaneConfig:
             "schedulerBurst": self.scheduler_burst,
             "percentageOfNodesToScore": self.percentage_of_nodes_to_score,
             "schedulerParallelism": self.scheduler_parallelism,
+            "bindingTimeoutSeconds": self.binding_timeout_s,
         }
 
     def feature_gates(self) -> dict[str, bool]:

@@ -259,6 +259,11 @@ def write_scheduler_config(layout: Layout, config: ControlPlaneConfig) -> Path:
         document["percentageOfNodesToScore"] = config.percentage_of_nodes_to_score
     if config.scheduler_parallelism is not None:
         document["parallelism"] = config.scheduler_parallelism
+    if config.binding_timeout_s is not None:
+        args = {"bindingTimeout": f"{config.binding_timeout_s}s"}
+        document["profiles"] = [
+            {"schedulerName": "default-scheduler", "pluginConfig": [{"name": "DynamicResources", "args": args}]}
+        ]
     path = layout.root / "scheduler-config.yaml"
     path.write_text(yaml.safe_dump(document, sort_keys=False))
     return path

@@ -11,8 +11,10 @@ composable-infrastructure controller, here one manager per fleet. It watches eve
 (one watch for the cluster, not one per node), waits the attach time for each device that
 awaits attachment and writes the outcome with a server-side apply of its own field
 manager, beside what the node's driver writes. `testbed fault NODE fail-attach N` makes
-the next N attaches to NODE fail. It runs as a Ray actor that Ray restarts when it dies;
-a restarted manager finds what still awaits attachment in its first list.
+the next N attaches to NODE fail; `hang-attach N` makes them never end, as a fabric
+operation that hangs does, until the scheduler's binding timeout gives them up. It runs
+as a Ray actor that Ray restarts when it dies; a restarted manager finds what still
+awaits attachment in its first list.
 """
 
 from __future__ import annotations
@@ -121,12 +123,16 @@ class FabricManager:
         self._authority = authority
         self.attached = 0
         self.failed = 0
+        self.hung = 0
         self._failing: dict[str, int] = {}
         """Node -> how many of its next attaches fail."""
+        self._hanging: dict[str, int] = {}
+        """Node -> how many of its next attaches never end."""
         self._working: dict[tuple[str, str], asyncio.Task[None]] = {}
         """(claim UID, allocation timestamp) -> the attach under way."""
-        self._done: set[tuple[str, str, DeviceRef]] = set()
-        """Outcomes written, until the claim's status shows them (events may lag)."""
+        self._done: dict[str, set[tuple[str, DeviceRef]]] = {}
+        """Claim UID -> (allocation timestamp, device) of outcomes written (or hung): events
+        written before an outcome may still arrive after it. Dropped with the allocation."""
         self._client: KubeClient | None = None
         self._serving = asyncio.get_running_loop().create_task(self.serve())
 
@@ -148,8 +154,13 @@ class FabricManager:
             if kind == "DELETED":
                 self._forget(uid)
                 continue
-            stamp = str(((claim.get("status") or {}).get("allocation") or {}).get("allocationTimestamp", ""))
-            refs = [r for r in awaiting_attachment(claim) if (uid, stamp, r) not in self._done]
+            allocation = (claim.get("status") or {}).get("allocation")
+            if not allocation:
+                self._done.pop(uid, None)
+                continue
+            stamp = str(allocation.get("allocationTimestamp", ""))
+            done = self._done.get(uid, set())
+            refs = [r for r in awaiting_attachment(claim) if (stamp, r) not in done]
             if refs and (uid, stamp) not in self._working:
                 key = (uid, stamp)
                 task = asyncio.get_running_loop().create_task(self._attach(claim, stamp, refs))
@@ -164,11 +175,17 @@ class FabricManager:
         for key, task in list(self._working.items()):
             if key[0] == uid:
                 task.cancel()
-        self._done = {done for done in self._done if done[0] != uid}
+        self._done.pop(uid, None)
 
     async def _attach(self, claim: Obj, stamp: str, refs: list[DeviceRef]) -> None:
         await asyncio.sleep(self.attach_s)
         node = allocated_node(claim)
+        meta = claim["metadata"]
+        if self._hanging.get(node, 0) > 0:  # taken, and never answered
+            self._hanging[node] -= 1
+            self._done.setdefault(meta["uid"], set()).update((stamp, ref) for ref in refs)
+            self.hung += len(refs)
+            return
         failing = self._failing.get(node, 0) > 0
         if failing:
             self._failing[node] -= 1
@@ -178,7 +195,6 @@ class FabricManager:
             if failing
             else f"{names} attached to node {node}"
         )
-        meta = claim["metadata"]
         status_path = path_for("resource.k8s.io/v1", "resourceclaims", meta["name"], meta["namespace"], "status")
         assert self._client is not None
         client = self._client
@@ -211,7 +227,7 @@ class FabricManager:
                 log.warning("%s: %s; again in %.0f s", what, exc, delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 30.0)
-        self._done.update((meta["uid"], stamp, ref) for ref in refs)
+        self._done.setdefault(meta["uid"], set()).update((stamp, ref) for ref in refs)
         if failing:
             self.failed += len(refs)
         else:
@@ -222,8 +238,12 @@ class FabricManager:
     def fail_attach(self, node: str, count: int) -> None:
         self._failing[node] = count
 
+    def hang_attach(self, node: str, count: int) -> None:
+        self._hanging[node] = count
+
     def figures(self) -> dict[str, Any]:
-        return {"attached": self.attached, "failed": self.failed, "under way": len(self._working)}
+        under_way = len(self._working)
+        return {"attached": self.attached, "failed": self.failed, "hung": self.hung, "under way": under_way}
 
     async def stop(self) -> None:
         self._serving.cancel()

@@ -26,7 +26,7 @@ from testbed.kubelet.declared import cluster_declared_features
 from testbed.progress import Progress, SilentProgress
 
 T = TypeVar("T")
-FAULT_ACTIONS = ("unhealthy", "healthy", "lost", "fail-prepare", "latency", "fail-attach")
+FAULT_ACTIONS = ("unhealthy", "healthy", "lost", "fail-prepare", "latency", "fail-attach", "hang-attach")
 RAY_BUILT_IN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
 RAY_LABELS = ("node:", "accelerator_type:")
 """Resources Ray gives every node by itself: not what a placement would ask for."""
@@ -197,7 +197,7 @@ class Fleet:
         """Start the fabric manager once a node to come has devices behind a fabric."""
         import ray
 
-        if self.fabric is not None or not any(_behind_fabric(r.profile) for r in recipes):
+        if self.fabric is not None or not any(_behind_fabric(p) for p in {r.profile for r in recipes}):
             return
         options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 1000, "max_restarts": -1}
         if self.detached:
@@ -543,13 +543,14 @@ class Fleet:
             call = host.lose_device.remote(node, target)
         elif action in ("healthy", "unhealthy"):
             call = host.set_health.remote(node, target, action == "healthy", message)
-        elif action == "fail-attach":
+        elif action in ("fail-attach", "hang-attach"):
             if self.fabric is None:
                 raise TestbedError(
                     f"node {node}: no device of this fleet sits behind a fabric, so none is attached",
                     hint="give a pool a profile with `gpus: {fabric: true}` (the shipped fabric-gpu)",
                 )
-            call = self.fabric.fail_attach.remote(node, int(target))
+            method = self.fabric.fail_attach if action == "fail-attach" else self.fabric.hang_attach
+            call = method.remote(node, int(target))
         else:
             raise TestbedError(f"unknown fault {action!r}", hint=f"use one of {', '.join(FAULT_ACTIONS)}")
         try:

@@ -94,6 +94,15 @@ def _scheduler_sentences(figures: dict[str, Any], pending: float, nodes: int) ->
     ]
     if other:
         sentences.append(f"DynamicResources elsewhere (p99): {', '.join(other)}.")
+    waited = scheduler.get("binding_conditions", {})
+    if waited.get("outcomes"):
+        outcomes = ", ".join(f"{n} {outcome}" for outcome, n in waited["outcomes"].items())
+        wait = waited["wait"]
+        sentences.append(
+            f"Devices with binding conditions: the scheduler waited in PreBind for them ({outcomes}; per "
+            f"device, p50 {_ms(wait['p50_s'])}, p99 {_ms(wait['p99_s'])}), looking every 5 s: their pods' "
+            "start-up includes it."
+        )
     return sentences
 
 

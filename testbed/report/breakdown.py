@@ -25,6 +25,8 @@ RESOURCES = ("resourceclaims", "resourceslices", "pods", "leases")
 status), and the node leases every kubelet renews."""
 DRA_PLUGIN = "DynamicResources"
 SCHEDULER = "scheduler_"
+BINDING_CONDITIONS = "scheduler_dra_bindingconditions_"
+"""How often and how long the scheduler waited in PreBind for devices' binding conditions."""
 PLUGIN_SAMPLE_PERCENT = 10
 """The scheduler times plugins in one scheduling cycle in ten (pluginMetricsSamplePercent)."""
 
@@ -41,6 +43,7 @@ ONLY = {
         "scheduler_scheduling_attempt_duration_seconds",
         "scheduler_queue_incoming_pods_total",
         "scheduler_pod_scheduling_sli_duration_seconds",
+        BINDING_CONDITIONS,
     ),
     NODEHOSTS: (
         CPU,
@@ -111,6 +114,15 @@ def _scheduler(counted: Scrape) -> dict[str, Any]:
         "plugins": sorted(plugins, key=lambda p: p["plugin"] != DRA_PLUGIN),  # stable: DRA first, then by time
         "plugin_sample_percent": PLUGIN_SAMPLE_PERCENT,
         "incoming": {event: round(n) for event, n in sorted(incoming.items(), key=lambda kv: -kv[1]) if n},
+        "binding_conditions": {
+            # per claim device and attempt: success, failure (a failure condition), timeout, error
+            "outcomes": {
+                o: round(n)
+                for o, n in sorted(by_label(counted, f"{BINDING_CONDITIONS}allocations_total", "status").items())
+                if n
+            },
+            "wait": histogram(counted, f"{BINDING_CONDITIONS}wait_duration_seconds", {}),
+        },
     }
 
 

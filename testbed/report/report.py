@@ -293,6 +293,13 @@ def phase_section(phase: dict[str, Any]) -> list[str]:
         rows.append((f"plugin {plugin['plugin']} {plugin['extension_point']} (1 cycle in {every})", _calls(plugin)))
     if any(scheduler["attempts"].values()):
         rows.append(("scheduling attempts", ", ".join(f"{k} {v}" for k, v in scheduler["attempts"].items())))
+    waited = scheduler.get("binding_conditions", {})  # reports before binding conditions have none
+    if waited.get("outcomes"):
+        outcomes = ", ".join(f"{k} {v}" for k, v in waited["outcomes"].items())
+        wait = waited["wait"]
+        rows.append(
+            ("binding conditions (PreBind wait)", f"{outcomes}; p50 {_fmt(wait['p50_s'])}, p99 {_fmt(wait['p99_s'])}")
+        )
     if scheduler["incoming"]:
         rows.append(
             ("queue incoming (event: pods)", ", ".join(f"{k} {v}" for k, v in list(scheduler["incoming"].items())[:5]))

@@ -128,18 +128,25 @@ class Fault(_Strict):
     """Seconds after the run starts."""
     nodes: str = "*"
     """A shell-style pattern over node names, e.g. node-00*."""
-    action: Literal["unhealthy", "healthy", "lost", "fail-prepare", "latency"]
+    action: Literal["unhealthy", "healthy", "lost", "fail-prepare", "latency", "fail-attach", "hang-attach"]
     device: str | None = None
     """For unhealthy, healthy and lost."""
     count: int | None = Field(default=None, ge=0)
-    """For fail-prepare: how many prepares fail."""
+    """For fail-prepare: how many prepares fail; fail-attach, hang-attach: how many attaches
+    of devices behind a fabric."""
     latency_ms: float | None = Field(default=None, alias="latencyMs", ge=0)
     """For latency: added to every prepare."""
     message: str = ""
 
     @model_validator(mode="after")
     def _what_the_action_needs(self) -> Fault:
-        needs = {"fail-prepare": ("count", self.count), "latency": ("latencyMs", self.latency_ms)}
+        counted = ("count", self.count)
+        needs = {
+            "fail-prepare": counted,
+            "fail-attach": counted,
+            "hang-attach": counted,
+            "latency": ("latencyMs", self.latency_ms),
+        }
         field, value = needs.get(self.action, ("device", self.device))
         if value is None:
             raise ValueError(f"action {self.action} needs {field}")
@@ -148,7 +155,7 @@ class Fault(_Strict):
     @property
     def target(self) -> str:
         """What `testbed fault` takes after the action."""
-        if self.action == "fail-prepare":
+        if self.action in ("fail-prepare", "fail-attach", "hang-attach"):
             return str(self.count)
         if self.action == "latency":
             return f"{self.latency_ms:g}"
@@ -168,6 +175,8 @@ class Cluster(_Strict):
     percentage_of_nodes_to_score: int | None = Field(default=None, alias="percentageOfNodesToScore", ge=0, le=100)
     """The scheduler's share of feasible nodes to score (None: its adaptive default)."""
     scheduler_parallelism: int | None = Field(default=None, alias="schedulerParallelism", ge=1, le=1024)
+    binding_timeout_s: int | None = Field(default=None, alias="bindingTimeoutSeconds", ge=1)
+    """How long the scheduler waits for devices' binding conditions (None: its 600 s)."""
     devices_per_slice: int | None = Field(default=None, alias="devicesPerSlice", ge=1, le=128)
     """The drivers' slice layout: at most this many devices per ResourceSlice."""
 

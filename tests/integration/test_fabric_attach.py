@@ -4,13 +4,19 @@ fails (binding conditions)."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client as k8s
 
 from testbed.config import nodes_dir
+from testbed.controlplane.binaries import Binaries
 from testbed.controlplane.cluster import ClusterState
 from testbed.errors import run_coroutine
 from testbed.fleet.fleet import Fleet
@@ -76,17 +82,46 @@ def test_a_pod_is_bound_once_its_gpu_is_attached_and_an_attach_that_fails_is_all
         assert status == "True" and f"attached to node {node}" in message
         reasons = [reason for reason, _ in events(kube_api, namespace, "first")]
         assert "BindingConditionsPending" in reasons, "the scheduler waited for the attach before binding"
-        assert own.fabric_figures() == {"attached": 1, "failed": 0, "under way": 0}
+        assert own.fabric_figures() == {"attached": 1, "failed": 0, "hung": 0, "under way": 0}
 
         run_coroutine(own.apply_fault(node, "fail-attach", "1"))
         core.create_namespaced_pod(namespace, pod("second", {"gpu": {"resourceClaimTemplateName": "gpu"}}, node=node))
         wait_running(kube_api, namespace, "second", 180)
         # The failed attach was written, the scheduler gave that allocation up (clearing the
         # claim's status), allocated again, and the next attach succeeded.
-        wait_for(lambda: own.fabric_figures() == {"attached": 2, "failed": 1, "under way": 0}, 30, "the figures")
+        wait_for(
+            lambda: own.fabric_figures() == {"attached": 2, "failed": 1, "hung": 0, "under way": 0}, 30, "the figures"
+        )
         conditions = _conditions(_claim(kube_api, namespace, "second"))
         assert FABRIC_ATTACH_FAILED not in conditions and conditions[FABRIC_ATTACHED][0] == "True", conditions
         said = " ".join(message for _, message in events(kube_api, namespace, "second"))
         assert "binding" in said.lower(), said
     finally:
         core.delete_namespace(namespace)
+
+
+def _cli(*args: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "testbed.cli", *args]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def test_the_fabric_scenario_recovers_from_a_hung_and_a_failed_attach_and_reports_the_wait(
+    kube_binaries: Binaries, tmp_path: Path
+) -> None:
+    """`testbed run fabric --up`: a cluster with a 15 s binding timeout, an attach that
+    hangs and one that fails; every pod runs, and the report counts the scheduler's waits."""
+    env = dict(os.environ, TESTBED_STATE_DIR=str(tmp_path / "state"), TESTBED_KUBE_BIN_DIR=str(kube_binaries.directory))
+    run = _cli("run", "fabric", "--up", "--name", "fab", "--output", str(tmp_path / "out"), env=env, timeout=420)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["verdict"] == "PASS", report.get("error")
+    assert [(f["action"], f["nodes"], f["error"]) for f in report["faults"]] == [
+        ("hang-attach", ["node-000"], ""),
+        ("fail-attach", ["node-001"], ""),
+    ]
+    [phase] = report["phases"]
+    assert phase["pods_succeeded"] == 4
+    outcomes = phase["breakdown"]["scheduler"]["binding_conditions"]["outcomes"]
+    assert outcomes.get("timeout") == 1 and outcomes.get("failure") == 1 and outcomes.get("success", 0) >= 4, outcomes
+    assert "the scheduler waited in PreBind" in (tmp_path / "out" / "report.md").read_text()
+    assert not (tmp_path / "state" / "clusters" / "fab").exists(), "--up took its cluster down"

@@ -55,6 +55,11 @@ def test_scheduler_knobs_reach_its_config_file_only_when_set(tmp_path: Path) -> 
     document = yaml.safe_load(write_scheduler_config(layout, tuned).read_text())
     assert document["percentageOfNodesToScore"] == 10 and document["parallelism"] == 4
     assert tuned.tunables()["percentageOfNodesToScore"] == 10
+    assert "profiles" not in plain
+    waiting = yaml.safe_load(write_scheduler_config(layout, ControlPlaneConfig(binding_timeout_s=30)).read_text())
+    [profile] = waiting["profiles"]
+    assert profile["schedulerName"] == "default-scheduler"
+    assert profile["pluginConfig"] == [{"name": "DynamicResources", "args": {"bindingTimeout": "30s"}}]
 
 
 def test_connection_health_check_follows_client_gos_variables(monkeypatch: pytest.MonkeyPatch) -> None:

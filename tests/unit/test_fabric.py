@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from testbed.fleet.fabric import DeviceRef, allocated_node, awaiting_attachment, outcome
+import yaml
+from aiohttp import web
+
+from testbed.fleet.fabric import DeviceRef, FabricManager, allocated_node, awaiting_attachment, outcome
 from testbed.keys import FABRIC_ATTACH_FAILED, FABRIC_ATTACHED
+from tests.unit.scripted_api import serving
 
 GPU = "gpu.dra-testbed.io"
 
@@ -79,3 +86,90 @@ def test_the_outcome_is_one_true_condition_per_device_keyed_as_the_api_keys_them
     assert outcome(_claim([]), refs[:1], attached=True, message="")["status"]["devices"][0]["conditions"][0][
         "type"
     ] == (FABRIC_ATTACHED)
+
+
+def _scripted(patches: list[int]) -> tuple[web.Application, list[dict[str, Any]]]:
+    """A manager watching a scripted API server that lists one claim awaiting attachment
+    and answers its status writes with ``patches`` (then 200)."""
+    claim = _claim([_result("gpu-0", [FABRIC_ATTACHED])])
+    claim["metadata"]["resourceVersion"] = "5"
+    written: list[dict[str, Any]] = []
+
+    async def claims(request: web.Request) -> web.StreamResponse:
+        if request.query.get("watch") != "1":
+            return web.json_response({"metadata": {"resourceVersion": "5"}, "items": [claim]})
+        response = web.StreamResponse()
+        await response.prepare(request)
+        await asyncio.sleep(0.5)  # a watch with nothing more to say, ended soon: the server stops quickly
+        return response
+
+    async def status(request: web.Request) -> web.Response:
+        written.append(await request.json())
+        code = patches.pop(0) if patches else 200
+        return web.json_response({"kind": "Status", "code": code, "reason": "Forbidden"}, status=code)
+
+    app = web.Application()
+    app.router.add_get("/apis/resource.k8s.io/v1/resourceclaims", claims)
+    app.router.add_patch("/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/c/status", status)
+    return app, written
+
+
+def _until(
+    tmp_path: Path, refusals: list[int], done: Callable[[FabricManager], bool], **faults: int
+) -> tuple[FabricManager, list[dict[str, Any]]]:
+    """A manager against a scripted server until ``done`` holds; it and what it wrote.
+    ``faults``: hang_attach or fail_attach counts for node n7, set before it attaches."""
+
+    async def go() -> tuple[FabricManager, list[dict[str, Any]]]:
+        app, written = _scripted(refusals)
+        async with serving(app) as server:
+            manager = FabricManager(str(_kubeconfig(tmp_path, server)), attach_s=0.0)
+            for fault, count in faults.items():
+                getattr(manager, fault)("n7", count)
+            try:
+                await wait_until(lambda: done(manager), 10)
+            finally:
+                await manager.stop()
+        return manager, written
+
+    return asyncio.run(go())
+
+
+def test_a_refused_status_write_is_tried_again_until_it_is_written(tmp_path: Path) -> None:
+    """Refused (its access policy not yet in place): no claim event would bring the claim
+    back while the scheduler waits on it, so the manager asks again by itself."""
+    manager, written = _until(tmp_path, [403], lambda m: m.attached == 1)
+    assert len(written) == 2, "refused once, then written"
+    [condition] = written[-1]["status"]["devices"][0]["conditions"]
+    assert condition["type"] == FABRIC_ATTACHED and "attached to node n7" in condition["message"]
+    assert manager.figures() == {"attached": 1, "failed": 0, "hung": 0, "under way": 0}
+
+
+def test_a_hung_attach_writes_nothing_and_a_failing_one_says_so(tmp_path: Path) -> None:
+    manager, written = _until(tmp_path, [], lambda m: m.hung == 1, hang_attach=1)
+    assert written == [] and manager.figures() == {"attached": 0, "failed": 0, "hung": 1, "under way": 0}
+    manager, written = _until(tmp_path, [], lambda m: m.failed == 1, fail_attach=1)
+    [condition] = written[0]["status"]["devices"][0]["conditions"]
+    assert condition["type"] == FABRIC_ATTACH_FAILED and "testbed fault n7 fail-attach" in condition["message"]
+    assert manager.attached == 0
+
+
+def _kubeconfig(tmp_path: Path, server: str) -> Path:
+    path = tmp_path / "kubeconfig"
+    document = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {"server": server}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "x",
+    }
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+async def wait_until(condition: Callable[[], bool], timeout_s: float) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.02)

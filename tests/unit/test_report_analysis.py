@@ -13,6 +13,7 @@ import pytest
 
 from testbed.errors import TestbedError
 from testbed.report import bottleneck, breakdown, compare
+from testbed.report import report as rendering
 from testbed.report.junit import junit_xml
 from testbed.report.metrics import Scrape
 
@@ -328,3 +329,29 @@ def test_the_nodes_sentence_names_the_wait_for_the_node_authorizer_apart_from_pr
     assert "link their claims, p99 99.1 ms" in text
     del figures["nodes"]["link_wait"]
     assert "authorizer" not in bottleneck.explain(_phase(figures), nodes=10)["text"], "an older report reads as before"
+
+
+def test_the_scheduler_waiting_on_binding_conditions_is_counted_and_said() -> None:
+    def scheduler(waits: list[float], failures: float) -> Scrape:
+        scrape = _scheduler(1.0, [], len(waits), [])
+        labels = {"profile": "default-scheduler", "driver": "gpu.dra-testbed.io"}
+        name = "scheduler_dra_bindingconditions_"
+        _histogram(scrape, f"{name}wait_duration_seconds", {**labels, "status": "success"}, waits)
+        _counter(scrape, f"{name}allocations_total", {**labels, "status": "success"}, len(waits))
+        _counter(scrape, f"{name}allocations_total", {**labels, "status": "failure"}, failures)
+        return scrape
+
+    start = _snapshot(0.0, (0.0, 10.0), apiserver=_apiserver(1.0, [], []), scheduler=scheduler([], 0))
+    end = _snapshot(30.0, (5.0, 20.0), apiserver=_apiserver(2.0, [], []), scheduler=scheduler([5.0] * 9, 1))
+    figures = breakdown.phase(start, end)
+    waited = figures["scheduler"]["binding_conditions"]
+    assert waited["outcomes"] == {"failure": 1, "success": 9}
+    assert waited["wait"]["count"] == 9 and 1.0 < waited["wait"]["p50_s"] <= 10.0
+    text = bottleneck.explain(_phase(figures), nodes=2)["text"]
+    assert "Devices with binding conditions: the scheduler waited in PreBind for them (1 failure, 9 success" in text
+    table = "\n".join(rendering.phase_section(_phase(figures, bottleneck=bottleneck.explain(_phase(figures), nodes=2))))
+    assert "| binding conditions (PreBind wait) | failure 1, success 9; p50 " in table
+    quiet = _phase_figures()["scheduler"]["binding_conditions"]
+    assert quiet["outcomes"] == {} and "binding conditions" not in "\n".join(
+        rendering.phase_section(_phase(_phase_figures(), bottleneck={"kind": "x", "text": ""}))
+    )

@@ -189,9 +189,11 @@ def test_a_fault_needs_what_its_action_acts_on() -> None:
 
     assert Fault.model_validate({"atSeconds": 3, "action": "fail-prepare", "count": 2}).target == "2"
     assert Fault.model_validate({"atSeconds": 3, "action": "latency", "latencyMs": 2.5}).target == "2.5"
+    assert Fault.model_validate({"atSeconds": 3, "action": "hang-attach", "count": 1}).target == "1"
     for broken, needs in (
         ({"action": "unhealthy"}, "needs device"),
         ({"action": "fail-prepare"}, "needs count"),
+        ({"action": "fail-attach", "device": "gpu-0"}, "needs count"),
         ({"action": "latency", "device": "gpu-0"}, "needs latencyMs"),
     ):
         with pytest.raises(ValueError, match=needs):
