@@ -469,6 +469,30 @@ class KubeClient:
                 await asyncio.sleep(1.0)
 
 
+def claim_device_status(claim: ClaimRef, entries: list[Obj]) -> Obj:
+    """An apply configuration of these ``status.devices`` entries of a claim; its UID is a
+    precondition, so a claim made anew under the same name is left alone."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": claim.name, "namespace": claim.namespace, "uid": claim.uid},
+        "status": {"devices": entries},
+    }
+
+
+async def apply_claim_status(client: KubeClient, body: Obj, field_manager: str) -> Obj:
+    """Server-side apply of ``claim_device_status``: each writer (a node's driver, the
+    fabric manager) owns its own entries and conditions, and leaves the others'."""
+    meta = body["metadata"]
+    return await client.request(
+        "PATCH",
+        path_for("resource.k8s.io/v1", "resourceclaims", meta["name"], meta["namespace"], "status"),
+        body,
+        params={"fieldManager": field_manager, "force": "true"},
+        content_type="application/apply-patch+yaml",
+    )
+
+
 async def until_answered(call: Callable[[], Awaitable[T]], what: str) -> T:
     """``call`` again, with the kubelet's backoff (0.1 s doubling to 7 s), for as long
     as it fails for a transient reason: the API server overloaded (429 beyond the

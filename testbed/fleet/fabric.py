@@ -30,7 +30,16 @@ from typing import Any
 
 from testbed.fleet.identity import NodeAuthority
 from testbed.keys import FABRIC_ATTACH_FAILED, FABRIC_ATTACHED
-from testbed.kubeapi import ApiError, KubeClient, Obj, path_for, until_answered
+from testbed.kubeapi import (
+    ApiError,
+    ClaimRef,
+    KubeClient,
+    Obj,
+    apply_claim_status,
+    claim_device_status,
+    path_for,
+    until_answered,
+)
 
 log = logging.getLogger(__name__)
 
@@ -103,12 +112,8 @@ def outcome(claim: Obj, refs: list[DeviceRef], attached: bool, message: str) -> 
         "lastTransitionTime": now,
     }
     meta = claim["metadata"]
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": meta["name"], "namespace": meta["namespace"], "uid": meta["uid"]},
-        "status": {"devices": [ref.entry() | {"conditions": [condition]} for ref in refs]},
-    }
+    entries = [ref.entry() | {"conditions": [condition]} for ref in refs]
+    return claim_device_status(ClaimRef(meta["namespace"], meta["uid"], meta["name"]), entries)
 
 
 class FabricManager:
@@ -195,7 +200,6 @@ class FabricManager:
             if failing
             else f"{names} attached to node {node}"
         )
-        status_path = path_for("resource.k8s.io/v1", "resourceclaims", meta["name"], meta["namespace"], "status")
         assert self._client is not None
         client = self._client
         body = outcome(claim, refs, not failing, message)
@@ -203,16 +207,7 @@ class FabricManager:
         delay = 1.0
         while True:
             try:
-                await until_answered(
-                    lambda: client.request(
-                        "PATCH",
-                        status_path,
-                        body,
-                        params={"fieldManager": FIELD_MANAGER, "force": "true"},
-                        content_type="application/apply-patch+yaml",
-                    ),
-                    what,
-                )
+                await until_answered(lambda: apply_claim_status(client, body, FIELD_MANAGER), what)
                 break
             except ApiError as exc:
                 if exc.status in GIVEN_UP_STATUS:

@@ -209,7 +209,7 @@ class Fleet:
         )
 
     def fabric_figures(self) -> dict[str, Any] | None:
-        """Attaches done, failed and under way; None without a fabric manager."""
+        """Attaches made, failed, hung and under way; None without a fabric manager."""
         import ray
 
         return None if self.fabric is None else dict(ray.get(self.fabric.figures.remote(), timeout=30))

@@ -29,7 +29,16 @@ from testbed.fleet.external import ExternalDriver, ExternalDriverSpec, ShortPath
 from testbed.fleet.identity import DRIVER_NAMESPACE, NodeAuthority, driver_pod_name, driver_token, install_access_policy
 from testbed.grpcapi import pluginregistration_pb2, pluginregistration_pb2_grpc
 from testbed.grpcapi.channels import unix_channel
-from testbed.kubeapi import ApiError, ClaimRef, KubeClient, Obj, now_rfc3339, path_for
+from testbed.kubeapi import (
+    ApiError,
+    ClaimRef,
+    KubeClient,
+    Obj,
+    apply_claim_status,
+    claim_device_status,
+    now_rfc3339,
+    path_for,
+)
 from testbed.kubelet.node import NodeAgent, NodeSpec
 from testbed.kubelet.plugins import DRA_SERVICES, HEALTH_SERVICES
 from testbed.sanity import leftovers
@@ -388,19 +397,8 @@ class Harness:
         if not entries:
             return False
         meta = claim["metadata"]
-        body = {
-            "apiVersion": RESOURCE,
-            "kind": "ResourceClaim",
-            "metadata": {"name": meta["name"], "namespace": meta["namespace"], "uid": meta["uid"]},
-            "status": {"devices": entries},
-        }
-        await self.admin.request(
-            "PATCH",
-            path_for(RESOURCE, "resourceclaims", meta["name"], meta["namespace"], "status"),
-            body,
-            params={"fieldManager": "dra-testbed-sanity", "force": "true"},
-            content_type="application/apply-patch+yaml",
-        )
+        ref = ClaimRef(meta["namespace"], meta["uid"], meta["name"])
+        await apply_claim_status(self.admin, claim_device_status(ref, entries), "dra-testbed-sanity")
         return True
 
     async def _wait_bound(self, pod: str, deadline: float) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from fake_devices.hardware import PreparedDevice
 from testbed.drivers.emulated import EmulatedDriver
 from testbed.drivers.nic.config import NicConfig
-from testbed.kubeapi import ApiError, path_for
+from testbed.kubeapi import ApiError, apply_claim_status, claim_device_status
 from testbed.kubeletplugin.driver import ClaimToPrepare
 
 log = logging.getLogger(__name__)
@@ -69,21 +69,8 @@ class NicDriver(EmulatedDriver):
                     },
                 }
             )
-        body = {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": ref.name, "namespace": ref.namespace, "uid": ref.uid},
-            "status": {"devices": entries},
-        }
-        path = path_for("resource.k8s.io/v1", "resourceclaims", ref.name, ref.namespace, "status")
         try:
-            await self.client.request(
-                "PATCH",
-                path,
-                body,
-                params={"fieldManager": self.name, "force": "true"},
-                content_type="application/apply-patch+yaml",
-            )
+            await apply_claim_status(self.client, claim_device_status(ref, entries), self.name)
         except ApiError as exc:
             # The devices are prepared; a status write failing must not fail the pod.
             log.warning("%s: could not write network status of %s/%s: %s", self.name, ref.namespace, ref.name, exc)
