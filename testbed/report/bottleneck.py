@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from testbed.report.metrics import quantile_text
+
 DOMINANT_SHARE = 0.5
 """A part whose own p99 is at least this share of the pods' startup p99 explains it."""
 DEEP_QUEUE = 10
@@ -72,7 +74,8 @@ def _scheduler_sentences(figures: dict[str, Any], pending: float, nodes: int) ->
     if scheduler["extension_points"]:
         top = scheduler["extension_points"][0]
         text += (
-            f"; most of its framework time in {top['extension_point']} ({top['total_s']:g} s, p99 {_ms(top['p99_s'])})"
+            f"; most of its framework time in {top['extension_point']} ({top['total_s']:g} s, "
+            f"p99 {quantile_text(top, 'p99_s', _ms)})"
         )
     sentences = [text + "."]
     dra = {p["extension_point"]: p for p in scheduler["plugins"] if p["plugin"] == "DynamicResources"}
@@ -85,10 +88,13 @@ def _scheduler_sentences(figures: dict[str, Any], pending: float, nodes: int) ->
         )
         whole = next((p for p in scheduler["extension_points"] if p["extension_point"] == "Filter"), None)
         if whole is not None and whole["p50_s"] is not None:
-            text += f"; the whole Filter step per pod p50 {_ms(whole['p50_s'])}, p99 {_ms(whole['p99_s'])}"
+            text += (
+                f"; the whole Filter step per pod p50 {quantile_text(whole, 'p50_s', _ms)}, "
+                f"p99 {quantile_text(whole, 'p99_s', _ms)}"
+            )
         sentences.append(text + ".")
     other = [
-        f"{p['extension_point']} {_ms(p['p99_s'])}"
+        f"{p['extension_point']} {quantile_text(p, 'p99_s', _ms)}"
         for name, p in sorted(dra.items())
         if name != "Filter" and (p["p99_s"] or 0.0) >= NOTABLE_S
     ]
@@ -100,8 +106,8 @@ def _scheduler_sentences(figures: dict[str, Any], pending: float, nodes: int) ->
         wait = waited["wait"]
         sentences.append(
             f"Devices with binding conditions: the scheduler waited in PreBind for them ({outcomes}; per "
-            f"device, p50 {_ms(wait['p50_s'])}, p99 {_ms(wait['p99_s'])}), looking every 5 s: their pods' "
-            "start-up includes it."
+            f"device, p50 {quantile_text(wait, 'p50_s', _ms)}, p99 {quantile_text(wait, 'p99_s', _ms)}), looking "
+            "every 5 s: their pods' start-up includes it."
         )
     return sentences
 

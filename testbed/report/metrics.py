@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import functools
 import ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -154,12 +155,23 @@ def histogram(scrape: Scrape, name: str, match: Mapping[str, str]) -> dict[str, 
     count = scrape.value(f"{name}_count", match)
     buckets = scrape.buckets(name, match)
     p50, p99 = quantile(0.5, {}, buckets), quantile(0.99, {}, buckets)
+    finite = [bound for bound in buckets if bound != float("inf")]
     return {
         "count": round(count),
         "total_s": round(scrape.value(f"{name}_sum", match), 4),
         "p50_s": None if p50 is None else round(p50, 5),
         "p99_s": None if p99 is None else round(p99, 5),
+        "buckets_end_s": max(finite) if finite else None,
     }
+
+
+def quantile_text(row: Mapping[str, Any], key: str, fmt: Callable[[float | None], str]) -> str:
+    """A quantile of a ``histogram`` row as a reader should take it: one that lies past the
+    last finite bucket is only known to be at least that bucket's bound (the scheduler's
+    extension-point buckets end near 0.2 s, so a PreBind that waited 20 s reads ">= 204.8 ms")."""
+    value, end = row.get(key), row.get("buckets_end_s")
+    past = value is not None and end is not None and value >= end
+    return (">= " if past else "") + fmt(value)
 
 
 @functools.cache

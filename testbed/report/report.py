@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.report import bottleneck, breakdown
-from testbed.report.metrics import Scrape, quantile
+from testbed.report.metrics import Scrape, quantile, quantile_text
 from testbed.report.reference import DRA_V1_METHODS, kubelet_reference, reference_lines_md
 from testbed.scenarios.runner import PhaseResult, RunData
 
@@ -225,7 +225,8 @@ def _fmt(value: Any, unit: str = "s") -> str:
 
 
 def _calls(row: dict[str, Any]) -> str:
-    return f"{row['count']} calls, {row['total_s']:g} s, p50 {_fmt(row['p50_s'])}, p99 {_fmt(row['p99_s'])}"
+    p50, p99 = quantile_text(row, "p50_s", _fmt), quantile_text(row, "p99_s", _fmt)
+    return f"{row['count']} calls, {row['total_s']:g} s, p50 {p50}, p99 {p99}"
 
 
 def _call(row: dict[str, Any]) -> str:
@@ -298,7 +299,10 @@ def phase_section(phase: dict[str, Any]) -> list[str]:
         outcomes = ", ".join(f"{k} {v}" for k, v in waited["outcomes"].items())
         wait = waited["wait"]
         rows.append(
-            ("binding conditions (PreBind wait)", f"{outcomes}; p50 {_fmt(wait['p50_s'])}, p99 {_fmt(wait['p99_s'])}")
+            (
+                "binding conditions (PreBind wait)",
+                f"{outcomes}; p50 {quantile_text(wait, 'p50_s', _fmt)}, p99 {quantile_text(wait, 'p99_s', _fmt)}",
+            )
         )
     if scheduler["incoming"]:
         rows.append(

@@ -355,3 +355,23 @@ def test_the_scheduler_waiting_on_binding_conditions_is_counted_and_said() -> No
     assert quiet["outcomes"] == {} and "binding conditions" not in "\n".join(
         rendering.phase_section(_phase(_phase_figures(), bottleneck={"kind": "x", "text": ""}))
     )
+
+
+def test_a_quantile_past_the_last_bucket_reads_as_at_least_that_bucket() -> None:
+    """The scheduler's extension-point buckets end well below a PreBind that waited for
+    binding conditions: its p50 is then only known to be at least the last bound."""
+    start = _snapshot(0.0, (0.0, 10.0), apiserver=_apiserver(1.0, [], []), scheduler=_scheduler(1.0, [], 0, []))
+    end = _snapshot(
+        30.0,
+        (5.0, 20.0),
+        apiserver=_apiserver(2.0, [], []),
+        scheduler=_scheduler(2.0, [], 4, [20.0, 20.0, 0.05, 0.05, 30.0]),
+    )
+    figures = breakdown.phase(start, end)
+    table = "\n".join(rendering.phase_section(_phase(figures, bottleneck=bottleneck.explain(_phase(figures), nodes=2))))
+    assert "| scheduler PreBind | 5 calls, 70.1 s, p50 >= 10.00 s, p99 >= 10.00 s |" in table
+    assert "| scheduler Bind | 5 calls, 0.01 s, p50 5.5 ms, p99 9.9 ms |" in table, "within the buckets: as measured"
+    assert (
+        "most of its framework time in PreBind (70.1 s, p99 >= 10.00 s)"
+        in bottleneck.explain(_phase(figures), 2)["text"]
+    )
