@@ -1618,7 +1618,9 @@ async def misbehaving_drivers(
     sides: dict[str, Side], modes: tuple[str, ...] = tuple(MISBEHAVING)
 ) -> AsyncIterator[None]:
     """On each node, a plugin per mode (driver ``<mode>.example.com``; none for
-    ``absent``) with a one-device slice, and a DeviceClass for each driver."""
+    ``absent``) with a one-device slice, and a DeviceClass for each driver; registered
+    with both kubelets before it yields (a pod that came first would be refused as
+    "not registered" and tried again only at its next sync, a minute later)."""
     plugin = Path(__file__).with_name("misbehaving_plugin.py")
     client = next(iter(sides.values())).client
     processes: list[asyncio.subprocess.Process] = []
@@ -1642,6 +1644,10 @@ async def misbehaving_drivers(
                 }
                 await client.create(path_for(RESOURCE, "resourceslices"), body)
                 slices.append(f"{node}-{mode}")
+        for mode in modes:
+            for side in sides.values() if mode != "absent" else ():
+                registered = side.node.kubelet_dir / "plugins" / f"{mode}.example.com" / "registered"
+                await until(lambda r=registered: _at_least(lambda: int(r.exists()), 1), 60, f"{side.kind}: {mode}")
         yield
     finally:
         for process in processes:
@@ -1665,15 +1671,18 @@ def test_a_drivers_wrong_answers_are_refused_alike(
         async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides, misbehaving_drivers(sides):
 
             async def case(side: Side) -> dict[str, Any]:
-                found: dict[str, Any] = {}
-                for mode, words in MISBEHAVING.items():
+                async def one(mode: str, words: str) -> str:
                     await side.template(mode, [request("dev", f"{mode}.example.com")])
                     await side.pod(mode, {"resourceClaimTemplateName": mode}, request="dev")
                     await side.refused(mode, words)
-                    found[mode] = (await side.read_pod(mode))["status"]["phase"]
+                    phase: str = (await side.read_pod(mode))["status"]["phase"]
                     await side.delete_pod(mode)
                     await side.gone(mode)
-                return found
+                    return phase
+
+                # Each mode has a driver and a device of its own: the three pods go at once.
+                phases = await asyncio.gather(*(one(mode, words) for mode, words in MISBEHAVING.items()))
+                return dict(zip(MISBEHAVING, phases, strict=True))
 
             found = await both(sides, case)
             assert found["real"] == found["fake"] == dict.fromkeys(MISBEHAVING, "Pending"), found
@@ -2152,8 +2161,6 @@ def test_a_container_that_fails_to_start_is_tried_again_every_10_to_15_seconds(
         ):
 
             async def case(side: Side) -> dict[str, Any]:
-                registered = side.node.kubelet_dir / "plugins" / driver / "registered"
-                await until(lambda: _at_least(lambda: int(registered.exists()), 1), 60, f"{side.kind}: registration")
                 await side.template("wrong", [request("dev", driver)])
                 await side.pod("wrong", {"resourceClaimTemplateName": "wrong"}, request="dev")
                 seen_at: list[float] = []
