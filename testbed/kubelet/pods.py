@@ -50,9 +50,9 @@ As kubelet v1.37 does:
   gets it, nor a new claim made under its name; every 60 s, claims held only by pods
   that are gone (force-deleted, or deleted while this kubelet was down) are unprepared;
 - ``status.containerStatuses[].allocatedResourcesStatus`` shows each claimed device's
-  health from the drivers' health streams, updated when health changes and on every
-  periodic pod sync, each pod's own 60-90 s after its last (resync.py); a device not
-  heard of within its timeout reads Unknown.
+  health from the drivers' health streams, updated when health changes, when the pod
+  changes beyond its status and on every periodic pod sync, each pod's own 60-90 s
+  after its last (resync.py); a device not heard of within its timeout reads Unknown.
 """
 
 from __future__ import annotations
@@ -276,6 +276,13 @@ class PodManager:
         if kind == "DELETED" or before is None or _differs_beyond_status(before, pod):
             self._changes[uid] = self._changes.get(uid, 0) + 1
             self._updated.setdefault(uid, asyncio.Event()).set()
+            if kind != "DELETED" and before is not None and uid in self._running:
+                # A running pod's worker syncs it now: its status is worked out again
+                # (a device whose health went stale turns Unknown), and the next
+                # periodic sync comes a syncFrequency after this one.
+                self._resync_schedule.add(uid, time.monotonic())
+                if self._claim_uids.get(uid):
+                    self._in_background(self._sync_status(uid), f"pod-status-{uid}")
         elif uid in self._running and pod["spec"].get("readinessGates"):
             self._follow_readiness_gates(pod)
         if uid in self._workers:

@@ -34,6 +34,7 @@ from testbed.fleet.fabric import FabricManager
 from testbed.keys import CONTAINER_ENV_ANNOTATION, FABRIC_ATTACHED
 from testbed.kubeapi import ApiError, KubeClient, Obj, now_rfc3339, path_for
 from testbed.kubelet.node import SYNTHETIC_TOLERATION, NodeSpec
+from testbed.kubeletplugin import cdi
 from testbed.realnode.node import ProcessNode, unsupported_reason
 
 pytestmark = [
@@ -632,9 +633,10 @@ def _health(pod: Obj) -> dict[str, str]:
 def test_device_health_reaches_the_pod_status_and_stays_healthy(
     control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
 ) -> None:
-    """Unhealthy, then Healthy again, in ``allocatedResourcesStatus``; then Healthy for
-    over two minutes, which needs the driver's heartbeat (a kubelet marks a device it has
-    not heard of for 30 s Unknown at its next pod sync)."""
+    """Unhealthy, then Healthy again, in ``allocatedResourcesStatus``; then still Healthy
+    40 s on and after a pod sync, which needs the driver's heartbeat: a kubelet marks a
+    device it has not heard of for 30 s Unknown at the pod's next sync. That sync is
+    brought on by changing the pod (its periodic one is 60-90 s away)."""
 
     async def scenario() -> None:
         async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
@@ -655,10 +657,17 @@ def test_device_health_reaches_the_pod_status_and_stays_healthy(
                 side.node.set_faults()
                 await until(lambda: health_is("Healthy"), 90, f"{side.kind}: Healthy again")
                 seen = set()
-                deadline = time.monotonic() + 130
-                while time.monotonic() < deadline:
-                    seen |= set(_health(await side.read_pod("watched")).values())
-                    await asyncio.sleep(2)
+
+                async def watch_for(seconds: float) -> None:
+                    deadline = time.monotonic() + seconds
+                    while time.monotonic() < deadline:
+                        seen.update(_health(await side.read_pod("watched")).values())
+                        await asyncio.sleep(1)
+
+                await watch_for(40)
+                nudge = {"metadata": {"annotations": {"example.com/nudge": "1"}}}
+                await side.client.patch(path_for("v1", "pods", "watched", side.namespace), nudge)
+                await watch_for(10)
                 return {"ids": sorted(healthy), "seen": seen}
 
             found = await both(sides, case)
@@ -1749,7 +1758,17 @@ def test_a_claim_still_being_unprepared_is_not_given_to_a_new_pod(
                 )
                 third = (await side.read_pod("third"))["status"]["phase"]
                 side.node.set_faults()
-                await side.running("third", timeout_s=180)
+                old_spec = cdi.spec_path(side.node.cdi_dir, GPU, old_uid)
+
+                def unprepared() -> int:
+                    return int(not old_spec.exists())
+
+                await until(lambda: _at_least(unprepared, 1), 60, f"{side.kind}: the old claim unprepared")
+                # The refused pod is tried again at its next sync, a minute on, or at once
+                # when it changes (test_a_pod_whose_prepare_failed_is_tried_again_...).
+                nudge = {"metadata": {"annotations": {"example.com/nudge": "1"}}}
+                await side.client.patch(path_for("v1", "pods", "third", side.namespace), nudge)
+                await side.running("third", timeout_s=60)
                 return {"second": second, "third while held": third, "calls": side.calls_by_claim()["held"]}
 
             found = await both(sides, case)
