@@ -40,19 +40,29 @@ from testbed.workloads import (
 
 pytestmark = pytest.mark.controlplane
 
-STAND_IN = {
+STAND_IN: dict[str, Any] = {
     "name": GPU,
     "command": [sys.executable, "-m", "testbed.drivers.main"],
     "env": {"DRIVERS": GPU, "HARDWARE_PROFILE": "tiny", "HEALTH_PORT": "-1", "METRICS_PORT": "-1"},
 }
 
 
+def _registrations(call_log: Path) -> int:
+    """How often the kubelet told the driver it was registered, from its call log."""
+    if not call_log.exists():
+        return 0
+    calls = [json.loads(line) for line in call_log.read_text().splitlines() if line]
+    return sum(1 for c in calls if c["method"].endswith("NotifyRegistrationStatus") and c.get("registered"))
+
+
 def test_an_external_driver_serves_its_node_and_is_restarted_and_drained(
-    control_plane: ClusterState, fleet: Fleet, kube_api: k8s.ApiClient
+    control_plane: ClusterState, fleet: Fleet, kube_api: k8s.ApiClient, tmp_path: Path
 ) -> None:
     del fleet  # only for its Ray and DeviceClasses
+    call_log = tmp_path / "calls.jsonl"
+    driver = {**STAND_IN, "env": {**STAND_IN["env"], "CALL_LOG": str(call_log)}}
     spec = FleetFile.model_validate(
-        {"nodesPerHost": 1, "pools": [{"name": "ext", "count": 1, "profile": "tiny", "drivers": ["nic", STAND_IN]}]}
+        {"nodesPerHost": 1, "pools": [{"name": "ext", "count": 1, "profile": "tiny", "drivers": ["nic", driver]}]}
     )
     where = nodes_dir(control_plane.root)
     own = Fleet(spec, control_plane.kubeconfig, where)
@@ -92,6 +102,9 @@ def test_an_external_driver_serves_its_node_and_is_restarted_and_drained(
             60,
             "the NodeHost to start the killed driver again",
         )
+        # Registered again first: a pod that came before would be tried again only at its
+        # next sync, a minute later, as a real kubelet does.
+        wait_for(lambda: _registrations(call_log) >= 2, 60, "the restarted driver to be registered")
         core.create_namespaced_pod(namespace, pod("second", claims, node="ext-000"))
         wait_running(kube_api, namespace, "second")
         log = Path(again.log).read_text()
