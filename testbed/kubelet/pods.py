@@ -276,7 +276,7 @@ class PodManager:
         if kind == "DELETED" or before is None or _differs_beyond_status(before, pod):
             self._changes[uid] = self._changes.get(uid, 0) + 1
             self._updated.setdefault(uid, asyncio.Event()).set()
-            if kind != "DELETED" and before is not None and uid in self._running:
+            if kind != "DELETED" and before is not None and uid in self._running and not _own_write(before, pod):
                 # A running pod's worker syncs it now: its status is worked out again
                 # (a device whose health went stale turns Unknown), and the next
                 # periodic sync comes a syncFrequency after this one.
@@ -1497,6 +1497,18 @@ def _differs_beyond_status(before: Obj, after: Obj) -> bool:
         before.get("spec") != after.get("spec")
         or any(old.get(k) != new.get(k) for k in ("labels", "annotations", "deletionTimestamp"))
         or old.get("deletionGracePeriodSeconds") != new.get("deletionGracePeriodSeconds")
+    )
+
+
+def _own_write(before: Obj, after: Obj) -> bool:
+    """The change is the container-env annotation this kubelet wrote with the pod's
+    Running status (a real kubelet writes no annotation): nothing to sync for."""
+    old, new = dict(before["metadata"].get("annotations") or {}), dict(after["metadata"].get("annotations") or {})
+    if old.pop(CONTAINER_ENV_ANNOTATION, None) == new.pop(CONTAINER_ENV_ANNOTATION, None):
+        return False
+    return old == new and not _differs_beyond_status(
+        {**before, "metadata": {**before["metadata"], "annotations": None}},
+        {**after, "metadata": {**after["metadata"], "annotations": None}},
     )
 
 

@@ -13,6 +13,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from testbed.http11 import TransportError
+from testbed.keys import CONTAINER_ENV_ANNOTATION
 from testbed.kubeapi import ApiError, ClaimRef, KubeClient, Obj
 from testbed.kubelet import metrics, pods
 from testbed.kubelet.node import NodeSpec
@@ -23,6 +24,7 @@ from testbed.kubelet.pods import (
     StartFailed,
     _differs_beyond_status,
     _extended_requests,
+    _own_write,
     pod_claim_name,
 )
 
@@ -298,6 +300,18 @@ def test_only_a_change_beyond_the_status_wakes_a_pods_worker() -> None:
         {"spec": {"containers": [], "activeDeadlineSeconds": 5}},
     ):
         assert _differs_beyond_status(pod, {**pod, **change}), change
+
+
+def test_the_kubelets_own_container_env_annotation_syncs_no_running_pod_again() -> None:
+    """The fake kubelet writes the container-env annotation with the Running status; a
+    user's annotation or label beside it, or any other change, is a change to sync for."""
+    pod: dict[str, Any] = {"metadata": {"name": "p", "annotations": {"x": "1"}}, "spec": {"containers": []}}
+    written = {**pod, "metadata": {"name": "p", "annotations": {"x": "1", CONTAINER_ENV_ANNOTATION: "{}"}}}
+    assert _own_write(pod, written)
+    assert not _own_write(written, {**written, "metadata": {**written["metadata"], "labels": {"a": "1"}}})
+    both = {**pod, "metadata": {"name": "p", "annotations": {"x": "2", CONTAINER_ENV_ANNOTATION: "{}"}}}
+    assert not _own_write(pod, both)
+    assert not _own_write(pod, {**pod, "metadata": {"name": "p", "annotations": {"x": "2"}}})
 
 
 class LaggingAuthorizer:
