@@ -1501,15 +1501,15 @@ def _differs_beyond_status(before: Obj, after: Obj) -> bool:
 
 
 def _own_write(before: Obj, after: Obj) -> bool:
-    """The change is the container-env annotation this kubelet wrote with the pod's
-    Running status (a real kubelet writes no annotation): nothing to sync for."""
-    old, new = dict(before["metadata"].get("annotations") or {}), dict(after["metadata"].get("annotations") or {})
-    if old.pop(CONTAINER_ENV_ANNOTATION, None) == new.pop(CONTAINER_ENV_ANNOTATION, None):
-        return False
-    return old == new and not _differs_beyond_status(
-        {**before, "metadata": {**before["metadata"], "annotations": None}},
-        {**after, "metadata": {**after["metadata"], "annotations": None}},
-    )
+    """Nothing beyond the status changed but the container-env annotation this kubelet
+    writes with the pod's Running status (a real kubelet writes none): no sync for it."""
+
+    def without_it(pod: Obj) -> Obj:
+        annotations = pod["metadata"].get("annotations") or {}
+        kept = {k: v for k, v in annotations.items() if k != CONTAINER_ENV_ANNOTATION}
+        return {**pod, "metadata": {**pod["metadata"], "annotations": kept}}
+
+    return not _differs_beyond_status(without_it(before), without_it(after))
 
 
 def pod_claim_name(pod: Obj, entry: Obj) -> tuple[str | None, bool]:
