@@ -107,7 +107,7 @@ async def drain(client: KubeClient, node: SyntheticNode, timeout_s: float = 300.
     await client.delete_if_exists(path_for("v1", "pods", driver_pod_name(node.name), DRIVER_NAMESPACE))
     await node.kubelet.stop()
     await _delete_node(client, node.name)
-    shutil.rmtree(node.root, ignore_errors=True)  # its checkpoints are empty and its CDI specs gone
+    await asyncio.to_thread(shutil.rmtree, node.root, True)  # its checkpoints are empty and its CDI specs gone
     return DrainResult(node.name, evicted, prepared_before)
 
 

@@ -484,7 +484,7 @@ class Runner:
         expected = jobs * phase.pods_per_job
         result = PhaseResult(phase.name, jobs, expected, time.monotonic() - self.data.started)
         self.data.phases.append(result)  # recorded now, so an interrupted run still reports it
-        self._say(f"phase {phase.name}: {jobs} Jobs at {phase.qps:g}/s")
+        self._say(f"phase {phase.name}: {jobs} Job{'' if jobs == 1 else 's'} at {phase.qps:g}/s")
         if phase.requests and phase.request_as == "claim":
             await self.client.create(
                 path_for("resource.k8s.io/v1", "resourceclaimtemplates", namespace=self.data.namespace),
