@@ -87,6 +87,12 @@ GATE_APIS: dict[str, str] = {
 """Beta gates whose API version is off by default: the scheduler waits for its
 informers (PodGroup here) and never becomes ready unless the API is served."""
 
+KUBELET_SYNC_FREQUENCY_S = 60.0
+"""The kubelet's default syncFrequency (KubeletConfiguration), for fake and real kubelets
+alike: each pod is synced this often (jittered by up to half of it) when nothing happens
+to it. That is when a running pod's device health is worked out anew and when a pod whose
+claims could not be prepared is tried again. A pool's ``syncFrequencySeconds`` sets it."""
+
 DEFAULT_CLUSTER_NAME = "testbed"
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")

@@ -65,6 +65,7 @@ def _recipe(fleet: FleetFile, pool: Pool, index: int) -> NodeRecipe:
         None if pool.built_in_drivers is None else tuple(pool.built_in_drivers),
         tuple(ExternalDriverSpec(d.name, tuple(d.command), dict(d.env)) for d in pool.external_drivers),
         fleet.node_address(pool, index),
+        pool.sync_frequency_s,
     )
 
 

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from testbed.config import KUBELET_SYNC_FREQUENCY_S
 from testbed.fleet.external import ExternalDriverSpec
 
 KV_NAMESPACE = "dra-testbed-fleet"
@@ -36,6 +37,8 @@ class NodeRecipe:
     """Drivers run from a command, one process per node."""
     address: str | None = None
     """Its InternalIP (FleetFile.node_address); None: derived from its name."""
+    sync_frequency_s: float = KUBELET_SYNC_FREQUENCY_S
+    """Its kubelet's syncFrequency."""
 
     @classmethod
     def from_json(cls, entry: dict[str, Any]) -> NodeRecipe:

@@ -256,6 +256,7 @@ class NodeHost:
                 fence=self._fence(recipe.name),
                 declared_features=self.declared_features,
                 address=recipe.address,
+                sync_frequency_s=recipe.sync_frequency_s,
             )
             self.nodes[recipe.name] = node
             fresh.append(node)
@@ -332,6 +333,7 @@ class NodeHost:
             spec, recipe.profile, drivers_for(profile), root, self.kubeconfig, ensure_node_binaries(), "real"
         )
         node.devices_per_slice = recipe.devices_per_slice
+        node.sync_frequency_s = recipe.sync_frequency_s
         return node
 
     async def remove_nodes(self, names: list[str], timeout_s: float = 300.0) -> list[dict[str, Any]]:

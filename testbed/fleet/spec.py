@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_val
 
 from fake_devices.profiles import ProfileError
 from fake_devices.specfiles import SpecFileError, parse_yaml, validate
+from testbed.config import KUBELET_SYNC_FREQUENCY_S
 from testbed.drivers import load_profile
 from testbed.keys import SYNTHETIC
 
@@ -160,6 +161,13 @@ class Pool(_Strict):
     profile's hardware needs."""
     placement: Placement | None = None
     """Where its NodeHosts run (None: with the other pools', as Ray places them)."""
+    sync_frequency_s: float = Field(
+        default=KUBELET_SYNC_FREQUENCY_S, alias="syncFrequencySeconds", ge=1, le=KUBELET_SYNC_FREQUENCY_S
+    )
+    """Its kubelets' syncFrequency (KubeletConfiguration): how often each pod is synced
+    when nothing happens to it, which is when a failed prepare is tried again. At most the
+    kubelet's default: a scenario waits for a kubelet's retry (runner.KUBELET_RETRY_S)
+    before it calls a phase stalled."""
 
     @model_validator(mode="after")
     def _drivers_known_and_unique(self) -> Pool:

@@ -16,6 +16,7 @@ from pathlib import Path
 from fake_devices import sysfs
 from fake_devices.hardware import NodeHardware
 from fake_devices.profiles import HardwareProfile
+from testbed.config import KUBELET_SYNC_FREQUENCY_S
 from testbed.drivers import driver_on_node, drivers_for
 from testbed.drivers.backend import LocalBackend
 from testbed.errors import TestbedError
@@ -93,6 +94,7 @@ class SyntheticNode:
         fence: LeaseFence | None = None,
         declared_features: list[str] | None = None,
         address: str | None = None,
+        sync_frequency_s: float = KUBELET_SYNC_FREQUENCY_S,
     ):
         """``client``: the kubelet's; ``claims``: where drivers read claims without a
         ``driver_client`` of their own; ``driver_client``: the drivers' (the kubelet's by
@@ -105,7 +107,8 @@ class SyntheticNode:
         watches of its nodes' slices and Nodes (default: each of this node's own).
         ``fence``: the node is one of a fleet's, which one NodeHost at a time serves.
         ``declared_features``: what its kubelet declares (declared.py); ``address``: its
-        InternalIP (default: derived from its name)."""
+        InternalIP (default: derived from its name); ``sync_frequency_s``: its kubelet's
+        syncFrequency."""
         self.name = name
         self.bind_drivers = bind_drivers
         self.root = root
@@ -127,6 +130,7 @@ class SyntheticNode:
             node_watcher=node_watcher,
             durable=False,  # as its drivers: a synthetic node's state is throw-away
             preloaded_images=(DRIVER_IMAGE,),
+            sync_frequency_s=sync_frequency_s,
         )
         self.drivers = [
             driver_on_node(

@@ -11,16 +11,28 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import signal
 import sys
 from pathlib import Path
 
+from testbed.config import KUBELET_SYNC_FREQUENCY_S
 from testbed.errors import TestbedError
 from testbed.kubeapi import KubeClient, path_for
 from testbed.kubelet.declared import cluster_declared_features
 from testbed.kubelet.kubelet import FakeKubelet
 from testbed.kubelet.node import NodeSpec
 from testbed.metrics_server import MetricsServer
+
+
+def _seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = 0.0
+    if not (seconds > 0 and math.isfinite(seconds)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0")
+    return seconds
 
 
 def _arguments(argv: list[str]) -> argparse.Namespace:
@@ -30,6 +42,12 @@ def _arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--root-dir", type=Path, required=True, help="the kubelet dir (plugins_registry/, plugins/)")
     parser.add_argument("--cdi-dir", type=Path, required=True, help="where drivers write CDI specs")
     parser.add_argument("--label", action="append", default=[], help="KEY=VALUE, repeatable")
+    parser.add_argument(
+        "--sync-frequency",
+        type=_seconds,
+        default=KUBELET_SYNC_FREQUENCY_S,
+        help="seconds between a pod's periodic syncs, as the KubeletConfiguration's syncFrequency (default 60)",
+    )
     parser.add_argument("--delete-node", action="store_true", help="delete the Node on exit")
     parser.add_argument("--metrics-port", type=int, help="serve /metrics on 127.0.0.1:PORT (0: any free port)")
     parser.add_argument("--metrics-socket", type=Path, help="serve /metrics on this unix socket (0600)")
@@ -45,7 +63,7 @@ async def _run(args: argparse.Namespace) -> None:
         labels[key] = value
     client = KubeClient.from_kubeconfig(args.kubeconfig)
     spec = NodeSpec(args.node, labels=labels, declared_features=await cluster_declared_features(client))
-    kubelet = FakeKubelet(client, spec, args.root_dir, args.cdi_dir)
+    kubelet = FakeKubelet(client, spec, args.root_dir, args.cdi_dir, sync_frequency_s=args.sync_frequency)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import grpc
 
+from testbed.config import KUBELET_SYNC_FREQUENCY_S
 from testbed.grpcapi import podresources_v1_pb2_grpc
 from testbed.kubeapi import ApiError, KubeClient, path_for
 from testbed.kubelet import podresources
@@ -42,13 +43,15 @@ class FakeKubelet:
         durable: bool = True,
         node_watcher: NodeWatcher | None = None,
         preloaded_images: Sequence[str] = (),
+        sync_frequency_s: float = KUBELET_SYNC_FREQUENCY_S,
     ):
         """``registry_dir``: where plugins register (default ``kubelet_dir/plugins_registry``).
         ``watch_client``: what the pod watch holds its connection on (default ``client``).
         ``fence``: for a node another server may take over (see NodeAgent).
         ``durable``: fsync its claim checkpoint, as a kubelet does (False: synthetic nodes).
         ``node_watcher``: a NodeHost's watch of its nodes (default: one of this Node alone).
-        ``preloaded_images``: on the node from the start, as in a node image."""
+        ``preloaded_images``: on the node from the start, as in a node image.
+        ``sync_frequency_s``: the KubeletConfiguration's syncFrequency (pods.py)."""
         self.client = client
         self.spec = spec
         self.kubelet_dir = kubelet_dir
@@ -75,6 +78,7 @@ class FakeKubelet:
             watch_client=watch_client,
             durable=durable,
             pod_cidr=lambda: (self.node.observed or {}).get("spec", {}).get("podCIDR"),
+            sync_frequency_s=sync_frequency_s,
         )
         self._startup_wipe: asyncio.Task[None] | None = None
         self._pod_resources: grpc.aio.Server | None = None

@@ -70,6 +70,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from testbed.config import KUBELET_SYNC_FREQUENCY_S
 from testbed.http11 import TransportError
 from testbed.keys import CONTAINER_ENV_ANNOTATION
 from testbed.kubeapi import ApiError, ClaimRef, KubeClient, Obj, WatchPosition, now_rfc3339, path_for
@@ -87,11 +88,6 @@ from testbed.tasks import cancel_and_wait
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-STATUS_SYNC_S = 60.0
-"""The kubelet's syncFrequency: each running pod's status is recomputed this often, which
-is when a device whose health went stale turns Unknown. A pod whose claims could not be
-prepared is tried again then too: the kubelet records the failure as an event and ends
-that sync as if it had succeeded."""
 CRASH_LOOP_INITIAL_S, CRASH_LOOP_MAX_S = 10.0, 300.0
 """The kubelet's back-off before it starts again a container that exited."""
 SYNC_ERROR_BACKOFF_S = 10.0
@@ -166,11 +162,13 @@ class PodManager:
         durable: bool = True,
         pod_cidr: Callable[[], str | None] = lambda: None,
         images: containerevents.ImageStore | None = None,
+        sync_frequency_s: float = KUBELET_SYNC_FREQUENCY_S,
     ):
         """``durable``: fsync the checkpoint, as the kubelet does (a real node); synthetic
         nodes, whose state is throw-away, skip it. ``pod_cidr``: the Node's, as last seen
         (pods get their IPs from it: podnetwork.py). ``images``: the node's, as its
-        runtime keeps them (none to start with, forgotten on a restart, if not given)."""
+        runtime keeps them (none to start with, forgotten on a restart, if not given).
+        ``sync_frequency_s``: the KubeletConfiguration's syncFrequency."""
         self.client = client
         self.watch_client = watch_client or client
         self.checkpoint = checkpoint
@@ -198,7 +196,8 @@ class PodManager:
         self._images = images or containerevents.ImageStore()
         self._running: dict[str, str] = {}
         """Pods whose containers run, by UID: when they started (RFC 3339)."""
-        self._resync_schedule = ResyncSchedule(STATUS_SYNC_S, JITTER)
+        self.sync_frequency_s = sync_frequency_s
+        self._resync_schedule = ResyncSchedule(sync_frequency_s, JITTER)
         self._resync_wake = asyncio.Event()
         """Set when a pod starts running: it may be due before the one slept for."""
         self._claim_uids: dict[str, dict[str, str]] = {}
@@ -414,7 +413,7 @@ class PodManager:
                 elif exc.created is not None:
                     await self._set_waiting(pod, exc.created)
                 if exc.reason == PREPARE_FAILED:
-                    next_sync = jittered(STATUS_SYNC_S)
+                    next_sync = jittered(self.sync_frequency_s)
                 elif not sandbox:
                     # The sandbox the failed attempt left is new to the PLEG, whose next
                     # relist syncs the pod once more.

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import yaml
 
+from testbed.config import KUBELET_SYNC_FREQUENCY_S
 from testbed.controlplane import processes
 from testbed.controlplane.binaries import Binaries
 from testbed.errors import TestbedError
@@ -68,7 +69,9 @@ def check_supported() -> None:
         raise TestbedError(reason, hint="run as root on Linux, or use `kubelet: fake` pools")
 
 
-def kubelet_config(root: Path, taints: list[Obj], client_ca: Path | None = None) -> Obj:
+def kubelet_config(
+    root: Path, taints: list[Obj], client_ca: Path | None = None, sync_frequency_s: float = KUBELET_SYNC_FREQUENCY_S
+) -> Obj:
     """A KubeletConfiguration that creates no host cgroups and listens on loopback only
     (of its namespace). Its API is guarded as kubeadm guards it: client certificates
     from ``client_ca`` (the cluster's) or tokens the API server vouches for, each request
@@ -94,6 +97,7 @@ def kubelet_config(root: Path, taints: list[Obj], client_ca: Path | None = None)
         "resolvConf": "",
         "staticPodPath": "",
         "registerWithTaints": taints,
+        "syncFrequency": f"{sync_frequency_s:g}s",
         "nodeStatusUpdateFrequency": f"{NODE_STATUS_UPDATE_S}s",
         "nodeStatusReportFrequency": f"{NODE_STATUS_REPORT_S}s",
         "evictionHard": {"memory.available": "1Ki", "nodefs.available": "0%", "imagefs.available": "0%"},
@@ -135,6 +139,8 @@ class ProcessNode:
         """The driver's credentials: a kubeconfig with a token bound to the node's driver pod."""
         self.binaries = binaries
         self.devices_per_slice: int | None = None
+        self.sync_frequency_s = KUBELET_SYNC_FREQUENCY_S
+        """Its kubelet's syncFrequency (either kind)."""
         self.node_ip = spec.internal_ip()
         self.api_port = urllib.parse.urlsplit(default_credentials(kubeconfig).server).port or 443
         self.processes: dict[str, asyncio.subprocess.Process] = {}
@@ -373,6 +379,7 @@ class ProcessNode:
                 f"--kubeconfig={self.kubelet_kubeconfig}",
             ]
             command += [f"--root-dir={self.kubelet_dir}", f"--cdi-dir={self.cdi_dir}", *labels]
+            command.append(f"--sync-frequency={self.sync_frequency_s:g}")
             command.append(f"--metrics-socket={self.root / kubelet_api.FAKE_METRICS_SOCKET}")
             await self._spawn("kubelet", command)
             return
@@ -382,7 +389,8 @@ class ProcessNode:
         if (ca := cluster_ca(self.kubeconfig)) is not None:
             client_ca = self.root / "private" / "client-ca.crt"
             client_ca.write_bytes(ca)
-        config.write_text(yaml.safe_dump(kubelet_config(self.root, list(self.spec.taints), client_ca)))
+        settings = kubelet_config(self.root, list(self.spec.taints), client_ca, self.sync_frequency_s)
+        config.write_text(yaml.safe_dump(settings))
         labels = node_object(self.spec)["metadata"]["labels"]
         kubelet = [
             str(self.binaries.path("kubelet")),

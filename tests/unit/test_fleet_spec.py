@@ -55,6 +55,14 @@ def test_defaults_keep_ordinary_workloads_off_synthetic_nodes() -> None:
             "fabric: {attachSeconds: -1}\npools: [{name: a, count: 1}]",
             r"fabric\.attachSeconds: Input should be greater than or equal to 0",
         ),
+        (
+            "pools: [{name: a, count: 1, syncFrequencySeconds: 0}]",
+            r"pools\[0\]\.syncFrequencySeconds: Input should be greater than or equal to 1",
+        ),
+        (
+            "pools: [{name: a, count: 1, syncFrequencySeconds: 120}]",
+            r"pools\[0\]\.syncFrequencySeconds: Input should be less than or equal to 60",
+        ),
     ],
 )
 def test_errors_name_the_field(text: str, message: str) -> None:
@@ -110,6 +118,25 @@ def test_node_recipes_with_external_drivers_survive_a_host_restart() -> None:
     )
     again = NodeRecipe.from_json(json.loads(json.dumps(dataclasses.asdict(recipe))))
     assert again == recipe
+
+
+def test_a_pools_sync_frequency_reaches_its_kubelets_fake_and_real(tmp_path: Path) -> None:
+    """What a pool sets is what its nodes' kubelets run with, kept across a NodeHost
+    restart, and written into a real kubelet's configuration as a Go duration."""
+    from testbed.config import KUBELET_SYNC_FREQUENCY_S
+    from testbed.fleet import membership
+    from testbed.fleet.fleet import _recipe
+    from testbed.realnode.node import kubelet_config
+
+    fleet = spec.parse(
+        "pools: [{name: quick, count: 1, syncFrequencySeconds: 15}, {name: usual, count: 1, kubelet: real}]",
+        "f.yaml",
+    )
+    quick, usual = (_recipe(fleet, pool, 0) for pool in fleet.pools)
+    assert (quick.sync_frequency_s, usual.sync_frequency_s) == (15, KUBELET_SYNC_FREQUENCY_S)
+    assert membership.decode(membership.encode([quick]))["quick-000"].sync_frequency_s == 15
+    assert kubelet_config(tmp_path, [], sync_frequency_s=quick.sync_frequency_s)["syncFrequency"] == "15s"
+    assert kubelet_config(tmp_path, [])["syncFrequency"] == "60s"
 
 
 def test_no_two_nodes_of_a_fleet_share_an_internal_ip() -> None:
