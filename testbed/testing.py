@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import pytest
 from kubernetes import client as k8s
 
-from testbed.config import ControlPlaneConfig, nodes_dir
+from testbed.config import KUBELET_SYNC_FREQUENCY_S, ControlPlaneConfig, nodes_dir
 from testbed.controlplane import cluster
 from testbed.controlplane.binaries import Binaries, ensure_binaries
 from testbed.environment import install_device_classes
@@ -86,11 +86,16 @@ def driver_fleet(
     profile: str = "tiny",
     built_in: tuple[str, ...] = (),
     prefix: str = "dev",
+    sync_frequency_s: float = KUBELET_SYNC_FREQUENCY_S,
 ) -> FleetFile:
     """A fleet whose nodes (dev-000, ...) run your driver (``command``, once per node, as
-    a DaemonSet would) next to the ``built_in`` drivers named (gpu, nic). For ``fleet_spec``."""
+    a DaemonSet would) next to the ``built_in`` drivers named (gpu, nic). For ``fleet_spec``.
+    ``sync_frequency_s``: the kubelets' syncFrequency, how soon a prepare your driver
+    failed is tried again (60-90 s by default, as on a real node; 10 makes it 10-15 s)."""
     drivers: list[Any] = [*built_in, {"name": driver_name, "command": command, "env": env or {}}]
-    return single_pool(nodes, profile, nodes_per_host=max(1, nodes), prefix=prefix, drivers=drivers)
+    return single_pool(
+        nodes, profile, nodes_per_host=max(1, nodes), prefix=prefix, drivers=drivers, sync_frequency_s=sync_frequency_s
+    )
 
 
 @pytest.fixture(scope="session")

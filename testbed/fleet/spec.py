@@ -340,6 +340,7 @@ def single_pool(
     prefix: str = "node",
     devices_per_slice: int | None = None,
     drivers: list[Any] | None = None,
+    sync_frequency_s: float = KUBELET_SYNC_FREQUENCY_S,
 ) -> FleetFile:
     """What `--nodes N --profile P` means."""
     pool = {
@@ -348,6 +349,7 @@ def single_pool(
         "profile": profile,
         "devicesPerSlice": devices_per_slice,
         "drivers": drivers,
+        "syncFrequencySeconds": sync_frequency_s,
     }
     return validate(
         FleetFile,

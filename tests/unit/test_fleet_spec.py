@@ -137,6 +137,7 @@ def test_a_pools_sync_frequency_reaches_its_kubelets_fake_and_real(tmp_path: Pat
     assert membership.decode(membership.encode([quick]))["quick-000"].sync_frequency_s == 15
     assert kubelet_config(tmp_path, [], sync_frequency_s=quick.sync_frequency_s)["syncFrequency"] == "15s"
     assert kubelet_config(tmp_path, [])["syncFrequency"] == "60s"
+    assert spec.single_pool(1, "tiny", 1, sync_frequency_s=10).pools[0].sync_frequency_s == 10
 
 
 def test_no_two_nodes_of_a_fleet_share_an_internal_ip() -> None:
