@@ -15,6 +15,7 @@ from typing import Any
 from fake_devices.hardware import DeviceHealth, HardwareError, PreparedDevice, Share
 from fake_devices.kinds import Device, DeviceSpec, SharedPool
 from testbed.drivers.backend import DeviceBackend
+from testbed.keys import FABRIC_ATTACHED
 from testbed.kubeapi import KubeClient
 from testbed.kubeletplugin.driver import ClaimFailed, ClaimToPrepare, Inventory
 from testbed.kubeletplugin.opaque_config import ConfigError, OpaqueConfig, configs_for_request
@@ -80,11 +81,14 @@ class EmulatedDriver:
         self.client = client
         """For drivers that write to the API (the claim status of a NIC)."""
         self._mine: tuple[int, frozenset[str]] = (-1, frozenset())
+        self._behind_fabric: frozenset[str] | None = None
+        """Its devices that sit behind a fabric (a device's place never changes)."""
 
     async def inventory(self) -> Inventory:
         generation, devices, pools = await self.backend.inventory()
         mine, counter_sets = self.kind.select(devices, pools)
         self._mine = (generation, frozenset(d.name for d in mine))
+        self._behind_fabric = frozenset(d.name for d in mine if d.behind_fabric)
         return Inventory(generation, mine, counter_sets)
 
     async def health(self) -> tuple[int, list[DeviceHealth]]:
@@ -114,6 +118,8 @@ class EmulatedDriver:
         }
 
     async def prepare(self, claim: ClaimToPrepare) -> list[PreparedDevice]:
+        if not claim.repair:
+            await self._check_attached(claim)
         settings = self.settings(claim)
         whole = [d.device for d in claim.devices if d.share_id is None]
         shares = [Share(d.device, d.share_id, d.consumed) for d in claim.devices if d.share_id is not None]
@@ -121,6 +127,25 @@ class EmulatedDriver:
             return await self.backend.prepare(claim.ref.uid, whole, settings, claim.admin_access, shares)
         except HardwareError as exc:
             raise ClaimFailed("DeviceError", str(exc)) from None
+
+    async def _check_attached(self, claim: ClaimToPrepare) -> None:
+        """A device behind a fabric is on the node only once the fabric manager attached
+        it, which it records as a binding condition in the claim's status: without it
+        there is nothing to prepare, as on a node whose fabric never attached the GPU.
+        (The scheduler binds no pod before that condition; it would only with the
+        DRADeviceBindingConditions gate off.)"""
+        if self._behind_fabric is None:
+            await self.inventory()
+        behind = self._behind_fabric or frozenset()
+        missing = [d.device for d in claim.devices if d.device in behind and FABRIC_ATTACHED not in d.conditions]
+        if missing:
+            raise ClaimFailed(
+                "NotAttached",
+                f"{', '.join(missing)} behind the fabric not attached to this node: the claim's "
+                f"status.devices has no {FABRIC_ATTACHED}=True for "
+                + ("it" if len(missing) == 1 else "them")
+                + " (the fabric manager sets it once attached, before the scheduler binds the pod)",
+            )
 
     async def unprepare(self, claim_uid: str) -> None:
         try:  # its own devices alone: the claim may hold another driver's too

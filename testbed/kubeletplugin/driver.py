@@ -39,6 +39,9 @@ class AllocatedDevice:
     consumed: Mapping[str, int] = field(default_factory=dict)
     """For one share of a shareable device: what it consumes of each capacity, as the
     scheduler recorded it (``consumedCapacity``)."""
+    conditions: frozenset[str] = frozenset()
+    """The condition types that are True for this device in the claim's ``status.devices``
+    (a binding condition that someone, a fabric manager say, set before the pod was bound)."""
 
 
 @dataclass(frozen=True)

@@ -287,6 +287,7 @@ class ClaimPreparer:
             raise fetched
         claim = fetched if fetched is not None else await self._fetch(ref)
         results, configs = self._allocation(ref, claim)
+        conditions = self._true_conditions(claim)
         allocated = [
             AllocatedDevice(
                 r["request"],
@@ -295,6 +296,7 @@ class ClaimPreparer:
                 r.get("shareID"),
                 bool(r.get("adminAccess")),
                 _consumed(ref, r),
+                conditions.get((r["pool"], r["device"], r.get("shareID")), frozenset()),
             )
             for r in results
         ]
@@ -380,6 +382,16 @@ class ClaimPreparer:
                 f"claim {ref.namespace}/{ref.name} is allocated on node(s) {', '.join(elsewhere)}, not on {self.node}",
             )
         return results, list(devices.get("config") or [])
+
+    def _true_conditions(self, claim: Mapping[str, Any]) -> dict[tuple[str, str, str | None], frozenset[str]]:
+        """By (pool, device, share ID): the condition types True in the claim's status."""
+        found = {}
+        for entry in (claim.get("status") or {}).get("devices") or []:
+            if entry.get("driver") != self.name:
+                continue
+            true = frozenset(str(c.get("type")) for c in entry.get("conditions") or [] if c.get("status") == "True")
+            found[(str(entry.get("pool")), str(entry.get("device")), entry.get("shareID"))] = true
+        return found
 
     # --- unprepare -----------------------------------------------------------------------
 

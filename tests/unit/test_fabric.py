@@ -173,3 +173,46 @@ async def wait_until(condition: Callable[[], bool], timeout_s: float) -> None:
     while not condition():
         assert asyncio.get_running_loop().time() < deadline, "timed out"
         await asyncio.sleep(0.02)
+
+
+def test_the_node_driver_prepares_a_device_behind_the_fabric_only_once_it_is_attached(short_tmp_path: Path) -> None:
+    """With the binding-conditions gate off, the scheduler binds at once and the kubelet
+    asks for a GPU the fabric never attached: the driver refuses that claim (nothing is
+    on the node to prepare), naming the condition, and prepares it once it is True."""
+    from fake_devices.hardware import NodeHardware
+    from testbed.drivers import KINDS, load_profile
+    from testbed.drivers.backend import LocalBackend
+    from testbed.kubeapi import ClaimRef, Obj
+    from testbed.kubeletplugin.claims import ClaimReader
+    from testbed.kubeletplugin.prepare import ClaimPreparer, DriverPaths
+
+    attached = {"type": FABRIC_ATTACHED, "status": "True", "reason": "Attached", "message": ""}
+    claims = {
+        "never-attached": _claim([_result("gpu-0", [FABRIC_ATTACHED])]),
+        "attach-failed": _claim(
+            [_result("gpu-1", [FABRIC_ATTACHED])],
+            [{"driver": GPU, "pool": "n7", "device": "gpu-1", "conditions": [dict(attached, status="False")]}],
+        ),
+        "attached": _claim(
+            [_result("gpu-1", [FABRIC_ATTACHED])],
+            [{"driver": GPU, "pool": "n7", "device": "gpu-1", "conditions": [attached]}],
+        ),
+    }
+
+    class Scripted(ClaimReader):
+        async def get(self, namespace: str, name: str) -> Obj:
+            return dict(claims[name], metadata={"namespace": namespace, "name": name, "uid": f"uid-{name}"})
+
+    async def scenario() -> dict[str, str]:
+        paths = DriverPaths.for_node(short_tmp_path / "kubelet", GPU, short_tmp_path / "cdi")
+        driver = KINDS[GPU].make(LocalBackend(NodeHardware("n7", load_profile("fabric-gpu"))))
+        preparer = ClaimPreparer(driver, "n7", paths, Scripted(None))  # type: ignore[arg-type]
+        await preparer.repair()
+        results = await preparer.prepare([ClaimRef("ns", f"uid-{name}", name) for name in claims])
+        return {name: results[f"uid-{name}"].error for name in claims}
+
+    errors = asyncio.run(scenario())
+    for name in ("never-attached", "attach-failed"):
+        assert "behind the fabric not attached to this node" in errors[name], errors
+        assert f"no {FABRIC_ATTACHED}=True" in errors[name], errors
+    assert errors["attached"] == "", errors
