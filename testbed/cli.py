@@ -1085,6 +1085,14 @@ def fault(node: str, action: str, target: str, name: str, state_dir: Path | None
     help="Check the driver already serving this synthetic node instead of running a command "
     "(with --driver-name when the node runs several); checks that restart it are skipped.",
 )
+@click.option(
+    "--liveness-port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="The driver's gRPC liveness port (what its DaemonSet's livenessProbe.grpc.port says; "
+    "set the driver to listen there): checked to say SERVING, and not once its DRA socket is gone.",
+)
+@click.option("--liveness-address", default="127.0.0.1", show_default=True, help="Where the liveness port listens.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @reports_errors
 def sanity(
@@ -1095,6 +1103,8 @@ def sanity(
     junit: Path | None,
     wanted: tuple[str, ...],
     node: str,
+    liveness_port: int | None,
+    liveness_address: str,
     command: tuple[str, ...],
 ) -> None:
     """Check a DRA kubelet plugin as a kubelet relies on it: testbed sanity [OPTIONS] -- CMD ARGS...
@@ -1132,8 +1142,17 @@ def sanity(
         )
 
     runnable = fleet_spec.runnable_from(list(command), Path.cwd()) if command else []
+    liveness = None if liveness_port is None else (liveness_address, liveness_port)
     results, driver = sanity_suite.run(
-        state.kubeconfig, runnable, env, driver_name, lambda line: stderr.print(line, markup=False), say, running, only
+        state.kubeconfig,
+        runnable,
+        env,
+        driver_name,
+        lambda line: stderr.print(line, markup=False),
+        say,
+        running,
+        only,
+        liveness,
     )
     counts = {status: sum(1 for r in results if r.status is status) for status in Status}
     stderr.print(", ".join(f"{n} {status}" for status, n in counts.items() if n))

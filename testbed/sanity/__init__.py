@@ -23,11 +23,13 @@ def run(
     on_result: Callable[[Result], None] | None = None,
     running: RunningNode | None = None,
     only: Collection[str] | None = None,
+    liveness: tuple[str, int] | None = None,
 ) -> tuple[list[Result], str]:
     """Every check against ``command`` run as the driver of a node of its own on the
     cluster of ``kubeconfig`` (or against the driver already serving ``running``); the
     results and the name the driver registered. ``only``: the names of the checks to run
-    (``checks.select`` works them out), else all of them."""
+    (``checks.select`` works them out), else all of them. ``liveness``: the address and
+    port of the driver's gRPC liveness endpoint, if it has one."""
 
     async def go() -> tuple[list[Result], str]:
         admin = KubeClient.from_kubeconfig(kubeconfig)
@@ -43,7 +45,7 @@ def run(
                 say(f"driver on node {harness.node}; its log: {harness.process.log_path}")
             elif say is not None:
                 say(f"the running driver of node {harness.node}: checks that restart it are skipped")
-            return await Suite(harness, on_result, only).run(), harness.driver_name
+            return await Suite(harness, on_result, only, liveness).run(), harness.driver_name
         finally:
             try:
                 await harness.teardown()

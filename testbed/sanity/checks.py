@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from testbed import quantity
 from testbed.errors import TestbedError
@@ -41,6 +42,10 @@ SLICES_WAIT_S = 60.0
 REPUBLISH_WAIT_S = 30.0
 """A starting kubelet deletes its node's slices; the driver must notice and publish again."""
 UNPREPARE_PATIENCE_S = 5.0
+LIVENESS_TIMEOUT_S = 5.0
+"""How long one liveness check may take to answer (a probe's timeoutSeconds)."""
+LIVENESS_WAIT_S = 20.0
+"""How soon the liveness endpoint must see a broken DRA socket, and a mended one."""
 DEFAULT_HEALTH_TIMEOUT_S = 30
 
 
@@ -136,6 +141,7 @@ def _devices(entry: Any) -> list[tuple[list[str], str, str, list[str]]]:
 CHECKS = [
     ("registration", "check_registration"),
     ("services answer", "check_services"),
+    ("liveness probe", "check_liveness"),
     ("rolling-update socket names", "check_socket_names"),
     ("resource slices within API limits", "check_slices"),
     ("prepare an allocated claim", "check_prepare"),
@@ -177,9 +183,16 @@ def select(wanted: Collection[str]) -> list[str]:
 
 class Suite:
     def __init__(
-        self, harness: Harness, say: Callable[[Result], None] | None = None, only: Collection[str] | None = None
+        self,
+        harness: Harness,
+        say: Callable[[Result], None] | None = None,
+        only: Collection[str] | None = None,
+        liveness: tuple[str, int] | None = None,
     ):
+        """``liveness``: the address and port of the driver's gRPC liveness endpoint (what
+        its DaemonSet's ``livenessProbe.grpc`` names); None: that check is skipped."""
         self.harness = harness
+        self.liveness = liveness
         self.only = set(only) if only is not None else {name for name, _ in CHECKS}
         self.say = say
         self.registration: Registration | None = None
@@ -276,6 +289,46 @@ class Suite:
         unknown = [v for v in self.registration.versions if v not in DRA_SERVICES and v not in HEALTH_SERVICES]
         expect(not unknown, f"advertises services no kubelet v1.37 knows: {', '.join(unknown)}", Status.WARN)
         return f"{', '.join(known)} answer an empty NodePrepareResources and NodeUnprepareResources"
+
+    async def check_liveness(self) -> str:
+        """The good practice: a liveness probe on the driver's gRPC health endpoint, so that
+        a driver whose socket broke is restarted. Checked as a kubelet's gRPC probe asks
+        (grpc.health.v1 Check, service ""): SERVING while the driver serves, not SERVING
+        once its DRA socket is gone (moved aside, then put back), SERVING again after."""
+        assert self.registration is not None
+        if self.liveness is None:
+            raise Problem(
+                "no liveness endpoint given: --liveness-port PORT (the port your DaemonSet's "
+                "livenessProbe.grpc checks) has it checked",
+                Status.SKIP,
+            )
+        if not self.harness.restartable:
+            raise Problem(
+                "the driver of a running node is not the suite's to break (its DRA socket moved aside): "
+                "give its command instead of --node",
+                Status.SKIP,
+            )
+        host, port = self.liveness
+        target = f"{host}:{port}"
+        serving, now = await _liveness_until(target, lambda status: status == "SERVING")
+        expect(serving, f"{target} answers {now} while the driver serves")
+        dra_socket = Path(self.registration.endpoint)
+        aside = dra_socket.with_name(dra_socket.name + ".sanity-aside")
+        dra_socket.rename(aside)
+        try:
+            started = time.monotonic()
+            broken, status = await _liveness_until(target, lambda status: status != "SERVING")
+            noticed = time.monotonic() - started
+        finally:
+            aside.rename(dra_socket)
+        expect(
+            broken,
+            f"{target} still answers SERVING {LIVENESS_WAIT_S:.0f} s after the DRA socket {dra_socket} went away: "
+            "a liveness probe on it would never restart a driver whose socket broke",
+        )
+        mended, now = await _liveness_until(target, lambda status: status == "SERVING")
+        expect(mended, f"{target} answers {now} {LIVENESS_WAIT_S:.0f} s after the DRA socket was back")
+        return f"{target} SERVING; {status} {noticed:.1f} s after the DRA socket went away; SERVING once it was back"
 
     async def check_socket_names(self) -> str:
         assert self.registration is not None
@@ -674,3 +727,26 @@ def _failed_as_a_whole(exc: grpc.aio.AioRpcError) -> str:
         f"the call failed as a whole, naming the problem ({whole_call_failure(exc)}); per-claim errors "
         "would have prepared the good claim, which a kubelet asks for again at the pod's next sync"
     )
+
+
+async def _liveness(target: str) -> str:
+    """What a kubelet's gRPC liveness probe would see: the status, or why there is none."""
+    try:
+        async with grpc.aio.insecure_channel(target) as channel:
+            answer = await health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=LIVENESS_TIMEOUT_S
+            )
+    except grpc.aio.AioRpcError as exc:
+        return f"no status ({exc.code().name}: {exc.details()})"
+    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(answer.status))
+
+
+async def _liveness_until(target: str, wanted: Callable[[str], bool]) -> tuple[bool, str]:
+    """Whether a status ``wanted`` accepts came within LIVENESS_WAIT_S (asked every
+    second, as by a probe with periodSeconds 1), and the last status seen."""
+    deadline = time.monotonic() + LIVENESS_WAIT_S
+    while True:
+        status = await _liveness(target)
+        if wanted(status) or time.monotonic() >= deadline:
+            return wanted(status), status
+        await asyncio.sleep(1.0)

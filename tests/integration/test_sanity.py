@@ -6,13 +6,17 @@ from __future__ import annotations
 import asyncio
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+from concurrent import futures
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
+from grpc_health.v1 import health, health_pb2_grpc
 from kubernetes import client as k8s
 
 from testbed.config import ControlPlaneConfig, nodes_dir, runtime_root
@@ -46,13 +50,15 @@ def _sanity(
     name: str = "",
     running: RunningNode | None = None,
     only: list[str] | None = None,
+    liveness_port: int | None = None,
 ) -> list[Result]:
     async def go() -> list[Result]:
         admin = KubeClient.from_kubeconfig(control_plane.kubeconfig)
         harness = Harness(admin, control_plane.kubeconfig, command, env, name, running)
+        liveness = None if liveness_port is None else ("127.0.0.1", liveness_port)
         try:
             await harness.setup()
-            return await Suite(harness, only=only).run()
+            return await Suite(harness, only=only, liveness=liveness).run()
         finally:
             await harness.teardown()
             await admin.close()
@@ -64,9 +70,10 @@ def _sanity(
 def test_every_check_passes_for_the_built_in_drivers(control_plane: ClusterState, fleet: Fleet, driver: str) -> None:
     del fleet  # for its DeviceClasses and access policy
     [profile] = [p for p in ("shared-nic", "fpga4") if drivers_for(load_profile(p)).count(driver)][:1]
-    env = {"DRIVERS": driver, "HARDWARE_PROFILE": profile, "HEALTH_PORT": "-1", "METRICS_PORT": "-1"}
-    results = _sanity(control_plane, DRIVER, env, driver)
-    assert len(results) == 16
+    port = free_port()
+    env = {"DRIVERS": driver, "HARDWARE_PROFILE": profile, "HEALTH_PORT": str(port), "METRICS_PORT": "-1"}
+    results = _sanity(control_plane, DRIVER, env, driver, liveness_port=port)
+    assert len(results) == 17
     # The NIC's ports are shared on this profile; the other drivers' devices are not.
     unshared = {} if driver == "nic.dra-testbed.io" else {"shares of one device": Status.SKIP}
     assert {r.name: r.status for r in results if r.status is not Status.PASS} == unshared, [
@@ -98,6 +105,7 @@ def test_a_driver_on_the_upstream_kubeletplugin_helper_passes(control_plane: Clu
     helper = str(ensure_bench_binaries().path("testbed-helperdriver"))
     results = {r.name: r for r in _sanity(control_plane, [helper, "--driver", HELPER, "--gpus", "2"], {}, HELPER)}
     assert results.pop("health stream").status is Status.SKIP, "it serves no health stream"
+    assert results.pop("liveness probe").status is Status.SKIP, "no liveness port was given"
     assert results.pop("shares of one device").status is Status.SKIP, "its devices are not shared"
     assert {name: r.detail for name, r in results.items() if r.status is not Status.PASS} == {}
     assert "the call failed as a whole, naming the problem (UNKNOWN: " in results["per-claim errors"].detail
@@ -113,6 +121,7 @@ def test_a_running_nodes_driver_is_checked_without_restarting_it(control_plane: 
     # built-in drivers on synthetic nodes run in-process and never roll: their sockets need no pod UID
     assert results.pop("rolling-update socket names").status in (Status.SKIP, Status.WARN)
     assert results.pop("shares of one device").status is Status.SKIP, "a tiny node's GPUs are not shared"
+    assert results.pop("liveness probe").status is Status.SKIP, "a synthetic node's drivers serve none"
     assert {name: r.detail for name, r in results.items() if r.status is not Status.PASS and name not in restarts} == {}
     assert "gpu.dra-testbed.io" in results["registration"].detail
     [ready] = [c for c in fleet_node(control_plane, node)["status"]["conditions"] if c["type"] == "Ready"]
@@ -176,6 +185,37 @@ def test_a_plugin_without_slices_or_pod_named_sockets_is_told_so(
     assert slices.status is Status.FAIL and "no ResourceSlices" in slices.detail
     assert results["prepare an allocated claim"].status is Status.SKIP
     assert results["API server unreachable"].status is Status.SKIP
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_a_liveness_endpoint_that_never_sees_a_broken_socket_or_answers_nothing_fails(
+    control_plane: ClusterState, fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the good practice guards against: a liveness probe that could not restart a
+    driver whose socket broke, because its endpoint says SERVING whatever the driver's
+    sockets do (here a stand-in health server beside the driver), or answers nothing."""
+    del fleet
+    monkeypatch.setattr(checks, "LIVENESS_WAIT_S", 5.0)
+    env = {"DRIVERS": "gpu.dra-testbed.io", "HARDWARE_PROFILE": "tiny", "HEALTH_PORT": "-1", "METRICS_PORT": "-1"}
+    always = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), always)  # "" is SERVING
+    port = always.add_insecure_port("127.0.0.1:0")
+    always.start()
+    try:
+        only = checks.select(["liveness"])
+        [_, lying] = _sanity(control_plane, DRIVER, env, "gpu.dra-testbed.io", only=only, liveness_port=port)
+    finally:
+        always.stop(None)
+    assert lying.status is Status.FAIL, lying
+    assert f"127.0.0.1:{port} still answers SERVING" in lying.detail and "went away" in lying.detail, lying
+    silent = free_port()
+    [_, nothing] = _sanity(control_plane, DRIVER, env, "gpu.dra-testbed.io", only=only, liveness_port=silent)
+    assert nothing.status is Status.FAIL and "answers no status (UNAVAILABLE" in nothing.detail, nothing
 
 
 def test_a_driver_answering_for_a_claim_it_was_not_asked_about_is_told_so(
