@@ -21,7 +21,7 @@ DRIVER_ENV = {
     # What testbed-driver needs besides what every driver gets (NODE_NAME, KUBECONFIG, ...).
     "DRIVERS": DRIVER_NAME,
     "HARDWARE_PROFILE": "tiny",
-    "HEALTH_PORT": "-1",
+    "HEALTH_PORT": "$(LIVENESS_PORT)",  # the port the fleet probes it on, one per node
     "METRICS_PORT": "-1",
 }
 
@@ -30,4 +30,6 @@ DRIVER_ENV = {
 def fleet_spec() -> FleetFile:
     from testbed.testing import driver_fleet  # after pytest has loaded the plugin
 
-    return driver_fleet(DRIVER_COMMAND, DRIVER_NAME, DRIVER_ENV, nodes=2, profile="tiny")
+    # Your DaemonSet's livenessProbe (without its port): a driver failing it is restarted.
+    liveness = {"grpc": {}, "initialDelaySeconds": 10}
+    return driver_fleet(DRIVER_COMMAND, DRIVER_NAME, DRIVER_ENV, nodes=2, profile="tiny", liveness_probe=liveness)

@@ -2,9 +2,10 @@
 
 One process per node: the environment a driver pod gets (its node, pod UID, the
 kubelet's plugin directories, CDI directory, credentials bound to that node), its
-output in the node's ``logs/<driver>.log``, restarted with back-off when it dies, and
-stopped with SIGTERM (SIGKILL after a grace period) when the node is drained. The fake
-kubelet reaches it only through the sockets it registers, as a kubelet would.
+output in the node's ``logs/<driver>.log``, restarted with back-off when it dies (and at
+once when it fails its liveness probe, liveness.py), and stopped with SIGTERM (SIGKILL
+after a grace period) when the node is drained. The fake kubelet reaches it only through
+the sockets it registers, as a kubelet would.
 """
 
 from __future__ import annotations
@@ -25,12 +26,17 @@ from testbed.config import runtime_root
 from testbed.controlplane import processes
 from testbed.errors import TestbedError
 from testbed.files import private_dir, write_atomically
+from testbed.fleet.liveness import LivenessSettings, Tell, grpc_probe, until_unhealthy
+from testbed.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
 RESTART_FIRST_DELAY_S = 1.0
 RESTART_MAX_DELAY_S = 30.0
 STOP_GRACE_S = 10.0
+LIVENESS_PORT = "LIVENESS_PORT"
+"""The variable that holds the port a driver's liveness endpoint is probed on: one per node,
+as every node's driver pod has the DaemonSet's port on an address of its own."""
 
 
 @dataclass(frozen=True)
@@ -39,6 +45,56 @@ class ExternalDriverSpec:
     """The DRA driver name it registers (e.g. fpga.example.com): the kubelet looks it up by it."""
     command: tuple[str, ...]
     env: Mapping[str, str] = field(default_factory=dict)
+    liveness: LivenessSettings | None = None
+
+    @classmethod
+    def from_json(cls, entry: Mapping[str, object]) -> ExternalDriverSpec:
+        liveness = entry.get("liveness")
+        return cls(
+            str(entry["name"]),
+            tuple(entry["command"]),  # type: ignore[arg-type]
+            dict(entry["env"]),  # type: ignore[call-overload]
+            LivenessSettings(**liveness) if isinstance(liveness, dict) else None,
+        )
+
+    def refers_to(self, variable: str) -> bool:
+        """Whether its command or environment names ``$(variable)``."""
+        return any(f"$({variable})" in text for text in (*self.command, *self.env.values()))
+
+
+def expand(text: str, variables: Mapping[str, str]) -> str:
+    """``$(NAME)`` replaced by the variable's value, as Kubernetes expands a container's
+    command, args and env values: ``$$`` is a literal ``$``; a reference to an unknown
+    variable, and a ``$`` that opens none, stay as written."""
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        char = text[i]
+        if char != "$" or i + 1 == len(text):
+            out.append(char)
+            i += 1
+            continue
+        following = text[i + 1]
+        if following == "$":
+            out.append("$")
+            i += 2
+        elif following == "(" and (close := text.find(")", i + 2)) != -1:
+            name = text[i + 2 : close]
+            out.append(variables.get(name, f"$({name})"))
+            i = close + 1
+        else:
+            out.append("$" + following)
+            i += 2
+    return "".join(out)
+
+
+def container_environment(given: Mapping[str, str], own: Mapping[str, str]) -> dict[str, str]:
+    """``given`` (what the testbed hands every driver) and the driver's ``own`` variables,
+    each of which may refer to those before it, as a pod's env entries may."""
+    environment = dict(given)
+    for name, value in own.items():
+        environment[name] = expand(value, environment)
+    return environment
 
 
 def recorded_drivers(nodes_dir: Path) -> dict[str, list[processes.ProcessRecord]]:
@@ -116,17 +172,18 @@ def driver_environment(node: str, root: Path, pod_uid: str, kubeconfig: Path, sh
 class ExternalDriver:
     """One foreign driver process on one node, kept running until ``stop``."""
 
-    def __init__(
-        self,
-        spec: ExternalDriverSpec,
-        node: str,
-        root: Path,
-    ):
+    def __init__(self, spec: ExternalDriverSpec, node: str, root: Path, tell: Tell | None = None):
+        """``tell``: records an Event on the node's driver pod (the probe's, the kills')."""
         self.spec = spec
         self.node = node
         self.root = root
+        self.tell: Tell = tell or (lambda kind, reason, message: None)
         self.process: asyncio.subprocess.Process | None = None
         self.restarts = 0
+        self.liveness_kills = 0
+        self.liveness_port: int | None = None
+        """$LIVENESS_PORT, where its liveness endpoint is (to be) probed: given when it has a
+        probe or names the variable, and kept across its restarts."""
         self.restarted = asyncio.Event()
         """Set (and replaced) at each restart: what a wait for this driver wakes on."""
         self._supervisor: asyncio.Task[None] | None = None
@@ -153,17 +210,23 @@ class ExternalDriver:
         self._stopping = False
         for sub in ("logs", "work", "cdi", "kubelet/plugins_registry", "kubelet/plugins"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
-        self._environment = {**environment, **self.spec.env}
+        given = dict(environment)
+        if self.spec.liveness is not None or self.spec.refers_to(LIVENESS_PORT):
+            if self.liveness_port is None:
+                self.liveness_port = processes.free_port()
+            given[LIVENESS_PORT] = str(self.liveness_port)
+        self._environment = container_environment(given, self.spec.env)
+        self._command = [expand(arg, self._environment) for arg in self.spec.command]
         await self._spawn()
         self._supervisor = asyncio.create_task(self._supervise(), name=f"driver-{self.spec.name}-{self.node}")
 
     async def _spawn(self) -> None:
         with open(self.log_path, "ab") as handle:
-            handle.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} starting: {' '.join(self.spec.command)}\n".encode())
+            handle.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} starting: {' '.join(self._command)}\n".encode())
             handle.flush()
             try:
                 self.process = await asyncio.create_subprocess_exec(
-                    *self.spec.command,
+                    *self._command,
                     stdin=asyncio.subprocess.DEVNULL,
                     stdout=handle,
                     stderr=handle,
@@ -181,31 +244,62 @@ class ExternalDriver:
 
     async def _supervise(self) -> None:
         """Restart it when it exits, waiting 1 s, doubling to 30 s while it keeps dying
-        within a minute of its start (as a kubelet's back-off does for a crashing pod)."""
+        within a minute of its start (as a kubelet's back-off does for a crashing pod);
+        kill it and start it again at once when it fails its liveness probe (the kubelet
+        starts the container again in the sync that killed it)."""
         delay = RESTART_FIRST_DELAY_S
         while True:
             assert self.process is not None
             started = time.monotonic()
-            code = await self.process.wait()
+            unhealthy = await self._until_exit_or_unhealthy(self.process)
             if self._stopping:
                 return
-            delay = RESTART_FIRST_DELAY_S if time.monotonic() - started > 60 else delay
-            log.warning(
-                "node %s: driver %s exited with %s; restarting in %.0f s (log: %s)",
-                self.node,
-                self.spec.name,
-                code,
-                delay,
-                self.log_path,
-            )
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, RESTART_MAX_DELAY_S)
+            if unhealthy is not None:
+                self.liveness_kills += 1
+                log.warning(
+                    "node %s: driver %s failed its liveness probe %d times in a row (%s); restarting it (log: %s)",
+                    self.node,
+                    self.spec.name,
+                    self.spec.liveness.failure_threshold if self.spec.liveness else 0,
+                    unhealthy,
+                    self.log_path,
+                )
+                self.tell("Normal", "Killing", "Container driver failed liveness probe, will be restarted")
+                grace = self.spec.liveness.grace_s if self.spec.liveness else None
+                await _terminate(self.process, STOP_GRACE_S if grace is None else grace)
+            else:
+                delay = RESTART_FIRST_DELAY_S if time.monotonic() - started > 60 else delay
+                log.warning(
+                    "node %s: driver %s exited with %s; restarting in %.0f s (log: %s)",
+                    self.node,
+                    self.spec.name,
+                    self.process.returncode,
+                    delay,
+                    self.log_path,
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RESTART_MAX_DELAY_S)
             if self._stopping:
                 return
             self.restarts += 1
             await self._spawn()
             self.restarted.set()
             self.restarted = asyncio.Event()
+
+    async def _until_exit_or_unhealthy(self, process: asyncio.subprocess.Process) -> str | None:
+        """None once ``process`` exits; what its liveness probe last saw if it failed first."""
+        liveness = self.spec.liveness
+        if liveness is None or self.liveness_port is None:
+            await process.wait()
+            return None
+        exited = asyncio.ensure_future(process.wait())
+        probing = asyncio.ensure_future(until_unhealthy(liveness, grpc_probe(liveness, self.liveness_port), self.tell))
+        try:
+            await asyncio.wait({exited, probing}, return_when=asyncio.FIRST_COMPLETED)
+            return None if exited.done() else probing.result()
+        finally:
+            await cancel_and_wait(exited)
+            await cancel_and_wait(probing)
 
     def alive(self) -> bool:
         return self.process is not None and self.process.returncode is None
@@ -221,20 +315,13 @@ class ExternalDriver:
         self.records.unlink(missing_ok=True)
         if process is None or process.returncode is not None:
             return None if process is None else process.returncode
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            return await asyncio.wait_for(process.wait(), STOP_GRACE_S)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            return await process.wait()
+        return await _terminate(process, STOP_GRACE_S)
 
     def _remember(self) -> None:
         assert self.process is not None
         pid = self.process.pid
         record = processes.ProcessRecord(
-            self.spec.name, pid, processes.process_start_ticks(pid) or 0, str(self.log_path), list(self.spec.command)
+            self.spec.name, pid, processes.process_start_ticks(pid) or 0, str(self.log_path), list(self._command)
         )
         # In one step: a reader (a NodeHost taking over, a sanity sweep) that met the file
         # half-written would not know which process to stop, and two would serve the node.
@@ -252,3 +339,15 @@ class ExternalDriver:
                 "node %s: stopped driver %s (pid %d), left by an earlier host", self.node, record.name, record.pid
             )
         self.records.unlink(missing_ok=True)
+
+
+async def _terminate(process: asyncio.subprocess.Process, grace_s: float) -> int:
+    """SIGTERM to its process group, SIGKILL after ``grace_s``; its exit code."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        return await asyncio.wait_for(process.wait(), grace_s)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        return await process.wait()

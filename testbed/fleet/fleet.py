@@ -18,9 +18,10 @@ from testbed.fingerprint import code_version, strangers
 from testbed.fleet.external import ExternalDriverSpec
 from testbed.fleet.fabric import FabricManager
 from testbed.fleet.identity import NodeAuthority, install_access_policy
+from testbed.fleet.liveness import LivenessSettings
 from testbed.fleet.membership import Membership, NodeRecipe
 from testbed.fleet.nodehost import NodeHost
-from testbed.fleet.spec import FleetFile, Placement, Pool
+from testbed.fleet.spec import ExternalDriver, FleetFile, Placement, Pool
 from testbed.kubeapi import KubeClient, flattened_kubeconfig
 from testbed.kubelet.declared import cluster_declared_features
 from testbed.progress import Progress, SilentProgress
@@ -63,10 +64,25 @@ def _recipe(fleet: FleetFile, pool: Pool, index: int) -> NodeRecipe:
         pool.kubelet,
         pool.devices_per_slice,
         None if pool.built_in_drivers is None else tuple(pool.built_in_drivers),
-        tuple(ExternalDriverSpec(d.name, tuple(d.command), dict(d.env)) for d in pool.external_drivers),
+        tuple(_external(d) for d in pool.external_drivers),
         fleet.node_address(pool, index),
         pool.sync_frequency_s,
     )
+
+
+def _external(driver: ExternalDriver) -> ExternalDriverSpec:
+    probe = driver.liveness_probe
+    liveness = None
+    if probe is not None:
+        liveness = LivenessSettings(
+            probe.grpc.service,
+            probe.initial_delay_s,
+            probe.period_s,
+            probe.timeout_s,
+            probe.failure_threshold,
+            probe.grace_s,
+        )
+    return ExternalDriverSpec(driver.name, tuple(driver.command), dict(driver.env), liveness)
 
 
 def host_options(placement: Placement | None, detached: bool) -> dict[str, Any]:

@@ -44,9 +44,7 @@ class NodeRecipe:
     def from_json(cls, entry: dict[str, Any]) -> NodeRecipe:
         entry = dict(entry)
         drivers = entry.pop("drivers", None)
-        external = tuple(
-            ExternalDriverSpec(e["name"], tuple(e["command"]), dict(e["env"])) for e in entry.pop("external", [])
-        )
+        external = tuple(ExternalDriverSpec.from_json(e) for e in entry.pop("external", []))
         return cls(**entry, drivers=None if drivers is None else tuple(drivers), external=external)
 
 

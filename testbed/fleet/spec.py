@@ -16,7 +16,10 @@ pools:
       - gpu               # built-ins by name (gpu, nic)
       - name: fpga.example.com        # any other driver: the name it registers,
         command: [/opt/fpga/driver, --v=2]   # the command, run once per node as a DaemonSet would,
-        env: {LOG_LEVEL: debug}       # and extra environment
+        env: {LOG_LEVEL: debug, HEALTH_PORT: "$(LIVENESS_PORT)"}  # extra environment ($(VAR) as in a pod)
+        livenessProbe:                # optional: probed as a kubelet probes the DaemonSet's container
+          grpc: {}                    # grpc.health.v1 on 127.0.0.1:$LIVENESS_PORT, a port per node
+          periodSeconds: 10           # (and initialDelaySeconds, timeoutSeconds, failureThreshold)
     devicesPerSlice: null # at most this many devices per ResourceSlice (null: the API's limits)
 """
 
@@ -85,6 +88,35 @@ def _default_taints() -> list[Taint]:
 BUILT_IN_DRIVERS = {"gpu": "gpu.dra-testbed.io", "nic": "nic.dra-testbed.io"}
 
 
+class GrpcProbeAction(_Strict):
+    service: str = ""
+    """The grpc.health.v1 service asked about ("": the server as a whole)."""
+    port: int | None = None
+
+    @model_validator(mode="after")
+    def _no_fixed_port(self) -> GrpcProbeAction:
+        if self.port is not None:
+            raise ValueError(
+                f"port {self.port}: each node's instance of the driver listens on a port of its own, on one "
+                "loopback; leave port out and hand the driver $(LIVENESS_PORT), e.g. "
+                'env: {HEALTH_PORT: "$(LIVENESS_PORT)"} or --healthcheck-port=$(LIVENESS_PORT)'
+            )
+        return self
+
+
+class LivenessProbe(_Strict):
+    """A container's livenessProbe (a gRPC one), with the kubelet's defaults."""
+
+    grpc: GrpcProbeAction
+    initial_delay_s: int = Field(default=0, alias="initialDelaySeconds", ge=0)
+    period_s: int = Field(default=10, alias="periodSeconds", ge=1)
+    timeout_s: int = Field(default=1, alias="timeoutSeconds", ge=1)
+    failure_threshold: int = Field(default=3, alias="failureThreshold", ge=1)
+    grace_s: int | None = Field(default=None, alias="terminationGracePeriodSeconds", ge=1)
+    """How long a driver killed for failing the probe has to exit before SIGKILL (default:
+    the grace the testbed gives every driver it stops)."""
+
+
 class ExternalDriver(_Strict):
     """A driver the testbed did not write, run per node from a command."""
 
@@ -92,6 +124,8 @@ class ExternalDriver(_Strict):
     """The DRA driver name it registers with the kubelet and publishes slices for."""
     command: list[str] = Field(min_length=1)
     env: dict[str, str] = Field(default_factory=dict)
+    liveness_probe: LivenessProbe | None = Field(default=None, alias="livenessProbe")
+    """Probed as a kubelet probes the DaemonSet's container, and restarted when it fails."""
 
     @model_validator(mode="after")
     def _a_driver_name(self) -> ExternalDriver:

@@ -21,9 +21,10 @@ from testbed.drivers import driver_on_node, drivers_for
 from testbed.drivers.backend import LocalBackend
 from testbed.errors import TestbedError
 from testbed.fleet.external import ExternalDriver, ExternalDriverSpec, ShortPaths, driver_environment
-from testbed.fleet.identity import DRIVER_IMAGE
+from testbed.fleet.identity import DRIVER_IMAGE, DRIVER_NAMESPACE, driver_pod_name
 from testbed.keys import PROFILE_LABEL
 from testbed.kubeapi import KubeClient
+from testbed.kubelet.containerevents import Told
 from testbed.kubelet.kubelet import FakeKubelet
 from testbed.kubelet.lease import LeaseFence
 from testbed.kubelet.node import NodeSpec, NodeWatcher
@@ -148,7 +149,7 @@ class SyntheticNode:
             )
             for driver in (drivers_for(profile) if drivers is None else drivers)
         ]
-        self.external = [ExternalDriver(spec, name, root) for spec in external or []]
+        self.external = [ExternalDriver(spec, name, root, self._tell_driver_pod) for spec in external or []]
         self.driver_credentials = driver_credentials
 
     @staticmethod
@@ -210,6 +211,13 @@ class SyntheticNode:
         external drivers; after every change of the emulated hardware."""
         if self.external:
             sysfs.write(self.hardware, self.root / "hardware")
+
+    def _tell_driver_pod(self, kind: str, reason: str, message: str) -> None:
+        """An Event on the container of the node's driver pod (what its external drivers
+        stand for), as the kubelet records its probes and kills; none without the pod."""
+        pod = self.kubelet.pods.known_pod(DRIVER_NAMESPACE, driver_pod_name(self.name))
+        if pod is not None:
+            self.kubelet.pods.tell(pod, Told(kind, reason, message), "driver")
 
     async def _external_credentials(self) -> tuple[Path, str]:
         if self.driver_credentials is None:

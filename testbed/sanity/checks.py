@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from testbed import quantity
 from testbed.errors import TestbedError
+from testbed.grpcapi.probe import grpc_health_check
 from testbed.http11 import TransportError
 from testbed.kubeapi import ClaimRef
 from testbed.kubelet.plugins import DRA_SERVICES, HEALTH_SERVICES, choose_service
@@ -296,10 +296,11 @@ class Suite:
         (grpc.health.v1 Check, service ""): SERVING while the driver serves, not SERVING
         once its DRA socket is gone (moved aside, then put back), SERVING again after."""
         assert self.registration is not None
-        if self.liveness is None:
+        liveness = self.liveness or self.harness.liveness_endpoint()
+        if liveness is None:
             raise Problem(
                 "no liveness endpoint given: --liveness-port PORT (the port your DaemonSet's "
-                "livenessProbe.grpc checks) has it checked",
+                "livenessProbe.grpc checks), or the driver's port option set to $(LIVENESS_PORT), has it checked",
                 Status.SKIP,
             )
         if not self.harness.restartable:
@@ -308,7 +309,7 @@ class Suite:
                 "give its command instead of --node",
                 Status.SKIP,
             )
-        host, port = self.liveness
+        host, port = liveness
         target = f"{host}:{port}"
         serving, now = await _liveness_until(target, lambda status: status == "SERVING")
         expect(serving, f"{target} answers {now} while the driver serves")
@@ -731,14 +732,8 @@ def _failed_as_a_whole(exc: grpc.aio.AioRpcError) -> str:
 
 async def _liveness(target: str) -> str:
     """What a kubelet's gRPC liveness probe would see: the status, or why there is none."""
-    try:
-        async with grpc.aio.insecure_channel(target) as channel:
-            answer = await health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=""), timeout=LIVENESS_TIMEOUT_S
-            )
-    except grpc.aio.AioRpcError as exc:
-        return f"no status ({exc.code().name}: {exc.details()})"
-    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(answer.status))
+    result = await grpc_health_check(target, timeout_s=LIVENESS_TIMEOUT_S)
+    return result.status or f"no status ({result.output.removeprefix(f'{target}: ')})"
 
 
 async def _liveness_until(target: str, wanted: Callable[[str], bool]) -> tuple[bool, str]:

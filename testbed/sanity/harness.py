@@ -139,6 +139,13 @@ class Harness:
     def log_tail(self) -> str:
         return self.process.log_tail() if self.process is not None else ""
 
+    def liveness_endpoint(self) -> tuple[str, int] | None:
+        """Where the driver the suite runs serves its liveness endpoint, when its command or
+        environment took the port from ``$(LIVENESS_PORT)``, as on a fleet's nodes."""
+        if self.process is None or self.process.liveness_port is None:
+            return None
+        return "127.0.0.1", self.process.liveness_port
+
     # --- set-up and tear-down ------------------------------------------------------------
 
     async def setup(self) -> list[leftovers.DeadRun]:

@@ -47,6 +47,22 @@ STAND_IN: dict[str, Any] = {
 }
 
 
+def _one_node_fleet(control_plane: ClusterState, pool: str, driver: dict[str, Any]) -> tuple[Fleet, Path]:
+    """A started fleet of one tiny node, ``<pool>-000``, running ``driver`` beside the NIC's."""
+    spec = FleetFile.model_validate(
+        {"nodesPerHost": 1, "pools": [{"name": pool, "count": 1, "profile": "tiny", "drivers": ["nic", driver]}]}
+    )
+    where = nodes_dir(control_plane.root)
+    own = Fleet(spec, control_plane.kubeconfig, where)
+    own.start()
+    return own, where
+
+
+def _environment_of(pid: int) -> dict[str, str]:
+    lines = Path(f"/proc/{pid}/environ").read_text().split("\0")
+    return dict(line.split("=", 1) for line in lines if "=" in line)
+
+
 def _registrations(call_log: Path) -> int:
     """How often the kubelet told the driver it was registered, from its call log."""
     if not call_log.exists():
@@ -61,21 +77,14 @@ def test_an_external_driver_serves_its_node_and_is_restarted_and_drained(
     del fleet  # only for its Ray and DeviceClasses
     call_log = tmp_path / "calls.jsonl"
     driver = {**STAND_IN, "env": {**STAND_IN["env"], "CALL_LOG": str(call_log)}}
-    spec = FleetFile.model_validate(
-        {"nodesPerHost": 1, "pools": [{"name": "ext", "count": 1, "profile": "tiny", "drivers": ["nic", driver]}]}
-    )
-    where = nodes_dir(control_plane.root)
-    own = Fleet(spec, control_plane.kubeconfig, where)
-    own.start()
+    own, where = _one_node_fleet(control_plane, "ext", driver)
     core = k8s.CoreV1Api(kube_api)
     namespace = unique("ext")
     core.create_namespace({"metadata": {"name": namespace}})
     try:
         [record] = recorded_drivers(where)["ext-000"]
         assert record.alive() and record.name == GPU
-        environment = dict(
-            line.split("=", 1) for line in Path(f"/proc/{record.pid}/environ").read_text().split("\0") if "=" in line
-        )
+        environment = _environment_of(record.pid)
         driver_pod = core.read_namespaced_pod("dra-testbed-driver-ext-000", "dra-testbed")
         assert environment["NODE_NAME"] == "ext-000" and environment["POD_UID"] == driver_pod.metadata.uid
         assert "token" in Path(environment["KUBECONFIG"]).read_text(), "a token bound to the node's driver pod"
@@ -121,6 +130,61 @@ def test_an_external_driver_serves_its_node_and_is_restarted_and_drained(
         own.stop(remove_nodes=True)
     assert process_start_ticks(again.pid) is None, "draining the node stopped its driver"
     assert "ext-000" not in recorded_drivers(where)
+
+
+def test_a_driver_whose_socket_broke_is_restarted_by_its_liveness_probe(
+    control_plane: ClusterState, fleet: Fleet, kube_api: k8s.ApiClient, tmp_path: Path
+) -> None:
+    """The good practice's liveness probe at work on a fleet: the driver's gRPC health
+    endpoint, on a port of this node's own, stops answering SERVING once its DRA socket is
+    gone; the kubelet's probe fails twice, kills it (Events on the driver pod say so) and
+    starts it again, and the node serves claims once more."""
+    del fleet  # only for its Ray and DeviceClasses
+    driver = {
+        **STAND_IN,
+        "env": {**STAND_IN["env"], "HEALTH_PORT": "$(LIVENESS_PORT)", "CALL_LOG": str(tmp_path / "calls.jsonl")},
+        # A start slower than the delay would fail probes too, as on a real node.
+        "livenessProbe": {"grpc": {}, "initialDelaySeconds": 5, "periodSeconds": 1, "failureThreshold": 2},
+    }
+    own, where = _one_node_fleet(control_plane, "live", driver)
+    core = k8s.CoreV1Api(kube_api)
+    namespace = unique("live")
+    core.create_namespace({"metadata": {"name": namespace}})
+    try:
+        [record] = recorded_drivers(where)["live-000"]
+        environment = _environment_of(record.pid)
+        assert environment["HEALTH_PORT"] == environment["LIVENESS_PORT"] != "51515"
+        [dra_socket] = where.glob("live-000/kubelet/plugins/gpu.dra-testbed.io/dra-*.sock")
+        dra_socket.rename(dra_socket.with_name("broken-aside"))
+        [again] = wait_for(
+            lambda: (r := recorded_drivers(where)["live-000"]) and r[0].pid != record.pid and r[0].alive() and r,
+            60,
+            "the liveness probe to have the driver killed and started again",
+        )
+        assert process_start_ticks(record.pid) is None
+
+        def told(reason: str) -> list[k8s.CoreV1Event]:
+            selector = f"involvedObject.name=dra-testbed-driver-live-000,reason={reason}"
+            return list(core.list_namespaced_event("dra-testbed", field_selector=selector).items)
+
+        [killing] = wait_for(lambda: told("Killing"), 30, "the Killing Event on the driver pod")
+        assert killing.message == "Container driver failed liveness probe, will be restarted"
+        assert killing.involved_object.field_path == "spec.containers{driver}"
+        [unhealthy] = [e for e in told("Unhealthy") if "NOT_SERVING" in e.message]
+        assert unhealthy.type == "Warning" and unhealthy.count == 2
+        assert unhealthy.message.startswith("Liveness probe failed: 127.0.0.1:")
+
+        # The new instance made its socket anew, registered, and serves a claim.
+        wait_for(lambda: _registrations(tmp_path / "calls.jsonl") >= 2, 60, "the restarted driver to be registered")
+        create_template(kube_api, namespace, "gpu", claim_spec(request("gpu", GPU)))
+        core.create_namespaced_pod(
+            namespace, pod("after", {"gpu": {"resourceClaimTemplateName": "gpu"}}, node="live-000")
+        )
+        wait_running(kube_api, namespace, "after")
+        assert again.alive(), "not killed again: its probe passes"
+    finally:
+        core.delete_namespace(namespace)
+        own.stop(remove_nodes=True)
 
 
 HELPER = "gpu.helper.dra-testbed.io"

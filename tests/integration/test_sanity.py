@@ -33,7 +33,7 @@ from testbed.sanity import checks, leftovers
 from testbed.sanity.checks import Result, Status, Suite
 from testbed.sanity.harness import Harness, RunningNode
 from testbed.testing import wait_for
-from testbed.workloads import unique
+from testbed.workloads import GPU, unique
 from tests.integration.subprocesses import interrupt, killed_if_left
 
 pytestmark = pytest.mark.controlplane
@@ -70,8 +70,11 @@ def _sanity(
 def test_every_check_passes_for_the_built_in_drivers(control_plane: ClusterState, fleet: Fleet, driver: str) -> None:
     del fleet  # for its DeviceClasses and access policy
     [profile] = [p for p in ("shared-nic", "fpga4") if drivers_for(load_profile(p)).count(driver)][:1]
-    port = free_port()
-    env = {"DRIVERS": driver, "HARDWARE_PROFILE": profile, "HEALTH_PORT": str(port), "METRICS_PORT": "-1"}
+    # The liveness port given (as --liveness-port), or left to the suite to hand the
+    # driver (as $(LIVENESS_PORT), the way a fleet's nodes have it).
+    port = free_port() if driver == GPU else None
+    health_port = "$(LIVENESS_PORT)" if port is None else str(port)
+    env = {"DRIVERS": driver, "HARDWARE_PROFILE": profile, "HEALTH_PORT": health_port, "METRICS_PORT": "-1"}
     results = _sanity(control_plane, DRIVER, env, driver, liveness_port=port)
     assert len(results) == 17
     # The NIC's ports are shared on this profile; the other drivers' devices are not.

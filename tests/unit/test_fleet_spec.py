@@ -102,6 +102,50 @@ def test_bad_driver_lists_are_refused_naming_the_field(drivers: str, message: st
     assert message in str(caught.value)
 
 
+def test_a_drivers_liveness_probe_takes_the_kubelets_defaults_and_reaches_its_nodes() -> None:
+    """What the pool's probe says is what each node's prober runs with, kept across a
+    NodeHost restart; what a pod spec leaves out is the kubelet's default."""
+    import dataclasses
+    import json
+
+    from testbed.fleet.fleet import _recipe
+    from testbed.fleet.liveness import LivenessSettings
+    from testbed.fleet.membership import NodeRecipe
+
+    fleet = spec.parse(
+        "pools: [{name: a, count: 1, drivers: [{name: fpga.example.com, command: [/bin/fpga],\n"
+        "  livenessProbe: {grpc: {}, periodSeconds: 5, terminationGracePeriodSeconds: 2}}]}]",
+        "f.yaml",
+    )
+    [external] = _recipe(fleet, fleet.pools[0], 0).external
+    assert external.liveness == LivenessSettings(period_s=5, grace_s=2)
+    assert (external.liveness.timeout_s, external.liveness.failure_threshold, external.liveness.initial_delay_s) == (
+        1,
+        3,
+        0,
+    )
+    recipe = NodeRecipe("a-000", "tiny", external=(external,))
+    assert NodeRecipe.from_json(json.loads(json.dumps(dataclasses.asdict(recipe)))) == recipe
+
+
+@pytest.mark.parametrize(
+    ("probe", "message"),
+    [
+        ("{grpc: {port: 51515}}", r"a port of its own.*\$\(LIVENESS_PORT\)"),
+        ("{periodSeconds: 5}", r"livenessProbe\.grpc: Field required"),
+        ("{grpc: {}, periodSeconds: 0}", r"livenessProbe\.periodSeconds: Input should be greater than or equal to 1"),
+        ("{grpc: {}, failureThreshold: 0}", r"livenessProbe\.failureThreshold: Input should be greater"),
+        ("{httpGet: {path: /}}", r"livenessProbe\.httpGet: Extra inputs are not permitted"),
+    ],
+)
+def test_bad_liveness_probes_are_refused_naming_the_field(probe: str, message: str) -> None:
+    with pytest.raises(spec.FleetFileError, match=message):
+        spec.parse(
+            f"pools: [{{name: a, count: 1, drivers: [{{name: f.example.com, command: [f], livenessProbe: {probe}}}]}}]",
+            "f.yaml",
+        )
+
+
 def test_node_recipes_with_external_drivers_survive_a_host_restart() -> None:
     import dataclasses
     import json
