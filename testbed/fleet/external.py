@@ -18,7 +18,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -172,12 +172,22 @@ def driver_environment(node: str, root: Path, pod_uid: str, kubeconfig: Path, sh
 class ExternalDriver:
     """One foreign driver process on one node, kept running until ``stop``."""
 
-    def __init__(self, spec: ExternalDriverSpec, node: str, root: Path, tell: Tell | None = None):
-        """``tell``: records an Event on the node's driver pod (the probe's, the kills')."""
+    def __init__(
+        self,
+        spec: ExternalDriverSpec,
+        node: str,
+        root: Path,
+        tell: Tell | None = None,
+        on_process: Callable[[int | None], Awaitable[None]] | None = None,
+    ):
+        """``tell``: records an Event on the node's driver pod (the probe's, the kills');
+        ``on_process``: told each exit (its code, as a container runtime gives it) and
+        each start after the first (None), for the driver pod's status."""
         self.spec = spec
         self.node = node
         self.root = root
         self.tell: Tell = tell or (lambda kind, reason, message: None)
+        self.on_process = on_process
         self.process: asyncio.subprocess.Process | None = None
         self.restarts = 0
         self.liveness_kills = 0
@@ -266,8 +276,9 @@ class ExternalDriver:
                 )
                 self.tell("Normal", "Killing", "Container driver failed liveness probe, will be restarted")
                 grace = self.spec.liveness.grace_s if self.spec.liveness else None
-                await _terminate(self.process, STOP_GRACE_S if grace is None else grace)
+                await self._told_of(await _terminate(self.process, STOP_GRACE_S if grace is None else grace))
             else:
+                await self._told_of(self.process.returncode)
                 delay = RESTART_FIRST_DELAY_S if time.monotonic() - started > 60 else delay
                 log.warning(
                     "node %s: driver %s exited with %s; restarting in %.0f s (log: %s)",
@@ -283,8 +294,19 @@ class ExternalDriver:
                 return
             self.restarts += 1
             await self._spawn()
+            await self._told_of(None)
             self.restarted.set()
             self.restarted = asyncio.Event()
+
+    async def _told_of(self, exit_code: int | None) -> None:
+        if self.on_process is None:
+            return
+        if exit_code is not None and exit_code < 0:
+            exit_code = 128 - exit_code  # killed by a signal: as a shell and container runtimes say it
+        try:
+            await self.on_process(exit_code)
+        except Exception:  # the driver pod's status is worth a log line, not the supervision
+            log.exception("node %s: could not show driver %s's process in its pod", self.node, self.spec.name)
 
     async def _until_exit_or_unhealthy(self, process: asyncio.subprocess.Process) -> str | None:
         """None once ``process`` exits; what its liveness probe last saw if it failed first."""

@@ -149,7 +149,10 @@ class SyntheticNode:
             )
             for driver in (drivers_for(profile) if drivers is None else drivers)
         ]
-        self.external = [ExternalDriver(spec, name, root, self._tell_driver_pod) for spec in external or []]
+        self.external = [
+            ExternalDriver(spec, name, root, self._tell_driver_pod, self._driver_process_changed)
+            for spec in external or []
+        ]
         self.driver_credentials = driver_credentials
 
     @staticmethod
@@ -218,6 +221,9 @@ class SyntheticNode:
         pod = self.kubelet.pods.known_pod(DRIVER_NAMESPACE, driver_pod_name(self.name))
         if pod is not None:
             self.kubelet.pods.tell(pod, Told(kind, reason, message), "driver")
+
+    async def _driver_process_changed(self, exit_code: int | None) -> None:
+        await self.kubelet.pods.process_changed(DRIVER_NAMESPACE, driver_pod_name(self.name), "driver", exit_code)
 
     async def _external_credentials(self) -> tuple[Path, str]:
         if self.driver_credentials is None:

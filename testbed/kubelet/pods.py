@@ -1250,6 +1250,40 @@ class PodManager:
             None,
         )
 
+    async def process_changed(self, namespace: str, name: str, container: str, exit_code: int | None) -> None:
+        """A container whose process runs beside this kubelet (a node's command-line
+        driver, for its driver pod) exited with ``exit_code``, or was started again (None):
+        shown in the pod's status as the kubelet shows its own containers' (terminated,
+        then running with restartCount one up and the exit as lastState, with the Events
+        of a start). Ignored while the pod is not Running here."""
+        pod = self.known_pod(namespace, name)
+        uid = "" if pod is None else pod["metadata"]["uid"]
+        if pod is None or uid not in self._running or self._deleting(uid):
+            return
+        spec = next((c for c in pod["spec"].get("containers", []) if c["name"] == container), None)
+        if spec is None:
+            return
+        restarted = self._restarted.setdefault(uid, {})
+        now = restarted.get(container)
+        if now is None:
+            running = {"running": {"startedAt": self._running[uid]}}
+            now = podstatus.Restarted(0, _container_ids(pod)[container], running, {})
+        if exit_code is not None:
+            if "running" not in now.state:
+                return
+            ended = podstatus.Ended.exit_status(exit_code, now_rfc3339())
+            exited = podstatus.terminated_state(now.container_id, now.state["running"]["startedAt"], ended)
+            restarted[container] = podstatus.Restarted(now.count, now.container_id, exited, now.last)
+        else:
+            if "running" in now.state:
+                return
+            count = now.count + 1
+            running = {"running": {"startedAt": now_rfc3339()}}
+            container_id = f"{_container_ids(pod)[container]}-{count}"
+            restarted[container] = podstatus.Restarted(count, container_id, running, now.state)
+            self._tell_started(pod, spec)
+        await self._write_running(uid)
+
     def prepared_drivers(self) -> list[list[str]]:
         """For each claim prepared here, the drivers it uses (for dra_resource_claims_in_use)."""
         return [c.drivers for c in self.claims.values() if c.prepared]

@@ -63,6 +63,10 @@ def _environment_of(pid: int) -> dict[str, str]:
     return dict(line.split("=", 1) for line in lines if "=" in line)
 
 
+def _driver_container(core: k8s.CoreV1Api, node: str) -> list[k8s.V1ContainerStatus]:
+    return list(core.read_namespaced_pod(f"dra-testbed-driver-{node}", "dra-testbed").status.container_statuses)
+
+
 def _registrations(call_log: Path) -> int:
     """How often the kubelet told the driver it was registered, from its call log."""
     if not call_log.exists():
@@ -116,6 +120,13 @@ def test_an_external_driver_serves_its_node_and_is_restarted_and_drained(
         wait_for(lambda: _registrations(call_log) >= 2, 60, "the restarted driver to be registered")
         core.create_namespaced_pod(namespace, pod("second", claims, node="ext-000"))
         wait_running(kube_api, namespace, "second")
+        # Its pod shows what a kubelet shows of a container killed and started again.
+        [status] = wait_for(
+            lambda: (c := _driver_container(core, "ext-000")) and c[0].restart_count == 1 and c[0].state.running and c,
+            30,
+            "the driver pod to show the restart",
+        )
+        assert (status.last_state.terminated.exit_code, status.last_state.terminated.reason) == (137, "Error")
         log = Path(again.log).read_text()
         assert log.count("starting:") == 2 and "serving gpu.dra-testbed.io" in log
         core.delete_namespaced_pod("first", namespace)
@@ -182,6 +193,8 @@ def test_a_driver_whose_socket_broke_is_restarted_by_its_liveness_probe(
         )
         wait_running(kube_api, namespace, "after")
         assert again.alive(), "not killed again: its probe passes"
+        [status] = _driver_container(core, "live-000")
+        assert status.restart_count == 1 and status.last_state.terminated is not None and status.ready
     finally:
         core.delete_namespace(namespace)
         own.stop(remove_nodes=True)
