@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
+import yaml
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -336,7 +337,15 @@ def _kubectl() -> Path:
     "--driver-env",
     multiple=True,
     metavar="KEY=VALUE",
-    help="Extra environment for --driver-command (repeatable).",
+    help="Extra environment for --driver-command (repeatable); $(VAR) names another variable, as in a pod spec.",
+)
+@click.option(
+    "--driver-liveness-probe",
+    default=None,
+    metavar="YAML",
+    help="Probe --driver-command as a kubelet probes its DaemonSet's container and restart it when it fails: "
+    "a livenessProbe as in a fleet file, e.g. '{grpc: {}, initialDelaySeconds: 10}'; the driver serves "
+    "grpc.health.v1 on $(LIVENESS_PORT), a port per node.",
 )
 @click.option(
     "--kubeconfig",
@@ -370,6 +379,7 @@ def up(
     driver_command: str | None,
     driver_name: str | None,
     driver_env: tuple[str, ...],
+    driver_liveness_probe: str | None,
     external_kubeconfig: Path | None,
 ) -> None:
     """Start a local control plane (and synthetic nodes); print the kubeconfig path last.
@@ -406,7 +416,7 @@ def up(
             fleet = fleet_spec.load(fleet_file)
         elif nodes:
             load_profile(profile)
-            drivers = _command_driver(driver_command, driver_name, driver_env)
+            drivers = _command_driver(driver_command, driver_name, driver_env, driver_liveness_probe)
             fleet = fleet_spec.single_pool(
                 nodes, profile, nodes_per_host, devices_per_slice=devices_per_slice, drivers=drivers
             )
@@ -429,18 +439,37 @@ def up(
     click.echo(str(state.kubeconfig))
 
 
-def _command_driver(command: str | None, name: str | None, env: tuple[str, ...]) -> list[object] | None:
-    """--driver-command/--driver-name/--driver-env as a pool's `drivers:` list."""
+def _command_driver(
+    command: str | None, name: str | None, env: tuple[str, ...], liveness_probe: str | None = None
+) -> list[object] | None:
+    """--driver-command/--driver-name/--driver-env/--driver-liveness-probe as a pool's
+    `drivers:` list (validated with the pool, so errors name the field)."""
     if command is None:
-        if name or env:
-            raise TestbedError("--driver-name and --driver-env go with --driver-command", hint="add --driver-command")
+        if name or env or liveness_probe:
+            raise TestbedError(
+                "--driver-name, --driver-env and --driver-liveness-probe go with --driver-command",
+                hint="add --driver-command",
+            )
         return None
     if not name:
         raise TestbedError(
             "--driver-command needs --driver-name", hint="the DRA driver name it registers, e.g. gpu.example.com"
         )
     runnable = fleet_spec.runnable_from(shlex.split(command), Path.cwd())
-    return [{"name": name, "command": runnable, "env": _environment(env, "--driver-env")}]
+    driver: dict[str, object] = {"name": name, "command": runnable, "env": _environment(env, "--driver-env")}
+    if liveness_probe is not None:
+        driver["livenessProbe"] = _yaml_mapping(liveness_probe, "--driver-liveness-probe")
+    return [driver]
+
+
+def _yaml_mapping(text: str, option: str) -> dict[str, object]:
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise TestbedError(f"{option}: not YAML ({exc})".replace("\n", " "), hint="e.g. '{grpc: {}}'") from None
+    if not isinstance(value, dict):
+        raise TestbedError(f"{option}: {text!r} is not a mapping", hint="e.g. '{grpc: {}, initialDelaySeconds: 10}'")
+    return value
 
 
 def _environment(items: tuple[str, ...], option: str) -> dict[str, str]:

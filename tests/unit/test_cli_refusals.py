@@ -27,6 +27,33 @@ from testbed import cli
         (["up", "--nodes", "1", "--driver-command", "/bin/drv"], "--driver-command needs --driver-name"),
         (["up", "--nodes", "1", "--driver-name", "a.example.com"], "go with --driver-command"),
         (["up", "--nodes", "1", "--driver-command", "x", "--driver-name", "A_B"], "driver name 'A_B' must be a DNS"),
+        (["up", "--nodes", "1", "--driver-liveness-probe", "{grpc: {}}"], "go with --driver-command"),
+        (
+            ["up", "--nodes", "1", "--driver-command", "x", "--driver-name", "a.b", "--driver-liveness-probe", "grpc"],
+            "--driver-liveness-probe: 'grpc' is not a mapping",
+        ),
+        (
+            ["up", "--nodes", "1", "--driver-command", "x", "--driver-name", "a.b", "--driver-liveness-probe", "{grpc"],
+            "--driver-liveness-probe: not YAML",
+        ),
+        (
+            [
+                "up",
+                "--nodes",
+                "1",
+                "--driver-command",
+                "x",
+                "--driver-name",
+                "a.b",
+                "--driver-liveness-probe",
+                "{a: 1}",
+            ],
+            "livenessProbe.a: Extra inputs are not permitted",
+        ),
+        (
+            ["up", "--nodes", "1", "--driver-command", "x", "--driver-name", "a.b", "--driver-liveness-probe", "{}"],
+            "livenessProbe.grpc: Field required",
+        ),
         (["up", "--advertise-address", "not-an-ip"], "advertise address 'not-an-ip' is not an IP address"),
         (["up", "--advertise-address", "198.51.100.7"], "advertise address 198.51.100.7 is not an address of this"),
         (["scale", "node", "-1"], "'COUNT': -1 is not in the range x>=0"),
