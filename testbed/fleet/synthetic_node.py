@@ -57,10 +57,19 @@ async def wait_registered(plugins: PluginManager, external: ExternalDriver, time
                 if plugins.plugin_for(external.spec.name) is not None:
                     return
                 if external.restarts >= CRASHES_WHILE_STARTING:
-                    raise _not_registered(external, f"it exited {external.restarts + 1} times")
+                    raise _not_registered(external, _why_restarted(external))
                 await first_of(changed.wait(), restarted.wait())
     except TimeoutError:
         raise _not_registered(external, f"not within {timeout_s:.0f} s") from None
+
+
+def _why_restarted(external: ExternalDriver) -> str:
+    if not external.liveness_kills:
+        return f"it exited {external.restarts + 1} times"
+    return (
+        f"it was started {external.restarts + 1} times, killed {external.liveness_kills} of them for failing "
+        "its liveness probe: does it serve grpc.health.v1 on $LIVENESS_PORT, within the probe's initialDelaySeconds?"
+    )
 
 
 def _not_registered(external: ExternalDriver, why: str) -> TestbedError:

@@ -85,3 +85,19 @@ def test_a_driver_that_runs_but_never_registers_fails_at_the_timeout(tmp_path: P
     external = _driver(tmp_path, "import time; time.sleep(60)")
     with pytest.raises(TestbedError, match=r"did not register with the kubelet \(not within 1 s\)"):
         asyncio.run(_wait(tmp_path, external, 1.0, serve_after_s=None))
+
+
+def test_a_driver_its_liveness_probe_keeps_killing_fails_the_start_saying_so(tmp_path: Path) -> None:
+    """A driver that does not serve its health endpoint (or not within the probe's initial
+    delay) is killed by the probe, not crashing: the error says which, and what to check."""
+    from testbed.fleet.liveness import LivenessSettings
+
+    spec = ExternalDriverSpec(
+        DRIVER, (sys.executable, "-c", "import time; time.sleep(60)"), liveness=LivenessSettings(period_s=0.1)
+    )
+    external = ExternalDriver(spec, "node-0", tmp_path / "node")
+    with pytest.raises(TestbedError) as failure:
+        asyncio.run(_wait(tmp_path, external, PATIENCE_S, serve_after_s=None))
+    assert external.liveness_kills == CRASHES_WHILE_STARTING
+    assert "killed 2 of them for failing its liveness probe" in str(failure.value)
+    assert "$LIVENESS_PORT" in str(failure.value)
