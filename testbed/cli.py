@@ -31,7 +31,7 @@ from testbed.drivers import PROFILES, load_profile
 from testbed.errors import TestbedError, interrupt_on_sigterm, run_coroutine
 from testbed.fingerprint import code_version
 from testbed.fleet import spec as fleet_spec
-from testbed.fleet.external import recorded_drivers
+from testbed.fleet.external import Restarts, recorded_drivers, recorded_restarts
 from testbed.fleet.fleet import FAULT_ACTIONS, Fleet, ScaleInterrupted
 from testbed.progress import ConsoleProgress
 from testbed.realnode import kubelet_api
@@ -663,15 +663,24 @@ def status(name: str, state_dir: Path | None) -> None:
     drivers = recorded_drivers(Path(str(nodes_dir))) if nodes_dir else {}
     if drivers:
         table = Table(title="external drivers (a process per node; `testbed logs NODE DRIVER`)")
-        for column in ("driver", "nodes", "running", "gone"):
+        for column in ("driver", "nodes", "running", "gone", "restarts", "by liveness probe"):
             table.add_column(column)
         by_driver: dict[str, list[bool]] = {}
         for records in drivers.values():
             for record in records:
                 by_driver.setdefault(record.name, []).append(record.alive())
+        restarted = recorded_restarts(Path(str(nodes_dir)))
         for driver, states in sorted(by_driver.items()):
             gone = states.count(False)
-            table.add_row(driver, str(len(states)), str(states.count(True)), f"[red]{gone}[/]" if gone else "0")
+            counts = restarted.get(driver, Restarts())
+            table.add_row(
+                driver,
+                str(len(states)),
+                str(states.count(True)),
+                f"[red]{gone}[/]" if gone else "0",
+                str(counts.restarts),
+                str(counts.liveness_kills),
+            )
         out.print(table)
     if not all(c.healthy for c in components):
         sys.exit(1)

@@ -109,6 +109,29 @@ def recorded_drivers(nodes_dir: Path) -> dict[str, list[processes.ProcessRecord]
     return found
 
 
+@dataclass(frozen=True)
+class Restarts:
+    """How often a driver was started again on a fleet's nodes (since their NodeHosts
+    started), and how many of those its liveness probe asked for."""
+
+    restarts: int = 0
+    liveness_kills: int = 0
+
+
+def recorded_restarts(nodes_dir: Path) -> dict[str, Restarts]:
+    """By driver, summed over the nodes under ``nodes_dir``."""
+    found: dict[str, Restarts] = {}
+    for path in nodes_dir.glob("*/driver-*.process.json"):
+        try:
+            data = json.loads(path.read_text())
+            name, restarts, kills = str(data["name"]), int(data.get("restarts", 0)), int(data.get("livenessKills", 0))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        before = found.get(name, Restarts())
+        found[name] = Restarts(before.restarts + restarts, before.liveness_kills + kills)
+    return found
+
+
 def prune_short_paths() -> None:
     """Drop the short names whose node directories are gone (a cluster taken down)."""
     base = runtime_root() / "a"
@@ -347,7 +370,8 @@ class ExternalDriver:
         )
         # In one step: a reader (a NodeHost taking over, a sanity sweep) that met the file
         # half-written would not know which process to stop, and two would serve the node.
-        write_atomically(self.records, json.dumps(record.to_json()).encode(), durable=False)
+        counts = {"restarts": self.restarts, "livenessKills": self.liveness_kills}
+        write_atomically(self.records, json.dumps({**record.to_json(), **counts}).encode(), durable=False)
 
     def _reap_leftover(self) -> None:
         """A NodeHost that was killed leaves its drivers running: two instances of one

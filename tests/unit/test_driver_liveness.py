@@ -15,7 +15,15 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from testbed.fleet.external import LIVENESS_PORT, ExternalDriver, ExternalDriverSpec, container_environment, expand
+from testbed.fleet.external import (
+    LIVENESS_PORT,
+    ExternalDriver,
+    ExternalDriverSpec,
+    Restarts,
+    container_environment,
+    expand,
+    recorded_restarts,
+)
 from testbed.fleet.liveness import LivenessSettings, until_unhealthy
 from testbed.grpcapi.probe import ProbeResult, grpc_health_check
 
@@ -177,6 +185,8 @@ def test_a_driver_failing_its_probe_is_killed_and_started_again_at_once(tmp_path
             assert external.liveness_port == port  # the same port across its restarts
             served = f"health on {port} env {port}"  # the port in its command and its environment
             await until(lambda: external.log_path.read_text().count(served) == 2)
+            # What `testbed status` reads: the counts beside the process record.
+            assert recorded_restarts(tmp_path) == {"gpu.example.com": Restarts(restarts=1, liveness_kills=1)}
             return first, second
         finally:
             await external.stop()
