@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -1249,6 +1250,82 @@ def _scale_held(name: str, pool: str, count: int, config: cfg.ControlPlaneConfig
         sys.exit(130)
     pools = ", ".join(f"{p.name}: {p.count}" for p in fleet.spec.pools)
     stderr.print(f"fleet now: {pools} ({len(fleet.host_of)} nodes on {len(fleet.hosts)} NodeHosts)")
+
+
+@main.command()
+@click.argument("driver")
+@click.option(
+    "--command",
+    "new_command",
+    default=None,
+    metavar="'CMD ARGS'",
+    help="The new version's command line (default: the one running now, as `kubectl rollout restart`).",
+)
+@click.option(
+    "--max-surge",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Nodes at a time whose new instance starts beside the old one, which stops once the kubelet "
+    "registered the new (the seamless upgrade; the default, 1).",
+)
+@click.option(
+    "--max-unavailable",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Nodes at a time whose old instance stops before the new one starts (no seamless upgrade).",
+)
+@cluster_options
+@reports_errors
+def rollout(
+    driver: str,
+    new_command: str | None,
+    max_surge: int | None,
+    max_unavailable: int | None,
+    name: str,
+    state_dir: Path | None,
+) -> None:
+    """Roll a command-line DRIVER out anew on every node that runs it, while pods run, as
+    its DaemonSet's rolling update would (a new driver pod and instance per node)."""
+    surge, unavailable = (1, 0) if max_surge is None and max_unavailable is None else (max_surge, max_unavailable)
+    if bool(surge) == bool(unavailable):
+        raise TestbedError(
+            f"--max-surge {surge or 0} and --max-unavailable {unavailable or 0}: give one of them, above 0",
+            hint="--max-surge 1 starts each node's new instance before stopping the old one (the seamless "
+            "upgrade); --max-unavailable 1 stops the old one first",
+        )
+    surge, unavailable = surge or 0, unavailable or 0
+    how = f"maxSurge {surge}" if surge else f"maxUnavailable {unavailable}"
+    _about(name, f"rolling {driver} out ({how})")
+    config = cfg.ControlPlaneConfig(name=name, state_dir=state_dir)
+    command = None if new_command is None else fleet_spec.runnable_from(shlex.split(new_command), Path.cwd())
+    if not cluster.owned(config.cluster_dir):
+        raise TestbedError(f"cluster {name!r} is not running", hint="start it with `testbed up --nodes N`")
+    with environment.scaling(
+        config.cluster_dir,
+        f"`testbed rollout {driver}`",
+        waiting=lambda who: stderr.print(f"waiting for {who} to finish"),
+    ):
+        state = cluster.ClusterState.load(config.cluster_dir)
+        if state is None or not state.ready:
+            raise TestbedError(f"cluster {name!r} is not running", hint="start it with `testbed up --nodes N`")
+        rolled = environment.roll_driver_out(state, driver, command, surge, unavailable, ConsoleProgress())
+    stderr.print(rollout_summary(driver, rolled), markup=False)
+
+
+def rollout_summary(driver: str, rolled: list[dict[str, Any]]) -> str:
+    """One line: how many nodes, how long each took, and how long kubelets had no
+    instance of the driver to call (where pods that need it cannot start)."""
+    if not rolled:
+        return f"{driver}: no node to roll out on"
+    seconds = sorted(r["seconds"] for r in rolled)
+    gaps = sorted(r["unavailable_s"] for r in rolled)
+    generations = sorted({r["generation"] for r in rolled})
+    generation = f"{generations[0]}" + (f"-{generations[-1]}" if len(generations) > 1 else "")
+    return (
+        f"{driver} rolled out on {len(rolled)} nodes (driver pod generation {generation}): "
+        f"per node p50 {statistics.median(seconds):.1f} s, max {seconds[-1]:.1f} s; "
+        f"kubelets without an instance to call: p50 {statistics.median(gaps):.2f} s, max {gaps[-1]:.2f} s"
+    )
 
 
 @main.command("binaries")

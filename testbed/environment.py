@@ -15,6 +15,7 @@ import signal
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from testbed import config, locks
 from testbed.config import ControlPlaneConfig, nodes_dir
@@ -178,6 +179,25 @@ def scale_pool(state: cluster.ClusterState, pool: str, count: int, progress: Pro
         state.fleet.spec = fleet.spec.model_dump(mode="json", by_alias=True)
         state.save()
     return fleet
+
+
+def roll_driver_out(
+    state: cluster.ClusterState,
+    driver: str,
+    command: list[str] | None,
+    max_surge: int,
+    max_unavailable: int,
+    progress: Progress,
+) -> list[dict[str, Any]]:
+    """Fleet.rollout on the running fleet; a new command is recorded for its pools (and
+    nodes added later run it)."""
+    fleet = attach_fleet(state)
+    try:
+        return fleet.rollout(driver, command, max_surge, max_unavailable, progress)
+    finally:
+        assert state.fleet is not None  # attach_fleet found it
+        state.fleet.spec = fleet.spec.model_dump(mode="json", by_alias=True)
+        state.save()
 
 
 def fleet_metrics(state: cluster.ClusterState) -> Callable[[], Awaitable[list[tuple[str, str]]]] | None:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from testbed.errors import TestbedError
-from testbed.fleet.identity import DRIVER_NAMESPACE, driver_pod_name, is_driver_pod
+from testbed.fleet.identity import DRIVER_NAMESPACE, driver_pods_selector, is_driver_pod
 from testbed.fleet.synthetic_node import SyntheticNode
 from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
 from testbed.realnode.node import ProcessNode
@@ -94,6 +94,15 @@ async def _delete_node(client: KubeClient, name: str) -> None:
     await client.delete_if_exists(path_for("coordination.k8s.io/v1", "leases", name, "kube-node-lease"))
 
 
+async def _delete_driver_pods(client: KubeClient, node: str) -> None:
+    """Its driver pods, of every generation a rollout left (the DaemonSet's pods go last)."""
+    await client.request(
+        "DELETE",
+        path_for("v1", "pods", namespace=DRIVER_NAMESPACE),
+        params={"labelSelector": driver_pods_selector(node)},
+    )
+
+
 async def drain(client: KubeClient, node: SyntheticNode, timeout_s: float = 300.0) -> DrainResult:
     """Empty the node and remove it from the cluster; raise if a claim stays prepared."""
     prepared_before = len(node.kubelet.pods.claims)
@@ -104,7 +113,7 @@ async def drain(client: KubeClient, node: SyntheticNode, timeout_s: float = 300.
     await node.stop_external()
     for external in node.external:
         await node.kubelet.wipe_slices(external.spec.name)
-    await client.delete_if_exists(path_for("v1", "pods", driver_pod_name(node.name), DRIVER_NAMESPACE))
+    await _delete_driver_pods(client, node.name)
     await node.kubelet.stop()
     await _delete_node(client, node.name)
     await asyncio.to_thread(shutil.rmtree, node.root, True)  # its checkpoints are empty and its CDI specs gone
@@ -120,7 +129,7 @@ async def drain_process_node(client: KubeClient, node: ProcessNode, timeout_s: f
     prepared_before = prepared()
     evicted = await _empty(client, node.name, timeout_s, prepared)
     await node.stop_process("driver")
-    await client.delete_if_exists(path_for("v1", "pods", driver_pod_name(node.name), DRIVER_NAMESPACE))
+    await _delete_driver_pods(client, node.name)
     await client.request(
         "DELETE",
         path_for("resource.k8s.io/v1", "resourceslices"),

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import glob
 import hashlib
 import json
 import logging
 import os
+import re
 import signal
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -46,6 +48,8 @@ class ExternalDriverSpec:
     command: tuple[str, ...]
     env: Mapping[str, str] = field(default_factory=dict)
     liveness: LivenessSettings | None = None
+    generation: int = 0
+    """How often it was rolled out on its node: which driver pod its instance stands for."""
 
     @classmethod
     def from_json(cls, entry: Mapping[str, object]) -> ExternalDriverSpec:
@@ -55,6 +59,7 @@ class ExternalDriverSpec:
             tuple(entry["command"]),  # type: ignore[arg-type]
             dict(entry["env"]),  # type: ignore[call-overload]
             LivenessSettings(**liveness) if isinstance(liveness, dict) else None,
+            int(entry.get("generation", 0)),  # type: ignore[call-overload]
         )
 
     def refers_to(self, variable: str) -> bool:
@@ -228,8 +233,9 @@ class ExternalDriver:
 
     @property
     def records(self) -> Path:
-        """Which process serves this driver on this node, for a NodeHost that takes over."""
-        return self.root / f"driver-{self.spec.name}.process.json"
+        """Which process serves this driver on this node, for a NodeHost that takes over
+        (one file per generation: a rollout runs two side by side)."""
+        return self.root / _record_name(self.spec.name, self.spec.generation)
 
     def log_tail(self, lines: int = 20) -> str:
         try:
@@ -237,9 +243,10 @@ class ExternalDriver:
         except OSError:
             return ""
 
-    async def start(self, environment: Mapping[str, str]) -> None:
-        """Start it (after stopping what an earlier NodeHost of this node left running)."""
-        self._reap_leftover()
+    async def start(self, environment: Mapping[str, str], beside: ExternalDriver | None = None) -> None:
+        """Start it, after stopping what an earlier NodeHost of this node left running of
+        this driver, but for the instance ``beside`` it (a rollout's old one)."""
+        self._reap_leftovers(keep=None if beside is None else beside.records)
         self._stopping = False
         for sub in ("logs", "work", "cdi", "kubelet/plugins_registry", "kubelet/plugins"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
@@ -373,18 +380,36 @@ class ExternalDriver:
         counts = {"restarts": self.restarts, "livenessKills": self.liveness_kills}
         write_atomically(self.records, json.dumps({**record.to_json(), **counts}).encode(), durable=False)
 
-    def _reap_leftover(self) -> None:
-        """A NodeHost that was killed leaves its drivers running: two instances of one
-        driver must never serve one node, so the old one goes first."""
-        try:
-            record = processes.ProcessRecord.from_json(json.loads(self.records.read_text()))
-        except (OSError, ValueError, KeyError, TypeError):
-            return
-        if processes.stop([record]):
-            log.warning(
-                "node %s: stopped driver %s (pid %d), left by an earlier host", self.node, record.name, record.pid
-            )
-        self.records.unlink(missing_ok=True)
+    def _reap_leftovers(self, keep: Path | None) -> None:
+        """A NodeHost that was killed leaves its drivers running (of any generation, if it
+        died in a rollout): two instances of one driver must never serve one node but
+        while rolling out, so the old ones go first."""
+        for path in _records_of(self.root, self.spec.name):
+            if path == keep:
+                continue
+            try:
+                record = processes.ProcessRecord.from_json(json.loads(path.read_text()))
+            except (OSError, ValueError, KeyError, TypeError):
+                path.unlink(missing_ok=True)
+                continue
+            if processes.stop([record]):
+                log.warning(
+                    "node %s: stopped driver %s (pid %d), left by an earlier host", self.node, record.name, record.pid
+                )
+            path.unlink(missing_ok=True)
+
+
+def _record_name(driver: str, generation: int) -> str:
+    """``driver-<name>.process.json``, ``driver-<name>_<generation>.process.json`` after a
+    rollout ('_' is in no driver name)."""
+    return f"driver-{driver}{f'_{generation}' if generation else ''}.process.json"
+
+
+def _records_of(root: Path, driver: str) -> list[Path]:
+    """The records of every generation of ``driver`` on the node at ``root``."""
+    first = _record_name(driver, 0)
+    later = re.compile(re.escape(f"driver-{driver}_") + r"[0-9]+\.process\.json")
+    return [p for p in root.glob(f"driver-{glob.escape(driver)}*") if p.name == first or later.fullmatch(p.name)]
 
 
 async def _terminate(process: asyncio.subprocess.Process, grace_s: float) -> int:

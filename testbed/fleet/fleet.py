@@ -480,6 +480,54 @@ class Fleet:
                     "the cluster in the fleet file (ray.address), or drop placement.labels",
                 )
 
+    def rollout(
+        self,
+        driver: str,
+        command: list[str] | None = None,
+        max_surge: int = 1,
+        max_unavailable: int = 0,
+        progress: Progress | None = None,
+        timeout_s: float = 300.0,
+    ) -> list[dict[str, Any]]:
+        """Replace a command-line driver's instance on every node that runs it, as a
+        DaemonSet's rolling update replaces its pods: ``max_surge`` nodes at a time with
+        the new instance started beside the old (the seamless upgrade), or
+        ``max_unavailable`` at a time with the old one stopped first. ``command``: the new
+        version's (default: the same, as `kubectl rollout restart`); the pools run it from
+        then on. Each node's RolledOut, as a dict, in the order rolled."""
+        import ray
+
+        if (max_surge > 0) == (max_unavailable > 0):
+            raise TestbedError(
+                f"maxSurge {max_surge} and maxUnavailable {max_unavailable}: exactly one of them must be above 0",
+                hint="--max-surge 1 starts each node's new instance before stopping the old one; "
+                "--max-unavailable 1 stops the old one first",
+            )
+        pools = [p for p in self.spec.pools if any(d.name == driver for d in p.external_drivers)]
+        if not pools:
+            running = sorted({d.name for p in self.spec.pools for d in p.external_drivers})
+            raise TestbedError(
+                f"no pool runs a command-line driver {driver!r}",
+                hint=f"the fleet's: {', '.join(running)}" if running else "the fleet runs none; see `drivers:`",
+            )
+        nodes = sorted(n for n in self.host_of if any(_index_in(p.name, n) is not None for p in pools))
+        progress = progress or SilentProgress()
+        batch = max_surge or max_unavailable
+        rolled: list[dict[str, Any]] = []
+        how = f"maxSurge {max_surge}" if max_surge else f"maxUnavailable {max_unavailable}"
+        with progress.task(f"rolling {driver} out on {len(nodes)} nodes ({how})"):
+            for start in range(0, len(nodes), batch):
+                group = nodes[start : start + batch]
+                calls = [self.host(n).roll_driver.remote(n, driver, command, max_surge > 0) for n in group]
+                rolled.extend(ray.get(calls, timeout=timeout_s))
+                progress.update(f"{len(rolled)}/{len(nodes)} nodes")
+        if command is not None:
+            for pool in pools:
+                for entry in pool.external_drivers:
+                    if entry.name == driver:
+                        entry.command = list(command)
+        return rolled
+
     def pool(self, name: str) -> Pool:
         for pool in self.spec.pools:
             if pool.name == name:

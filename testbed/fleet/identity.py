@@ -169,17 +169,25 @@ def is_driver_pod(pod: Obj) -> bool:
     return bool(meta.get("namespace") == DRIVER_NAMESPACE and DRIVER_POD_LABEL in (meta.get("labels") or {}))
 
 
-def driver_pod_name(node: str) -> str:
-    return f"dra-testbed-driver-{node}"[:253]
+def driver_pod_name(node: str, generation: int = 0) -> str:
+    """The node's driver pod; a later ``generation`` is the pod of a driver rolled out
+    again (a DaemonSet's new pod beside or after the old one)."""
+    suffix = f"-{generation}" if generation else ""
+    return f"dra-testbed-driver-{node}"[: 253 - len(suffix)] + suffix
 
 
-def driver_pod(node: str) -> Obj:
+def driver_pods_selector(node: str) -> str:
+    """Every generation of the node's driver pods."""
+    return f"{DRIVER_POD_LABEL}={node[:63]}"
+
+
+def driver_pod(node: str, generation: int = 0) -> Obj:
     """The pod a driver DaemonSet would run on ``node``; the drivers' token is bound to it."""
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
-            "name": driver_pod_name(node),
+            "name": driver_pod_name(node, generation),
             "namespace": DRIVER_NAMESPACE,
             "labels": {DRIVER_POD_LABEL: node[:63], "app.kubernetes.io/part-of": "dra-testbed"},
         },
@@ -201,21 +209,23 @@ async def bind_driver_token(admin: KubeClient, drivers: KubeClient, node: str) -
     drivers.use_token(token)
 
 
-async def driver_token(admin: KubeClient, node: str) -> tuple[str, str]:
+async def driver_token(admin: KubeClient, node: str, generation: int = 0) -> tuple[str, str]:
     """A token bound to the node's driver pod (created if need be), and the pod's UID.
     The Node need not exist yet: the token names the pod's node either way. Asked for
     until answered, as a DaemonSet's pod and a kubelet's token are."""
-    return await until_answered(lambda: _driver_token(admin, node), f"binding the drivers' token of node {node}")
+    return await until_answered(
+        lambda: _driver_token(admin, node, generation), f"binding the drivers' token of node {node}"
+    )
 
 
-async def _driver_token(admin: KubeClient, node: str) -> tuple[str, str]:
+async def _driver_token(admin: KubeClient, node: str, generation: int) -> tuple[str, str]:
     pods = path_for("v1", "pods", namespace=DRIVER_NAMESPACE)
     try:
-        pod = await admin.create(pods, driver_pod(node))
+        pod = await admin.create(pods, driver_pod(node, generation))
     except ApiError as exc:
         if not exc.conflict:
             raise
-        pod = await admin.get(path_for("v1", "pods", driver_pod_name(node), DRIVER_NAMESPACE))
+        pod = await admin.get(path_for("v1", "pods", driver_pod_name(node, generation), DRIVER_NAMESPACE))
     request: dict[str, Any] = {
         "apiVersion": "authentication.k8s.io/v1",
         "kind": "TokenRequest",

@@ -16,7 +16,7 @@ import os
 import platform
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +31,12 @@ from testbed.fingerprint import code_version
 from testbed.fleet import heap
 from testbed.fleet.drain import DrainResult, drain, drain_process_node
 from testbed.fleet.fencing import NodeFence, Server
-from testbed.fleet.identity import NodeAuthority, bind_driver_token, driver_token
+from testbed.fleet.identity import DRIVER_NAMESPACE, NodeAuthority, bind_driver_token, driver_pod_name, driver_token
 from testbed.fleet.loopwatch import LoopWatch
 from testbed.fleet.membership import Membership, NodeRecipe, in_ray
 from testbed.fleet.synthetic_node import SyntheticNode
 from testbed.fleet.tlsmemory import small_tls_read_buffers
-from testbed.kubeapi import KubeClient
+from testbed.kubeapi import KubeClient, path_for
 from testbed.kubelet.declared import cluster_declared_features
 from testbed.kubelet.node import NodeWatcher
 from testbed.kubeletplugin.claims import ClaimReader
@@ -293,16 +293,18 @@ class NodeHost:
         self.node_clients[node] = [kubelet, drivers]
         return kubelet, drivers, lambda: bind_driver_token(admin, drivers, node)
 
-    def _external_credentials(self, node: str) -> Callable[[], Awaitable[tuple[Path, str]]]:
+    def _external_credentials(self, node: str) -> Callable[[int], Awaitable[tuple[Path, str]]]:
         """What a command-line driver on ``node`` authenticates with, and its pod's UID:
-        with node identities, a kubeconfig holding a token bound to the node's driver pod."""
+        with node identities, a kubeconfig holding a token bound to the node's driver pod
+        (of a generation: a rollout's new instance has a pod of its own)."""
 
-        async def issue() -> tuple[Path, str]:
+        async def issue(generation: int) -> tuple[Path, str]:
             assert self.client is not None
             if self.authority is None:
-                return self.kubeconfig, str(uuid.uuid5(uuid.NAMESPACE_URL, f"dra-testbed/{node}"))
-            token, pod_uid = await driver_token(self.client, node)
-            path = self.nodes_dir / node / "private" / "driver.kubeconfig"
+                name = f"dra-testbed/{node}" + (f"/{generation}" if generation else "")
+                return self.kubeconfig, str(uuid.uuid5(uuid.NAMESPACE_URL, name))
+            token, pod_uid = await driver_token(self.client, node, generation)
+            path = self.nodes_dir / node / "private" / f"driver{f'-{generation}' if generation else ''}.kubeconfig"
             path.parent.mkdir(parents=True, exist_ok=True)
             write_secret(path, self.authority.kubeconfig({"token": token}))
             return path, pod_uid
@@ -444,6 +446,28 @@ class NodeHost:
             return self.nodes[name]
         except KeyError:
             raise KeyError(f"this host has no node {name!r}") from None
+
+    # --- rollouts --------------------------------------------------------------------
+
+    async def roll_driver(
+        self, node: str, driver: str, command: list[str] | None, surge: bool, timeout_s: float = 120.0
+    ) -> dict[str, Any]:
+        """Roll ``driver`` out anew on ``node`` (SyntheticNode.roll_external), remember the
+        new instance for a restart of this host, and delete the driver pod it replaced
+        (but the first one while built-in drivers still hold a token bound to it)."""
+        synthetic = self._node(node)
+        before = next((e.spec.generation for e in synthetic.external if e.spec.name == driver), 0)
+        rolled = await synthetic.roll_external(driver, None if command is None else tuple(command), surge, timeout_s)
+        recipe = self.recipes[node]
+        current = next(e.spec for e in synthetic.external if e.spec.name == driver)
+        external = tuple(current if e.name == driver else e for e in recipe.external)
+        self.recipes[node] = replace(recipe, external=external)
+        self._remember()
+        in_use = (before == 0 and synthetic.drivers) or any(e.spec.generation == before for e in synthetic.external)
+        if self.authority is not None and not in_use:
+            assert self.client is not None
+            await self.client.delete_if_exists(path_for("v1", "pods", driver_pod_name(node, before), DRIVER_NAMESPACE))
+        return asdict(rolled)
 
     # --- faults and inspection -----------------------------------------------------
 

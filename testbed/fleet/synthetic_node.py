@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from fake_devices import sysfs
@@ -47,14 +48,35 @@ CRASHES_WHILE_STARTING = 2
 """An external driver restarted this often before it ever registered fails the node's start."""
 
 
-async def wait_registered(plugins: PluginManager, external: ExternalDriver, timeout_s: float) -> None:
-    """Until the kubelet registered the external driver: woken by the plugin watcher and
-    by the driver's restarts, so a driver that keeps crashing fails the start early."""
+@dataclass(frozen=True)
+class RolledOut:
+    """One node's driver replaced by a rollout."""
+
+    node: str
+    generation: int
+    seconds: float
+    """From the start of the node's turn until the new instance was registered and the old one stopped."""
+    unavailable_s: float
+    """How long the kubelet had no instance to call: the old one stopped until the new
+    one registered (0 with surge: the new one registered first)."""
+
+
+async def wait_registered(
+    plugins: PluginManager, external: ExternalDriver, timeout_s: float, known: set[int] | None = None
+) -> None:
+    """Until the kubelet registered the external driver: woken by the plugin watcher and by
+    the driver's restarts, so a driver that keeps crashing fails the start early. With
+    ``known`` (instances by id, a rollout's old ones), until an instance other than those
+    is connected too: only then does the kubelet call it rather than an old one, so only
+    then may the old one go (as a DaemonSet deletes the old pod once the new one is ready)."""
     try:
         async with asyncio.timeout(max(timeout_s, 0.0)):
             while True:
                 changed, restarted = plugins.changed, external.restarted  # before looking: no wake-up lost
-                if plugins.plugin_for(external.spec.name) is not None:
+                instances = plugins.instances(external.spec.name)
+                if known is None and instances:
+                    return
+                if known is not None and any(id(p) not in known and p.connected for p in instances):
                     return
                 if external.restarts >= CRASHES_WHILE_STARTING:
                     raise _not_registered(external, _why_restarted(external))
@@ -99,7 +121,7 @@ class SyntheticNode:
         devices_per_slice: int | None = None,
         drivers: list[str] | None = None,
         external: list[ExternalDriverSpec] | None = None,
-        driver_credentials: Callable[[], Awaitable[tuple[Path, str]]] | None = None,
+        driver_credentials: Callable[[int], Awaitable[tuple[Path, str]]] | None = None,
         watch_client: KubeClient | None = None,
         fence: LeaseFence | None = None,
         declared_features: list[str] | None = None,
@@ -113,8 +135,8 @@ class SyntheticNode:
         gives the drivers their node-bound credentials). ``drivers``: the built-in
         drivers to run (default: those the profile's hardware needs); ``external``:
         drivers run from a command, which ``driver_credentials`` gives a kubeconfig and a
-        pod UID (default: ``client``'s). ``slice_watcher``, ``node_watcher``: the host's
-        watches of its nodes' slices and Nodes (default: each of this node's own).
+        pod UID for the driver pod of a generation (0 unless rolled out). ``slice_watcher``,
+        ``node_watcher``: the host's watches of its nodes' slices and Nodes (default: each of this node's own).
         ``fence``: the node is one of a fleet's, which one NodeHost at a time serves.
         ``declared_features``: what its kubelet declares (declared.py); ``address``: its
         InternalIP (default: derived from its name); ``sync_frequency_s``: its kubelet's
@@ -158,10 +180,7 @@ class SyntheticNode:
             )
             for driver in (drivers_for(profile) if drivers is None else drivers)
         ]
-        self.external = [
-            ExternalDriver(spec, name, root, self._tell_driver_pod, self._driver_process_changed)
-            for spec in external or []
-        ]
+        self.external = [self._external_driver(spec) for spec in external or []]
         self.driver_credentials = driver_credentials
 
     @staticmethod
@@ -212,11 +231,8 @@ class SyntheticNode:
         await self.kubelet.plugins.scan()  # registered before the node counts as started
         if self.external:
             self.publish_hardware()
-            kubeconfig, pod_uid = await self._external_credentials()
-            assert self.short_paths is not None
-            environment = driver_environment(self.name, self.root, pod_uid, kubeconfig, self.short_paths)
             for external in self.external:
-                await external.start(environment)
+                await external.start(await self._external_environment(external.spec.generation))
 
     def publish_hardware(self) -> None:
         """Rewrite $HARDWARE_DIR (inventory.json and the sysfs-like tree) for the node's
@@ -224,20 +240,61 @@ class SyntheticNode:
         if self.external:
             sysfs.write(self.hardware, self.root / "hardware")
 
-    def _tell_driver_pod(self, kind: str, reason: str, message: str) -> None:
-        """An Event on the container of the node's driver pod (what its external drivers
-        stand for), as the kubelet records its probes and kills; none without the pod."""
-        pod = self.kubelet.pods.known_pod(DRIVER_NAMESPACE, driver_pod_name(self.name))
-        if pod is not None:
-            self.kubelet.pods.tell(pod, Told(kind, reason, message), "driver")
+    def _external_driver(self, spec: ExternalDriverSpec) -> ExternalDriver:
+        """An instance whose driver pod (of its generation) shows what happens to it, as
+        the kubelet shows its container: the probe's and the kills' Events, its exits and
+        restarts; nothing without the pod."""
+        pod_name = driver_pod_name(self.name, spec.generation)
 
-    async def _driver_process_changed(self, exit_code: int | None) -> None:
-        await self.kubelet.pods.process_changed(DRIVER_NAMESPACE, driver_pod_name(self.name), "driver", exit_code)
+        def tell(kind: str, reason: str, message: str) -> None:
+            pod = self.kubelet.pods.known_pod(DRIVER_NAMESPACE, pod_name)
+            if pod is not None:
+                self.kubelet.pods.tell(pod, Told(kind, reason, message), "driver")
 
-    async def _external_credentials(self) -> tuple[Path, str]:
+        async def process_changed(exit_code: int | None) -> None:
+            await self.kubelet.pods.process_changed(DRIVER_NAMESPACE, pod_name, "driver", exit_code)
+
+        return ExternalDriver(spec, self.name, self.root, tell, process_changed)
+
+    async def _external_environment(self, generation: int) -> dict[str, str]:
         if self.driver_credentials is None:
             raise TestbedError(f"node {self.name}: no credentials to give its external drivers")
-        return await self.driver_credentials()
+        kubeconfig, pod_uid = await self.driver_credentials(generation)
+        assert self.short_paths is not None
+        return driver_environment(self.name, self.root, pod_uid, kubeconfig, self.short_paths)
+
+    async def roll_external(
+        self, driver: str, command: tuple[str, ...] | None, surge: bool, timeout_s: float
+    ) -> RolledOut:
+        """Replace ``driver``'s instance with one of the next generation (``command``, or
+        the same one), as a DaemonSet's rolling update replaces its pod: with ``surge``
+        the new one starts beside the old and the old stops once the kubelet registered
+        the new (maxSurge); else the old stops first (maxUnavailable)."""
+        index = next((i for i, e in enumerate(self.external) if e.spec.name == driver), None)
+        if index is None:
+            raise TestbedError(f"node {self.name} runs no command-line driver {driver}")
+        old = self.external[index]
+        spec = replace(old.spec, command=command or old.spec.command, generation=old.spec.generation + 1)
+        new = self._external_driver(spec)
+        started = time.monotonic()
+        environment = await self._external_environment(spec.generation)
+        known = {id(p) for p in self.kubelet.plugins.instances(driver)}
+        stopped_at = None
+        if not surge:
+            stopped_at = time.monotonic()
+            await old.stop()
+        self.external[index] = new  # from here on the node's: drained and stopped with it
+        await new.start(environment, beside=old if surge else None)
+        await wait_registered(self.kubelet.plugins, new, timeout_s, known)
+        registered_at = time.monotonic()
+        if surge:
+            await old.stop()
+        return RolledOut(
+            self.name,
+            spec.generation,
+            time.monotonic() - started,
+            0.0 if stopped_at is None else registered_at - stopped_at,
+        )
 
     async def wait_ready(self, timeout_s: float) -> None:
         """Every driver registered with the kubelet; the built-in ones' slices published

@@ -191,6 +191,10 @@ class PluginManager:
     def drivers(self) -> list[str]:
         return sorted({p.driver for p in self._by_socket.values()})
 
+    def instances(self, driver: str) -> list[Plugin]:
+        """The driver's registered instances, oldest first."""
+        return [p for p in self._by_socket.values() if p.driver == driver]
+
     def plugin_for(self, driver: str) -> Plugin | None:
         """The newest connected instance, else the newest one."""
         instances = [p for p in self._by_socket.values() if p.driver == driver]
@@ -453,6 +457,7 @@ class PluginManager:
                 plugin.connected = connected
                 log.debug("DRA plugin %s at %s connected: %s", plugin.driver, plugin.endpoint, connected)
                 self._sync(plugin.driver)
+                self._notify()
             await channel.wait_for_state_change(state)
             state = channel.get_state(try_to_connect=True)
 

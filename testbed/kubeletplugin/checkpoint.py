@@ -130,17 +130,18 @@ class Checkpoint:
             return None
         return (st.st_ino, st.st_mtime_ns, st.st_size)
 
-    def load(self) -> None:
+    def load(self) -> bool:
         """Read the file; raise CheckpointCorrupt (after setting it aside) if it is bad.
         A file that is still the one this object last read or wrote is not read again:
-        every write replaces it (a new inode), so another instance's write shows."""
+        every write replaces it (a new inode), so another instance's write shows. Whether
+        the claims were read anew."""
         identity = self._identity()
         if identity is not None and identity == self._as_seen:
-            return
+            return False
         self.claims = {}
         self._as_seen = None
         if identity is None:
-            return
+            return True
         raw = self.path.read_bytes()
         try:
             document = json.loads(raw)
@@ -152,6 +153,7 @@ class Checkpoint:
             self.claims = {uid: ClaimRecord.from_json(c) for uid, c in claims.items()}
             self._json = {uid: (self.claims[uid], c) for uid, c in claims.items()}
             self._as_seen = identity
+            return True
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             moved = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time() * 1000)}")
             self.path.replace(moved)

@@ -119,6 +119,8 @@ class ClaimPreparer:
         the hardware may hold them, so their intents stay until a prepare or a repair
         settles them."""
         self._lock = asyncio.Lock()
+        self._read = False
+        """Whether this instance read the checkpoint before (its first read is its start)."""
         self.corruptions: list[str] = []
         """Checkpoint problems found (and set aside) since start, for status and tests."""
 
@@ -136,18 +138,38 @@ class ClaimPreparer:
                         break
                     except BlockingIOError:
                         await asyncio.sleep(LOCK_POLL_S)
-                self._load_checkpoint()
+                before = self.checkpoint.claims
+                if self._load_checkpoint() and self._read:
+                    await self._follow_another_instance(before)
+                self._read = True
                 yield
             finally:
                 os.close(fd)  # releases the flock
 
-    def _load_checkpoint(self) -> None:
+    def _load_checkpoint(self) -> bool:
+        """Whether the checkpoint was read anew (another instance, or nobody, wrote it last)."""
         try:
-            self.checkpoint.load()
+            return self.checkpoint.load()
         except CheckpointCorrupt as exc:
             log.error("%s on %s: %s; starting with an empty record", self.name, self.node, exc)
             self.corruptions.append(str(exc))
             metrics.CHECKPOINT_CORRUPTIONS.labels(self.name).inc()
+            return False
+
+    async def _follow_another_instance(self, before: Mapping[str, ClaimRecord]) -> None:
+        """Another instance of this driver on the node (a rolling update's old or new one)
+        changed the checkpoint since this one last read or wrote it: what this one holds
+        follows the record, as it would follow real devices. A claim the other unprepared
+        is released here too, else this instance would refuse its devices to the next
+        claim as still in use; a claim the other prepared is held here too."""
+        for uid in before.keys() - self.checkpoint.claims.keys():
+            await self.driver.unprepare(uid)
+        for uid, record in self.checkpoint.claims.items():
+            if uid not in before and record.state is ClaimState.PREPARE_COMPLETED:
+                try:
+                    await self.driver.prepare(ClaimToPrepare(record.ref, _held(record), record.configs, repair=True))
+                except ClaimFailed as exc:
+                    log.error("%s: cannot hold claim %s another instance prepared: %s", self.name, uid, exc)
 
     def _record_gauge(self) -> None:
         completed = sum(1 for c in self.checkpoint.claims.values() if c.state is ClaimState.PREPARE_COMPLETED)
@@ -170,19 +192,10 @@ class ClaimPreparer:
             self._unsettled.clear()
             for record in list(self.checkpoint.claims.values()):
                 if record.state is ClaimState.PREPARE_COMPLETED:
-                    devices = [
-                        AllocatedDevice(
-                            d.request_names[0],
-                            d.pool,
-                            d.device,
-                            d.share_id,
-                            record.admin_access,
-                            record.consumed.get(d.share_id, {}) if d.share_id else {},
-                        )
-                        for d in record.devices
-                    ]
                     try:
-                        await self.driver.prepare(ClaimToPrepare(record.ref, devices, record.configs, repair=True))
+                        await self.driver.prepare(
+                            ClaimToPrepare(record.ref, _held(record), record.configs, repair=True)
+                        )
                     except ClaimFailed as exc:
                         log.error("%s: cannot re-assert claim %s: %s", self.name, record.uid, exc)
                     self._restore_spec(record, thorough=True)
@@ -426,3 +439,18 @@ def _consumed(ref: ClaimRef, result: Mapping[str, Any]) -> dict[str, int]:
         raise ClaimFailed(
             "InvalidAllocation", f"claim {ref.namespace}/{ref.name}: consumedCapacity of {result.get('device')}: {exc}"
         ) from None
+
+
+def _held(record: ClaimRecord) -> list[AllocatedDevice]:
+    """The devices a completed claim holds, as its record says (to hold them again)."""
+    return [
+        AllocatedDevice(
+            d.request_names[0],
+            d.pool,
+            d.device,
+            d.share_id,
+            record.admin_access,
+            record.consumed.get(d.share_id, {}) if d.share_id else {},
+        )
+        for d in record.devices
+    ]

@@ -58,6 +58,13 @@ def _one_node_fleet(control_plane: ClusterState, pool: str, driver: dict[str, An
     return own, where
 
 
+def _namespace(kube_api: k8s.ApiClient, prefix: str) -> tuple[k8s.CoreV1Api, str]:
+    core = k8s.CoreV1Api(kube_api)
+    namespace = unique(prefix)
+    core.create_namespace({"metadata": {"name": namespace}})
+    return core, namespace
+
+
 def _environment_of(pid: int) -> dict[str, str]:
     lines = Path(f"/proc/{pid}/environ").read_text().split("\0")
     return dict(line.split("=", 1) for line in lines if "=" in line)
@@ -82,9 +89,7 @@ def test_an_external_driver_serves_its_node_and_is_restarted_and_drained(
     call_log = tmp_path / "calls.jsonl"
     driver = {**STAND_IN, "env": {**STAND_IN["env"], "CALL_LOG": str(call_log)}}
     own, where = _one_node_fleet(control_plane, "ext", driver)
-    core = k8s.CoreV1Api(kube_api)
-    namespace = unique("ext")
-    core.create_namespace({"metadata": {"name": namespace}})
+    core, namespace = _namespace(kube_api, "ext")
     try:
         [record] = recorded_drivers(where)["ext-000"]
         assert record.alive() and record.name == GPU
@@ -158,9 +163,7 @@ def test_a_driver_whose_socket_broke_is_restarted_by_its_liveness_probe(
         "livenessProbe": {"grpc": {}, "initialDelaySeconds": 5, "periodSeconds": 1, "failureThreshold": 2},
     }
     own, where = _one_node_fleet(control_plane, "live", driver)
-    core = k8s.CoreV1Api(kube_api)
-    namespace = unique("live")
-    core.create_namespace({"metadata": {"name": namespace}})
+    core, namespace = _namespace(kube_api, "live")
     try:
         [record] = recorded_drivers(where)["live-000"]
         environment = _environment_of(record.pid)
@@ -198,6 +201,55 @@ def test_a_driver_whose_socket_broke_is_restarted_by_its_liveness_probe(
     finally:
         core.delete_namespace(namespace)
         own.stop(remove_nodes=True)
+
+
+def test_a_driver_rolled_out_with_surge_is_never_away_and_without_it_is(
+    control_plane: ClusterState, fleet: Fleet, kube_api: k8s.ApiClient
+) -> None:
+    """The good practice's seamless upgrade, as a DaemonSet's rolling update does it: with
+    maxSurge the new instance (a driver pod of its own, its sockets named after it)
+    registers beside the old one before that stops, so the kubelet always has one to
+    call; with maxUnavailable it has none for a while. Either way the newest instance
+    unprepares what an older one prepared, and the node's first driver pod stays while
+    the built-in driver's token is bound to it."""
+    del fleet  # only for its Ray and DeviceClasses
+    own, where = _one_node_fleet(control_plane, "roll", STAND_IN)
+    core, namespace = _namespace(kube_api, "roll")
+    try:
+        [first] = recorded_drivers(where)["roll-000"]
+        create_template(kube_api, namespace, "gpu", claim_spec(request("gpu", GPU)))
+        core.create_namespaced_pod(
+            namespace, pod("before", {"gpu": {"resourceClaimTemplateName": "gpu"}}, node="roll-000")
+        )
+        wait_running(kube_api, namespace, "before")
+
+        newer = [sys.executable, "-X", "utf8", "-m", "testbed.drivers.main"]
+        [surged] = own.rollout(GPU, newer)
+        assert (surged["node"], surged["generation"], surged["unavailable_s"]) == ("roll-000", 1, 0.0)
+        [second] = recorded_drivers(where)["roll-000"]
+        assert second.pid != first.pid and second.command == newer and process_start_ticks(first.pid) is None
+        assert own.spec.pools[0].external_drivers[0].command == newer, "nodes added later run the new version"
+
+        [stopped_first] = own.rollout(GPU, max_surge=0, max_unavailable=1)
+        assert stopped_first["generation"] == 2 and stopped_first["unavailable_s"] > 0
+        pods = {p.metadata.name for p in core.list_namespaced_pod("dra-testbed").items if "roll-000" in p.metadata.name}
+        # generation 1's pod deleted; the first one kept: the NIC driver's token is bound to it
+        assert pods == {"dra-testbed-driver-roll-000", "dra-testbed-driver-roll-000-2"}
+
+        core.delete_namespaced_pod("before", namespace)
+        wait_for(lambda: not core.list_namespaced_pod(namespace).items, 60, "the pod to be gone")
+        checkpoint = where / "roll-000/kubelet/plugins/gpu.dra-testbed.io/checkpoint.json"
+        assert json.loads(checkpoint.read_text())["claims"] == {}, "the newest instance unprepared the claim"
+        core.create_namespaced_pod(
+            namespace, pod("after", {"gpu": {"resourceClaimTemplateName": "gpu"}}, node="roll-000")
+        )
+        wait_running(kube_api, namespace, "after")
+    finally:
+        core.delete_namespace(namespace)
+        own.stop(remove_nodes=True)
+    assert not any(
+        p.metadata.name.startswith("dra-testbed-driver-roll-000") for p in core.list_namespaced_pod("dra-testbed").items
+    )
 
 
 HELPER = "gpu.helper.dra-testbed.io"

@@ -275,3 +275,22 @@ def test_repair_undoes_a_prepare_started_record_an_older_driver_left(tmp_path: P
     asyncio.run(restarted.repair())
     assert hardware.claims() == {done: ["gpu-1"]}
     assert set(json.loads(restarted.paths.checkpoint.read_text())["claims"]) == {done}
+
+
+def test_two_instances_of_a_rolling_update_follow_each_others_checkpoint(tmp_path: Path) -> None:
+    """Old and new instance share the node's checkpoint, each emulating the devices on its
+    own: a claim the old one unprepared after the new one started must free its GPU in the
+    new one too (it refused the next claim on that GPU as still in use, found by a
+    `testbed rollout` under load), and a claim the old one prepared is held by the new one."""
+    first, second, third = (str(uuid.uuid4()) for _ in range(3))
+    devices = {first: "gpu-0", second: "gpu-0", third: "gpu-1"}
+    old = _preparer(tmp_path, devices)
+    assert asyncio.run(old.prepare([_ref(first)]))[first].error == ""
+    new = _preparer(tmp_path, devices)  # started beside it: repair holds gpu-0 for the first claim
+    asyncio.run(new.repair())
+    asyncio.run(old.unprepare([_ref(first)]))  # a call that still reached the old instance
+    asyncio.run(old.prepare([_ref(third)]))
+    result = asyncio.run(new.prepare([_ref(second)]))[second]
+    assert result.error == "", result.error
+    held = new.driver.backend.hardware.claims()  # type: ignore[attr-defined]
+    assert set(held) == {second, third}, "the old instance's claim on gpu-1 is held here too"

@@ -1,0 +1,61 @@
+"""A driver rolled out anew runs as a new generation beside (or after) the old one: its own
+driver pod, its own process record, remembered across a NodeHost restart, and summed up
+in one line for the user."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from testbed.cli import rollout_summary
+from testbed.fleet.external import ExternalDriver, ExternalDriverSpec, _records_of
+from testbed.fleet.identity import driver_pod, driver_pod_name, driver_pods_selector
+from testbed.fleet.membership import NodeRecipe
+
+
+def test_each_generation_has_a_driver_pod_of_its_own_on_the_same_node() -> None:
+    assert driver_pod_name("gpu-007") == "dra-testbed-driver-gpu-007"
+    assert driver_pod_name("gpu-007", 2) == "dra-testbed-driver-gpu-007-2"
+    assert len(driver_pod_name("n" * 300, 12)) == 253 and driver_pod_name("n" * 300, 12).endswith("-12")
+    first, later = driver_pod("gpu-007"), driver_pod("gpu-007", 2)
+    assert first["metadata"]["labels"] == later["metadata"]["labels"]  # drained alike
+    assert later["spec"]["nodeName"] == "gpu-007"
+    key, value = driver_pods_selector("gpu-007").split("=")
+    assert later["metadata"]["labels"][key] == value
+
+
+def test_process_records_are_per_generation_and_found_for_their_driver_only(tmp_path: Path) -> None:
+    records = [
+        ExternalDriver(ExternalDriverSpec("a.example.com", ("x",), generation=g), "n", tmp_path).records
+        for g in (0, 1, 12)
+    ]
+    assert [r.name for r in records] == [
+        "driver-a.example.com.process.json",
+        "driver-a.example.com_1.process.json",
+        "driver-a.example.com_12.process.json",
+    ]
+    others = ["driver-a.example.com2.process.json", "driver-a.example.co.process.json", "driver-a.example.com_x.json"]
+    for path in [*records, *(tmp_path / name for name in others)]:
+        path.touch()
+    assert sorted(_records_of(tmp_path, "a.example.com")) == sorted(records)
+
+
+def test_a_rolled_out_generation_survives_a_host_restart() -> None:
+    spec = ExternalDriverSpec("a.example.com", ("new-driver",), {"A": "1"}, generation=3)
+    recipe = NodeRecipe("n-000", "tiny", external=(spec,))
+    again = NodeRecipe.from_json(json.loads(json.dumps(dataclasses.asdict(recipe))))
+    assert again.external[0].generation == 3 and again == recipe
+
+
+def test_the_summary_says_how_long_kubelets_had_no_instance_to_call() -> None:
+    rolled = [
+        {"node": "n-000", "generation": 1, "seconds": 1.0, "unavailable_s": 0.0},
+        {"node": "n-001", "generation": 1, "seconds": 3.0, "unavailable_s": 0.0},
+        {"node": "n-002", "generation": 2, "seconds": 2.0, "unavailable_s": 0.9},
+    ]
+    assert rollout_summary("a.example.com", rolled) == (
+        "a.example.com rolled out on 3 nodes (driver pod generation 1-2): per node p50 2.0 s, max 3.0 s; "
+        "kubelets without an instance to call: p50 0.00 s, max 0.90 s"
+    )
+    assert rollout_summary("a.example.com", []) == "a.example.com: no node to roll out on"
