@@ -519,7 +519,23 @@ class Fleet:
             for start in range(0, len(nodes), batch):
                 group = nodes[start : start + batch]
                 calls = [self.host(n).roll_driver.remote(n, driver, command, max_surge > 0) for n in group]
-                rolled.extend(ray.get(calls, timeout=timeout_s))
+                try:
+                    rolled.extend(ray.get(calls, timeout=timeout_s))
+                except ray.exceptions.RayTaskError as exc:
+                    cause = exc.cause if isinstance(getattr(exc, "cause", None), TestbedError) else None
+                    rest = len(nodes) - start - len(group)
+                    raise TestbedError(
+                        f"rollout of {driver} stopped after {len(rolled)} of {len(nodes)} nodes: "
+                        + (cause.message if cause else str(exc).splitlines()[0]),
+                        detail=cause.detail if cause else str(exc),
+                        hint=(
+                            "with maxSurge the old instance serves on where the new one failed; "
+                            if max_surge
+                            else "the new instance keeps being restarted where it failed; "
+                        )
+                        + f"{rest} {'node was' if rest == 1 else 'nodes were'} not touched. "
+                        + "Fix the command and run the rollout again",
+                    ) from None
                 progress.update(f"{len(rolled)}/{len(nodes)} nodes")
         if command is not None:
             for pool in pools:

@@ -457,12 +457,15 @@ class NodeHost:
         (but the first one while built-in drivers still hold a token bound to it)."""
         synthetic = self._node(node)
         before = next((e.spec.generation for e in synthetic.external if e.spec.name == driver), 0)
-        rolled = await synthetic.roll_external(driver, None if command is None else tuple(command), surge, timeout_s)
-        recipe = self.recipes[node]
-        current = next(e.spec for e in synthetic.external if e.spec.name == driver)
-        external = tuple(current if e.name == driver else e for e in recipe.external)
-        self.recipes[node] = replace(recipe, external=external)
-        self._remember()
+        try:
+            rolled = await synthetic.roll_external(
+                driver, None if command is None else tuple(command), surge, timeout_s
+            )
+        finally:  # the instance the node runs now, whether or not the new one came up
+            recipe = self.recipes[node]
+            current = {e.spec.name: e.spec for e in synthetic.external}
+            self.recipes[node] = replace(recipe, external=tuple(current.get(e.name, e) for e in recipe.external))
+            self._remember()
         in_use = (before == 0 and synthetic.drivers) or any(e.spec.generation == before for e in synthetic.external)
         if self.authority is not None and not in_use:
             assert self.client is not None

@@ -284,8 +284,14 @@ class SyntheticNode:
             stopped_at = time.monotonic()
             await old.stop()
         self.external[index] = new  # from here on the node's: drained and stopped with it
-        await new.start(environment, beside=old if surge else None)
-        await wait_registered(self.kubelet.plugins, new, timeout_s, known)
+        try:
+            await new.start(environment, beside=old if surge else None)
+            await wait_registered(self.kubelet.plugins, new, timeout_s, known)
+        except BaseException:
+            if surge:  # as a DaemonSet's surge pod that never gets ready: the old one serves on
+                self.external[index] = old
+                await new.stop()
+            raise  # else the new one is the node's, restarted with back-off while it fails
         registered_at = time.monotonic()
         if surge:
             await old.stop()

@@ -22,6 +22,7 @@ from testbed.config import nodes_dir
 from testbed.controlplane.binaries import ensure_bench_binaries
 from testbed.controlplane.cluster import ClusterState
 from testbed.controlplane.processes import process_start_ticks
+from testbed.errors import TestbedError
 from testbed.fleet.external import recorded_drivers
 from testbed.fleet.fleet import Fleet
 from testbed.fleet.spec import FleetFile
@@ -235,6 +236,12 @@ def test_a_driver_rolled_out_with_surge_is_never_away_and_without_it_is(
         pods = {p.metadata.name for p in core.list_namespaced_pod("dra-testbed").items if "roll-000" in p.metadata.name}
         # generation 1's pod deleted; the first one kept: the NIC driver's token is bound to it
         assert pods == {"dra-testbed-driver-roll-000", "dra-testbed-driver-roll-000-2"}
+
+        # A new version that never comes up stops the rollout; with surge the old one serves on.
+        [serving] = recorded_drivers(where)["roll-000"]
+        with pytest.raises(TestbedError, match=r"rollout of gpu\.dra-testbed\.io stopped after 0 of 1 nodes"):
+            own.rollout(GPU, [sys.executable, "-c", "raise SystemExit(3)"])
+        assert [r.pid for r in recorded_drivers(where)["roll-000"]] == [serving.pid] and serving.alive()
 
         core.delete_namespaced_pod("before", namespace)
         wait_for(lambda: not core.list_namespaced_pod(namespace).items, 60, "the pod to be gone")
