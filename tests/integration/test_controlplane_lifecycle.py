@@ -179,6 +179,9 @@ def _interrupt_up(
     )
 
     def reached() -> cluster.ClusterState | None:
+        if proc.poll() is not None:  # ended of itself: say why rather than wait out the deadline
+            _, err = proc.communicate()
+            raise AssertionError(f"`testbed up` ended with {proc.returncode} before {started} was started: {err}")
         s = cluster.ClusterState.load(state_dir)
         if s is None:
             return None
@@ -186,7 +189,14 @@ def _interrupt_up(
         return s if done else None
 
     with killed_if_left(proc):
-        state = wait_for(reached, 120, f"{started} to be started")
+        try:
+            state = wait_for(reached, 120, f"{started} to be started")
+        except AssertionError as exc:
+            if proc.poll() is None:
+                proc.kill()
+                _, err = proc.communicate()
+                raise AssertionError(f"{exc}; `testbed up` said: {err[-4000:]}") from None
+            raise
         _, err = interrupt(proc, sig)
     assert proc.returncode == 130, err
     assert "interrupted: everything this command started has been stopped" in err
