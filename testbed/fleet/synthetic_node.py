@@ -231,8 +231,12 @@ class SyntheticNode:
         await self.kubelet.plugins.scan()  # registered before the node counts as started
         if self.external:
             self.publish_hardware()
+            environments: dict[int, dict[str, str]] = {}  # one token per driver pod, not per driver
             for external in self.external:
-                await external.start(await self._external_environment(external.spec.generation))
+                generation = external.spec.generation
+                if generation not in environments:
+                    environments[generation] = await self._external_environment(generation)
+                await external.start(environments[generation])
 
     def publish_hardware(self) -> None:
         """Rewrite $HARDWARE_DIR (inventory.json and the sysfs-like tree) for the node's
