@@ -1129,7 +1129,8 @@ def fault(node: str, action: str, target: str, name: str, state_dir: Path | None
     type=click.IntRange(1, 65535),
     default=None,
     help="The driver's gRPC liveness port (what its DaemonSet's livenessProbe.grpc.port says; "
-    "set the driver to listen there): checked to say SERVING, and not once its DRA socket is gone.",
+    "set the driver to listen there): checked to say SERVING, and not once its DRA socket is gone. "
+    "Without it, a driver whose command or --env names $(LIVENESS_PORT) is checked on the port handed over.",
 )
 @click.option("--liveness-address", default="127.0.0.1", show_default=True, help="Where the liveness port listens.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
