@@ -16,7 +16,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,15 @@ OWNERSHIP_MARKER = ".dra-testbed-cluster"
 it is ever cleared or deleted: a user's own directory that happens to contain ``logs/``
 or ``state.json`` is never touched."""
 POLL_INTERVAL_S = 0.1
+OWN_PORTS = {
+    "etcd": ("etcd_client", "etcd_peer", "etcd_metrics"),
+    "kube-apiserver": ("apiserver",),
+    "kube-controller-manager": ("controller_manager",),
+    "kube-scheduler": ("scheduler",),
+}
+"""The ports each component listens on: what changes when one lost a port race."""
+PORT_RACE_RETRIES = 3
+"""Fresh ports a component gets when another process took its port between choosing and binding."""
 
 
 @dataclass
@@ -329,18 +338,24 @@ def _wait_healthy(
     names: list[str],
     deadline: float,
     progress: Progress,
+    on_new_ports: Callable[[str], bool] = lambda name: False,
 ) -> None:
-    checks = health_checks(state)
+    """``on_new_ports(name)``: starts ``name`` again on fresh ports when it exited
+    because another process took its port; False when it may not (or tried enough)."""
     pending = list(names)
     while pending:
-        for name, (_, record) in running.items():
-            if not record.alive():
-                state.stop_processes()
-                raise ComponentFailed(
-                    f"{name} exited during start-up",
-                    detail=f"last lines of {record.log}:\n{processes.log_tail(record.log)}",
-                    hint="the log names the cause; a port race or a bad flag are the usual ones",
-                )
+        dead = next(((n, r) for n, (_, r) in running.items() if not r.alive()), None)
+        if dead is not None:
+            name, record = dead
+            if lost_port_race(record) and on_new_ports(name):
+                continue
+            state.stop_processes()
+            raise ComponentFailed(
+                f"{name} exited during start-up",
+                detail=f"last lines of {record.log}:\n{processes.log_tail(record.log)}",
+                hint="the log names the cause; a port race or a bad flag are the usual ones",
+            )
+        checks = health_checks(state)  # again each round: a restart may have moved a port
         pending = [n for n in pending if http_status(checks[n].url, checks[n].context) != 200]
         if not pending:
             return
@@ -354,6 +369,12 @@ def _wait_healthy(
             )
         progress.update(f"waiting for {', '.join(pending)}")
         time.sleep(POLL_INTERVAL_S)
+
+
+def lost_port_race(record: ProcessRecord) -> bool:
+    """Whether the process ended because its listening port was taken (all four
+    components say so in Go's words as their last line)."""
+    return "address already in use" in processes.log_tail(record.log, lines=3)
 
 
 def _wait_for(
@@ -426,11 +447,41 @@ def up(
     )
     running: dict[str, tuple[object, ProcessRecord]] = {}
 
+    port_races = dict.fromkeys(OWN_PORTS, 0)
+
     def launch(name: str, command: list[str]) -> None:
         proc, record = processes.start(name, command, layout.log(name), cwd=root)
         running[name] = (proc, record)
         state.processes.append(record)
         state.save()
+
+    def command_of(name: str) -> list[str]:
+        return {
+            "etcd": components.etcd_command,
+            "kube-apiserver": components.apiserver_command,
+            "kube-controller-manager": components.controller_manager_command,
+            "kube-scheduler": components.scheduler_command,
+        }[name](binaries, layout, state.ports, config)
+
+    def on_new_ports(name: str) -> bool:
+        """Ports are chosen free but bound only when a component starts; another process
+        on the machine may take one in between. Such a component starts again elsewhere."""
+        if port_races[name] >= PORT_RACE_RETRIES or (name == "kube-apiserver" and config.apiserver_port):
+            return False
+        port_races[name] += 1
+        fields = OWN_PORTS[name]
+        state.ports = replace(state.ports, **dict(zip(fields, processes.free_ports(len(fields)), strict=True)))
+        if name == "kube-apiserver":
+            for who in pki.CLIENTS:
+                components.write_kubeconfig(layout, who, state.apiserver_url, config.name)
+        # The API server reaches etcd by its client port: it follows etcd to the new one.
+        again = [name, "kube-apiserver"] if name == "etcd" and "kube-apiserver" in running else [name]
+        processes.stop([running[n][1] for n in again])
+        state.processes = [p for p in state.processes if p.name not in again]
+        progress.step(f"{name}: another process took its port; starting it again on a new one")
+        for restarted in again:
+            launch(restarted, command_of(restarted))
+        return True
 
     try:
         pki.generate(layout.root / "pki", config.advertise_address)
@@ -439,22 +490,21 @@ def up(
         state.save()
         deadline = time.monotonic() + config.startup_timeout_s
 
-        launch("etcd", components.etcd_command(binaries, layout, ports, config))
-        launch("kube-apiserver", components.apiserver_command(binaries, layout, ports, config))
+        launch("etcd", command_of("etcd"))
+        launch("kube-apiserver", command_of("kube-apiserver"))
         if alongside is not None:
             alongside(state)
             state.save()
         with progress.task("starting etcd and kube-apiserver"):
-            _wait_healthy(state, running, ["etcd", "kube-apiserver"], deadline, progress)
+            _wait_healthy(state, running, ["etcd", "kube-apiserver"], deadline, progress, on_new_ports)
         t_apiserver = time.monotonic()
 
-        launch(
-            "kube-controller-manager",
-            components.controller_manager_command(binaries, layout, ports, config),
-        )
-        launch("kube-scheduler", components.scheduler_command(binaries, layout, ports, config))
+        launch("kube-controller-manager", command_of("kube-controller-manager"))
+        launch("kube-scheduler", command_of("kube-scheduler"))
         with progress.task("starting kube-controller-manager and kube-scheduler"):
-            _wait_healthy(state, running, ["kube-controller-manager", "kube-scheduler"], deadline, progress)
+            _wait_healthy(
+                state, running, ["kube-controller-manager", "kube-scheduler"], deadline, progress, on_new_ports
+            )
             # Pods cannot be created before the service-account controller made `default`.
             context = admin_ssl_context(layout)
             sa_url = f"{state.apiserver_url}/api/v1/namespaces/default/serviceaccounts/default"

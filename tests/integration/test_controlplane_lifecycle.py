@@ -77,6 +77,42 @@ def test_apiserver_port_in_use_is_refused_before_anything_starts(kube_binaries: 
     assert cluster.ClusterState.load(config.cluster_dir) is None
 
 
+def test_components_whose_ports_were_taken_before_they_bound_them_start_on_new_ones(
+    kube_binaries: Binaries, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ports are chosen free and bound later; another process on a busy CI machine took
+    kube-controller-manager's in between once, and `testbed up` failed. Here two
+    listeners stand on etcd's client port and the controller manager's when they start."""
+    real_free_ports = processes.free_ports
+    with socket.socket() as etcd_taken, socket.socket() as kcm_taken:
+        for taken in (etcd_taken, kcm_taken):
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+        squatted = [etcd_taken.getsockname()[1], kcm_taken.getsockname()[1]]
+        calls = []
+
+        def free_ports_someone_takes(count: int) -> list[int]:
+            calls.append(count)
+            chosen = real_free_ports(count)
+            if len(calls) == 1:  # the first choice: etcd client, peer, API server, KCM, ...
+                chosen[0], chosen[3] = squatted
+            return chosen
+
+        monkeypatch.setattr(processes, "free_ports", free_ports_someone_takes)
+        config = ControlPlaneConfig(name="squatted", state_dir=tmp_path / "c")
+        state = cluster.up(config, binaries=kube_binaries)
+        try:
+            assert state.ports.etcd_client not in squatted and state.ports.controller_manager not in squatted
+            assert cluster.ClusterState.load(config.cluster_dir).ports == state.ports  # type: ignore[union-attr]
+            _, components = cluster.status(config)
+            assert {c.name: c.healthy for c in components if c.name in cluster.STOP_ORDER} == dict.fromkeys(
+                cluster.STOP_ORDER, True
+            )
+            assert len(state.live_processes()) == 5  # the ones that lost the race are not left behind
+        finally:
+            cluster.down(config)
+
+
 def test_component_dying_at_start_up_shows_its_log(kube_binaries: Binaries, tmp_path: Path) -> None:
     config = ControlPlaneConfig(
         name="dying", state_dir=tmp_path / "c", extra_feature_gates={"NoSuchGateAnywhere": True}
