@@ -2,10 +2,11 @@
 
 One process per node: the environment a driver pod gets (its node, pod UID, the
 kubelet's plugin directories, CDI directory, credentials bound to that node), its
-output in the node's ``logs/<driver>.log``, restarted with back-off when it dies (and at
-once when it fails its liveness probe, liveness.py), and stopped with SIGTERM (SIGKILL
-after a grace period) when the node is drained. The fake kubelet reaches it only through
-the sockets it registers, as a kubelet would.
+output in the node's ``logs/<driver>.log`` (``<driver>_<generation>.log`` once rolled
+out), restarted with back-off when it dies (and at once when it fails its liveness
+probe, liveness.py), and stopped with SIGTERM (SIGKILL after a grace period) when the
+node is drained. The fake kubelet reaches it only through the sockets it registers, as
+a kubelet would.
 """
 
 from __future__ import annotations
@@ -116,8 +117,8 @@ def recorded_drivers(nodes_dir: Path) -> dict[str, list[processes.ProcessRecord]
 
 @dataclass(frozen=True)
 class Restarts:
-    """How often a driver was started again on a fleet's nodes (since their NodeHosts
-    started), and how many of those its liveness probe asked for."""
+    """How often a driver was started again on a fleet's nodes (a NodeHost taking a node
+    over starts it again too), and how many of those its liveness probe asked for."""
 
     restarts: int = 0
     liveness_kills: int = 0
@@ -221,7 +222,12 @@ class ExternalDriver:
         self.liveness_kills = 0
         self.liveness_port: int | None = None
         """$LIVENESS_PORT, where its liveness endpoint is (to be) probed: given when it has a
-        probe or names the variable, and kept across its restarts."""
+        probe or names the variable, and kept across its restarts (but when another
+        process took it meanwhile)."""
+        self._given: dict[str, str] = {}
+        """The environment its pod gives it, before its own ``env`` and $(VAR)s."""
+        self._environment: dict[str, str] = {}
+        self._command: list[str] = []
         self.restarted = asyncio.Event()
         """Set (and replaced) at each restart: what a wait for this driver wakes on."""
         self._supervisor: asyncio.Task[None] | None = None
@@ -229,7 +235,10 @@ class ExternalDriver:
 
     @property
     def log_path(self) -> Path:
-        return self.root / "logs" / f"{self.spec.name}.log"
+        """One file per generation, as a kubelet keeps one per pod: two generations run
+        side by side in a surge rollout, and their lines must not interleave."""
+        generation = self.spec.generation
+        return self.root / "logs" / f"{self.spec.name}{f'_{generation}' if generation else ''}.log"
 
     @property
     def records(self) -> Path:
@@ -250,15 +259,36 @@ class ExternalDriver:
         self._stopping = False
         for sub in ("logs", "work", "cdi", "kubelet/plugins_registry", "kubelet/plugins"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
-        given = dict(environment)
-        if self.spec.liveness is not None or self.spec.refers_to(LIVENESS_PORT):
-            if self.liveness_port is None:
-                self.liveness_port = processes.free_port()
+        self._given = dict(environment)
+        wants_port = self.spec.liveness is not None or self.spec.refers_to(LIVENESS_PORT)
+        if wants_port and self.liveness_port is None:
+            self.liveness_port = processes.free_port()
+        self._expand_environment()
+        await self._spawn()
+        self._supervisor = asyncio.create_task(self._supervise(), name=f"driver-{self.spec.name}-{self.node}")
+
+    def _expand_environment(self) -> None:
+        given = dict(self._given)
+        if self.liveness_port is not None:
             given[LIVENESS_PORT] = str(self.liveness_port)
         self._environment = container_environment(given, self.spec.env)
         self._command = [expand(arg, self._environment) for arg in self.spec.command]
-        await self._spawn()
-        self._supervisor = asyncio.create_task(self._supervise(), name=f"driver-{self.spec.name}-{self.node}")
+
+    def _move_off_a_taken_liveness_port(self) -> None:
+        """The port was free when chosen, not reserved: when another process listens on it
+        once this driver is gone, the next instance gets a new one (a pod's port is its
+        own network namespace's; here every node shares the machine's)."""
+        if self.liveness_port is None or not processes.accepting_connections(self.liveness_port):
+            return
+        taken, self.liveness_port = self.liveness_port, processes.free_port()
+        log.warning(
+            "node %s: driver %s's liveness port %d is taken by another process; restarting it on %d",
+            self.node,
+            self.spec.name,
+            taken,
+            self.liveness_port,
+        )
+        self._expand_environment()
 
     async def _spawn(self) -> None:
         with open(self.log_path, "ab") as handle:
@@ -323,6 +353,7 @@ class ExternalDriver:
             if self._stopping:
                 return
             self.restarts += 1
+            self._move_off_a_taken_liveness_port()
             await self._spawn()
             await self._told_of(None)
             self.restarted.set()
@@ -388,10 +419,14 @@ class ExternalDriver:
             if path == keep:
                 continue
             try:
-                record = processes.ProcessRecord.from_json(json.loads(path.read_text()))
+                data = json.loads(path.read_text())
+                record = processes.ProcessRecord.from_json(data)
             except (OSError, ValueError, KeyError, TypeError):
                 path.unlink(missing_ok=True)
                 continue
+            if path == self.records:  # this instance again: its counts go on, as a pod's restartCount does
+                self.restarts = int(data.get("restarts", 0)) + 1
+                self.liveness_kills = int(data.get("livenessKills", 0))
             if processes.stop([record]):
                 log.warning(
                     "node %s: stopped driver %s (pid %d), left by an earlier host", self.node, record.name, record.pid

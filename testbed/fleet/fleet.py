@@ -8,6 +8,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -43,6 +44,37 @@ class ScaleInterrupted(KeyboardInterrupt):
         super().__init__()
         self.handed = handed
         self.given_up = given_up
+
+
+@dataclass(frozen=True)
+class RolloutFailure:
+    node: str
+    message: str
+    detail: str = ""
+
+    def __str__(self) -> str:
+        said = self.message.startswith(f"node {self.node}:")  # the node's own errors name it
+        return self.message if said else f"node {self.node}: {self.message}"
+
+
+def rollout_stopped(
+    driver: str, rolled: int, total: int, failed: list[RolloutFailure], surge: bool, untouched: int
+) -> TestbedError:
+    """One error for a batch in which some nodes failed: the first failure's cause, every
+    failed node named, and what the rest of the fleet runs now."""
+    first = failed[0]
+    others = f" (and {len(failed) - 1} more: {', '.join(f.node for f in failed[1:])})" if len(failed) > 1 else ""
+    return TestbedError(
+        f"rollout of {driver} stopped after {rolled} of {total} nodes: {first}{others}",
+        detail="\n".join(f.detail or str(f) for f in failed),
+        hint=(
+            "with maxSurge the old instance serves on where the new one failed; "
+            if surge
+            else "the new instance keeps being restarted where it failed; "
+        )
+        + f"{untouched} {'node was' if untouched == 1 else 'nodes were'} not touched. "
+        + "Fix the command and run the rollout again",
+    )
 
 
 def _index_in(pool: str, node: str) -> int | None:
@@ -519,23 +551,20 @@ class Fleet:
             for start in range(0, len(nodes), batch):
                 group = nodes[start : start + batch]
                 calls = [self.host(n).roll_driver.remote(n, driver, command, max_surge > 0) for n in group]
-                try:
-                    rolled.extend(ray.get(calls, timeout=timeout_s))
-                except ray.exceptions.RayTaskError as exc:
-                    cause = exc.cause if isinstance(getattr(exc, "cause", None), TestbedError) else None
-                    rest = len(nodes) - start - len(group)
-                    raise TestbedError(
-                        f"rollout of {driver} stopped after {len(rolled)} of {len(nodes)} nodes: "
-                        + (cause.message if cause else str(exc).splitlines()[0]),
-                        detail=cause.detail if cause else str(exc),
-                        hint=(
-                            "with maxSurge the old instance serves on where the new one failed; "
-                            if max_surge
-                            else "the new instance keeps being restarted where it failed; "
-                        )
-                        + f"{rest} {'node was' if rest == 1 else 'nodes were'} not touched. "
-                        + "Fix the command and run the rollout again",
-                    ) from None
+                deadline = time.monotonic() + timeout_s
+                failed: list[RolloutFailure] = []
+                for node, call in zip(group, calls, strict=True):  # each waited for: the batch runs at once
+                    try:
+                        rolled.append(ray.get(call, timeout=max(0.0, deadline - time.monotonic())))
+                    except ray.exceptions.RayTaskError as exc:
+                        cause = exc.cause if isinstance(getattr(exc, "cause", None), TestbedError) else None
+                        message = cause.message if cause else str(exc).splitlines()[0]
+                        failed.append(RolloutFailure(node, message, cause.detail if cause else str(exc)))
+                    except ray.exceptions.GetTimeoutError:
+                        failed.append(RolloutFailure(node, f"not rolled out within {timeout_s:.0f} s"))
+                if failed:
+                    untouched = len(nodes) - start - len(group)
+                    raise rollout_stopped(driver, len(rolled), len(nodes), failed, max_surge > 0, untouched)
                 progress.update(f"{len(rolled)}/{len(nodes)} nodes")
         if command is not None:
             for pool in pools:

@@ -461,16 +461,27 @@ class NodeHost:
             rolled = await synthetic.roll_external(
                 driver, None if command is None else tuple(command), surge, timeout_s
             )
+        except BaseException:
+            if any(e.spec.name == driver and e.spec.generation == before for e in synthetic.external):
+                # Rolled back: the surge pod that never got ready goes, as a DaemonSet's would.
+                await self._delete_driver_pod(node, before + 1)
+            raise
         finally:  # the instance the node runs now, whether or not the new one came up
             recipe = self.recipes[node]
             current = {e.spec.name: e.spec for e in synthetic.external}
             self.recipes[node] = replace(recipe, external=tuple(current.get(e.name, e) for e in recipe.external))
             self._remember()
         in_use = (before == 0 and synthetic.drivers) or any(e.spec.generation == before for e in synthetic.external)
-        if self.authority is not None and not in_use:
-            assert self.client is not None
-            await self.client.delete_if_exists(path_for("v1", "pods", driver_pod_name(node, before), DRIVER_NAMESPACE))
+        if not in_use:
+            await self._delete_driver_pod(node, before)
         return asdict(rolled)
+
+    async def _delete_driver_pod(self, node: str, generation: int) -> None:
+        if self.authority is not None:  # under shared credentials there are no driver pods
+            assert self.client is not None
+            await self.client.delete_if_exists(
+                path_for("v1", "pods", driver_pod_name(node, generation), DRIVER_NAMESPACE)
+            )
 
     # --- faults and inspection -----------------------------------------------------
 

@@ -242,6 +242,9 @@ def test_a_driver_rolled_out_with_surge_is_never_away_and_without_it_is(
         with pytest.raises(TestbedError, match=r"rollout of gpu\.dra-testbed\.io stopped after 0 of 1 nodes"):
             own.rollout(GPU, [sys.executable, "-c", "raise SystemExit(3)"])
         assert [r.pid for r in recorded_drivers(where)["roll-000"]] == [serving.pid] and serving.alive()
+        assert {  # the surge pod that never got ready is gone, as a DaemonSet's would be
+            p.metadata.name for p in core.list_namespaced_pod("dra-testbed").items if "roll-000" in p.metadata.name
+        } == pods
 
         core.delete_namespaced_pod("before", namespace)
         wait_for(lambda: not core.list_namespaced_pod(namespace).items, 60, "the pod to be gone")

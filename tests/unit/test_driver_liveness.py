@@ -6,6 +6,9 @@ nodes. Real processes and real gRPC; no control plane."""
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
+import subprocess
 import sys
 import textwrap
 from collections.abc import Callable
@@ -15,6 +18,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from testbed.controlplane.processes import ProcessRecord, process_start_ticks
 from testbed.fleet.external import (
     LIVENESS_PORT,
     ExternalDriver,
@@ -221,3 +225,63 @@ def test_a_driver_naming_the_port_without_a_probe_gets_one_and_is_not_probed(tmp
     assert port is not None and port > 0
     none, _ = asyncio.run(started((sys.executable, "-c", program, "None"), "unnamed"))
     assert none is None
+
+
+def test_a_driver_whose_port_another_process_took_comes_back_on_a_new_one(tmp_path: Path) -> None:
+    """Ports are chosen free, not reserved: a restart on a port another process now
+    listens on would fail its probes for ever."""
+    quit_file = tmp_path / "quit"
+    program = (
+        "import os, sys, time\n"
+        "print('port', sys.argv[1], flush=True)\n"
+        "while not os.path.exists(sys.argv[2]): time.sleep(0.05)\n"
+        "os.remove(sys.argv[2]); sys.exit(1)\n"
+    )
+    spec = ExternalDriverSpec("x.example.com", (sys.executable, "-c", program, "$(LIVENESS_PORT)", str(quit_file)))
+    external = ExternalDriver(spec, "node-0", tmp_path / "node")
+
+    async def scenario() -> tuple[int, int]:
+        await external.start({})
+        try:
+            assert external.liveness_port is not None
+            first = external.liveness_port
+            with socket.socket() as squatter:
+                squatter.bind(("127.0.0.1", first))
+                squatter.listen()
+                quit_file.touch()
+                async with asyncio.timeout(30):
+                    while external.restarts < 1 or not external.log_tail().splitlines()[-1].startswith("port "):
+                        await asyncio.sleep(0.05)
+                assert external.liveness_port is not None
+                return first, external.liveness_port
+        finally:
+            await external.stop()
+
+    first, second = asyncio.run(scenario())
+    assert second != first
+    assert external.log_tail().splitlines()[-1] == f"port {second}", "its command names the new port"
+
+
+def test_a_host_taking_a_node_over_counts_on_from_the_restarts_recorded_before(tmp_path: Path) -> None:
+    """`testbed status` reads the counts beside the process record; a NodeHost that Ray
+    started again stops the driver its predecessor left and starts it anew: one restart
+    more, not a count back at zero."""
+    spec = ExternalDriverSpec("x.example.com", (sys.executable, "-c", "import time; time.sleep(60)"))
+    left = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        earlier = ExternalDriver(spec, "node-0", tmp_path / "node")
+        earlier.records.parent.mkdir(parents=True)
+        record = ProcessRecord("x.example.com", left.pid, process_start_ticks(left.pid) or 0, "log", ["sleep"])
+        earlier.records.write_text(json.dumps({**record.to_json(), "restarts": 4, "livenessKills": 2}))
+        again = ExternalDriver(spec, "node-0", tmp_path / "node")
+
+        async def take_over() -> None:
+            await again.start({})
+            await again.stop()
+
+        asyncio.run(take_over())
+        assert left.wait(timeout=10) is not None, "the earlier host's instance is stopped"
+        assert (again.restarts, again.liveness_kills) == (5, 2)
+    finally:
+        left.kill()
+        left.wait()

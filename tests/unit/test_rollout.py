@@ -10,6 +10,7 @@ from pathlib import Path
 
 from testbed.cli import rollout_summary
 from testbed.fleet.external import ExternalDriver, ExternalDriverSpec, _records_of
+from testbed.fleet.fleet import RolloutFailure, rollout_stopped
 from testbed.fleet.identity import driver_pod, driver_pod_name, driver_pods_selector
 from testbed.fleet.membership import NodeRecipe
 
@@ -25,11 +26,13 @@ def test_each_generation_has_a_driver_pod_of_its_own_on_the_same_node() -> None:
     assert later["metadata"]["labels"][key] == value
 
 
-def test_process_records_are_per_generation_and_found_for_their_driver_only(tmp_path: Path) -> None:
-    records = [
-        ExternalDriver(ExternalDriverSpec("a.example.com", ("x",), generation=g), "n", tmp_path).records
-        for g in (0, 1, 12)
+def test_process_records_and_logs_are_per_generation_and_found_for_their_driver_only(tmp_path: Path) -> None:
+    drivers = [
+        ExternalDriver(ExternalDriverSpec("a.example.com", ("x",), generation=g), "n", tmp_path) for g in (0, 1, 12)
     ]
+    # two generations run side by side in a surge: their output must not interleave
+    assert [d.log_path.name for d in drivers] == ["a.example.com.log", "a.example.com_1.log", "a.example.com_12.log"]
+    records = [d.records for d in drivers]
     assert [r.name for r in records] == [
         "driver-a.example.com.process.json",
         "driver-a.example.com_1.process.json",
@@ -59,3 +62,22 @@ def test_the_summary_says_how_long_kubelets_had_no_instance_to_call() -> None:
         "kubelets without an instance to call: p50 0.00 s, max 0.90 s"
     )
     assert rollout_summary("a.example.com", []) == "a.example.com: no node to roll out on"
+
+
+def test_a_batch_with_failed_nodes_counts_the_ones_that_rolled_out_and_names_the_rest() -> None:
+    failed = [
+        RolloutFailure(
+            "n-003", "node n-003: driver a.example.com did not register with the kubelet (it exited 3 times)"
+        ),
+        RolloutFailure("n-004", "not rolled out within 300 s"),
+    ]
+    error = rollout_stopped("a.example.com", rolled=3, total=10, failed=failed, surge=True, untouched=5)
+    assert error.message == (
+        "rollout of a.example.com stopped after 3 of 10 nodes: node n-003: driver a.example.com did not "
+        "register with the kubelet (it exited 3 times) (and 1 more: n-004)"
+    )
+    assert "node n-004: not rolled out within 300 s" in error.detail
+    assert "old instance serves on" in error.hint and "5 nodes were not touched" in error.hint
+    alone = rollout_stopped("a.example.com", 0, 1, failed[1:], surge=False, untouched=0)
+    assert alone.message.endswith("nodes: node n-004: not rolled out within 300 s")
+    assert "keeps being restarted" in alone.hint and "0 nodes were" in alone.hint
