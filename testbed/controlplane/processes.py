@@ -200,17 +200,32 @@ EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 LOWEST_CHOSEN_PORT = 20000  # above Ray's worker ports (10002-19999 by default)
 
 
+HANDED_OUT_FOR_S = 600.0
+"""How long a port this process chose stays its own: no later choice gives it again."""
+_handed_out: dict[int, float] = {}
+
+
 def free_ports(count: int) -> list[int]:
     """``count`` distinct ports free now, for servers about to start.
 
     Chosen below the kernel's ephemeral range where it leaves room: every bind to port 0
     and every outgoing connection on this machine takes its port from that range, so a
     port chosen there can be taken (Ray starts beside the control plane, and connects a
-    lot) before its server binds it, which then fails with "address already in use"."""
-    below = _below_ephemeral_range()
+    lot) before its server binds it, which then fails with "address already in use".
+    Nor is a port given twice by this process within ``HANDED_OUT_FOR_S``: the Ray head's
+    ports are chosen while the scheduler's and controller-manager's, chosen before,
+    are not bound yet (they start once the API server is up)."""
+    now = time.monotonic()
+    for port, at in list(_handed_out.items()):
+        if now - at > HANDED_OUT_FOR_S:
+            del _handed_out[port]
+    below = [p for p in _below_ephemeral_range() if p not in _handed_out]
     if len(below) < 100 * count:
-        return _bound_ports(count, [0] * count)
-    return _bound_ports(count, random.sample(below, len(below)))
+        chosen = _bound_ports(count, [0] * count)
+    else:
+        chosen = _bound_ports(count, random.sample(below, len(below)))
+    _handed_out.update(dict.fromkeys(chosen, now))
+    return chosen
 
 
 def _below_ephemeral_range() -> range:

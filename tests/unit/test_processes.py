@@ -74,6 +74,17 @@ def test_ports_for_servers_come_from_below_the_range_outgoing_connections_take_t
         assert not processes.port_in_use(port)
 
 
+def test_a_port_chosen_but_not_yet_bound_is_not_chosen_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The control plane's scheduler and controller-manager bind their ports seconds after
+    they were chosen; the Ray head's ports are chosen in between. A CI run lost
+    kube-controller-manager's port that way."""
+    monkeypatch.setattr(processes.random, "sample", lambda ports, count: sorted(ports))  # the lowest free first
+    monkeypatch.setattr(processes, "_handed_out", {})
+    first = processes.free_ports(5)
+    later = [port for _ in range(3) for port in processes.free_ports(2)]
+    assert set(first).isdisjoint(later) and len(set(later)) == len(later)
+
+
 def test_a_port_something_listens_on_is_never_chosen() -> None:
     with socket.socket() as taken, socket.socket() as spare:
         taken.bind(("127.0.0.1", 0))
