@@ -343,11 +343,13 @@ def _wait_healthy(
     """``on_new_ports(name)``: starts ``name`` again on fresh ports when it exited
     because another process took its port; False when it may not (or tried enough)."""
     pending = list(names)
+    checks = health_checks(state)  # SSL contexts: built once, not each round
     while pending:
         dead = next(((n, r) for n, (_, r) in running.items() if not r.alive()), None)
         if dead is not None:
             name, record = dead
             if lost_port_race(record) and on_new_ports(name):
+                checks = health_checks(state)  # at its new port
                 continue
             state.stop_processes()
             raise ComponentFailed(
@@ -355,7 +357,6 @@ def _wait_healthy(
                 detail=f"last lines of {record.log}:\n{processes.log_tail(record.log)}",
                 hint="the log names the cause; a port race or a bad flag are the usual ones",
             )
-        checks = health_checks(state)  # again each round: a restart may have moved a port
         pending = [n for n in pending if http_status(checks[n].url, checks[n].context) != 200]
         if not pending:
             return
