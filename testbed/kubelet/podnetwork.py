@@ -41,6 +41,10 @@ class PodAddresses:
         if kept:
             if network is not None and kept not in self._taken and _within(kept, network):
                 self._take(pod_uid, kept)
+                # host-local IPAM keeps its last address on disk across restarts; here the
+                # next ones go on after the highest a running pod holds, not from the start
+                # of the range, where addresses freed just before the restart are.
+                self._last = max(self._last, int(ipaddress.ip_address(kept)) - int(network.network_address))
             return kept
         if network is None:
             return None

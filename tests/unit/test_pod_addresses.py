@@ -41,6 +41,15 @@ def test_a_pod_that_kept_running_through_a_restart_keeps_its_address_and_no_othe
     assert addresses.address("new", "100.64.3.0/24") == "100.64.3.3"
 
 
+def test_after_a_restart_new_addresses_go_on_after_the_running_pods_ones() -> None:
+    """Addresses below them were probably freed just before the restart (host-local IPAM
+    remembers its last one on disk); endpoints may still name them."""
+    addresses = PodAddresses()
+    assert addresses.address("old", "100.64.3.0/24", kept="100.64.3.9") == "100.64.3.9"
+    assert addresses.address("older", "100.64.3.0/24", kept="100.64.3.4") == "100.64.3.4"
+    assert addresses.address("new", "100.64.3.0/24") == "100.64.3.10"
+
+
 def test_a_running_pods_address_stands_even_outside_the_cidr() -> None:
     """Its status says it (the node's IP, from before pods had their own; or no CIDR then):
     a changed IP would be merged into the pod's list, which the API server refuses."""
