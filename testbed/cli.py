@@ -32,7 +32,7 @@ from testbed.drivers import PROFILES, load_profile
 from testbed.errors import TestbedError, interrupt_on_sigterm, run_coroutine
 from testbed.fingerprint import code_version
 from testbed.fleet import spec as fleet_spec
-from testbed.fleet.external import Restarts, recorded_drivers, recorded_restarts
+from testbed.fleet.external import Restarts, newest_log_stem, recorded_drivers, recorded_restarts
 from testbed.fleet.fleet import FAULT_ACTIONS, Fleet, ScaleInterrupted
 from testbed.progress import ConsoleProgress
 from testbed.realnode import kubelet_api
@@ -502,12 +502,16 @@ def logs(node: str, log_name: str | None, name: str, state_dir: Path | None, tai
     if log_name is None:
         if not available:
             stderr.print(f"node {node}: no logs of its own (its built-in drivers and kubelet log in their NodeHost's)")
-        for stem in available:
-            click.echo(stem)
+        for listed in available:
+            click.echo(listed)
         return
-    if log_name not in available:
+    # A driver's name means its instance running now: a rollout's newest generation.
+    newest = newest_log_stem(available, log_name)
+    if newest is None:
         raise TestbedError(f"node {node} has no log {log_name!r}", hint=f"it has: {', '.join(available) or 'none'}")
-    lines = (directory / f"{log_name}.log").read_text(errors="replace").splitlines()
+    if newest != log_name:
+        stderr.print(f"{log_name} on {node}: its newest instance's log, {newest} (`testbed logs {node}` lists all)")
+    lines = (directory / f"{newest}.log").read_text(errors="replace").splitlines()
     click.echo("\n".join(lines[-tail_lines:] if tail_lines else lines))
 
 

@@ -21,7 +21,7 @@ import os
 import re
 import signal
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -237,8 +237,7 @@ class ExternalDriver:
     def log_path(self) -> Path:
         """One file per generation, as a kubelet keeps one per pod: two generations run
         side by side in a surge rollout, and their lines must not interleave."""
-        generation = self.spec.generation
-        return self.root / "logs" / f"{self.spec.name}{f'_{generation}' if generation else ''}.log"
+        return self.root / "logs" / f"{instance_name(self.spec.name, self.spec.generation)}.log"
 
     @property
     def records(self) -> Path:
@@ -435,9 +434,22 @@ class ExternalDriver:
 
 
 def _record_name(driver: str, generation: int) -> str:
-    """``driver-<name>.process.json``, ``driver-<name>_<generation>.process.json`` after a
-    rollout ('_' is in no driver name)."""
-    return f"driver-{driver}{f'_{generation}' if generation else ''}.process.json"
+    """``driver-<name>.process.json``, ``driver-<name>_<generation>.process.json`` after a rollout."""
+    return f"driver-{instance_name(driver, generation)}.process.json"
+
+
+def instance_name(driver: str, generation: int) -> str:
+    """What a driver's instance's files are named after: ``<driver>``, and
+    ``<driver>_<generation>`` after a rollout ('_' is in no driver name)."""
+    return f"{driver}{f'_{generation}' if generation else ''}"
+
+
+def newest_log_stem(stems: Iterable[str], driver: str) -> str | None:
+    """Of a node's log names, the one of ``driver``'s newest generation (the instance a
+    rollout left running); None if the driver has none."""
+    pattern = re.compile(re.escape(driver) + r"(?:_([0-9]+))?")
+    generations = {int(m.group(1) or 0): stem for stem in stems if (m := pattern.fullmatch(stem))}
+    return generations[max(generations)] if generations else None
 
 
 def _records_of(root: Path, driver: str) -> list[Path]:

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from testbed.cli import rollout_summary
-from testbed.fleet.external import ExternalDriver, ExternalDriverSpec, _records_of
+from testbed.fleet.external import ExternalDriver, ExternalDriverSpec, _records_of, newest_log_stem
 from testbed.fleet.fleet import RolloutFailure, rollout_stopped
 from testbed.fleet.identity import driver_pod, driver_pod_name, driver_pods_selector
 from testbed.fleet.membership import NodeRecipe
@@ -81,3 +81,14 @@ def test_a_batch_with_failed_nodes_counts_the_ones_that_rolled_out_and_names_the
     alone = rollout_stopped("a.example.com", 0, 1, failed[1:], surge=False, untouched=0)
     assert alone.message.endswith("nodes: node n-004: not rolled out within 300 s")
     assert "keeps being restarted" in alone.hint and "0 nodes were" in alone.hint
+
+
+def test_a_drivers_log_is_its_newest_instances() -> None:
+    """`testbed logs NODE DRIVER` after rollouts: the instance running now, not the first."""
+    stems = ["a.example.com", "a.example.com_2", "a.example.com_10", "a.example.com2", "b.example.com", "kubelet"]
+    assert newest_log_stem(stems, "a.example.com") == "a.example.com_10"
+    assert newest_log_stem(stems, "a.example.com_2") == "a.example.com_2", "one generation, asked for by name"
+    assert newest_log_stem(stems, "b.example.com") == "b.example.com"
+    assert newest_log_stem(stems, "kubelet") == "kubelet"
+    assert newest_log_stem(stems, "c.example.com") is None
+    assert newest_log_stem(stems, "a.example") is None
