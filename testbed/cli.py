@@ -12,6 +12,7 @@ import shutil
 import statistics
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from functools import wraps
 from pathlib import Path
@@ -32,7 +33,13 @@ from testbed.drivers import PROFILES, load_profile
 from testbed.errors import TestbedError, interrupt_on_sigterm, run_coroutine
 from testbed.fingerprint import code_version
 from testbed.fleet import spec as fleet_spec
-from testbed.fleet.external import Restarts, newest_log_stem, recorded_drivers, recorded_restarts
+from testbed.fleet.external import (
+    Restarts,
+    newest_log_stem,
+    recorded_drivers,
+    recorded_generations,
+    recorded_restarts,
+)
 from testbed.fleet.fleet import FAULT_ACTIONS, Fleet, ScaleInterrupted
 from testbed.progress import ConsoleProgress
 from testbed.realnode import kubelet_api
@@ -668,13 +675,14 @@ def status(name: str, state_dir: Path | None) -> None:
     drivers = recorded_drivers(Path(str(nodes_dir))) if nodes_dir else {}
     if drivers:
         table = Table(title="external drivers (a process per node; `testbed logs NODE DRIVER`)")
-        for column in ("driver", "nodes", "running", "gone", "restarts", "by liveness probe"):
+        for column in ("driver", "nodes", "running", "gone", "restarts", "by liveness probe", "generation"):
             table.add_column(column)
         by_driver: dict[str, list[bool]] = {}
         for records in drivers.values():
             for record in records:
                 by_driver.setdefault(record.name, []).append(record.alive())
         restarted = recorded_restarts(Path(str(nodes_dir)))
+        generations = recorded_generations(Path(str(nodes_dir)))
         for driver, states in sorted(by_driver.items()):
             gone = states.count(False)
             counts = restarted.get(driver, Restarts())
@@ -685,10 +693,19 @@ def status(name: str, state_dir: Path | None) -> None:
                 f"[red]{gone}[/]" if gone else "0",
                 str(counts.restarts),
                 str(counts.liveness_kills),
+                generations_cell(generations.get(driver, Counter())),
             )
         out.print(table)
     if not all(c.healthy for c in components):
         sys.exit(1)
+
+
+def generations_cell(nodes_by_generation: Counter[int]) -> str:
+    """``2`` when every node runs generation 2; ``1 (3 nodes), 2 (1 node)`` mid-rollout.
+    (A surge runs two instances on one node for a moment: both count.)"""
+    if len(nodes_by_generation) <= 1:
+        return ", ".join(str(g) for g in nodes_by_generation) or "-"
+    return ", ".join(f"{g} ({n} {'node' if n == 1 else 'nodes'})" for g, n in sorted(nodes_by_generation.items()))
 
 
 @main.command()

@@ -21,6 +21,7 @@ import os
 import re
 import signal
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -135,6 +136,17 @@ def recorded_restarts(nodes_dir: Path) -> dict[str, Restarts]:
             continue
         before = found.get(name, Restarts())
         found[name] = Restarts(before.restarts + restarts, before.liveness_kills + kills)
+    return found
+
+
+def recorded_generations(nodes_dir: Path) -> dict[str, Counter[int]]:
+    """By driver, how many nodes run each generation of it: after a rollout that stopped
+    half-way, the nodes still on the old one."""
+    found: dict[str, Counter[int]] = {}
+    for path in nodes_dir.glob("*/driver-*.process.json"):
+        match = re.fullmatch(r"driver-(.+?)(?:_([0-9]+))?\.process\.json", path.name)
+        if match:
+            found.setdefault(match.group(1), Counter())[int(match.group(2) or 0)] += 1
     return found
 
 

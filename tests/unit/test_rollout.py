@@ -6,10 +6,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections import Counter
 from pathlib import Path
 
-from testbed.cli import rollout_summary
-from testbed.fleet.external import ExternalDriver, ExternalDriverSpec, _records_of, newest_log_stem
+from testbed.cli import generations_cell, rollout_summary
+from testbed.fleet.external import (
+    ExternalDriver,
+    ExternalDriverSpec,
+    _records_of,
+    newest_log_stem,
+    recorded_generations,
+)
 from testbed.fleet.fleet import RolloutFailure, rollout_stopped
 from testbed.fleet.identity import driver_pod, driver_pod_name, driver_pods_selector
 from testbed.fleet.membership import NodeRecipe
@@ -92,3 +99,18 @@ def test_a_drivers_log_is_its_newest_instances() -> None:
     assert newest_log_stem(stems, "kubelet") == "kubelet"
     assert newest_log_stem(stems, "c.example.com") is None
     assert newest_log_stem(stems, "a.example") is None
+
+
+def test_status_shows_which_generation_the_nodes_run(tmp_path: Path) -> None:
+    """After a rollout that stopped half-way the user must see which nodes still run the old one."""
+    for node, generation in [("n-000", 2), ("n-001", 2), ("n-002", 1)]:
+        spec = ExternalDriverSpec("a.example.com", ("x",), generation=generation)
+        record = ExternalDriver(spec, node, tmp_path / node).records
+        record.parent.mkdir(parents=True)
+        record.touch()
+    (tmp_path / "n-000" / "driver-b.example.com_2.process.json").touch()
+    generations = recorded_generations(tmp_path)
+    assert generations == {"a.example.com": Counter({2: 2, 1: 1}), "b.example.com": Counter({2: 1})}
+    assert generations_cell(generations["a.example.com"]) == "1 (1 node), 2 (2 nodes)"
+    assert generations_cell(generations["b.example.com"]) == "2"
+    assert generations_cell(Counter()) == "-"
