@@ -35,10 +35,11 @@ from testbed.fingerprint import code_version
 from testbed.fleet import spec as fleet_spec
 from testbed.fleet.external import (
     Restarts,
-    newest_log_stem,
+    log_of_running_instance,
     recorded_drivers,
     recorded_generations,
     recorded_restarts,
+    running_generations,
 )
 from testbed.fleet.fleet import FAULT_ACTIONS, Fleet, ScaleInterrupted
 from testbed.progress import ConsoleProgress
@@ -512,12 +513,12 @@ def logs(node: str, log_name: str | None, name: str, state_dir: Path | None, tai
         for listed in available:
             click.echo(listed)
         return
-    # A driver's name means its instance running now: a rollout's newest generation.
-    newest = newest_log_stem(available, log_name)
+    # A driver's name means its instance running now (after rollouts, not the first's).
+    newest = log_of_running_instance(available, log_name, running_generations(directory.parent, log_name))
     if newest is None:
         raise TestbedError(f"node {node} has no log {log_name!r}", hint=f"it has: {', '.join(available) or 'none'}")
     if newest != log_name:
-        stderr.print(f"{log_name} on {node}: its newest instance's log, {newest} (`testbed logs {node}` lists all)")
+        stderr.print(f"{log_name} on {node}: its running instance's log, {newest} (`testbed logs {node}` lists all)")
     lines = (directory / f"{newest}.log").read_text(errors="replace").splitlines()
     click.echo("\n".join(lines[-tail_lines:] if tail_lines else lines))
 

@@ -144,10 +144,15 @@ def recorded_generations(nodes_dir: Path) -> dict[str, Counter[int]]:
     half-way, the nodes still on the old one."""
     found: dict[str, Counter[int]] = {}
     for path in nodes_dir.glob("*/driver-*.process.json"):
-        match = re.fullmatch(r"driver-(.+?)(?:_([0-9]+))?\.process\.json", path.name)
-        if match:
-            found.setdefault(match.group(1), Counter())[int(match.group(2) or 0)] += 1
+        if instance := _instance_of(path):
+            found.setdefault(instance[0], Counter())[instance[1]] += 1
     return found
+
+
+def _instance_of(record: Path) -> tuple[str, int] | None:
+    """(driver, generation) of a process record's file (``_record_name``)."""
+    match = re.fullmatch(r"driver-(.+?)(?:_([0-9]+))?\.process\.json", record.name)
+    return (match.group(1), int(match.group(2) or 0)) if match else None
 
 
 def prune_short_paths() -> None:
@@ -456,12 +461,21 @@ def instance_name(driver: str, generation: int) -> str:
     return f"{driver}{f'_{generation}' if generation else ''}"
 
 
-def newest_log_stem(stems: Iterable[str], driver: str) -> str | None:
-    """Of a node's log names, the one of ``driver``'s newest generation (the instance a
-    rollout left running); None if the driver has none."""
+def log_of_running_instance(stems: Iterable[str], driver: str, running: Iterable[int] = ()) -> str | None:
+    """Of a node's log names, the one of ``driver``'s instance running now: the newest of
+    the ``running`` generations (a surge that failed left a newer log behind), else the
+    newest there is a log of. None if the driver has none."""
     pattern = re.compile(re.escape(driver) + r"(?:_([0-9]+))?")
     generations = {int(m.group(1) or 0): stem for stem in stems if (m := pattern.fullmatch(stem))}
+    serving = [g for g in running if g in generations]
+    if serving:
+        return generations[max(serving)]
     return generations[max(generations)] if generations else None
+
+
+def running_generations(root: Path, driver: str) -> list[int]:
+    """The generations of ``driver`` with a process recorded on the node at ``root``."""
+    return [instance[1] for path in _records_of(root, driver) if (instance := _instance_of(path))]
 
 
 def _records_of(root: Path, driver: str) -> list[Path]:

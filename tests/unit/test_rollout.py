@@ -14,8 +14,9 @@ from testbed.fleet.external import (
     ExternalDriver,
     ExternalDriverSpec,
     _records_of,
-    newest_log_stem,
+    log_of_running_instance,
     recorded_generations,
+    running_generations,
 )
 from testbed.fleet.fleet import RolloutFailure, rollout_stopped
 from testbed.fleet.identity import driver_pod, driver_pod_name, driver_pods_selector
@@ -90,15 +91,24 @@ def test_a_batch_with_failed_nodes_counts_the_ones_that_rolled_out_and_names_the
     assert "keeps being restarted" in alone.hint and "0 nodes were" in alone.hint
 
 
-def test_a_drivers_log_is_its_newest_instances() -> None:
-    """`testbed logs NODE DRIVER` after rollouts: the instance running now, not the first."""
+def test_a_drivers_log_is_its_running_instances(tmp_path: Path) -> None:
+    """`testbed logs NODE DRIVER` after rollouts: the instance running now, not the first,
+    nor a newer one whose surge failed."""
     stems = ["a.example.com", "a.example.com_2", "a.example.com_10", "a.example.com2", "b.example.com", "kubelet"]
-    assert newest_log_stem(stems, "a.example.com") == "a.example.com_10"
-    assert newest_log_stem(stems, "a.example.com_2") == "a.example.com_2", "one generation, asked for by name"
-    assert newest_log_stem(stems, "b.example.com") == "b.example.com"
-    assert newest_log_stem(stems, "kubelet") == "kubelet"
-    assert newest_log_stem(stems, "c.example.com") is None
-    assert newest_log_stem(stems, "a.example") is None
+    assert log_of_running_instance(stems, "a.example.com") == "a.example.com_10"
+    assert log_of_running_instance(stems, "a.example.com", running=[2]) == "a.example.com_2"
+    assert log_of_running_instance(stems, "a.example.com", running=[11]) == "a.example.com_10", "no log of it yet"
+    assert log_of_running_instance(stems, "a.example.com_2") == "a.example.com_2", "one generation, by name"
+    assert log_of_running_instance(stems, "b.example.com", running=[0]) == "b.example.com"
+    assert log_of_running_instance(stems, "kubelet") == "kubelet"
+    assert log_of_running_instance(stems, "c.example.com") is None
+    assert log_of_running_instance(stems, "a.example") is None
+    for generation in (0, 3):
+        ExternalDriver(
+            ExternalDriverSpec("a.example.com", ("x",), generation=generation), "n", tmp_path
+        ).records.touch()
+    assert sorted(running_generations(tmp_path, "a.example.com")) == [0, 3]
+    assert running_generations(tmp_path, "b.example.com") == []
 
 
 def test_status_shows_which_generation_the_nodes_run(tmp_path: Path) -> None:
