@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-import statistics
 import sys
 import time
 from collections import Counter
@@ -41,14 +40,14 @@ from testbed.fleet.external import (
     recorded_restarts,
     running_generations,
 )
-from testbed.fleet.fleet import FAULT_ACTIONS, Fleet, ScaleInterrupted
+from testbed.fleet.fleet import FAULT_ACTIONS, Fleet, ScaleInterrupted, rollout_summary
 from testbed.progress import ConsoleProgress
 from testbed.realnode import kubelet_api
 from testbed.realnode.node import recorded_kubelet_pid, recorded_processes
 
 if TYPE_CHECKING:
     from testbed.scenarios.runner import FaultInjector
-    from testbed.scenarios.spec import Fault, Scenario
+    from testbed.scenarios.spec import Scenario
 
 F = TypeVar("F", bound=Callable[..., Any])
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -969,19 +968,7 @@ def _leak_check(state: cluster.ClusterState, namespace: str, claim_uids: set[str
 
 def _fault_injector(state: cluster.ClusterState) -> FaultInjector | None:
     """What applies a scenario's faults to the cluster's fleet (None without one)."""
-    if not state.fleet_id:
-        return None
-    import fnmatch
-
-    fleet = environment.attach_fleet(state)
-
-    async def inject(fault: Fault) -> list[str]:
-        nodes = fnmatch.filter(sorted(fleet.host_of), fault.nodes)
-        for node in nodes:
-            await fleet.apply_fault(node, fault.action, fault.target, fault.message)
-        return nodes
-
-    return inject
+    return environment.fault_injector(environment.attach_fleet(state), state.root) if state.fleet_id else None
 
 
 def _run_and_report(
@@ -1333,22 +1320,6 @@ def rollout(
             raise TestbedError(f"cluster {name!r} is not running", hint="start it with `testbed up --nodes N`")
         rolled = environment.roll_driver_out(state, driver, command, surge, unavailable, ConsoleProgress())
     stderr.print(rollout_summary(driver, rolled), markup=False)
-
-
-def rollout_summary(driver: str, rolled: list[dict[str, Any]]) -> str:
-    """One line: how many nodes, how long each took, and how long kubelets had no
-    instance of the driver to call (where pods that need it cannot start)."""
-    if not rolled:
-        return f"{driver}: no node to roll out on"
-    seconds = sorted(r["seconds"] for r in rolled)
-    gaps = sorted(r["unavailable_s"] for r in rolled)
-    generations = sorted({r["generation"] for r in rolled})
-    generation = f"{generations[0]}" + (f"-{generations[-1]}" if len(generations) > 1 else "")
-    return (
-        f"{driver} rolled out on {len(rolled)} nodes (driver pod generation {generation}): "
-        f"per node p50 {statistics.median(seconds):.1f} s, max {seconds[-1]:.1f} s; "
-        f"kubelets without an instance to call: p50 {statistics.median(gaps):.2f} s, max {gaps[-1]:.2f} s"
-    )
 
 
 @main.command("binaries")

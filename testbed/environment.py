@@ -8,14 +8,16 @@ The fleet's NodeHost actors are detached and live in a Ray head that the cluster
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import logging
 import os
 import shutil
 import signal
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from testbed import config, locks
 from testbed.config import ControlPlaneConfig, nodes_dir
@@ -25,11 +27,15 @@ from testbed.drivers import deviceclasses
 from testbed.errors import TestbedError, run_coroutine
 from testbed.fleet import raycluster
 from testbed.fleet.external import prune_short_paths, recorded_drivers
-from testbed.fleet.fleet import Fleet
+from testbed.fleet.fleet import Fleet, rollout_summary
 from testbed.fleet.spec import FleetFile
 from testbed.kubeapi import KubeClient
 from testbed.progress import Progress, SilentProgress
 from testbed.realnode.node import unsupported_reason
+
+if TYPE_CHECKING:  # a run's modules, loaded only by what runs one
+    from testbed.scenarios.runner import FaultInjector, Injected
+    from testbed.scenarios.spec import Fault
 
 log = logging.getLogger(__name__)
 
@@ -198,6 +204,36 @@ def roll_driver_out(
         assert state.fleet is not None  # attach_fleet found it
         state.fleet.spec = fleet.spec.model_dump(mode="json", by_alias=True)
         state.save()
+
+
+def fault_injector(fleet: Fleet, cluster_root: Path | None = None) -> FaultInjector:
+    """What applies a scenario's faults to ``fleet``: a hardware fault on each node its
+    pattern names; a rollout on every node that runs the driver, as `testbed rollout`,
+    holding the cluster's scale lock (``cluster_root``'s): one under way refuses it."""
+
+    from testbed.scenarios.runner import Injected
+
+    async def inject(fault: Fault) -> Injected:
+        if fault.action == "rollout":
+            return await _roll_out(fleet, fault, cluster_root)
+        nodes = fnmatch.filter(sorted(fleet.host_of), fault.nodes)
+        for node in nodes:
+            await fleet.apply_fault(node, fault.action, fault.target, fault.message)
+        return Injected(nodes)
+
+    return inject
+
+
+async def _roll_out(fleet: Fleet, fault: Fault, cluster_root: Path | None) -> Injected:
+    from testbed.scenarios.runner import Injected
+
+    def refuse(who: str) -> None:
+        raise TestbedError(f"{who} is under way", hint="a scenario's rollout waits for no scale or rollout")
+
+    driver, (surge, unavailable) = str(fault.driver), fault.rollout_batch
+    with locks.held(cluster_root / SCALE_LOCK, "a scenario's rollout", refuse) if cluster_root else nullcontext():
+        rolled = await fleet.roll_out(driver, None, surge, unavailable)
+    return Injected([r["node"] for r in rolled], rollout_summary(driver, rolled))
 
 
 def fleet_metrics(state: cluster.ClusterState) -> Callable[[], Awaitable[list[tuple[str, str]]]] | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import statistics
 import time
 import uuid
 from collections import Counter
@@ -74,6 +75,22 @@ def rollout_stopped(
         )
         + f"{untouched} {'node was' if untouched == 1 else 'nodes were'} not touched. "
         + "Fix the command and run the rollout again",
+    )
+
+
+def rollout_summary(driver: str, rolled: list[dict[str, Any]]) -> str:
+    """One line: how many nodes, how long each took, and how long kubelets had no
+    instance of the driver to call (where pods that need it cannot start)."""
+    if not rolled:
+        return f"{driver}: no node to roll out on"
+    seconds = sorted(r["seconds"] for r in rolled)
+    gaps = sorted(r["unavailable_s"] for r in rolled)
+    generations = sorted({r["generation"] for r in rolled})
+    generation = f"{generations[0]}" + (f"-{generations[-1]}" if len(generations) > 1 else "")
+    return (
+        f"{driver} rolled out on {len(rolled)} nodes (driver pod generation {generation}): "
+        f"per node p50 {statistics.median(seconds):.1f} s, max {seconds[-1]:.1f} s; "
+        f"kubelets without an instance to call: p50 {statistics.median(gaps):.2f} s, max {gaps[-1]:.2f} s"
     )
 
 
@@ -521,6 +538,18 @@ class Fleet:
         progress: Progress | None = None,
         timeout_s: float = 300.0,
     ) -> list[dict[str, Any]]:
+        """``roll_out``, for callers without an event loop."""
+        return run_coroutine(self.roll_out(driver, command, max_surge, max_unavailable, progress, timeout_s))
+
+    async def roll_out(
+        self,
+        driver: str,
+        command: list[str] | None = None,
+        max_surge: int = 1,
+        max_unavailable: int = 0,
+        progress: Progress | None = None,
+        timeout_s: float = 300.0,
+    ) -> list[dict[str, Any]]:
         """Replace a command-line driver's instance on every node that runs it, as a
         DaemonSet's rolling update replaces its pods: ``max_surge`` nodes at a time with
         the new instance started beside the old (the seamless upgrade), or
@@ -547,21 +576,28 @@ class Fleet:
         batch = max_surge or max_unavailable
         rolled: list[dict[str, Any]] = []
         how = f"maxSurge {max_surge}" if max_surge else f"maxUnavailable {max_unavailable}"
+
+        async def roll(node: str) -> dict[str, Any]:
+            return dict(await self.host(node).roll_driver.remote(node, driver, command, max_surge > 0))
+
         with progress.task(f"rolling {driver} out on {len(nodes)} nodes ({how})"):
             for start in range(0, len(nodes), batch):
                 group = nodes[start : start + batch]
-                calls = [self.host(n).roll_driver.remote(n, driver, command, max_surge > 0) for n in group]
-                deadline = time.monotonic() + timeout_s
+                calls = {node: asyncio.ensure_future(roll(node)) for node in group}
+                await asyncio.wait(calls.values(), timeout=timeout_s)  # the batch runs at once
                 failed: list[RolloutFailure] = []
-                for node, call in zip(group, calls, strict=True):  # each waited for: the batch runs at once
-                    try:
-                        rolled.append(ray.get(call, timeout=max(0.0, deadline - time.monotonic())))
-                    except ray.exceptions.RayTaskError as exc:
-                        cause = exc.cause if isinstance(getattr(exc, "cause", None), TestbedError) else None
-                        message = cause.message if cause else str(exc).splitlines()[0]
-                        failed.append(RolloutFailure(node, message, cause.detail if cause else str(exc)))
-                    except ray.exceptions.GetTimeoutError:
+                for node, call in calls.items():
+                    if not call.done():  # its host carries on; the rollout stops here
+                        call.cancel()
                         failed.append(RolloutFailure(node, f"not rolled out within {timeout_s:.0f} s"))
+                    elif isinstance(error := call.exception(), ray.exceptions.RayTaskError):
+                        cause = error.cause if isinstance(getattr(error, "cause", None), TestbedError) else None
+                        message = cause.message if cause else str(error).splitlines()[0]
+                        failed.append(RolloutFailure(node, message, cause.detail if cause else str(error)))
+                    elif error is not None:
+                        raise error
+                    else:
+                        rolled.append(call.result())
                 if failed:
                     untouched = len(nodes) - start - len(group)
                     raise rollout_stopped(driver, len(rolled), len(nodes), failed, max_surge > 0, untouched)

@@ -266,11 +266,12 @@ def _queue_line(deepest: dict[str, Any]) -> str:
 def _fault_lines(report: dict[str, Any]) -> list[str]:
     if not report.get("faults"):
         return []
-    lines = ["## Faults injected", "", "| at | fault | nodes | error |", "|---|---|---|---|"]
+    lines = ["## Faults injected", "", "| at | fault | nodes | outcome |", "|---|---|---|---|"]
     for f in report["faults"]:
         nodes = f.get("nodes") or []
         shown = ", ".join(nodes[:5]) + (f" (+{len(nodes) - 5})" if len(nodes) > 5 else "")
-        lines.append(f"| {f['at_s']} s | {f['action']} {f['target']} | {shown or '-'} | {f.get('error') or ''} |")
+        outcome = f"error: {f['error']}" if f.get("error") else f.get("outcome") or ""
+        lines.append(f"| {f['at_s']} s | {f['action']} {f['target']} | {shown or '-'} | {outcome} |")
     return [*lines, ""]
 
 

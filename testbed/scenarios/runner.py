@@ -298,8 +298,16 @@ def claim_template(phase: Phase) -> Obj:
     }
 
 
-FaultInjector = Callable[[Fault], Awaitable[list[str]]]
-"""Applies one fault to every node its pattern names; returns those nodes."""
+@dataclass(frozen=True)
+class Injected:
+    """What one fault reached: its nodes, and how it went where that says more (a rollout's summary)."""
+
+    nodes: list[str]
+    outcome: str = ""
+
+
+FaultInjector = Callable[[Fault], Awaitable[Injected]]
+"""Applies one fault to every node its pattern names."""
 
 
 class Runner:
@@ -434,8 +442,9 @@ class Runner:
             try:
                 if self.injector is None:
                     raise RuntimeError("this cluster has no fleet of the testbed's to inject faults into")
-                entry["nodes"] = await self.injector(fault)
-                entry["error"] = "" if entry["nodes"] else f"no node matches {fault.nodes!r}"
+                injected = await self.injector(fault)
+                entry["nodes"], entry["outcome"] = injected.nodes, injected.outcome
+                entry["error"] = "" if injected.nodes else f"no node matches {fault.nodes!r}"
             except Exception as exc:  # reported, not fatal: the run goes on
                 entry["error"] = f"{type(exc).__name__}: {exc}"
             self.data.faults.append(entry)

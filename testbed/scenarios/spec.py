@@ -122,13 +122,15 @@ class Phase(_Strict):
 
 
 class Fault(_Strict):
-    """A hardware fault the run injects at a moment, on the nodes a pattern names."""
+    """A fault the run injects at a moment, on the nodes a pattern names: one of their
+    hardware, or a rollout of a command-line driver (the seamless-upgrade practice, tried
+    while the phases' pods come and go)."""
 
     at_seconds: float = Field(alias="atSeconds", ge=0)
     """Seconds after the run starts."""
     nodes: str = "*"
     """A shell-style pattern over node names, e.g. node-00*."""
-    action: Literal["unhealthy", "healthy", "lost", "fail-prepare", "latency", "fail-attach", "hang-attach"]
+    action: Literal["unhealthy", "healthy", "lost", "fail-prepare", "latency", "fail-attach", "hang-attach", "rollout"]
     device: str | None = None
     """For unhealthy, healthy and lost."""
     count: int | None = Field(default=None, ge=0)
@@ -136,6 +138,13 @@ class Fault(_Strict):
     of devices behind a fabric."""
     latency_ms: float | None = Field(default=None, alias="latencyMs", ge=0)
     """For latency: added to every prepare."""
+    driver: str | None = None
+    """For rollout: the command-line driver rolled out anew (its same command) on every
+    node that runs it, as `testbed rollout`."""
+    max_surge: int | None = Field(default=None, alias="maxSurge", ge=1)
+    max_unavailable: int | None = Field(default=None, alias="maxUnavailable", ge=1)
+    """For rollout, one of them: nodes at a time, the new instance beside the old
+    (maxSurge, the default: 1) or the old one stopped first (maxUnavailable)."""
     message: str = ""
 
     @model_validator(mode="after")
@@ -146,19 +155,32 @@ class Fault(_Strict):
             "fail-attach": counted,
             "hang-attach": counted,
             "latency": ("latencyMs", self.latency_ms),
+            "rollout": ("driver", self.driver),
         }
         field, value = needs.get(self.action, ("device", self.device))
         if value is None:
             raise ValueError(f"action {self.action} needs {field}")
+        if self.action == "rollout":
+            if self.nodes != "*":
+                raise ValueError("a rollout covers every node that runs the driver: leave nodes out")
+            if self.max_surge and self.max_unavailable:
+                raise ValueError("rollout: give maxSurge or maxUnavailable, not both")
         return self
 
     @property
+    def rollout_batch(self) -> tuple[int, int]:
+        """(maxSurge, maxUnavailable) of a rollout, one of them 0."""
+        return (0, self.max_unavailable) if self.max_unavailable else (self.max_surge or 1, 0)
+
+    @property
     def target(self) -> str:
-        """What `testbed fault` takes after the action."""
+        """What `testbed fault` takes after the action (a rollout: its driver)."""
         if self.action in ("fail-prepare", "fail-attach", "hang-attach"):
             return str(self.count)
         if self.action == "latency":
             return f"{self.latency_ms:g}"
+        if self.action == "rollout":
+            return str(self.driver)
         return str(self.device)
 
 

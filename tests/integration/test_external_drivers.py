@@ -8,6 +8,7 @@ restarted when killed, and is stopped when its node is drained.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
+from testbed import environment
 from testbed.config import nodes_dir
 from testbed.controlplane.binaries import ensure_bench_binaries
 from testbed.controlplane.cluster import ClusterState
@@ -26,6 +28,9 @@ from testbed.errors import TestbedError
 from testbed.fleet.external import recorded_drivers
 from testbed.fleet.fleet import Fleet
 from testbed.fleet.spec import FleetFile
+from testbed.kubeapi import KubeClient
+from testbed.report import report as reporting
+from testbed.scenarios import runner, spec
 from testbed.testing import wait_for
 from testbed.workloads import (
     GPU,
@@ -311,3 +316,64 @@ def test_a_driver_on_the_upstream_kubeletplugin_helper_serves_a_synthetic_node(
         core.delete_namespace(namespace)
         own.stop(remove_nodes=True)
         resource.delete_device_class(HELPER)
+
+
+def test_a_scenario_rolls_a_driver_out_while_its_pods_come_and_go(
+    control_plane: ClusterState, fleet: Fleet, kube_api: k8s.ApiClient
+) -> None:
+    """The seamless-upgrade practice as a scenario: a `rollout` fault rolls the driver out
+    (maxSurge 1) on both nodes while Jobs using its devices start and end; every pod runs,
+    the SLO holds, and the report says what the rollout did. The driver is one on the
+    upstream kubeletplugin helper, under a name of its own, so only these nodes serve
+    the phase."""
+    del fleet  # only for its Ray
+    name = "gpu.rollout.dra-testbed.io"
+    helper = str(ensure_bench_binaries().path("testbed-helperdriver"))
+    driver = {"name": name, "command": [helper, "--driver", name, "--gpus", "2"]}
+    pool = unique("sr")
+    fleet_spec = FleetFile.model_validate(
+        {"nodesPerHost": 2, "pools": [{"name": pool, "count": 2, "profile": "tiny", "drivers": [driver]}]}
+    )
+    own = Fleet(fleet_spec, control_plane.kubeconfig, nodes_dir(control_plane.root))
+    resource = k8s.ResourceV1Api(kube_api)
+    every_device: Any = {"cel": {"expression": f'device.driver == "{name}"'}}
+    resource.create_device_class({"metadata": {"name": name}, "spec": {"selectors": [every_device]}})
+    scenario = spec.Scenario.model_validate(
+        {
+            "name": "rolling",
+            "phases": [
+                {
+                    "name": "jobs",
+                    "jobs": 12,
+                    "qps": 2,
+                    "runSeconds": 1,
+                    "wait": "complete",
+                    "requests": [{"name": "gpu", "deviceClass": name}],
+                }
+            ],
+            "faults": [{"atSeconds": 2, "action": "rollout", "driver": name}],
+        }
+    )
+
+    async def run() -> runner.RunData:
+        client = KubeClient.from_kubeconfig(control_plane.kubeconfig)
+        endpoints = runner.Endpoints.local(control_plane.ports, own.metrics_texts)
+        try:
+            return await runner.Runner(client, scenario, endpoints, injector=environment.fault_injector(own)).run()
+        finally:
+            await client.close()
+
+    try:
+        own.start()
+        report = reporting.build(asyncio.run(run()), {"checkpoint_entries": 0, "cdi_specs": 0}, {})
+        [rollout] = report["faults"]
+        assert rollout["error"] == "" and rollout["nodes"] == [f"{pool}-000", f"{pool}-001"]
+        assert rollout["outcome"].startswith(f"{name} rolled out on 2 nodes (driver pod generation 1)")
+        assert "without an instance to call: p50 0.00 s, max 0.00 s" in rollout["outcome"]
+        [phase] = report["phases"]
+        assert (phase["pods_succeeded"], phase["pods_failed"], phase["slo_met"]) == (12, 0, True)
+        assert {r.command[0] for records in recorded_drivers(own.nodes_dir).values() for r in records} == {helper}
+        assert f"| rollout {name} | {pool}-000, {pool}-001 | {name} rolled out" in reporting.markdown(report)
+    finally:
+        own.stop(remove_nodes=True)
+        resource.delete_device_class(name)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client as k8s
 
+from testbed import environment
 from testbed.config import nodes_dir
 from testbed.controlplane.cluster import ClusterState
 from testbed.errors import TestbedError
@@ -104,8 +105,6 @@ def test_a_phase_no_published_device_can_serve_fails_the_run_before_it_creates_a
 def test_a_scenarios_faults_reach_the_fleet_at_their_time_and_the_report(
     control_plane: ClusterState, fleet: Fleet
 ) -> None:
-    import fnmatch
-
     scenario = spec.Scenario.model_validate(
         {
             "name": "faulty",
@@ -120,12 +119,7 @@ def test_a_scenarios_faults_reach_the_fleet_at_their_time_and_the_report(
         }
     )
 
-    async def inject(fault: spec.Fault) -> list[str]:
-        nodes = fnmatch.filter(sorted(fleet.host_of), fault.nodes)
-        for node in nodes:
-            await fleet.apply_fault(node, fault.action, fault.target, fault.message)
-        return nodes
-
+    inject = environment.fault_injector(fleet)
     endpoints = runner.Endpoints.local(control_plane.ports, fleet.metrics_texts)
 
     async def go() -> runner.RunData:

@@ -9,7 +9,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from testbed.cli import generations_cell, rollout_summary
+from testbed.cli import generations_cell
 from testbed.fleet.external import (
     ExternalDriver,
     ExternalDriverSpec,
@@ -18,7 +18,7 @@ from testbed.fleet.external import (
     recorded_generations,
     running_generations,
 )
-from testbed.fleet.fleet import RolloutFailure, rollout_stopped
+from testbed.fleet.fleet import RolloutFailure, rollout_stopped, rollout_summary
 from testbed.fleet.identity import driver_pod, driver_pod_name, driver_pods_selector
 from testbed.fleet.membership import NodeRecipe
 

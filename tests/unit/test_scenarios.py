@@ -195,9 +195,22 @@ def test_a_fault_needs_what_its_action_acts_on() -> None:
         ({"action": "fail-prepare"}, "needs count"),
         ({"action": "fail-attach", "device": "gpu-0"}, "needs count"),
         ({"action": "latency", "device": "gpu-0"}, "needs latencyMs"),
+        ({"action": "rollout"}, "needs driver"),
+        ({"action": "rollout", "driver": "a.example.com", "nodes": "n-00*"}, "covers every node"),
+        ({"action": "rollout", "driver": "a.example.com", "maxSurge": 1, "maxUnavailable": 1}, "not both"),
+        ({"action": "rollout", "driver": "a.example.com", "maxSurge": 0}, "greater than or equal to 1"),
     ):
         with pytest.raises(ValueError, match=needs):
             Fault.model_validate({"atSeconds": 0, **broken})
+
+
+def test_a_rollout_fault_surges_one_node_at_a_time_unless_told_otherwise() -> None:
+    from testbed.scenarios.spec import Fault
+
+    def batch(**given: int) -> tuple[int, int]:
+        return Fault.model_validate({"atSeconds": 0, "action": "rollout", "driver": "a", **given}).rollout_batch
+
+    assert (batch(), batch(maxSurge=3), batch(maxUnavailable=2)) == ((1, 0), (3, 0), (0, 2))
 
 
 def test_a_class_no_device_serves_is_named_with_the_phases_asking_and_the_profiles_that_have_it() -> None:
