@@ -464,23 +464,27 @@ class NodeHost:
         except BaseException:
             if any(e.spec.name == driver and e.spec.generation == before for e in synthetic.external):
                 # Rolled back: the surge pod that never got ready goes, as a DaemonSet's would.
-                await self._delete_driver_pod(node, before + 1)
+                await self._delete_driver_pod_unless_used(synthetic, before + 1)
             raise
         finally:  # the instance the node runs now, whether or not the new one came up
             recipe = self.recipes[node]
             current = {e.spec.name: e.spec for e in synthetic.external}
             self.recipes[node] = replace(recipe, external=tuple(current.get(e.name, e) for e in recipe.external))
             self._remember()
-        in_use = (before == 0 and synthetic.drivers) or any(e.spec.generation == before for e in synthetic.external)
-        if not in_use:
-            await self._delete_driver_pod(node, before)
+        await self._delete_driver_pod_unless_used(synthetic, before)
         return asdict(rolled)
 
-    async def _delete_driver_pod(self, node: str, generation: int) -> None:
-        if self.authority is not None:  # under shared credentials there are no driver pods
+    async def _delete_driver_pod_unless_used(self, synthetic: SyntheticNode, generation: int) -> None:
+        """A generation's driver pod goes once no driver of the node holds a token bound
+        to it: the built-in ones hold the first's; the node's other command-line drivers,
+        rolled out as often, share a generation's pod (deleting it would void their token)."""
+        in_use = (generation == 0 and synthetic.drivers) or any(
+            e.spec.generation == generation for e in synthetic.external
+        )
+        if self.authority is not None and not in_use:  # under shared credentials there are no driver pods
             assert self.client is not None
             await self.client.delete_if_exists(
-                path_for("v1", "pods", driver_pod_name(node, generation), DRIVER_NAMESPACE)
+                path_for("v1", "pods", driver_pod_name(synthetic.name, generation), DRIVER_NAMESPACE)
             )
 
     # --- faults and inspection -----------------------------------------------------

@@ -34,6 +34,7 @@ from testbed.scenarios import runner, spec
 from testbed.testing import wait_for
 from testbed.workloads import (
     GPU,
+    NIC,
     claim_spec,
     container_env,
     create_template,
@@ -265,6 +266,36 @@ def test_a_driver_rolled_out_with_surge_is_never_away_and_without_it_is(
     assert not any(
         p.metadata.name.startswith("dra-testbed-driver-roll-000") for p in core.list_namespaced_pod("dra-testbed").items
     )
+
+
+def test_a_failed_surge_leaves_the_pod_another_driver_of_the_node_was_rolled_out_into(
+    control_plane: ClusterState, fleet: Fleet, kube_api: k8s.ApiClient
+) -> None:
+    """A node's command-line drivers rolled out as often share a generation's driver pod.
+    A surge of one of them that fails deletes its new pod, but not one another driver's
+    token is bound to: the API server would void that token with the pod."""
+    del fleet  # only for its Ray and DeviceClasses
+    nic = {**STAND_IN, "name": NIC, "env": {**STAND_IN["env"], "DRIVERS": NIC}}
+    spec = FleetFile.model_validate(
+        {"nodesPerHost": 1, "pools": [{"name": "pair", "count": 1, "profile": "tiny", "drivers": [STAND_IN, nic]}]}
+    )
+    own = Fleet(spec, control_plane.kubeconfig, nodes_dir(control_plane.root))
+    core = k8s.CoreV1Api(kube_api)
+
+    def driver_pods() -> set[str]:
+        return {p.metadata.name for p in core.list_namespaced_pod("dra-testbed").items if "pair-000" in p.metadata.name}
+
+    try:
+        own.start()
+        [rolled] = own.rollout(NIC)
+        assert rolled["generation"] == 1
+        both = {"dra-testbed-driver-pair-000", "dra-testbed-driver-pair-000-1"}
+        assert driver_pods() == both  # the first one is the GPU driver's still
+        with pytest.raises(TestbedError, match=r"rollout of gpu\.dra-testbed\.io stopped after 0 of 1 nodes"):
+            own.rollout(GPU, [sys.executable, "-c", "raise SystemExit(3)"])
+        assert driver_pods() == both, "the NIC driver's pod stays; the GPU driver's first one serves on"
+    finally:
+        own.stop(remove_nodes=True)
 
 
 HELPER = "gpu.helper.dra-testbed.io"
