@@ -10,7 +10,16 @@ from kubernetes import client as k8s
 
 from testbed import sanity
 from testbed.fleet.fleet import Fleet
-from testbed.workloads import claim_spec, container_env, create_template, pod, request, unique, wait_running
+from testbed.workloads import (
+    claim_spec,
+    container_env,
+    create_template,
+    pod,
+    request,
+    unique,
+    wait_gone,
+    wait_running,
+)
 
 
 def test_a_pod_gets_a_device_of_my_driver(fleet: Fleet, kube_api: k8s.ApiClient) -> None:
@@ -34,3 +43,28 @@ def test_my_driver_passes_sanity(kubeconfig_path: Path, fleet: Fleet) -> None:
     assert name == DRIVER_NAME
     failed = [(r.name, r.detail) for r in results if r.status is sanity.Status.FAIL]
     assert not failed, failed
+
+
+def test_my_driver_rolls_out_with_no_gap_while_a_pod_runs(fleet: Fleet, kube_api: k8s.ApiClient) -> None:
+    """The seamless upgrade: each node's new instance registers beside the old one
+    (maxSurge 1), so kubelets always have one to call. Your driver must name its sockets
+    after POD_UID and let two instances share its checkpoint (sanity checks both)."""
+    core = k8s.CoreV1Api(kube_api)
+    namespace = unique("roll")
+    core.create_namespace({"metadata": {"name": namespace}})
+    try:
+        create_template(kube_api, namespace, "one", claim_spec(request("dev", "gpu.dra-testbed.io")))
+        claims = {"dev": {"resourceClaimTemplateName": "one"}}
+        mine = sorted(fleet.host_of)[0]
+        core.create_namespaced_pod(namespace, pod("before", claims, node=mine))
+        wait_running(kube_api, namespace, "before")
+
+        rolled = fleet.rollout(DRIVER_NAME)  # command=[...] rolls a new version out
+        assert all(r["unavailable_s"] == 0 for r in rolled), rolled
+
+        core.delete_namespaced_pod("before", namespace)
+        wait_gone(kube_api, namespace, "before")  # its claim unprepared by the new instance
+        core.create_namespaced_pod(namespace, pod("after", claims, node=mine))
+        wait_running(kube_api, namespace, "after")
+    finally:
+        core.delete_namespace(namespace)
