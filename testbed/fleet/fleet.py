@@ -23,7 +23,7 @@ from testbed.fleet.identity import NodeAuthority, install_access_policy
 from testbed.fleet.liveness import LivenessSettings
 from testbed.fleet.membership import Membership, NodeRecipe
 from testbed.fleet.nodehost import NodeHost
-from testbed.fleet.spec import ExternalDriver, FleetFile, Placement, Pool
+from testbed.fleet.spec import BUILT_IN_DRIVERS, ExternalDriver, FleetFile, Placement, Pool
 from testbed.kubeapi import KubeClient, flattened_kubeconfig
 from testbed.kubelet.declared import cluster_declared_features
 from testbed.progress import Progress, SilentProgress
@@ -567,9 +567,13 @@ class Fleet:
         pools = [p for p in self.spec.pools if any(d.name == driver for d in p.external_drivers)]
         if not pools:
             running = sorted({d.name for p in self.spec.pools for d in p.external_drivers})
+            built_in = driver in BUILT_IN_DRIVERS.values() or driver in BUILT_IN_DRIVERS
             raise TestbedError(
-                f"no pool runs a command-line driver {driver!r}",
-                hint=f"the fleet's: {', '.join(running)}" if running else "the fleet runs none; see `drivers:`",
+                f"no pool runs a command-line driver {driver!r}"
+                + (": the fleet's is built into its NodeHosts, which are not rolled out" if built_in else ""),
+                hint=(f"the fleet's command-line drivers: {', '.join(running)}" if running else "")
+                or "roll out a driver that a pool runs from a command (`drivers: [{name: ..., command: [...]}]`; "
+                "`testbed-driver` is the built-in ones as a command)",
             )
         nodes = sorted(n for n in self.host_of if any(_index_in(p.name, n) is not None for p in pools))
         progress = progress or SilentProgress()

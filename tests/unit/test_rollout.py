@@ -9,7 +9,10 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from testbed.cli import generations_cell
+from testbed.errors import TestbedError
 from testbed.fleet.external import (
     ExternalDriver,
     ExternalDriverSpec,
@@ -18,9 +21,10 @@ from testbed.fleet.external import (
     recorded_generations,
     running_generations,
 )
-from testbed.fleet.fleet import RolloutFailure, rollout_stopped, rollout_summary
+from testbed.fleet.fleet import Fleet, RolloutFailure, rollout_stopped, rollout_summary
 from testbed.fleet.identity import driver_pod, driver_pod_name, driver_pods_selector
 from testbed.fleet.membership import NodeRecipe
+from testbed.fleet.spec import FleetFile
 
 
 def test_each_generation_has_a_driver_pod_of_its_own_on_the_same_node() -> None:
@@ -124,3 +128,26 @@ def test_status_shows_which_generation_the_nodes_run(tmp_path: Path) -> None:
     assert generations_cell(generations["a.example.com"]) == "1 (1 node), 2 (2 nodes)"
     assert generations_cell(generations["b.example.com"]) == "2"
     assert generations_cell(Counter()) == "-"
+
+
+def test_rolling_out_a_built_in_driver_says_it_cannot_and_what_can(tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\nclusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\nusers: [{name: u, user: {token: t}}]\n"
+    )
+    built_in = FleetFile.model_validate({"pools": [{"name": "n", "count": 1, "profile": "tiny"}]})
+    with pytest.raises(TestbedError) as info:
+        Fleet(built_in, kubeconfig, tmp_path / "nodes").rollout("gpu.dra-testbed.io")
+    assert "built into its NodeHosts" in info.value.message and "testbed-driver" in str(info.value.hint)
+    mixed = FleetFile.model_validate(
+        {
+            "pools": [
+                {"name": "n", "count": 1, "profile": "tiny", "drivers": [{"name": "a.example.com", "command": ["x"]}]}
+            ]
+        }
+    )
+    with pytest.raises(TestbedError) as info:
+        Fleet(mixed, kubeconfig, tmp_path / "nodes").rollout("b.example.com")
+    assert info.value.message == "no pool runs a command-line driver 'b.example.com'"
+    assert info.value.hint == "the fleet's command-line drivers: a.example.com"
