@@ -11,6 +11,8 @@ UNHEALTHY_TAINT_KEY = "dra-testbed.io/unhealthy"
 DRIVER_POD_LABEL = "dra-testbed.io/synthetic-node-driver"
 """Marks a synthetic node's driver pod (value: the node). Not deploy/'s DaemonSet selector:
 that DaemonSet would adopt such pods, and delete them from the synthetic nodes it keeps off."""
+DRIVER_NAME_LABEL = "dra-testbed.io/driver"
+"""On a command-line driver's pod: the DRA driver it runs (each has a pod of its own)."""
 CONTAINER_ENV_ANNOTATION = "dra-testbed.io/container-env"
 """On a pod: the environment its containers got from their CDI devices (the runtime's report)."""
 RUN_SECONDS_ANNOTATION = "dra-testbed.io/run-seconds"

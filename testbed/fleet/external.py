@@ -197,13 +197,16 @@ class ShortPaths:
             alias.unlink(missing_ok=True)
 
 
-def driver_environment(node: str, root: Path, pod_uid: str, kubeconfig: Path, short: ShortPaths) -> dict[str, str]:
+def driver_environment(
+    node: str, root: Path, pod: tuple[str, str], kubeconfig: Path, short: ShortPaths
+) -> dict[str, str]:
     """What a DaemonSet's pod spec would hand a driver on ``node`` (downward API, hostPath
-    mounts), under the names the common DRA drivers read."""
+    mounts), under the names the common DRA drivers read; ``pod``: its name and UID."""
     kubelet = root / "kubelet"
     return {
         "NODE_NAME": node,
-        "POD_UID": pod_uid,
+        "POD_NAME": pod[0],
+        "POD_UID": pod[1],
         "POD_NAMESPACE": "dra-testbed",
         "KUBELET_DIR": str(kubelet),
         "KUBELET_REGISTRAR_DIRECTORY_PATH": str(short.registry),
@@ -276,12 +279,18 @@ class ExternalDriver:
         for sub in ("logs", "work", "cdi", "kubelet/plugins_registry", "kubelet/plugins"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         self._given = dict(environment)
-        wants_port = self.spec.liveness is not None or self.spec.refers_to(LIVENESS_PORT)
-        if wants_port and self.liveness_port is None:
-            self.liveness_port = processes.free_port()
+        self.reserve_liveness_port()
         self._expand_environment()
         await self._spawn()
         self._supervisor = asyncio.create_task(self._supervise(), name=f"driver-{self.spec.name}-{self.node}")
+
+    def reserve_liveness_port(self) -> int | None:
+        """$LIVENESS_PORT, chosen once it has a probe or names the variable (before its pod
+        is made: the pod's livenessProbe names the port)."""
+        wants_port = self.spec.liveness is not None or self.spec.refers_to(LIVENESS_PORT)
+        if wants_port and self.liveness_port is None:
+            self.liveness_port = processes.free_port()
+        return self.liveness_port
 
     def _expand_environment(self) -> None:
         given = dict(self._given)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import ssl
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,7 @@ from cryptography.x509.oid import NameOID
 from testbed import openssl
 from testbed.controlplane.pki import client_certificate
 from testbed.errors import TestbedError
-from testbed.keys import DRIVER_POD_LABEL
+from testbed.keys import DRIVER_NAME_LABEL, DRIVER_POD_LABEL
 from testbed.kubeapi import ApiError, Credentials, KubeClient, Obj, load_pem_pair, path_for, until_answered
 
 DRIVER_NAMESPACE = "dra-testbed"
@@ -169,63 +169,77 @@ def is_driver_pod(pod: Obj) -> bool:
     return bool(meta.get("namespace") == DRIVER_NAMESPACE and DRIVER_POD_LABEL in (meta.get("labels") or {}))
 
 
-def driver_pod_name(node: str, generation: int = 0) -> str:
-    """The node's driver pod; a later ``generation`` is the pod of a driver rolled out
-    again (a DaemonSet's new pod beside or after the old one)."""
-    suffix = f"-{generation}" if generation else ""
-    return f"dra-testbed-driver-{node}"[: 253 - len(suffix)] + suffix
+@dataclass(frozen=True)
+class DriverPod:
+    """A pod a driver DaemonSet would run on ``node``; a token bound to it is what the
+    driver authenticates with. The testbed's built-in drivers share one per node (one
+    DaemonSet runs them all); each command-line driver has its own, as each driver a
+    cluster runs has a DaemonSet of its own."""
+
+    node: str
+    driver: str | None = None
+    """The command-line driver whose pod it is; None: the built-in drivers'."""
+    generation: int = 0
+    """A later one is the pod of a driver rolled out again (a DaemonSet's new pod beside
+    or after the old one)."""
+    liveness_probe: Obj | None = field(default=None, compare=False)
+    """The container's livenessProbe, as the DaemonSet's pod template would carry it."""
+
+    @property
+    def name(self) -> str:
+        suffix = f"-{self.generation}" if self.generation else ""
+        stem = f"dra-testbed-driver-{self.node}" if self.driver is None else f"{self.driver}-{self.node}"
+        return stem[: 253 - len(suffix)] + suffix
+
+    def manifest(self) -> Obj:
+        container: Obj = {"name": "driver", "image": DRIVER_IMAGE, "command": ["run-until-deleted"]}
+        if self.liveness_probe is not None:
+            container["livenessProbe"] = self.liveness_probe
+        labels = {DRIVER_POD_LABEL: self.node[:63], "app.kubernetes.io/part-of": "dra-testbed"}
+        if self.driver is not None:
+            labels[DRIVER_NAME_LABEL] = self.driver
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": self.name, "namespace": DRIVER_NAMESPACE, "labels": labels},
+            "spec": {
+                "nodeName": self.node,
+                "serviceAccountName": DRIVER_SERVICE_ACCOUNT,
+                "automountServiceAccountToken": False,
+                "terminationGracePeriodSeconds": 0,
+                "tolerations": [{"operator": "Exists"}],
+                "containers": [container],
+            },
+        }
 
 
 def driver_pods_selector(node: str) -> str:
-    """Every generation of the node's driver pods."""
+    """Every driver pod of the node, of every driver and generation."""
     return f"{DRIVER_POD_LABEL}={node[:63]}"
-
-
-def driver_pod(node: str, generation: int = 0) -> Obj:
-    """The pod a driver DaemonSet would run on ``node``; the drivers' token is bound to it."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": driver_pod_name(node, generation),
-            "namespace": DRIVER_NAMESPACE,
-            "labels": {DRIVER_POD_LABEL: node[:63], "app.kubernetes.io/part-of": "dra-testbed"},
-        },
-        "spec": {
-            "nodeName": node,
-            "serviceAccountName": DRIVER_SERVICE_ACCOUNT,
-            "automountServiceAccountToken": False,
-            "terminationGracePeriodSeconds": 0,
-            "tolerations": [{"operator": "Exists"}],
-            "containers": [{"name": "driver", "image": DRIVER_IMAGE, "command": ["run-until-deleted"]}],
-        },
-    }
 
 
 async def bind_driver_token(admin: KubeClient, drivers: KubeClient, node: str) -> None:
     """Create (or find) the node's driver pod and give ``drivers`` a token bound to it.
     The API server writes the pod's node into the token, which the own-node policy reads."""
-    token, _ = await driver_token(admin, node)
+    token, _ = await driver_token(admin, DriverPod(node))
     drivers.use_token(token)
 
 
-async def driver_token(admin: KubeClient, node: str, generation: int = 0) -> tuple[str, str]:
-    """A token bound to the node's driver pod (created if need be), and the pod's UID.
-    The Node need not exist yet: the token names the pod's node either way. Asked for
-    until answered, as a DaemonSet's pod and a kubelet's token are."""
-    return await until_answered(
-        lambda: _driver_token(admin, node, generation), f"binding the drivers' token of node {node}"
-    )
+async def driver_token(admin: KubeClient, pod: DriverPod) -> tuple[str, str]:
+    """A token bound to the driver pod (created if need be), and the pod's UID. The Node
+    need not exist yet: the token names the pod's node either way. Asked for until
+    answered, as a DaemonSet's pod and a kubelet's token are."""
+    return await until_answered(lambda: _driver_token(admin, pod), f"binding the drivers' token of node {pod.node}")
 
 
-async def _driver_token(admin: KubeClient, node: str, generation: int) -> tuple[str, str]:
+async def _driver_token(admin: KubeClient, driver_pod: DriverPod) -> tuple[str, str]:
     pods = path_for("v1", "pods", namespace=DRIVER_NAMESPACE)
     try:
-        pod = await admin.create(pods, driver_pod(node, generation))
+        pod = await admin.create(pods, driver_pod.manifest())
     except ApiError as exc:
         if not exc.conflict:
             raise
-        pod = await admin.get(path_for("v1", "pods", driver_pod_name(node, generation), DRIVER_NAMESPACE))
+        pod = await admin.get(path_for("v1", "pods", driver_pod.name, DRIVER_NAMESPACE))
     request: dict[str, Any] = {
         "apiVersion": "authentication.k8s.io/v1",
         "kind": "TokenRequest",

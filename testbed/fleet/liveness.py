@@ -28,6 +28,20 @@ class LivenessSettings:
     failure_threshold: int = 3
     grace_s: float | None = None
 
+    def as_probe(self, port: int) -> dict[str, object]:
+        """The livenessProbe a pod spec carries for it, probing ``port``."""
+        grpc: dict[str, object] = {"port": port, **({"service": self.service} if self.service else {})}
+        probe: dict[str, object] = {
+            "grpc": grpc,
+            "initialDelaySeconds": round(self.initial_delay_s),
+            "periodSeconds": max(1, round(self.period_s)),
+            "timeoutSeconds": max(1, round(self.timeout_s)),
+            "failureThreshold": self.failure_threshold,
+        }
+        if self.grace_s is not None:
+            probe["terminationGracePeriodSeconds"] = max(1, round(self.grace_s))
+        return probe
+
 
 Probe = Callable[[], Awaitable[ProbeResult]]
 Tell = Callable[[str, str, str], None]

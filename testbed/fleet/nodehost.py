@@ -31,7 +31,7 @@ from testbed.fingerprint import code_version
 from testbed.fleet import heap
 from testbed.fleet.drain import DrainResult, drain, drain_process_node
 from testbed.fleet.fencing import NodeFence, Server
-from testbed.fleet.identity import DRIVER_NAMESPACE, NodeAuthority, bind_driver_token, driver_pod_name, driver_token
+from testbed.fleet.identity import DRIVER_NAMESPACE, DriverPod, NodeAuthority, bind_driver_token, driver_token
 from testbed.fleet.loopwatch import LoopWatch
 from testbed.fleet.membership import Membership, NodeRecipe, in_ray
 from testbed.fleet.synthetic_node import SyntheticNode
@@ -293,18 +293,17 @@ class NodeHost:
         self.node_clients[node] = [kubelet, drivers]
         return kubelet, drivers, lambda: bind_driver_token(admin, drivers, node)
 
-    def _external_credentials(self, node: str) -> Callable[[int], Awaitable[tuple[Path, str]]]:
+    def _external_credentials(self, node: str) -> Callable[[DriverPod], Awaitable[tuple[Path, str]]]:
         """What a command-line driver on ``node`` authenticates with, and its pod's UID:
-        with node identities, a kubeconfig holding a token bound to the node's driver pod
+        with node identities, a kubeconfig holding a token bound to its own driver pod
         (of a generation: a rollout's new instance has a pod of its own)."""
 
-        async def issue(generation: int) -> tuple[Path, str]:
+        async def issue(pod: DriverPod) -> tuple[Path, str]:
             assert self.client is not None
             if self.authority is None:
-                name = f"dra-testbed/{node}" + (f"/{generation}" if generation else "")
-                return self.kubeconfig, str(uuid.uuid5(uuid.NAMESPACE_URL, name))
-            token, pod_uid = await driver_token(self.client, node, generation)
-            path = self.nodes_dir / node / "private" / f"driver{f'-{generation}' if generation else ''}.kubeconfig"
+                return self.kubeconfig, str(uuid.uuid5(uuid.NAMESPACE_URL, f"dra-testbed/{pod.name}"))
+            token, pod_uid = await driver_token(self.client, pod)
+            path = self.nodes_dir / node / "private" / f"{pod.name}.kubeconfig"
             path.parent.mkdir(parents=True, exist_ok=True)
             write_secret(path, self.authority.kubeconfig({"token": token}))
             return path, pod_uid
@@ -320,7 +319,7 @@ class NodeHost:
         private.mkdir(parents=True, exist_ok=True)
         node.kubelet_kubeconfig = private / "kubelet.kubeconfig"
         write_secret(node.kubelet_kubeconfig, self.authority.kubelet_kubeconfig(node.name))
-        token, _ = await driver_token(self.client, node.name)
+        token, _ = await driver_token(self.client, DriverPod(node.name))
         node.driver_kubeconfig = private / "driver.kubeconfig"
         write_secret(node.driver_kubeconfig, self.authority.kubeconfig({"token": token}))
 
@@ -453,8 +452,7 @@ class NodeHost:
         self, node: str, driver: str, command: list[str] | None, surge: bool, timeout_s: float = 120.0
     ) -> dict[str, Any]:
         """Roll ``driver`` out anew on ``node`` (SyntheticNode.roll_external), remember the
-        new instance for a restart of this host, and delete the driver pod it replaced
-        (but the first one while built-in drivers still hold a token bound to it)."""
+        new instance for a restart of this host, and delete the driver pod it replaced."""
         synthetic = self._node(node)
         before = next((e.spec.generation for e in synthetic.external if e.spec.name == driver), 0)
         try:
@@ -464,28 +462,21 @@ class NodeHost:
         except BaseException:
             if any(e.spec.name == driver and e.spec.generation == before for e in synthetic.external):
                 # Rolled back: the surge pod that never got ready goes, as a DaemonSet's would.
-                await self._delete_driver_pod_unless_used(synthetic, before + 1)
+                await self._delete_driver_pod(DriverPod(node, driver, before + 1))
             raise
         finally:  # the instance the node runs now, whether or not the new one came up
             recipe = self.recipes[node]
             current = {e.spec.name: e.spec for e in synthetic.external}
             self.recipes[node] = replace(recipe, external=tuple(current.get(e.name, e) for e in recipe.external))
             self._remember()
-        await self._delete_driver_pod_unless_used(synthetic, before)
+        await self._delete_driver_pod(DriverPod(node, driver, before))
         return asdict(rolled)
 
-    async def _delete_driver_pod_unless_used(self, synthetic: SyntheticNode, generation: int) -> None:
-        """A generation's driver pod goes once no driver of the node holds a token bound
-        to it: the built-in ones hold the first's; the node's other command-line drivers,
-        rolled out as often, share a generation's pod (deleting it would void their token)."""
-        in_use = (generation == 0 and synthetic.drivers) or any(
-            e.spec.generation == generation for e in synthetic.external
-        )
-        if self.authority is not None and not in_use:  # under shared credentials there are no driver pods
+    async def _delete_driver_pod(self, pod: DriverPod) -> None:
+        """Under shared credentials there are no driver pods."""
+        if self.authority is not None:
             assert self.client is not None
-            await self.client.delete_if_exists(
-                path_for("v1", "pods", driver_pod_name(synthetic.name, generation), DRIVER_NAMESPACE)
-            )
+            await self.client.delete_if_exists(path_for("v1", "pods", pod.name, DRIVER_NAMESPACE))
 
     # --- faults and inspection -----------------------------------------------------
 

@@ -22,7 +22,7 @@ from testbed.drivers import driver_on_node, drivers_for
 from testbed.drivers.backend import LocalBackend
 from testbed.errors import TestbedError
 from testbed.fleet.external import ExternalDriver, ExternalDriverSpec, ShortPaths, driver_environment
-from testbed.fleet.identity import DRIVER_IMAGE, DRIVER_NAMESPACE, driver_pod_name
+from testbed.fleet.identity import DRIVER_IMAGE, DRIVER_NAMESPACE, DriverPod
 from testbed.keys import PROFILE_LABEL
 from testbed.kubeapi import KubeClient
 from testbed.kubelet.containerevents import Told
@@ -121,7 +121,7 @@ class SyntheticNode:
         devices_per_slice: int | None = None,
         drivers: list[str] | None = None,
         external: list[ExternalDriverSpec] | None = None,
-        driver_credentials: Callable[[int], Awaitable[tuple[Path, str]]] | None = None,
+        driver_credentials: Callable[[DriverPod], Awaitable[tuple[Path, str]]] | None = None,
         watch_client: KubeClient | None = None,
         fence: LeaseFence | None = None,
         declared_features: list[str] | None = None,
@@ -135,7 +135,7 @@ class SyntheticNode:
         gives the drivers their node-bound credentials). ``drivers``: the built-in
         drivers to run (default: those the profile's hardware needs); ``external``:
         drivers run from a command, which ``driver_credentials`` gives a kubeconfig and a
-        pod UID for the driver pod of a generation (0 unless rolled out). ``slice_watcher``,
+        pod UID for a driver pod (each its own, of its generation: 0 unless rolled out). ``slice_watcher``,
         ``node_watcher``: the host's watches of its nodes' slices and Nodes (default: each of this node's own).
         ``fence``: the node is one of a fleet's, which one NodeHost at a time serves.
         ``declared_features``: what its kubelet declares (declared.py); ``address``: its
@@ -231,12 +231,8 @@ class SyntheticNode:
         await self.kubelet.plugins.scan()  # registered before the node counts as started
         if self.external:
             self.publish_hardware()
-            environments: dict[int, dict[str, str]] = {}  # one token per driver pod, not per driver
             for external in self.external:
-                generation = external.spec.generation
-                if generation not in environments:
-                    environments[generation] = await self._external_environment(generation)
-                await external.start(environments[generation])
+                await external.start(await self._external_environment(external))
 
     def publish_hardware(self) -> None:
         """Rewrite $HARDWARE_DIR (inventory.json and the sysfs-like tree) for the node's
@@ -245,10 +241,10 @@ class SyntheticNode:
             sysfs.write(self.hardware, self.root / "hardware")
 
     def _external_driver(self, spec: ExternalDriverSpec) -> ExternalDriver:
-        """An instance whose driver pod (of its generation) shows what happens to it, as
-        the kubelet shows its container: the probe's and the kills' Events, its exits and
-        restarts; nothing without the pod."""
-        pod_name = driver_pod_name(self.name, spec.generation)
+        """An instance whose driver pod (its own, of its generation) shows what happens to
+        it, as the kubelet shows its container: the probe's and the kills' Events, its
+        exits and restarts; nothing without the pod."""
+        pod_name = DriverPod(self.name, spec.name, spec.generation).name
 
         def tell(kind: str, reason: str, message: str) -> None:
             pod = self.kubelet.pods.known_pod(DRIVER_NAMESPACE, pod_name)
@@ -260,12 +256,16 @@ class SyntheticNode:
 
         return ExternalDriver(spec, self.name, self.root, tell, process_changed)
 
-    async def _external_environment(self, generation: int) -> dict[str, str]:
+    async def _external_environment(self, external: ExternalDriver) -> dict[str, str]:
+        """What its pod gives it; the pod (made if need be) carries its liveness probe."""
         if self.driver_credentials is None:
             raise TestbedError(f"node {self.name}: no credentials to give its external drivers")
-        kubeconfig, pod_uid = await self.driver_credentials(generation)
+        spec, port = external.spec, external.reserve_liveness_port()
+        probe = None if spec.liveness is None or port is None else spec.liveness.as_probe(port)
+        pod = DriverPod(self.name, spec.name, spec.generation, probe)
+        kubeconfig, pod_uid = await self.driver_credentials(pod)
         assert self.short_paths is not None
-        return driver_environment(self.name, self.root, pod_uid, kubeconfig, self.short_paths)
+        return driver_environment(self.name, self.root, (pod.name, pod_uid), kubeconfig, self.short_paths)
 
     async def roll_external(
         self, driver: str, command: tuple[str, ...] | None, surge: bool, timeout_s: float
@@ -281,7 +281,7 @@ class SyntheticNode:
         spec = replace(old.spec, command=command or old.spec.command, generation=old.spec.generation + 1)
         new = self._external_driver(spec)
         started = time.monotonic()
-        environment = await self._external_environment(spec.generation)
+        environment = await self._external_environment(new)
         known = {id(p) for p in self.kubelet.plugins.instances(driver)}
         stopped_at = None
         if not surge:

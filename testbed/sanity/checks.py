@@ -333,7 +333,7 @@ class Suite:
 
     async def check_socket_names(self) -> str:
         assert self.registration is not None
-        uid = self.harness.pod_uid
+        uid = self.harness.pod_uid()
         if not uid:
             raise Problem("the node's driver pod is not known, so neither is its UID", Status.SKIP)
         named = [p for p in (self.registration.socket.name, Path(self.registration.endpoint).name) if uid in p]

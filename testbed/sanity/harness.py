@@ -26,9 +26,17 @@ from testbed.config import runtime_root
 from testbed.errors import TestbedError
 from testbed.files import private_dir, write_secret
 from testbed.fleet.external import ExternalDriver, ExternalDriverSpec, ShortPaths, driver_environment
-from testbed.fleet.identity import DRIVER_NAMESPACE, NodeAuthority, driver_pod_name, driver_token, install_access_policy
+from testbed.fleet.identity import (
+    DRIVER_NAMESPACE,
+    DriverPod,
+    NodeAuthority,
+    driver_pods_selector,
+    driver_token,
+    install_access_policy,
+)
 from testbed.grpcapi import pluginregistration_pb2, pluginregistration_pb2_grpc
 from testbed.grpcapi.channels import unix_channel
+from testbed.keys import DRIVER_NAME_LABEL
 from testbed.kubeapi import (
     ApiError,
     ClaimRef,
@@ -119,7 +127,8 @@ class Harness:
             )
         )
         self.environment: dict[str, str] = {"CDI_DIR": str(self.root / "cdi")} if running is not None else {}
-        self.pod_uid = ""
+        self._pod_uids: dict[str | None, str] = {}
+        """By the driver whose pod it is (None: the node's own driver pod)."""
         self._claims = 0
 
     def _registry_of_running_node(self) -> Path:
@@ -162,8 +171,10 @@ class Harness:
         await self.admin.create(path_for("v1", "namespaces"), {"metadata": {"name": self.namespace}})
         await self.agent.register()
         self.agent.start()
-        credentials, self.pod_uid = await self._credentials()
-        self.environment = driver_environment(self.node, self.root, self.pod_uid, credentials, self.short)
+        credentials, pod_uid = await self._credentials()
+        self._pod_uids[None] = pod_uid
+        pod = (DriverPod(self.node).name, pod_uid)
+        self.environment = driver_environment(self.node, self.root, pod, credentials, self.short)
         await self.process.start(self.environment)
         return swept
 
@@ -180,9 +191,17 @@ class Harness:
                 hint="--node takes a synthetic node of this cluster's fleet, on this machine",
             )
         await self.admin.create(path_for("v1", "namespaces"), {"metadata": {"name": self.namespace}})
-        with contextlib.suppress(ApiError):  # the pod a driver's token is bound to, when nodes have identities
-            pod = await self.admin.get(path_for("v1", "pods", driver_pod_name(self.node), DRIVER_NAMESPACE))
-            self.pod_uid = pod["metadata"]["uid"]
+        with contextlib.suppress(ApiError):  # the pods drivers' tokens are bound to, when nodes have identities
+            selector = {"labelSelector": driver_pods_selector(self.node)}
+            pods = await self.admin.get(path_for("v1", "pods", namespace=DRIVER_NAMESPACE), params=selector)
+            for pod in pods["items"]:
+                if not pod["metadata"].get("deletionTimestamp"):
+                    self._pod_uids[pod["metadata"].get("labels", {}).get(DRIVER_NAME_LABEL)] = pod["metadata"]["uid"]
+
+    def pod_uid(self) -> str:
+        """The UID of the pod the driver under test runs as ("" if not known): a
+        command-line driver's own pod on a fleet node, else the node's driver pod."""
+        return self._pod_uids.get(self.driver_name) or self._pod_uids.get(None, "")
 
     async def _credentials(self) -> tuple[Path, str]:
         """Like a fleet's nodes: a token bound to the node's driver pod where the testbed
@@ -191,7 +210,7 @@ class Harness:
         if authority is None:
             return self.kubeconfig, str(uuid.uuid4())
         await install_access_policy(self.admin)
-        token, pod_uid = await driver_token(self.admin, self.node)
+        token, pod_uid = await driver_token(self.admin, DriverPod(self.node))
         path = self.root / "private" / "driver.kubeconfig"
         path.parent.mkdir(parents=True, exist_ok=True)
         write_secret(path, authority.kubeconfig({"token": token}))

@@ -25,7 +25,7 @@ from pathlib import Path
 from testbed.controlplane import processes
 from testbed.files import write_atomically
 from testbed.fleet.external import ShortPaths
-from testbed.fleet.identity import DRIVER_NAMESPACE, driver_pod_name
+from testbed.fleet.identity import DRIVER_NAMESPACE, DriverPod
 from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
 
 OWNER_FILE = "run.json"
@@ -139,7 +139,7 @@ async def remove_from_cluster(admin: KubeClient, namespace: str, device_class: s
     if node is None:
         return
     with contextlib.suppress(ApiError):
-        await admin.delete_if_exists(path_for("v1", "pods", driver_pod_name(node), DRIVER_NAMESPACE))
+        await admin.delete_if_exists(path_for("v1", "pods", DriverPod(node).name, DRIVER_NAMESPACE))
     with contextlib.suppress(ApiError):
         await admin.request(
             "DELETE", path_for(RESOURCE, "resourceslices"), params={"fieldSelector": f"spec.nodeName={node}"}

@@ -28,6 +28,7 @@ from testbed.errors import TestbedError
 from testbed.fleet.external import recorded_drivers
 from testbed.fleet.fleet import Fleet
 from testbed.fleet.spec import FleetFile
+from testbed.keys import DRIVER_POD_LABEL
 from testbed.kubeapi import KubeClient
 from testbed.report import report as reporting
 from testbed.scenarios import runner, spec
@@ -77,8 +78,9 @@ def _environment_of(pid: int) -> dict[str, str]:
     return dict(line.split("=", 1) for line in lines if "=" in line)
 
 
-def _driver_container(core: k8s.CoreV1Api, node: str) -> list[k8s.V1ContainerStatus]:
-    return list(core.read_namespaced_pod(f"dra-testbed-driver-{node}", "dra-testbed").status.container_statuses)
+def _driver_container(core: k8s.CoreV1Api, node: str, driver: str = GPU) -> list[k8s.V1ContainerStatus]:
+    """Of the command-line driver's own pod on ``node`` (its DaemonSet's)."""
+    return list(core.read_namespaced_pod(f"{driver}-{node}", "dra-testbed").status.container_statuses)
 
 
 def _registrations(call_log: Path) -> int:
@@ -101,9 +103,12 @@ def test_an_external_driver_serves_its_node_and_is_restarted_and_drained(
         [record] = recorded_drivers(where)["ext-000"]
         assert record.alive() and record.name == GPU
         environment = _environment_of(record.pid)
-        driver_pod = core.read_namespaced_pod("dra-testbed-driver-ext-000", "dra-testbed")
+        driver_pod = core.read_namespaced_pod(f"{GPU}-ext-000", "dra-testbed")
         assert environment["NODE_NAME"] == "ext-000" and environment["POD_UID"] == driver_pod.metadata.uid
-        assert "token" in Path(environment["KUBECONFIG"]).read_text(), "a token bound to the node's driver pod"
+        assert environment["POD_NAME"] == driver_pod.metadata.name and driver_pod.spec.node_name == "ext-000"
+        built_in = core.read_namespaced_pod("dra-testbed-driver-ext-000", "dra-testbed")
+        assert built_in.metadata.uid != driver_pod.metadata.uid, "its own pod, not the built-in NIC driver's"
+        assert "token" in Path(environment["KUBECONFIG"]).read_text(), "a token bound to its own driver pod"
         assert len(environment["KUBELET_REGISTRAR_DIRECTORY_PATH"]) + 64 < 105, "room for <driver>-<uid>-reg.sock"
         # The emulated hardware, as files it could read, follows the faults a user injects.
         hardware = Path(environment["HARDWARE_DIR"])
@@ -175,6 +180,9 @@ def test_a_driver_whose_socket_broke_is_restarted_by_its_liveness_probe(
         [record] = recorded_drivers(where)["live-000"]
         environment = _environment_of(record.pid)
         assert environment["HEALTH_PORT"] == environment["LIVENESS_PORT"] != "51515"
+        [container] = core.read_namespaced_pod(f"{GPU}-live-000", "dra-testbed").spec.containers
+        probe = container.liveness_probe  # what `kubectl describe` shows is what the kubelet probes
+        assert probe.grpc.port == int(environment["LIVENESS_PORT"]) and probe.failure_threshold == 2
         [dra_socket] = where.glob("live-000/kubelet/plugins/gpu.dra-testbed.io/dra-*.sock")
         dra_socket.rename(dra_socket.with_name("broken-aside"))
         [again] = wait_for(
@@ -185,7 +193,7 @@ def test_a_driver_whose_socket_broke_is_restarted_by_its_liveness_probe(
         assert process_start_ticks(record.pid) is None
 
         def told(reason: str) -> list[k8s.CoreV1Event]:
-            selector = f"involvedObject.name=dra-testbed-driver-live-000,reason={reason}"
+            selector = f"involvedObject.name={GPU}-live-000,reason={reason}"
             return list(core.list_namespaced_event("dra-testbed", field_selector=selector).items)
 
         [killing] = wait_for(lambda: told("Killing"), 30, "the Killing Event on the driver pod")
@@ -217,8 +225,8 @@ def test_a_driver_rolled_out_with_surge_is_never_away_and_without_it_is(
     maxSurge the new instance (a driver pod of its own, its sockets named after it)
     registers beside the old one before that stops, so the kubelet always has one to
     call; with maxUnavailable it has none for a while. Either way the newest instance
-    unprepares what an older one prepared, and the node's first driver pod stays while
-    the built-in driver's token is bound to it."""
+    unprepares what an older one prepared; the replaced instance's pod goes, the built-in
+    drivers' pod stays."""
     del fleet  # only for its Ray and DeviceClasses
     own, where = _one_node_fleet(control_plane, "roll", STAND_IN)
     core, namespace = _namespace(kube_api, "roll")
@@ -240,8 +248,8 @@ def test_a_driver_rolled_out_with_surge_is_never_away_and_without_it_is(
         [stopped_first] = own.rollout(GPU, max_surge=0, max_unavailable=1)
         assert stopped_first["generation"] == 2 and stopped_first["unavailable_s"] > 0
         pods = {p.metadata.name for p in core.list_namespaced_pod("dra-testbed").items if "roll-000" in p.metadata.name}
-        # generation 1's pod deleted; the first one kept: the NIC driver's token is bound to it
-        assert pods == {"dra-testbed-driver-roll-000", "dra-testbed-driver-roll-000-2"}
+        # generations 0 and 1 deleted; the built-in NIC driver's pod is another one
+        assert pods == {"dra-testbed-driver-roll-000", f"{GPU}-roll-000-2"}
 
         # A new version that never comes up stops the rollout; with surge the old one serves on.
         [serving] = recorded_drivers(where)["roll-000"]
@@ -263,37 +271,45 @@ def test_a_driver_rolled_out_with_surge_is_never_away_and_without_it_is(
     finally:
         core.delete_namespace(namespace)
         own.stop(remove_nodes=True)
-    assert not any(
-        p.metadata.name.startswith("dra-testbed-driver-roll-000") for p in core.list_namespaced_pod("dra-testbed").items
-    )
+    assert not any("roll-000" in p.metadata.name for p in core.list_namespaced_pod("dra-testbed").items)
 
 
-def test_a_failed_surge_leaves_the_pod_another_driver_of_the_node_was_rolled_out_into(
+def test_a_nodes_command_line_drivers_each_run_in_a_pod_of_their_own(
     control_plane: ClusterState, fleet: Fleet, kube_api: k8s.ApiClient
 ) -> None:
-    """A node's command-line drivers rolled out as often share a generation's driver pod.
-    A surge of one of them that fails deletes its new pod, but not one another driver's
-    token is bound to: the API server would void that token with the pod."""
+    """As two DaemonSets would run them: a node's GPU and NIC command-line drivers are two
+    pods (two UIDs, two tokens). Rolling one out replaces its pod alone; a surge of the
+    other that fails deletes its new pod and leaves everything else as it was."""
     del fleet  # only for its Ray and DeviceClasses
     nic = {**STAND_IN, "name": NIC, "env": {**STAND_IN["env"], "DRIVERS": NIC}}
     spec = FleetFile.model_validate(
         {"nodesPerHost": 1, "pools": [{"name": "pair", "count": 1, "profile": "tiny", "drivers": [STAND_IN, nic]}]}
     )
-    own = Fleet(spec, control_plane.kubeconfig, nodes_dir(control_plane.root))
+    where = nodes_dir(control_plane.root)
+    own = Fleet(spec, control_plane.kubeconfig, where)
     core = k8s.CoreV1Api(kube_api)
 
-    def driver_pods() -> set[str]:
-        return {p.metadata.name for p in core.list_namespaced_pod("dra-testbed").items if "pair-000" in p.metadata.name}
+    def driver_pods() -> dict[str, str]:
+        items = core.list_namespaced_pod("dra-testbed", label_selector=f"{DRIVER_POD_LABEL}=pair-000").items
+        return {p.metadata.name: p.metadata.uid for p in items if not p.metadata.deletion_timestamp}
+
+    def pod_uids() -> dict[str, str]:
+        return {r.name: _environment_of(r.pid)["POD_UID"] for r in recorded_drivers(where)["pair-000"]}
 
     try:
         own.start()
+        first = driver_pods()
+        assert set(first) == {f"{GPU}-pair-000", f"{NIC}-pair-000"}
+        assert pod_uids() == {GPU: first[f"{GPU}-pair-000"], NIC: first[f"{NIC}-pair-000"]}
         [rolled] = own.rollout(NIC)
         assert rolled["generation"] == 1
-        both = {"dra-testbed-driver-pair-000", "dra-testbed-driver-pair-000-1"}
-        assert driver_pods() == both  # the first one is the GPU driver's still
+        wait_for(lambda: len(driver_pods()) == 2, 30, "the old NIC pod gone")
+        after = driver_pods()
+        assert set(after) == {f"{GPU}-pair-000", f"{NIC}-pair-000-1"} and pod_uids()[NIC] == after[f"{NIC}-pair-000-1"]
         with pytest.raises(TestbedError, match=r"rollout of gpu\.dra-testbed\.io stopped after 0 of 1 nodes"):
             own.rollout(GPU, [sys.executable, "-c", "raise SystemExit(3)"])
-        assert driver_pods() == both, "the NIC driver's pod stays; the GPU driver's first one serves on"
+        assert wait_for(lambda: driver_pods() == after or None, 30, "the failed surge's pod gone")
+        assert pod_uids() == {GPU: after[f"{GPU}-pair-000"], NIC: after[f"{NIC}-pair-000-1"]}
     finally:
         own.stop(remove_nodes=True)
 
@@ -330,7 +346,7 @@ def test_a_driver_on_the_upstream_kubeletplugin_helper_serves_a_synthetic_node(
         )
         assert [len(s.spec.devices) for s in slices] == [2] and slices[0].spec.driver == HELPER
         sockets = [p.name for p in (own.nodes_dir / node / "kubelet" / "plugins_registry").iterdir()]
-        driver_pod = core.read_namespaced_pod(f"dra-testbed-driver-{node}", "dra-testbed")
+        driver_pod = core.read_namespaced_pod(f"{HELPER}-{node}", "dra-testbed")
         assert sockets == [f"{HELPER}-{driver_pod.metadata.uid}-reg.sock"], "the helper's rolling-update name"
 
         create_template(kube_api, namespace, "gpu", claim_spec(request("gpu", HELPER)))

@@ -23,9 +23,9 @@ from testbed.fleet.fleet import Fleet
 from testbed.fleet.identity import (
     DRIVER_NAMESPACE,
     DRIVER_SERVICE_ACCOUNT,
+    DriverPod,
     NodeAuthority,
     bind_driver_token,
-    driver_pod_name,
 )
 from testbed.kubeapi import ApiError, KubeClient, path_for
 from testbed.realnode.node import recorded_processes, unsupported_reason
@@ -57,7 +57,7 @@ def test_each_fleet_node_has_a_driver_pod_its_kubelet_runs(control_plane: cluste
         try:
             found = {}
             for node in fleet.host_of:
-                pod = await client.get(path_for("v1", "pods", driver_pod_name(node), DRIVER_NAMESPACE))
+                pod = await client.get(path_for("v1", "pods", DriverPod(node).name, DRIVER_NAMESPACE))
                 found[node] = pod.get("status", {}).get("phase", "")
             return found
         finally:
@@ -257,7 +257,7 @@ def test_a_real_kubelet_node_runs_its_kubelet_and_driver_under_their_own_identit
         async def driver_pod_phase() -> str:
             client = KubeClient.from_kubeconfig(state.kubeconfig)
             try:
-                pod = await client.get(path_for("v1", "pods", driver_pod_name("ref-000"), DRIVER_NAMESPACE))
+                pod = await client.get(path_for("v1", "pods", DriverPod("ref-000").name, DRIVER_NAMESPACE))
                 return str(pod.get("status", {}).get("phase", ""))
             finally:
                 await client.close()

@@ -12,7 +12,7 @@ import ssl
 import pytest
 from aiohttp import web
 
-from testbed.fleet.identity import driver_token
+from testbed.fleet.identity import DriverPod, driver_token
 from testbed.http11 import TransportError
 from testbed.kubeapi import RETRY_ATTEMPTS, ApiError, Credentials, KubeClient, until_answered
 from testbed.kubelet.node import NodeAgent, NodeSpec
@@ -244,6 +244,6 @@ def test_a_nodes_driver_token_is_asked_for_until_the_overloaded_server_answers(
         app.router.add_post("/api/v1/namespaces/dra-testbed/pods", create_pod)
         app.router.add_post("/api/v1/namespaces/dra-testbed/serviceaccounts/dra-testbed-driver/token", token)
         async with client_of(app) as client:
-            return await driver_token(client, "n1")
+            return await driver_token(client, DriverPod("n1"))
 
     assert asyncio.run(scenario()) == ("token-for-pod-uid", "pod-uid")

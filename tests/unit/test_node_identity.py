@@ -9,7 +9,7 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from testbed.controlplane import pki
-from testbed.fleet.identity import NodeAuthority, driver_pod, is_driver_pod
+from testbed.fleet.identity import DriverPod, NodeAuthority, is_driver_pod
 from testbed.kubeapi import credentials_from_kubeconfig
 
 
@@ -42,7 +42,7 @@ def test_a_cluster_without_its_ca_key_has_no_authority(tmp_path: Path) -> None:
 
 
 def test_the_driver_pod_is_bound_to_its_node_and_recognised_as_the_driver() -> None:
-    pod = driver_pod("gpu-007")
+    pod = DriverPod("gpu-007").manifest()
     assert pod["spec"]["nodeName"] == "gpu-007"
     assert pod["spec"]["serviceAccountName"] == "dra-testbed-driver"
     assert is_driver_pod(pod)

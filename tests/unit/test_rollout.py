@@ -22,20 +22,48 @@ from testbed.fleet.external import (
     running_generations,
 )
 from testbed.fleet.fleet import Fleet, RolloutFailure, rollout_stopped, rollout_summary
-from testbed.fleet.identity import driver_pod, driver_pod_name, driver_pods_selector
+from testbed.fleet.identity import DriverPod, driver_pods_selector
+from testbed.fleet.liveness import LivenessSettings
 from testbed.fleet.membership import NodeRecipe
 from testbed.fleet.spec import FleetFile
+from testbed.keys import DRIVER_NAME_LABEL
 
 
 def test_each_generation_has_a_driver_pod_of_its_own_on_the_same_node() -> None:
-    assert driver_pod_name("gpu-007") == "dra-testbed-driver-gpu-007"
-    assert driver_pod_name("gpu-007", 2) == "dra-testbed-driver-gpu-007-2"
-    assert len(driver_pod_name("n" * 300, 12)) == 253 and driver_pod_name("n" * 300, 12).endswith("-12")
-    first, later = driver_pod("gpu-007"), driver_pod("gpu-007", 2)
+    assert DriverPod("gpu-007").name == "dra-testbed-driver-gpu-007"
+    assert DriverPod("gpu-007", generation=2).name == "dra-testbed-driver-gpu-007-2"
+    long = DriverPod("n" * 300, generation=12).name
+    assert len(long) == 253 and long.endswith("-12")
+    first, later = DriverPod("gpu-007").manifest(), DriverPod("gpu-007", generation=2).manifest()
     assert first["metadata"]["labels"] == later["metadata"]["labels"]  # drained alike
     assert later["spec"]["nodeName"] == "gpu-007"
     key, value = driver_pods_selector("gpu-007").split("=")
     assert later["metadata"]["labels"][key] == value
+
+
+def test_each_command_line_driver_has_a_pod_of_its_own_carrying_its_liveness_probe() -> None:
+    """As each driver a cluster runs has a DaemonSet of its own: a node's GPU and NIC
+    drivers are two pods (two UIDs, two tokens), neither the built-in drivers' pod."""
+    probe = LivenessSettings(period_s=5, failure_threshold=2, grace_s=3).as_probe(51234)
+    gpu = DriverPod("n-1", "gpu.example.com", liveness_probe=probe)
+    nic, built_in = DriverPod("n-1", "nic.example.com"), DriverPod("n-1")
+    assert len({gpu.name, nic.name, built_in.name}) == 3
+    assert DriverPod("n-1", "gpu.example.com", 1).name == "gpu.example.com-n-1-1"
+    manifest = gpu.manifest()
+    assert manifest["metadata"]["labels"][DRIVER_NAME_LABEL] == "gpu.example.com"
+    assert DRIVER_NAME_LABEL not in built_in.manifest()["metadata"]["labels"]
+    key, value = driver_pods_selector("n-1").split("=")
+    assert manifest["metadata"]["labels"][key] == value  # drained with the node's other driver pods
+    (container,) = manifest["spec"]["containers"]
+    assert container["livenessProbe"] == {
+        "grpc": {"port": 51234},
+        "initialDelaySeconds": 0,
+        "periodSeconds": 5,
+        "timeoutSeconds": 1,
+        "failureThreshold": 2,
+        "terminationGracePeriodSeconds": 3,
+    }
+    assert "livenessProbe" not in nic.manifest()["spec"]["containers"][0]
 
 
 def test_process_records_and_logs_are_per_generation_and_found_for_their_driver_only(tmp_path: Path) -> None:
