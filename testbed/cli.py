@@ -54,8 +54,9 @@ stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def reports_errors(command: F) -> F:
-    """Every command: a TestbedError as its message and hint (exit 1); Ctrl-C or SIGTERM
-    through the command's cleanup (exit 130)."""
+    """Every command: a TestbedError as its message and hint (exit 1), and so an error of
+    Ray's (a NodeHost gone, its cluster taken down); Ctrl-C or SIGTERM through the
+    command's cleanup (exit 130)."""
 
     @wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -72,6 +73,16 @@ def reports_errors(command: F) -> F:
         except KeyboardInterrupt:
             stderr.print("interrupted")
             sys.exit(130)
+        except Exception as exc:
+            if not type(exc).__module__.startswith("ray."):
+                raise
+            said = str(exc).strip().splitlines()
+            stderr.print(f"[bold red]error:[/] Ray: {escape(said[0] if said else type(exc).__name__)}")
+            stderr.print(
+                "[yellow]hint:[/] was the cluster taken down (`testbed down`) meanwhile? "
+                "`testbed status` shows what runs, and a NodeHost's log is in Ray's session logs"
+            )
+            sys.exit(1)
 
     return wrapper  # type: ignore[return-value]
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from testbed.errors import TestbedError
+from testbed.fleet.external import ExternalDriver
 from testbed.fleet.identity import DRIVER_NAMESPACE, driver_pods_selector, is_driver_pod
 from testbed.fleet.synthetic_node import SyntheticNode
 from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
@@ -120,8 +121,11 @@ async def drain(client: KubeClient, node: SyntheticNode, timeout_s: float = 300.
     return DrainResult(node.name, evicted, prepared_before)
 
 
-async def drain_process_node(client: KubeClient, node: ProcessNode, timeout_s: float = 300.0) -> DrainResult:
-    """The same order for a real-kubelet node: its CDI specs tell what is still prepared."""
+async def drain_process_node(
+    client: KubeClient, node: ProcessNode, timeout_s: float = 300.0, external: Sequence[ExternalDriver] = ()
+) -> DrainResult:
+    """The same order for a real-kubelet node: its CDI specs tell what is still prepared.
+    ``external``: its command-line drivers, stopped with its built-in one."""
 
     def prepared() -> int:
         return len(list(node.cdi_dir.glob("*.json"))) if node.cdi_dir.exists() else 0
@@ -129,6 +133,8 @@ async def drain_process_node(client: KubeClient, node: ProcessNode, timeout_s: f
     prepared_before = prepared()
     evicted = await _empty(client, node.name, timeout_s, prepared)
     await node.stop_process("driver")
+    for driver in external:
+        await driver.stop()
     await _delete_driver_pods(client, node.name)
     await client.request(
         "DELETE",

@@ -30,6 +30,7 @@ from testbed.files import private_dir, write_secret
 from testbed.fingerprint import code_version
 from testbed.fleet import heap
 from testbed.fleet.drain import DrainResult, drain, drain_process_node
+from testbed.fleet.external import ExternalDriver, ShortPaths, driver_environment
 from testbed.fleet.fencing import NodeFence, Server
 from testbed.fleet.identity import DRIVER_NAMESPACE, DriverPod, NodeAuthority, bind_driver_token, driver_token
 from testbed.fleet.loopwatch import LoopWatch
@@ -121,6 +122,8 @@ class NodeHost:
         self.nodes: dict[str, SyntheticNode] = {}
         self.process_nodes: dict[str, ProcessNode] = {}
         """Real-kubelet nodes: their kubelet, runtime and driver run as processes."""
+        self.process_drivers: dict[str, list[ExternalDriver]] = {}
+        """Real-kubelet nodes' command-line drivers, which this host runs beside their kubelet."""
         self.client: KubeClient | None = None
         self.declared_features = declared_features
         self.watch_client: KubeClient | None = None
@@ -273,6 +276,7 @@ class NodeHost:
                     await self._issue_credentials(node)
                 await node.start()
                 if isinstance(node, ProcessNode):
+                    await self._start_process_drivers(node)
                     await node.wait_ready(ready_timeout_s, client)
                 else:
                     await node.wait_ready(ready_timeout_s)
@@ -319,6 +323,8 @@ class NodeHost:
         private.mkdir(parents=True, exist_ok=True)
         node.kubelet_kubeconfig = private / "kubelet.kubeconfig"
         write_secret(node.kubelet_kubeconfig, self.authority.kubelet_kubeconfig(node.name))
+        if not node.drivers:
+            return  # command-line drivers only: each gets its own pod (_start_process_drivers)
         token, _ = await driver_token(self.client, DriverPod(node.name))
         node.driver_kubeconfig = private / "driver.kubeconfig"
         write_secret(node.driver_kubeconfig, self.authority.kubeconfig({"token": token}))
@@ -330,12 +336,37 @@ class NodeHost:
     def _process_node(self, recipe: NodeRecipe, profile: HardwareProfile) -> ProcessNode:
         spec = SyntheticNode.node_spec(recipe.name, profile.name, recipe.labels, recipe.taints, address=recipe.address)
         root = self.nodes_dir / recipe.name
-        node = ProcessNode(
-            spec, recipe.profile, drivers_for(profile), root, self.kubeconfig, ensure_node_binaries(), "real"
-        )
+        built_in = list(recipe.drivers) if recipe.drivers is not None else drivers_for(profile)
+        node = ProcessNode(spec, recipe.profile, built_in, root, self.kubeconfig, ensure_node_binaries(), "real")
         node.devices_per_slice = recipe.devices_per_slice
         node.sync_frequency_s = recipe.sync_frequency_s
+        node.foreign_drivers = [e.name for e in recipe.external]
         return node
+
+    async def _start_process_drivers(self, node: ProcessNode) -> None:
+        """A real-kubelet node's command-line drivers, each as on a fake-kubelet node: a
+        driver pod and token of its own, the environment its DaemonSet's pod gets, its
+        log, restarts and liveness probe kept by this host. The real kubelet runs the pod
+        in its fake runtime (a container that does nothing), so the pod carries no probe:
+        the kubelet would send it to that container."""
+        specs = self.recipes[node.name].external
+        if not specs:
+            return
+        short = ShortPaths.for_node(node.root)
+        short.link(node.kubelet_dir)
+        issue = self._external_credentials(node.name)
+        started = self.process_drivers.setdefault(node.name, [])
+        for spec in specs:
+            driver = ExternalDriver(spec, node.name, node.root)
+            pod = DriverPod(node.name, spec.name, spec.generation)
+            kubeconfig, pod_uid = await issue(pod)
+            await driver.start(driver_environment(node.name, node.root, (pod.name, pod_uid), kubeconfig, short))
+            started.append(driver)
+
+    async def _stop_process_drivers(self, name: str) -> None:
+        for driver in self.process_drivers.pop(name, []):
+            await driver.stop()
+            ShortPaths.for_node(driver.root).unlink()
 
     async def remove_nodes(self, names: list[str], timeout_s: float = 300.0) -> list[dict[str, Any]]:
         """Drain these nodes and delete them from the cluster (see drain.py for the order)."""
@@ -358,7 +389,10 @@ class NodeHost:
         assert self.client is not None
         async with self._drain_gate:
             if name in self.process_nodes:
-                result = await drain_process_node(self.client, self.process_nodes.pop(name), timeout_s)
+                node, external = self.process_nodes.pop(name), self.process_drivers.pop(name, [])
+                result = await drain_process_node(self.client, node, timeout_s, external)
+                if external:
+                    ShortPaths.for_node(node.root).unlink()
             else:
                 result = await drain(self.client, self._node(name), timeout_s)
                 del self.nodes[name]
@@ -428,6 +462,8 @@ class NodeHost:
         await self.loop_watch.stop()
         await asyncio.gather(*(node.stop() for node in self.nodes.values()), return_exceptions=True)
         await asyncio.gather(*(node.stop() for node in self.process_nodes.values()), return_exceptions=True)
+        stopping = [self._stop_process_drivers(name) for name in list(self.process_drivers)]
+        await asyncio.gather(*stopping, return_exceptions=True)
         for name in list(self.node_clients):
             await self._close_clients(name)
         for watcher in (self.slice_watcher, self.node_watcher):

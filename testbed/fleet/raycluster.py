@@ -206,7 +206,7 @@ def connect(address: str, cluster_name: str, cluster_root: Path | None = None) -
 
         ray_constants.ENABLE_RAY_CLUSTER = False
         _wait_for_a_raylet(address)
-        with _own_sigterm_handler_kept():
+        with _own_handlers_kept():
             ray.init(address=address, **options)
         quiet_misleading_warnings()
         return
@@ -217,7 +217,7 @@ def connect(address: str, cluster_name: str, cluster_root: Path | None = None) -
         saved = os.dup(2)
         os.dup2(captured.fileno(), 2)
         try:
-            with _own_sigterm_handler_kept():
+            with _own_handlers_kept():
                 ray.init(address=address, **options)
             quiet_misleading_warnings()
         except ConnectionError as exc:
@@ -236,17 +236,22 @@ def connect(address: str, cluster_name: str, cluster_root: Path | None = None) -
 
 
 @contextmanager
-def _own_sigterm_handler_kept() -> Iterator[None]:
+def _own_handlers_kept() -> Iterator[None]:
     """Ray's core, joining, puts a crash handler on SIGTERM that dumps a stack and aborts
     the process: a `testbed up` ended by `timeout` or a cancelled CI job would leave its
-    control plane and Ray running. The handler this process had (the CLI's, which stops
-    what the command started) is put back."""
+    control plane and Ray running. And Ray's ``sys.excepthook`` reports an uncaught
+    exception to the cluster's GCS first, which blocks for ever when the cluster is gone
+    (`testbed down` while `testbed up` started the fleet: the process hung at half a
+    core). The handlers this process had (the CLI's, which stops what the command
+    started; Python's) are put back."""
     own = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
+    hook = sys.excepthook
     try:
         yield
     finally:
         if callable(own):
             signal.signal(signal.SIGTERM, own)
+        sys.excepthook = hook
 
 
 MISLEADING_WARNINGS = ("worker processes have been started on node",)

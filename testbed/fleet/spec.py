@@ -219,8 +219,6 @@ class Pool(_Strict):
         repeated = sorted({n for n in names if names.count(n) > 1})
         if repeated:
             raise ValueError(f"drivers: {', '.join(repeated)} listed more than once")
-        if self.kubelet == "real" and self.external_drivers:
-            raise ValueError("drivers: a command-line driver runs on fake-kubelet pools only (kubelet: fake)")
         return self
 
     @property

@@ -23,6 +23,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -41,7 +42,7 @@ from testbed.errors import TestbedError
 from testbed.files import write_atomically
 from testbed.kubeapi import KubeClient, Obj, cluster_ca, default_credentials, path_for
 from testbed.kubelet.node import NodeSpec, node_object
-from testbed.realnode import kubelet_api
+from testbed.realnode import kubelet_api, sandbox
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +108,7 @@ def kubelet_config(
 
 
 KUBELET_KINDS = ("fake", "real")
+_CONNECTION_CHANGED = re.compile(r'"Connection changed" .*?driverName="([^"]+)".*? connected=(true|false)')
 RECORDS_FILE = "processes.json"
 
 
@@ -143,7 +145,11 @@ class ProcessNode:
         """Its kubelet's syncFrequency (either kind)."""
         self.node_ip = spec.internal_ip()
         self.api_port = urllib.parse.urlsplit(default_credentials(kubeconfig).server).port or 443
+        self.foreign_drivers: list[str] = []
+        """Drivers that run beside the node from a command (the NodeHost runs them):
+        ``wait_ready`` waits until the kubelet connected to each."""
         self.processes: dict[str, asyncio.subprocess.Process] = {}
+        self._kubelet_log_start = 0
         self._relay: asyncio.Server | None = None
         self._driver_started = 0.0
         self._relayed: set[asyncio.Task[None]] = set()
@@ -222,7 +228,8 @@ class ProcessNode:
         self._reap_leftovers()
         if self.kind == "real":
             await self.start_runtime()
-        await self.start_driver()
+        if self.drivers:
+            await self.start_driver()
         await self.start_kubelet()
 
     async def stop(self) -> None:
@@ -263,6 +270,7 @@ class ProcessNode:
     async def _not_ready(self, client: KubeClient) -> str:
         registered = {c["driver"] for c in self.calls() if c.get("registered") and c["time"] >= self._driver_started}
         unregistered = sorted(set(self.drivers) - registered)
+        unregistered += sorted(set(self.foreign_drivers) - self.connected_drivers())
         if unregistered:
             return f"the kubelet has not registered {', '.join(unregistered)}"
         try:
@@ -278,6 +286,20 @@ class ProcessNode:
         published = {s["spec"]["driver"] for s in slices.get("items", [])}
         missing = sorted(set(self.drivers) - published)
         return f"no ResourceSlices yet from {', '.join(missing)}" if missing else ""
+
+    def connected_drivers(self) -> set[str]:
+        """Drivers the kubelet (since it last started) registered and holds a connection
+        to, from its log: it says so at -v=2 (dra_plugin_manager.go "Connection changed")."""
+        try:
+            with open(self.log("kubelet"), "rb") as handle:
+                handle.seek(self._kubelet_log_start)
+                text = handle.read().decode(errors="replace")
+        except OSError:
+            return set()
+        connected = {}
+        for match in _CONNECTION_CHANGED.finditer(text):
+            connected[match.group(1)] = match.group(2) == "true"
+        return {driver for driver, now in connected.items() if now}
 
     def log_tail(self, name: str, lines: int = 20) -> str:
         try:
@@ -369,6 +391,8 @@ class ProcessNode:
         await self._spawn(name, [sys.executable, "-m", "testbed.drivers.main"], env)
 
     async def start_kubelet(self) -> None:
+        with contextlib.suppress(OSError):
+            self._kubelet_log_start = self.log("kubelet").stat().st_size
         if self.kind == "fake":
             labels = [f"--label={k}={v}" for k, v in self.spec.labels.items()]
             command = [
@@ -392,11 +416,18 @@ class ProcessNode:
         settings = kubelet_config(self.root, list(self.spec.taints), client_ca, self.sync_frequency_s)
         config.write_text(yaml.safe_dump(settings))
         labels = node_object(self.spec)["metadata"]["labels"]
+        # Where a real node has it, as its sandbox mounts the node's kubelet directory: the
+        # socket names drivers make from their pod's UID fit a unix socket path there, and
+        # would not under the node's own directory. Not when what the kubelet reads lives
+        # under /var/lib, which the sandbox's mount would hide.
+        read = [self.binaries.path("kubelet"), self.root, self.kubelet_kubeconfig, self.kubeconfig.parent]
+        mounted = not any(path.resolve().is_relative_to(sandbox.KUBELET_ROOT.parent) for path in read)
+        root_dir = sandbox.KUBELET_ROOT if mounted else self.kubelet_dir
         kubelet = [
             str(self.binaries.path("kubelet")),
             f"--config={config}",
             f"--kubeconfig={self.kubelet_kubeconfig}",
-            f"--root-dir={self.kubelet_dir}",
+            f"--root-dir={root_dir}",
             f"--cert-dir={self.root / 'private' / 'pki'}",
             f"--hostname-override={self.name}",
             f"--node-ip={self.node_ip}",
@@ -425,6 +456,7 @@ class ProcessNode:
                     f"--api-port={self.api_port}",
                     f"--socket-fd={theirs.fileno()}",
                     f"--private-dir={self.root / 'private'}",
+                    *([f"--kubelet-dir={self.kubelet_dir}"] if mounted else []),
                     "--",
                     *kubelet,
                 ],

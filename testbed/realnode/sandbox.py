@@ -12,7 +12,10 @@ a new network and mount namespace (private propagation), it:
    them and writes nothing), then makes all of /proc/sys read-only, and puts a private
    directory over /var/log (the kubelet links container logs into /var/log/containers):
    nothing on the host changes;
-4. execs the kubelet.
+4. mounts the node's kubelet directory at /var/lib/kubelet, on a tmpfs over /var/lib
+   (a real node's path, and one short enough for the sockets drivers name after their
+   pod's UID: a unix socket path holds 107 bytes);
+5. execs the kubelet.
 """
 
 from __future__ import annotations
@@ -33,13 +36,15 @@ KUBELET_SYSCTLS = {
     "kernel/keys/root_maxbytes": "25000000",
 }
 """What kubelet v1.37 sets at start (container_manager_linux.go setupKernelTunables)."""
+KUBELET_ROOT = Path("/var/lib/kubelet")
+"""The kubelet's root directory inside the sandbox."""
 
 
 def _run(*command: str) -> None:
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
 
 
-def enter(node_ip: str, api_port: int, socket_fd: int, private_dir: Path) -> None:
+def enter(node_ip: str, api_port: int, socket_fd: int, private_dir: Path, kubelet_dir: Path | None = None) -> None:
     _run("ip", "link", "set", "lo", "up")
     _run("ip", "addr", "add", f"{node_ip}/32", "dev", "lo")
 
@@ -63,6 +68,10 @@ def enter(node_ip: str, api_port: int, socket_fd: int, private_dir: Path) -> Non
     var_log = private_dir / "var-log"
     var_log.mkdir(parents=True, exist_ok=True)
     _run("mount", "--bind", str(var_log), "/var/log")
+    if kubelet_dir is not None:
+        _run("mount", "-t", "tmpfs", "-o", "mode=0755", "tmpfs", str(KUBELET_ROOT.parent))
+        KUBELET_ROOT.mkdir()
+        _run("mount", "--bind", str(kubelet_dir), str(KUBELET_ROOT))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -75,9 +84,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--api-port", type=int, required=True)
     parser.add_argument("--socket-fd", type=int, required=True)
     parser.add_argument("--private-dir", type=Path, required=True)
+    parser.add_argument("--kubelet-dir", type=Path)
     options = parser.parse_args(args[:split])
     command = args[split + 1 :]
-    enter(options.node_ip, options.api_port, options.socket_fd, options.private_dir)
+    enter(options.node_ip, options.api_port, options.socket_fd, options.private_dir, options.kubelet_dir)
     os.execv(command[0], command)
 
 

@@ -30,6 +30,7 @@ from testbed.fleet.fleet import Fleet
 from testbed.fleet.spec import FleetFile
 from testbed.keys import DRIVER_POD_LABEL
 from testbed.kubeapi import KubeClient
+from testbed.realnode.node import unsupported_reason
 from testbed.report import report as reporting
 from testbed.scenarios import runner, spec
 from testbed.testing import wait_for
@@ -363,6 +364,61 @@ def test_a_driver_on_the_upstream_kubeletplugin_helper_serves_a_synthetic_node(
         core.delete_namespace(namespace)
         own.stop(remove_nodes=True)
         resource.delete_device_class(HELPER)
+
+
+@pytest.mark.skipif(bool(unsupported_reason()), reason=unsupported_reason() or "")
+def test_a_driver_on_the_upstream_helper_serves_a_real_kubelet_node_too(
+    control_plane: ClusterState, fleet: Fleet, kube_api: k8s.ApiClient
+) -> None:
+    """The reference for a developer's driver: the REAL kubelet v1.37 registers it (its
+    sockets named after its own pod's UID, which fit the kubelet's /var/lib/kubelet as
+    on a real node), runs its pod, and prepares a pod's claim through it; draining the
+    node stops it after the claim is unprepared."""
+    del fleet  # only for its Ray
+    helper = str(ensure_bench_binaries().path("testbed-helperdriver"))
+    pool = unique("rh")
+    driver = {"name": HELPER, "command": [helper, "--driver", HELPER, "--gpus", "2"]}
+    spec = FleetFile.model_validate(
+        {
+            "nodesPerHost": 1,
+            "pools": [{"name": pool, "count": 1, "profile": "tiny", "kubelet": "real", "drivers": [driver]}],
+        }
+    )
+    own = Fleet(spec, control_plane.kubeconfig, nodes_dir(control_plane.root))
+    core, resource = k8s.CoreV1Api(kube_api), k8s.ResourceV1Api(kube_api)
+    every_device: Any = {"cel": {"expression": f'device.driver == "{HELPER}"'}}
+    resource.create_device_class({"metadata": {"name": HELPER}, "spec": {"selectors": [every_device]}})
+    namespace = unique("rh")
+    core.create_namespace({"metadata": {"name": namespace}})
+    node = f"{pool}-000"
+    try:
+        own.start()  # waits for the real kubelet to have connected to the driver
+        [record] = recorded_drivers(own.nodes_dir)[node]
+        driver_pod = core.read_namespaced_pod(f"{HELPER}-{node}", "dra-testbed")
+        assert _environment_of(record.pid)["POD_UID"] == driver_pod.metadata.uid
+        sockets = [p.name for p in (own.nodes_dir / node / "kubelet" / "plugins_registry").iterdir()]
+        assert sockets == [f"{HELPER}-{driver_pod.metadata.uid}-reg.sock"]
+        wait_for(
+            lambda: core.read_namespaced_pod(driver_pod.metadata.name, "dra-testbed").status.phase == "Running",
+            60,
+            "the real kubelet to run the driver's pod",
+        )
+        others = [p.metadata.name for p in core.list_namespaced_pod("dra-testbed").items]
+        assert f"dra-testbed-driver-{node}" not in others, "no built-in drivers: no pod for them"
+
+        create_template(kube_api, namespace, "gpu", claim_spec(request("gpu", HELPER)))
+        core.create_namespaced_pod(namespace, pod("app", {"gpu": {"resourceClaimTemplateName": "gpu"}}, node=node))
+        running = wait_running(kube_api, namespace, "app")
+        lines = (own.nodes_dir / node / "containers.jsonl").read_text().splitlines()
+        given = [json.loads(line) for line in lines]
+        [main] = [r for r in given if r["podUID"] == running.metadata.uid and r["container"] == "main"]
+        devices = [v for k, v in main["env"].items() if k.startswith("GPU_DEVICE_")]
+        assert devices in (["gpu-0"], ["gpu-1"]), main  # the CDI edits the helper wrote, applied by the runtime
+    finally:
+        core.delete_namespace(namespace)
+        own.stop(remove_nodes=True)
+        resource.delete_device_class(HELPER)
+    assert process_start_ticks(record.pid) is None, "stopped with its node"
 
 
 def test_a_scenario_rolls_a_driver_out_while_its_pods_come_and_go(
