@@ -23,7 +23,7 @@ import signal
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from testbed.config import runtime_root
@@ -67,6 +67,11 @@ class ExternalDriverSpec:
     def refers_to(self, variable: str) -> bool:
         """Whether its command or environment names ``$(variable)``."""
         return any(f"$({variable})" in text for text in (*self.command, *self.env.values()))
+
+
+def next_generation(spec: ExternalDriverSpec, command: tuple[str, ...] | None) -> ExternalDriverSpec:
+    """What a rollout starts: the next generation, of ``command`` or the same one."""
+    return replace(spec, command=command or spec.command, generation=spec.generation + 1)
 
 
 def expand(text: str, variables: Mapping[str, str]) -> str:

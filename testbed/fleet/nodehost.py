@@ -14,6 +14,7 @@ import functools
 import logging
 import os
 import platform
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, replace
@@ -26,16 +27,17 @@ from fake_devices.hardware import Health
 from fake_devices.profiles import HardwareProfile
 from testbed.controlplane.binaries import ensure_node_binaries
 from testbed.drivers import drivers_for, load_profile
+from testbed.errors import TestbedError
 from testbed.files import private_dir, write_secret
 from testbed.fingerprint import code_version
 from testbed.fleet import heap
 from testbed.fleet.drain import DrainResult, drain, drain_process_node
-from testbed.fleet.external import ExternalDriver, ShortPaths, driver_environment
+from testbed.fleet.external import ExternalDriver, ShortPaths, driver_environment, next_generation
 from testbed.fleet.fencing import NodeFence, Server
 from testbed.fleet.identity import DRIVER_NAMESPACE, DriverPod, NodeAuthority, bind_driver_token, driver_token
 from testbed.fleet.loopwatch import LoopWatch
 from testbed.fleet.membership import Membership, NodeRecipe, in_ray
-from testbed.fleet.synthetic_node import SyntheticNode
+from testbed.fleet.synthetic_node import RolledOut, SyntheticNode, replace_instance, wait_connected
 from testbed.fleet.tlsmemory import small_tls_read_buffers
 from testbed.kubeapi import KubeClient, path_for
 from testbed.kubelet.declared import cluster_declared_features
@@ -276,7 +278,7 @@ class NodeHost:
                     await self._issue_credentials(node)
                 await node.start()
                 if isinstance(node, ProcessNode):
-                    await self._start_process_drivers(node)
+                    await self._start_process_drivers(node, ready_timeout_s)
                     await node.wait_ready(ready_timeout_s, client)
                 else:
                     await node.wait_ready(ready_timeout_s)
@@ -343,25 +345,32 @@ class NodeHost:
         node.foreign_drivers = [e.name for e in recipe.external]
         return node
 
-    async def _start_process_drivers(self, node: ProcessNode) -> None:
+    async def _start_process_drivers(self, node: ProcessNode, timeout_s: float) -> None:
         """A real-kubelet node's command-line drivers, each as on a fake-kubelet node: a
         driver pod and token of its own, the environment its DaemonSet's pod gets, its
-        log, restarts and liveness probe kept by this host. The real kubelet runs the pod
-        in its fake runtime (a container that does nothing), so the pod carries no probe:
-        the kubelet would send it to that container."""
+        log, restarts and liveness probe kept by this host; each waited for until the
+        kubelet connected to it (a driver that keeps crashing fails the node's start)."""
         specs = self.recipes[node.name].external
         if not specs:
             return
-        short = ShortPaths.for_node(node.root)
-        short.link(node.kubelet_dir)
-        issue = self._external_credentials(node.name)
+        ShortPaths.for_node(node.root).link(node.kubelet_dir)
         started = self.process_drivers.setdefault(node.name, [])
+        since = node.kubelet_log_size()
         for spec in specs:
             driver = ExternalDriver(spec, node.name, node.root)
-            pod = DriverPod(node.name, spec.name, spec.generation)
-            kubeconfig, pod_uid = await issue(pod)
-            await driver.start(driver_environment(node.name, node.root, (pod.name, pod_uid), kubeconfig, short))
+            await driver.start(await self._process_driver_environment(node, driver))
             started.append(driver)
+        deadline = time.monotonic() + timeout_s
+        for driver in started:
+            await wait_connected(node, driver, deadline - time.monotonic(), since)
+
+    async def _process_driver_environment(self, node: ProcessNode, driver: ExternalDriver) -> dict[str, str]:
+        """The real kubelet runs the driver's pod in its fake runtime (a container that does
+        nothing), so the pod carries no probe: the kubelet would send it to that container."""
+        pod = DriverPod(node.name, driver.spec.name, driver.spec.generation)
+        kubeconfig, pod_uid = await self._external_credentials(node.name)(pod)
+        short = ShortPaths.for_node(node.root)
+        return driver_environment(node.name, node.root, (pod.name, pod_uid), kubeconfig, short)
 
     async def _stop_process_drivers(self, name: str) -> None:
         for driver in self.process_drivers.pop(name, []):
@@ -489,24 +498,46 @@ class NodeHost:
     ) -> dict[str, Any]:
         """Roll ``driver`` out anew on ``node`` (SyntheticNode.roll_external), remember the
         new instance for a restart of this host, and delete the driver pod it replaced."""
-        synthetic = self._node(node)
-        before = next((e.spec.generation for e in synthetic.external if e.spec.name == driver), 0)
+        new_command = None if command is None else tuple(command)
+        if node in self.process_nodes:
+            instances = self.process_drivers.get(node, [])
+            rolling = self._roll_process_driver(self.process_nodes[node], driver, new_command, surge, timeout_s)
+        else:
+            instances = self._node(node).external
+            rolling = self._node(node).roll_external(driver, new_command, surge, timeout_s)
+        before = next((e.spec.generation for e in instances if e.spec.name == driver), 0)
         try:
-            rolled = await synthetic.roll_external(
-                driver, None if command is None else tuple(command), surge, timeout_s
-            )
+            rolled = await rolling
         except BaseException:
-            if any(e.spec.name == driver and e.spec.generation == before for e in synthetic.external):
+            if any(e.spec.name == driver and e.spec.generation == before for e in instances):
                 # Rolled back: the surge pod that never got ready goes, as a DaemonSet's would.
                 await self._delete_driver_pod(DriverPod(node, driver, before + 1))
             raise
         finally:  # the instance the node runs now, whether or not the new one came up
             recipe = self.recipes[node]
-            current = {e.spec.name: e.spec for e in synthetic.external}
+            current = {e.spec.name: e.spec for e in instances}
             self.recipes[node] = replace(recipe, external=tuple(current.get(e.name, e) for e in recipe.external))
             self._remember()
         await self._delete_driver_pod(DriverPod(node, driver, before))
         return asdict(rolled)
+
+    async def _roll_process_driver(
+        self, node: ProcessNode, driver: str, command: tuple[str, ...] | None, surge: bool, timeout_s: float
+    ) -> RolledOut:
+        """SyntheticNode.roll_external on a real-kubelet node, whose kubelet tells of the
+        new instance in its log."""
+        instances = self.process_drivers.get(node.name, [])
+        old = next((e for e in instances if e.spec.name == driver), None)
+        if old is None:
+            raise TestbedError(f"node {node.name} runs no command-line driver {driver}")
+        started, new = time.monotonic(), ExternalDriver(next_generation(old.spec, command), node.name, node.root)
+        environment = await self._process_driver_environment(node, new)
+        since = node.kubelet_log_size()
+
+        async def registered() -> None:
+            await wait_connected(node, new, timeout_s, since)
+
+        return await replace_instance(instances, new, environment, surge, registered, started)
 
     async def _delete_driver_pod(self, pod: DriverPod) -> None:
         """Under shared credentials there are no driver pods."""

@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fake_devices import sysfs
 from fake_devices.hardware import NodeHardware
@@ -21,7 +22,13 @@ from testbed.config import KUBELET_SYNC_FREQUENCY_S
 from testbed.drivers import driver_on_node, drivers_for
 from testbed.drivers.backend import LocalBackend
 from testbed.errors import TestbedError
-from testbed.fleet.external import ExternalDriver, ExternalDriverSpec, ShortPaths, driver_environment
+from testbed.fleet.external import (
+    ExternalDriver,
+    ExternalDriverSpec,
+    ShortPaths,
+    driver_environment,
+    next_generation,
+)
 from testbed.fleet.identity import DRIVER_IMAGE, DRIVER_NAMESPACE, DriverPod
 from testbed.keys import PROFILE_LABEL
 from testbed.kubeapi import KubeClient
@@ -34,6 +41,9 @@ from testbed.kubeletplugin.claims import ClaimReader
 from testbed.kubeletplugin.prepare import DriverPaths
 from testbed.kubeletplugin.slices import SliceWatcher
 from testbed.tasks import cancel_and_wait, first_of
+
+if TYPE_CHECKING:
+    from testbed.realnode.node import ProcessNode
 
 PLUGIN_SCAN_INTERVAL_S = 10.0
 """How often a kubelet polls its registry where inotify cannot be had (see dirwatch): a
@@ -83,6 +93,57 @@ async def wait_registered(
                 await first_of(changed.wait(), restarted.wait())
     except TimeoutError:
         raise _not_registered(external, f"not within {timeout_s:.0f} s") from None
+
+
+async def wait_connected(node: ProcessNode, external: ExternalDriver, timeout_s: float, since: int) -> None:
+    """The same for a real kubelet, which says so only in its log: until it connected to
+    an instance of ``external``'s driver after the log's offset ``since`` (the instance
+    started then, or a rollout's new one beside the old)."""
+    deadline = time.monotonic() + timeout_s
+    while external.spec.name not in node.connected_drivers(since):
+        if external.restarts >= CRASHES_WHILE_STARTING:
+            raise _not_registered(external, _why_restarted(external))
+        if time.monotonic() > deadline:
+            raise _not_registered(external, f"not within {timeout_s:.0f} s; the kubelet's log is {node.log('kubelet')}")
+        await asyncio.sleep(0.2)
+
+
+async def replace_instance(
+    instances: list[ExternalDriver],
+    new: ExternalDriver,
+    environment: Mapping[str, str],
+    surge: bool,
+    registered: Callable[[], Awaitable[None]],
+    started: float,
+) -> RolledOut:
+    """Put ``new`` in the place of the instance of its driver in ``instances``, as a
+    DaemonSet's rolling update replaces its pod: with ``surge`` it starts beside the old
+    one, which stops once ``registered`` returned (maxSurge); else the old one stops
+    first (maxUnavailable). A surge that fails leaves the old one serving. ``started``:
+    when the node's turn began (``time.monotonic()``)."""
+    index = next(i for i, e in enumerate(instances) if e.spec.name == new.spec.name)
+    old, stopped_at = instances[index], None
+    if not surge:
+        stopped_at = time.monotonic()
+        await old.stop()
+    instances[index] = new  # from here on the node's: drained and stopped with it
+    try:
+        await new.start(environment, beside=old if surge else None)
+        await registered()
+    except BaseException:
+        if surge:  # as a DaemonSet's surge pod that never gets ready: the old one serves on
+            instances[index] = old
+            await new.stop()
+        raise  # else the new one is the node's, restarted with back-off while it fails
+    registered_at = time.monotonic()
+    if surge:
+        await old.stop()
+    return RolledOut(
+        new.node,
+        new.spec.generation,
+        time.monotonic() - started,
+        0.0 if stopped_at is None else registered_at - stopped_at,
+    )
 
 
 def _why_restarted(external: ExternalDriver) -> str:
@@ -274,37 +335,17 @@ class SyntheticNode:
         the same one), as a DaemonSet's rolling update replaces its pod: with ``surge``
         the new one starts beside the old and the old stops once the kubelet registered
         the new (maxSurge); else the old stops first (maxUnavailable)."""
-        index = next((i for i, e in enumerate(self.external) if e.spec.name == driver), None)
-        if index is None:
+        old = next((e for e in self.external if e.spec.name == driver), None)
+        if old is None:
             raise TestbedError(f"node {self.name} runs no command-line driver {driver}")
-        old = self.external[index]
-        spec = replace(old.spec, command=command or old.spec.command, generation=old.spec.generation + 1)
-        new = self._external_driver(spec)
-        started = time.monotonic()
+        started, new = time.monotonic(), self._external_driver(next_generation(old.spec, command))
         environment = await self._external_environment(new)
         known = {id(p) for p in self.kubelet.plugins.instances(driver)}
-        stopped_at = None
-        if not surge:
-            stopped_at = time.monotonic()
-            await old.stop()
-        self.external[index] = new  # from here on the node's: drained and stopped with it
-        try:
-            await new.start(environment, beside=old if surge else None)
+
+        async def registered() -> None:
             await wait_registered(self.kubelet.plugins, new, timeout_s, known)
-        except BaseException:
-            if surge:  # as a DaemonSet's surge pod that never gets ready: the old one serves on
-                self.external[index] = old
-                await new.stop()
-            raise  # else the new one is the node's, restarted with back-off while it fails
-        registered_at = time.monotonic()
-        if surge:
-            await old.stop()
-        return RolledOut(
-            self.name,
-            spec.generation,
-            time.monotonic() - started,
-            0.0 if stopped_at is None else registered_at - stopped_at,
-        )
+
+        return await replace_instance(self.external, new, environment, surge, registered, started)
 
     async def wait_ready(self, timeout_s: float) -> None:
         """Every driver registered with the kubelet; the built-in ones' slices published

@@ -108,7 +108,9 @@ def kubelet_config(
 
 
 KUBELET_KINDS = ("fake", "real")
-_CONNECTION_CHANGED = re.compile(r'"Connection changed" .*?driverName="([^"]+)".*? connected=(true|false)')
+_CONNECTION_CHANGED = re.compile(
+    r'"Connection changed" .*?driverName="([^"]+)" endpoint="([^"]*)" connected=(true|false)'
+)
 RECORDS_FILE = "processes.json"
 
 
@@ -287,19 +289,27 @@ class ProcessNode:
         missing = sorted(set(self.drivers) - published)
         return f"no ResourceSlices yet from {', '.join(missing)}" if missing else ""
 
-    def connected_drivers(self) -> set[str]:
-        """Drivers the kubelet (since it last started) registered and holds a connection
-        to, from its log: it says so at -v=2 (dra_plugin_manager.go "Connection changed")."""
+    def connected_drivers(self, since: int | None = None) -> set[str]:
+        """Drivers the kubelet registered and holds a connection to (to one of their
+        instances), from its log: it says so at -v=2 (dra_plugin_manager.go "Connection
+        changed"). ``since``: a ``kubelet_log_size()``, connections made after it only;
+        default: since the kubelet last started."""
         try:
             with open(self.log("kubelet"), "rb") as handle:
-                handle.seek(self._kubelet_log_start)
+                handle.seek(self._kubelet_log_start if since is None else since)
                 text = handle.read().decode(errors="replace")
         except OSError:
             return set()
-        connected = {}
+        connected: dict[tuple[str, str], bool] = {}
         for match in _CONNECTION_CHANGED.finditer(text):
-            connected[match.group(1)] = match.group(2) == "true"
-        return {driver for driver, now in connected.items() if now}
+            connected[match.group(1), match.group(2)] = match.group(3) == "true"
+        return {driver for (driver, _), now in connected.items() if now}
+
+    def kubelet_log_size(self) -> int:
+        try:
+            return self.log("kubelet").stat().st_size
+        except OSError:
+            return 0
 
     def log_tail(self, name: str, lines: int = 20) -> str:
         try:
@@ -391,8 +401,7 @@ class ProcessNode:
         await self._spawn(name, [sys.executable, "-m", "testbed.drivers.main"], env)
 
     async def start_kubelet(self) -> None:
-        with contextlib.suppress(OSError):
-            self._kubelet_log_start = self.log("kubelet").stat().st_size
+        self._kubelet_log_start = self.kubelet_log_size()
         if self.kind == "fake":
             labels = [f"--label={k}={v}" for k, v in self.spec.labels.items()]
             command = [

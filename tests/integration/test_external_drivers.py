@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -318,6 +319,25 @@ def test_a_nodes_command_line_drivers_each_run_in_a_pod_of_their_own(
 HELPER = "gpu.helper.dra-testbed.io"
 
 
+def _helper_node(control_plane: ClusterState, kube_api: k8s.ApiClient, prefix: str, kubelet: str) -> tuple[Fleet, str]:
+    """A fleet (not started) of one tiny node whose only driver is one on the upstream
+    kubeletplugin helper, under its own name and DeviceClass (deleted by the caller)."""
+    helper = str(ensure_bench_binaries().path("testbed-helperdriver"))
+    driver = {"name": HELPER, "command": [helper, "--driver", HELPER, "--gpus", "2"]}
+    pool = unique(prefix)
+    spec = FleetFile.model_validate(
+        {
+            "nodesPerHost": 1,
+            "pools": [{"name": pool, "count": 1, "profile": "tiny", "kubelet": kubelet, "drivers": [driver]}],
+        }
+    )
+    every_device: Any = {"cel": {"expression": f'device.driver == "{HELPER}"'}}
+    k8s.ResourceV1Api(kube_api).create_device_class(
+        {"metadata": {"name": HELPER}, "spec": {"selectors": [every_device]}}
+    )
+    return Fleet(spec, control_plane.kubeconfig, nodes_dir(control_plane.root)), f"{pool}-000"
+
+
 def test_a_driver_on_the_upstream_kubeletplugin_helper_serves_a_synthetic_node(
     control_plane: ClusterState, fleet: Fleet, kube_api: k8s.ApiClient
 ) -> None:
@@ -327,19 +347,10 @@ def test_a_driver_on_the_upstream_kubeletplugin_helper_serves_a_synthetic_node(
     pod using one runs with the device's environment, and going, has its claim
     unprepared (the driver's CDI spec gone)."""
     del fleet  # only for its Ray
-    helper = str(ensure_bench_binaries().path("testbed-helperdriver"))
-    driver = {"name": HELPER, "command": [helper, "--driver", HELPER, "--gpus", "2"]}
-    pool = unique("hp")
-    spec = FleetFile.model_validate(
-        {"nodesPerHost": 1, "pools": [{"name": pool, "count": 1, "profile": "tiny", "drivers": [driver]}]}
-    )
-    own = Fleet(spec, control_plane.kubeconfig, nodes_dir(control_plane.root))
+    own, node = _helper_node(control_plane, kube_api, "hp", "fake")
     core, resource = k8s.CoreV1Api(kube_api), k8s.ResourceV1Api(kube_api)
-    every_device: Any = {"cel": {"expression": f'device.driver == "{HELPER}"'}}
-    resource.create_device_class({"metadata": {"name": HELPER}, "spec": {"selectors": [every_device]}})
     namespace = unique("hp")
     core.create_namespace({"metadata": {"name": namespace}})
-    node = f"{pool}-000"
     try:
         own.start()
         slices = wait_for(  # published once registered: the node's start waits for the registration
@@ -372,25 +383,14 @@ def test_a_driver_on_the_upstream_helper_serves_a_real_kubelet_node_too(
 ) -> None:
     """The reference for a developer's driver: the REAL kubelet v1.37 registers it (its
     sockets named after its own pod's UID, which fit the kubelet's /var/lib/kubelet as
-    on a real node), runs its pod, and prepares a pod's claim through it; draining the
-    node stops it after the claim is unprepared."""
+    on a real node), runs its pod, and prepares a pod's claim through it. Rolled out
+    with surge, the new instance (a pod of its own) unprepares that claim, and a surge
+    that never registers leaves it serving; the node's drain stops it."""
     del fleet  # only for its Ray
-    helper = str(ensure_bench_binaries().path("testbed-helperdriver"))
-    pool = unique("rh")
-    driver = {"name": HELPER, "command": [helper, "--driver", HELPER, "--gpus", "2"]}
-    spec = FleetFile.model_validate(
-        {
-            "nodesPerHost": 1,
-            "pools": [{"name": pool, "count": 1, "profile": "tiny", "kubelet": "real", "drivers": [driver]}],
-        }
-    )
-    own = Fleet(spec, control_plane.kubeconfig, nodes_dir(control_plane.root))
+    own, node = _helper_node(control_plane, kube_api, "rh", "real")
     core, resource = k8s.CoreV1Api(kube_api), k8s.ResourceV1Api(kube_api)
-    every_device: Any = {"cel": {"expression": f'device.driver == "{HELPER}"'}}
-    resource.create_device_class({"metadata": {"name": HELPER}, "spec": {"selectors": [every_device]}})
     namespace = unique("rh")
     core.create_namespace({"metadata": {"name": namespace}})
-    node = f"{pool}-000"
     try:
         own.start()  # waits for the real kubelet to have connected to the driver
         [record] = recorded_drivers(own.nodes_dir)[node]
@@ -414,6 +414,20 @@ def test_a_driver_on_the_upstream_helper_serves_a_real_kubelet_node_too(
         [main] = [r for r in given if r["podUID"] == running.metadata.uid and r["container"] == "main"]
         devices = [v for k, v in main["env"].items() if k.startswith("GPU_DEVICE_")]
         assert devices in (["gpu-0"], ["gpu-1"]), main  # the CDI edits the helper wrote, applied by the runtime
+
+        [rolled] = own.rollout(HELPER)
+        assert (rolled["node"], rolled["generation"], rolled["unavailable_s"]) == (node, 1, 0.0)
+        [second] = recorded_drivers(own.nodes_dir)[node]
+        assert second.pid != record.pid and process_start_ticks(record.pid) is None
+        ours = {p.metadata.name for p in core.list_namespaced_pod("dra-testbed").items if node in p.metadata.name}
+        assert ours == {f"{HELPER}-{node}-1"}, "the old instance's pod deleted"
+        core.delete_namespaced_pod("app", namespace)
+        specs = own.nodes_dir / node / "cdi"
+        wait_for(lambda: not list(specs.glob(f"{HELPER}-*.json")), 60, "the new instance to unprepare the claim")
+        with pytest.raises(TestbedError, match=rf"rollout of {re.escape(HELPER)} stopped after 0 of 1 nodes"):
+            own.rollout(HELPER, [sys.executable, "-c", "raise SystemExit(3)"])
+        assert [r.pid for r in recorded_drivers(own.nodes_dir)[node]] == [second.pid], "the old one serves on"
+        record = second
     finally:
         core.delete_namespace(namespace)
         own.stop(remove_nodes=True)

@@ -84,3 +84,41 @@ def test_a_fake_kubelet_process_serves_its_metrics_on_a_private_socket(short_tmp
     bare.mkdir()
     with pytest.raises(TestbedError, match="node n: no kubelet running"):
         asyncio.run(kubelet_api.kubelet_metrics(bare, "n", short_tmp_path / "unused", None))
+
+
+KUBELET_LOG = """\
+I1129 08:54:18.453869   32708 reconciler.go:161] "OperationExecutor.RegisterPlugin started" plugin={"SocketPath":"x"}
+I1129 08:54:18.457367   32708 dra_plugin_manager.go:140] "Connection changed" logger="DRA registration handler" \
+driverName="gpu.example.com" endpoint="/p/gpu.example.com/dra-1.sock" connected=true
+I1129 08:54:18.457400   32708 dra_plugin_manager.go:140] "Connection changed" logger="DRA registration handler" \
+driverName="nic.example.com" endpoint="/p/nic.example.com/dra.sock" connected=false
+"""
+ROLLED_OUT = """\
+I1129 08:55:00.000001   32708 dra_plugin_manager.go:140] "Connection changed" logger="DRA registration handler" \
+driverName="gpu.example.com" endpoint="/p/gpu.example.com/dra-2.sock" connected=true
+I1129 08:55:00.500000   32708 dra_plugin_manager.go:140] "Connection changed" logger="DRA registration handler" \
+driverName="gpu.example.com" endpoint="/p/gpu.example.com/dra-1.sock" connected=false
+"""
+
+
+def test_which_drivers_the_real_kubelet_is_connected_to_is_read_from_its_log(tmp_path: Path) -> None:
+    """What `testbed up` and a rollout wait for on a real-kubelet node with a driver of the
+    user's (it tells nobody else): per instance, so a rollout's old one going does not
+    hide the new one."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:6443'}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x\n"
+    )
+    node = realnode.ProcessNode(realnode.NodeSpec("n"), "tiny", [], tmp_path, kubeconfig, kubelet="fake")
+    (tmp_path / "logs").mkdir()
+    assert node.connected_drivers() == set() and node.kubelet_log_size() == 0
+    node.log("kubelet").write_text(KUBELET_LOG)
+    assert node.connected_drivers() == {"gpu.example.com"}  # the NIC driver's connection went
+    since = node.kubelet_log_size()
+    assert node.connected_drivers(since) == set()
+    with open(node.log("kubelet"), "a") as log:
+        log.write(ROLLED_OUT)
+    assert node.connected_drivers(since) == {"gpu.example.com"}, "the new instance, though the old one went"
+    assert node.connected_drivers() == {"gpu.example.com"}
