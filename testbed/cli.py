@@ -322,6 +322,14 @@ def _kubectl() -> Path:
     help="Hardware profile of the synthetic nodes: gpu8, h100x8, tiny, shared-nic, fabric-gpu, fpga4, or a YAML file.",
 )
 @click.option(
+    "--real-nodes",
+    type=click.IntRange(min=0, max=100),
+    default=0,
+    show_default=True,
+    help="Also run this many nodes (real-000, ...) with the real kubelet v1.37 in place of the fake one, "
+    "the same profile and drivers: the reference to compare the fake kubelet against (root only, ~180 MB each).",
+)
+@click.option(
     "--nodes-per-host",
     type=click.IntRange(min=1, max=10_000),
     default=fleet_spec.DEFAULT_NODES_PER_HOST,
@@ -391,6 +399,7 @@ def up(
     feature_gates: str,
     timeout: float,
     nodes: int,
+    real_nodes: int,
     profile: str,
     nodes_per_host: int,
     fleet_file: Path | None,
@@ -424,8 +433,11 @@ def up(
     )
     cfg.check_advertise_address(advertise_address)
     fleet = None
-    if fleet_file is not None and nodes:
-        raise TestbedError("give --fleet or --nodes, not both", hint="put every pool in the fleet file")
+    if fleet_file is not None and (nodes or real_nodes):
+        raise TestbedError(
+            "give --fleet or --nodes/--real-nodes, not both",
+            hint="put every pool in the fleet file (`kubelet: real` for real-kubelet nodes)",
+        )
     if fleet_file is not None and driver_command is not None:
         raise TestbedError(
             "--driver-command goes with --nodes", hint="with --fleet, list the driver in a pool's `drivers:`"
@@ -433,11 +445,11 @@ def up(
     try:  # a bad fleet or profile fails before anything starts
         if fleet_file is not None:
             fleet = fleet_spec.load(fleet_file)
-        elif nodes:
+        elif nodes or real_nodes:
             load_profile(profile)
             drivers = _command_driver(driver_command, driver_name, driver_env, driver_liveness_probe)
             fleet = fleet_spec.single_pool(
-                nodes, profile, nodes_per_host, devices_per_slice=devices_per_slice, drivers=drivers
+                nodes, profile, nodes_per_host, devices_per_slice=devices_per_slice, drivers=drivers, real=real_nodes
             )
     except ProfileError as exc:
         raise TestbedError(
@@ -671,19 +683,21 @@ def status(name: str, state_dir: Path | None) -> None:
         _print_fleet(state, out)
     nodes_dir = state.fleet.nodes_dir if state.fleet else ""
     process_nodes = recorded_processes(Path(nodes_dir)) if nodes_dir else {}
+    drivers = recorded_drivers(Path(str(nodes_dir))) if nodes_dir else {}
     if process_nodes:
         nodes = Table(title="real-kubelet nodes (processes on this machine)")
-        for column in ("node", "kubelet", "driver", "runtime", "logs"):
+        for column in ("node", "kubelet", "built-in drivers", "runtime", "logs"):
             nodes.add_column(column)
         for node, records in process_nodes.items():
             alive = {r.name: r.alive() for r in records}
 
-            def cell(name: str, alive: dict[str, bool] = alive) -> str:
-                return "-" if name not in alive else "[green]running[/]" if alive[name] else "[red]gone[/]"
+            def cell(name: str, alive: dict[str, bool] = alive, node: str = node) -> str:
+                if name not in alive:  # a node of command-line drivers only runs none
+                    return "none (command-line drivers below)" if name == "driver" and drivers.get(node) else "-"
+                return "[green]running[/]" if alive[name] else "[red]gone[/]"
 
             nodes.add_row(node, cell("kubelet"), cell("driver"), cell("cri"), str(Path(records[0].log).parent))
         out.print(nodes)
-    drivers = recorded_drivers(Path(str(nodes_dir))) if nodes_dir else {}
     if drivers:
         table = Table(title="external drivers (a process per node; `testbed logs NODE DRIVER`)")
         for column in ("driver", "nodes", "running", "gone", "restarts", "by liveness probe", "generation"):

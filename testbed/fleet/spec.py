@@ -365,6 +365,10 @@ def runnable_from(command: list[str], directory: Path) -> list[str]:
     return [str((directory / executable).absolute()), *command[1:]]
 
 
+REAL_POOL = "real"
+"""The pool `--real-nodes` asks for."""
+
+
 def single_pool(
     count: int,
     profile: str,
@@ -373,8 +377,10 @@ def single_pool(
     devices_per_slice: int | None = None,
     drivers: list[Any] | None = None,
     sync_frequency_s: float = KUBELET_SYNC_FREQUENCY_S,
+    real: int = 0,
 ) -> FleetFile:
-    """What `--nodes N --profile P` means."""
+    """What `--nodes N --profile P` means; ``real``: `--real-nodes M`, a pool ``real`` of
+    that many nodes with the real kubelet, the same profile and drivers (the reference)."""
     pool = {
         "name": prefix,
         "count": count,
@@ -383,9 +389,12 @@ def single_pool(
         "drivers": drivers,
         "syncFrequencySeconds": sync_frequency_s,
     }
+    pools = [pool] if count or not real else []
+    if real:
+        pools.append({**pool, "name": REAL_POOL, "count": real, "kubelet": "real"})
     return validate(
         FleetFile,
-        {"nodesPerHost": nodes_per_host, "pools": [pool]},
+        {"nodesPerHost": nodes_per_host, "pools": pools},
         "node pool",
         "from the command line",
         FleetFileError,

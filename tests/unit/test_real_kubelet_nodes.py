@@ -122,3 +122,28 @@ def test_which_drivers_the_real_kubelet_is_connected_to_is_read_from_its_log(tmp
         log.write(ROLLED_OUT)
     assert node.connected_drivers(since) == {"gpu.example.com"}, "the new instance, though the old one went"
     assert node.connected_drivers() == {"gpu.example.com"}
+
+
+def test_real_nodes_from_the_command_line_are_a_pool_beside_the_fake_ones_with_the_same_drivers() -> None:
+    driver = {"name": "gpu.example.com", "command": ["/bin/drv"]}
+    fleet = spec.single_pool(3, "tiny", 10, drivers=[driver], real=1)
+    fake, real = fleet.pools
+    assert (fake.name, fake.kubelet, real.name, real.kubelet) == ("node", "fake", "real", "real")
+    assert real.node_names() == ["real-000"] and real.external_drivers == fake.external_drivers
+    [only] = spec.single_pool(0, "tiny", 10, real=2).pools
+    assert (only.name, only.count) == ("real", 2)
+
+
+def test_real_nodes_from_the_command_line_need_root_and_no_fleet_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    state = tmp_path / "state"
+    where = ["--name", "refused", "--state-dir", str(state)]
+    result = CliRunner().invoke(cli.main, ["up", *where, "--nodes", "2", "--real-nodes", "1"])
+    assert result.exit_code != 0 and "pool real: real-kubelet nodes need root" in result.output
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text("pools: [{name: a, count: 1}]\n")
+    result = CliRunner().invoke(cli.main, ["up", *where, "--fleet", str(fleet), "--real-nodes", "1"])
+    assert result.exit_code != 0 and "give --fleet or --nodes/--real-nodes, not both" in result.output
+    assert not state.exists(), "nothing was started"
