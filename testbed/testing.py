@@ -88,19 +88,28 @@ def driver_fleet(
     prefix: str = "dev",
     sync_frequency_s: float = KUBELET_SYNC_FREQUENCY_S,
     liveness_probe: dict[str, Any] | None = None,
+    real_nodes: int = 0,
 ) -> FleetFile:
     """A fleet whose nodes (dev-000, ...) run your driver (``command``, once per node, as
     a DaemonSet would) next to the ``built_in`` drivers named (gpu, nic). For ``fleet_spec``.
     ``sync_frequency_s``: the kubelets' syncFrequency, how soon a prepare your driver
     failed is tried again (60-90 s by default, as on a real node; 10 makes it 10-15 s).
     ``liveness_probe``: your DaemonSet's livenessProbe (``{"grpc": {}}`` and its timings,
-    no port: your driver listens on ``$(LIVENESS_PORT)``, a port per node)."""
+    no port: your driver listens on ``$(LIVENESS_PORT)``, a port per node).
+    ``real_nodes``: that many more (real-000, ...) with the real kubelet v1.37 calling your
+    driver, the reference (root only: see ``testbed.realnode.node.unsupported_reason``)."""
     driver: dict[str, Any] = {"name": driver_name, "command": command, "env": env or {}}
     if liveness_probe is not None:
         driver["livenessProbe"] = liveness_probe
     drivers: list[Any] = [*built_in, driver]
     return single_pool(
-        nodes, profile, nodes_per_host=max(1, nodes), prefix=prefix, drivers=drivers, sync_frequency_s=sync_frequency_s
+        nodes,
+        profile,
+        nodes_per_host=max(1, nodes + real_nodes),
+        prefix=prefix,
+        drivers=drivers,
+        sync_frequency_s=sync_frequency_s,
+        real=real_nodes,
     )
 
 

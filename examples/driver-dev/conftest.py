@@ -1,8 +1,9 @@
 """Your driver on synthetic nodes, in your own tests: the testbed's pytest plugin.
 
-`fleet_spec` says which nodes the `fleet` fixture starts and which driver they run.
-Replace DRIVER_COMMAND with your driver's command line (and DRIVER_NAME with the name
-it registers); `testbed-driver` stands in for it here.
+`fleet_spec` says which nodes the `fleet` fixture starts and which driver they run:
+two with the fake kubelet and, where this runs as root, one with the real kubelet v1.37
+(the reference). Replace DRIVER_COMMAND with your driver's command line (and
+DRIVER_NAME with the name it registers); `testbed-driver` stands in for it here.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import sys
 import pytest
 
 from testbed.fleet.spec import FleetFile
+from testbed.realnode.node import unsupported_reason
 
 pytest_plugins = ["testbed.testing"]
 
@@ -32,4 +34,7 @@ def fleet_spec() -> FleetFile:
 
     # Your DaemonSet's livenessProbe (without its port): a driver failing it is restarted.
     liveness = {"grpc": {}, "initialDelaySeconds": 10}
-    return driver_fleet(DRIVER_COMMAND, DRIVER_NAME, DRIVER_ENV, nodes=2, profile="tiny", liveness_probe=liveness)
+    real = 0 if unsupported_reason() else 1  # the real kubelet needs root (namespaces, mounts)
+    return driver_fleet(
+        DRIVER_COMMAND, DRIVER_NAME, DRIVER_ENV, nodes=2, profile="tiny", liveness_probe=liveness, real_nodes=real
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from conftest import DRIVER_COMMAND, DRIVER_ENV, DRIVER_NAME
 from kubernetes import client as k8s
 
@@ -33,6 +34,25 @@ def test_a_pod_gets_a_device_of_my_driver(fleet: Fleet, kube_api: k8s.ApiClient)
         running = wait_running(kube_api, namespace, "user")
         assert running.spec.node_name == mine
         assert container_env(running)["main"], "the container got the device's CDI environment"
+    finally:
+        core.delete_namespace(namespace)
+
+
+def test_the_real_kubelet_runs_a_pod_with_my_drivers_device_too(fleet: Fleet, kube_api: k8s.ApiClient) -> None:
+    """The reference: the upstream kubelet v1.37 registers your driver and prepares the
+    claim through it, where the fake kubelet's tests could share your assumptions."""
+    real = [node for node in sorted(fleet.host_of) if node.startswith("real-")]
+    if not real:
+        pytest.skip("no real-kubelet node: it needs root (see conftest.py)")
+    core = k8s.CoreV1Api(kube_api)
+    namespace = unique("ref")
+    core.create_namespace({"metadata": {"name": namespace}})
+    try:
+        create_template(kube_api, namespace, "one", claim_spec(request("dev", "gpu.dra-testbed.io")))
+        core.create_namespaced_pod(namespace, pod("user", {"dev": {"resourceClaimTemplateName": "one"}}, node=real[0]))
+        assert wait_running(kube_api, namespace, "user").spec.node_name == real[0]
+        core.delete_namespaced_pod("user", namespace)
+        wait_gone(kube_api, namespace, "user")
     finally:
         core.delete_namespace(namespace)
 
