@@ -279,7 +279,7 @@ class ExternalDriver:
     async def start(self, environment: Mapping[str, str], beside: ExternalDriver | None = None) -> None:
         """Start it, after stopping what an earlier NodeHost of this node left running of
         this driver, but for the instance ``beside`` it (a rollout's old one)."""
-        self._reap_leftovers(keep=None if beside is None else beside.records)
+        taken_over = self._reap_leftovers(keep=None if beside is None else beside.records)
         self._stopping = False
         for sub in ("logs", "work", "cdi", "kubelet/plugins_registry", "kubelet/plugins"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
@@ -287,6 +287,9 @@ class ExternalDriver:
         self.reserve_liveness_port()
         self._expand_environment()
         await self._spawn()
+        if taken_over is not None:  # its pod shows the restart, as for any other
+            await self._told_of(taken_over)
+            await self._told_of(None)
         self._supervisor = asyncio.create_task(self._supervise(), name=f"driver-{self.spec.name}-{self.node}")
 
     def reserve_liveness_port(self) -> int | None:
@@ -441,10 +444,12 @@ class ExternalDriver:
         counts = {"restarts": self.restarts, "livenessKills": self.liveness_kills}
         write_atomically(self.records, json.dumps({**record.to_json(), **counts}).encode(), durable=False)
 
-    def _reap_leftovers(self, keep: Path | None) -> None:
+    def _reap_leftovers(self, keep: Path | None) -> int | None:
         """A NodeHost that was killed leaves its drivers running (of any generation, if it
         died in a rollout): two instances of one driver must never serve one node but
-        while rolling out, so the old ones go first."""
+        while rolling out, so the old ones go first. The exit code of this instance's
+        process if one was left running and stopped (SIGTERM: 143)."""
+        taken_over = None
         for path in _records_of(self.root, self.spec.name):
             if path == keep:
                 continue
@@ -461,7 +466,9 @@ class ExternalDriver:
                 log.warning(
                     "node %s: stopped driver %s (pid %d), left by an earlier host", self.node, record.name, record.pid
                 )
+                taken_over = 128 + signal.SIGTERM if path == self.records else taken_over
             path.unlink(missing_ok=True)
+        return taken_over
 
 
 def _record_name(driver: str, generation: int) -> str:

@@ -23,7 +23,8 @@ from typing import Any
 
 from prometheus_client import REGISTRY, generate_latest
 
-from fake_devices.hardware import Health
+from fake_devices import sysfs
+from fake_devices.hardware import Health, NodeHardware
 from fake_devices.profiles import HardwareProfile
 from testbed.controlplane.binaries import ensure_node_binaries
 from testbed.drivers import drivers_for, load_profile
@@ -126,6 +127,8 @@ class NodeHost:
         """Real-kubelet nodes: their kubelet, runtime and driver run as processes."""
         self.process_drivers: dict[str, list[ExternalDriver]] = {}
         """Real-kubelet nodes' command-line drivers, which this host runs beside their kubelet."""
+        self.process_hardware: dict[str, NodeHardware] = {}
+        """Real-kubelet nodes' emulated hardware, as their drivers are told of it (faults)."""
         self.client: KubeClient | None = None
         self.declared_features = declared_features
         self.watch_client: KubeClient | None = None
@@ -343,6 +346,7 @@ class NodeHost:
         node.devices_per_slice = recipe.devices_per_slice
         node.sync_frequency_s = recipe.sync_frequency_s
         node.foreign_drivers = [e.name for e in recipe.external]
+        self.process_hardware[recipe.name] = NodeHardware(recipe.name, profile, self.seed)
         return node
 
     async def _start_process_drivers(self, node: ProcessNode, timeout_s: float) -> None:
@@ -354,6 +358,7 @@ class NodeHost:
         if not specs:
             return
         ShortPaths.for_node(node.root).link(node.kubelet_dir)
+        self._publish_hardware(node.name)
         started = self.process_drivers.setdefault(node.name, [])
         since = node.kubelet_log_size()
         for spec in specs:
@@ -399,6 +404,7 @@ class NodeHost:
         async with self._drain_gate:
             if name in self.process_nodes:
                 node, external = self.process_nodes.pop(name), self.process_drivers.pop(name, [])
+                self.process_hardware.pop(name, None)
                 result = await drain_process_node(self.client, node, timeout_s, external)
                 if external:
                     ShortPaths.for_node(node.root).unlink()
@@ -548,16 +554,48 @@ class NodeHost:
     # --- faults and inspection -----------------------------------------------------
 
     async def inject(self, node: str, **faults: Any) -> None:
-        self._node(node).hardware.inject(**faults)
-        self._node(node).publish_hardware()
+        if any(faults.get(kind) for kind in ("fail_next_prepares", "failure_rate")):
+            self._refuse_on_built_in_real_driver(node, "failed prepares")
+        self._hardware_of(node).inject(**faults)
+        self._publish_hardware(node)
 
     async def set_health(self, node: str, device: str, healthy: bool, message: str = "") -> None:
-        self._node(node).hardware.set_health(device, Health.HEALTHY if healthy else Health.UNHEALTHY, message)
-        self._node(node).publish_hardware()
+        self._hardware_of(node).set_health(device, Health.HEALTHY if healthy else Health.UNHEALTHY, message)
+        self._publish_hardware(node)
 
     async def lose_device(self, node: str, device: str) -> None:
-        self._node(node).hardware.lose_device(device)
-        self._node(node).publish_hardware()
+        self._refuse_on_built_in_real_driver(node, "a lost device")
+        self._hardware_of(node).lose_device(device)
+        self._publish_hardware(node)
+
+    def _hardware_of(self, node: str) -> NodeHardware:
+        """The node's emulated hardware: on a real-kubelet node, the model its drivers
+        follow (they run as processes of their own)."""
+        return self.process_hardware[node] if node in self.process_nodes else self._node(node).hardware
+
+    def _publish_hardware(self, node: str) -> None:
+        """Show a change of the hardware to the node's drivers: on a real-kubelet node,
+        $HARDWARE_DIR for command-line drivers and the faults file `testbed-driver`
+        follows (health and latency)."""
+        if node not in self.process_nodes:
+            self._node(node).publish_hardware()
+            return
+        process, hardware = self.process_nodes[node], self.process_hardware[node]
+        if self.recipes[node].external:
+            sysfs.write(hardware, process.root / "hardware")
+        if process.drivers:
+            unhealthy = {h.device: h.message for h in hardware.health() if h.health is Health.UNHEALTHY}
+            process.set_faults(unhealthy=unhealthy, latency_ms=hardware.faults.latency_s * 1000)
+
+    def _refuse_on_built_in_real_driver(self, node: str, fault: str) -> None:
+        process = self.process_nodes.get(node)
+        if process is not None and process.drivers:
+            raise TestbedError(
+                f"node {node} is a real-kubelet node whose built-in driver (testbed-driver, a process) follows "
+                f"only health and latency faults, not {fault}",
+                hint="use unhealthy/healthy/latency there, or a fake-kubelet node; a command-line driver on a "
+                "real-kubelet node sees every fault in $HARDWARE_DIR",
+            )
 
     async def leaks(self, namespace: str | None, claim_uids: list[str] | None) -> dict[str, int]:
         """Prepared state its nodes still hold for these claims, read on this host."""

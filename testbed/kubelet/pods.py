@@ -215,6 +215,10 @@ class PodManager:
         """Pods whose init containers run now (``_initialize``)."""
         self._restarted: dict[str, dict[str, podstatus.Restarted]] = {}
         """By pod UID and container name: containers that exited and are started again."""
+        self._process_changes: dict[tuple[str, str, str], list[int | None]] = {}
+        """By namespace, pod and container: ``process_changed`` calls made before the pod
+        ran here (a NodeHost taking a node over restarts its driver before its kubelet
+        has adopted the driver pod), told once it runs."""
         self._probing: dict[str, dict[str, str]] = {}
         """By pod UID and container name: containers whose probes have not passed yet."""
         self._started_before_restart: set[str] = set()
@@ -826,6 +830,9 @@ class PodManager:
             # change them there (labels only are refused).
             body["metadata"] = {"annotations": {CONTAINER_ENV_ANNOTATION: json.dumps(env, sort_keys=True)}}
         await self._patch_status(pod, body)
+        for container in pod["spec"].get("containers", []):
+            for exit_code in self._process_changes.pop((meta["namespace"], meta["name"], container["name"]), []):
+                await self.process_changed(meta["namespace"], meta["name"], container["name"], exit_code)
         if changes:
             probed_ids = _container_ids(pod)
             self._in_background(self._follow_probes(meta["uid"], changes, probed_ids), f"pod-probes-{meta['uid']}")
@@ -1255,10 +1262,13 @@ class PodManager:
         driver, for its driver pod) exited with ``exit_code``, or was started again (None):
         shown in the pod's status as the kubelet shows its own containers' (terminated,
         then running with restartCount one up and the exit as lastState, with the Events
-        of a start). Ignored while the pod is not Running here."""
+        of a start). Kept until the pod runs here, if it does not yet."""
         pod = self.known_pod(namespace, name)
         uid = "" if pod is None else pod["metadata"]["uid"]
-        if pod is None or uid not in self._running or self._deleting(uid):
+        if pod is None or uid not in self._running:
+            self._process_changes.setdefault((namespace, name, container), []).append(exit_code)
+            return
+        if self._deleting(uid):
             return
         spec = next((c for c in pod["spec"].get("containers", []) if c["name"] == container), None)
         if spec is None:

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import ray
 from kubernetes import client as k8s
 
 from testbed.config import nodes_dir
 from testbed.controlplane.cluster import ClusterState
+from testbed.controlplane.processes import process_start_ticks
+from testbed.fleet.external import recorded_drivers, recorded_restarts
 from testbed.fleet.fleet import Fleet
-from testbed.fleet.spec import single_pool
+from testbed.fleet.spec import FleetFile, single_pool
 from testbed.testing import wait_for
 from testbed.workloads import (
     GPU,
@@ -73,3 +77,52 @@ def test_a_killed_nodehost_comes_back_with_no_leaked_or_double_used_device(
     finally:
         core.delete_namespace(namespace)
         own.stop(remove_nodes=True)  # or the scheduler may pick its Node for later tests' pods
+
+
+def test_a_command_line_driver_restarted_by_a_new_nodehost_shows_as_a_restart_in_its_pod(
+    control_plane: ClusterState, fleet: Fleet, kube_api: k8s.ApiClient
+) -> None:
+    """The NodeHost that takes a node over stops the driver its predecessor left running
+    and starts it again: the driver's pod says so as a kubelet says a container was
+    restarted (restartCount one up, the SIGTERM as its last state), as `testbed status`
+    counts it."""
+    del fleet  # only for its Ray and DeviceClasses
+    driver = {
+        "name": GPU,
+        "command": [sys.executable, "-m", "testbed.drivers.main"],
+        "env": {"DRIVERS": GPU, "HARDWARE_PROFILE": "tiny", "HEALTH_PORT": "-1", "METRICS_PORT": "-1"},
+    }
+    spec = FleetFile.model_validate(
+        {"nodesPerHost": 1, "pools": [{"name": "tk", "count": 1, "profile": "tiny", "drivers": [driver]}]}
+    )
+    own = Fleet(spec, control_plane.kubeconfig, nodes_dir(control_plane.root))
+    core = k8s.CoreV1Api(kube_api)
+
+    def container() -> k8s.V1ContainerStatus:
+        [status] = core.read_namespaced_pod(f"{GPU}-tk-000", "dra-testbed").status.container_statuses
+        return status
+
+    try:
+        own.start()
+        [first] = recorded_drivers(own.nodes_dir)["tk-000"]
+        wait_for(lambda: container().state.running, 30, "the driver pod to run")
+        host = own.host("tk-000")
+        old_pid = ray.get(host.pid.remote())
+        ray.kill(host, no_restart=False)
+
+        def new_pid() -> int | None:
+            try:
+                pid: int = ray.get(host.pid.remote(), timeout=60)
+            except (ray.exceptions.ActorUnavailableError, ray.exceptions.RayActorError):
+                return None
+            return pid if pid != old_pid else None
+
+        wait_for(new_pid, 120, "Ray to restart the NodeHost in a new process")
+        assert ray.get(host.ready.remote(), timeout=120) == ["tk-000"]
+        [second] = recorded_drivers(own.nodes_dir)["tk-000"]
+        assert second.pid != first.pid and process_start_ticks(first.pid) is None
+        status = wait_for(lambda: (c := container()).restart_count == 1 and c.state.running and c, 60, "the restart")
+        assert status.last_state.terminated.exit_code == 143  # stopped with SIGTERM by the new host
+        assert recorded_restarts(own.nodes_dir)[GPU].restarts == 1
+    finally:
+        own.stop(remove_nodes=True)

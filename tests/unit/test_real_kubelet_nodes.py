@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
+from fake_devices.hardware import NodeHardware
 from testbed import cli
+from testbed.drivers import load_profile
 from testbed.errors import TestbedError
 from testbed.fleet import spec
+from testbed.fleet.external import ExternalDriverSpec
+from testbed.fleet.membership import NodeRecipe
+from testbed.fleet.nodehost import NodeHost
 from testbed.metrics_server import MetricsServer
 from testbed.realnode import kubelet_api
 from testbed.realnode import node as realnode
@@ -147,3 +153,48 @@ def test_real_nodes_from_the_command_line_need_root_and_no_fleet_file(
     result = CliRunner().invoke(cli.main, ["up", *where, "--fleet", str(fleet), "--real-nodes", "1"])
     assert result.exit_code != 0 and "give --fleet or --nodes/--real-nodes, not both" in result.output
     assert not state.exists(), "nothing was started"
+
+
+def _real_node_on_a_host(tmp_path: Path, built_in: list[str], external: bool) -> NodeHost:
+    """A NodeHost holding one real-kubelet node (not started: its faults only)."""
+    tmp_path.mkdir()
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:6443'}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x\n"
+    )
+    drivers = (ExternalDriverSpec("gpu.example.com", ("/bin/drv",)),) if external else ()
+    recipe = NodeRecipe("r-000", "tiny", kubelet="real", external=drivers)
+    host = NodeHost(str(kubeconfig), str(tmp_path), [recipe])
+    root = tmp_path / "r-000"
+    (root / "hardware").mkdir(parents=True)
+    node = realnode.ProcessNode(realnode.NodeSpec("r-000"), "tiny", built_in, root, kubeconfig, kubelet="fake")
+    host.process_nodes["r-000"] = node  # the kubelet kind matters not to faults
+    host.process_hardware["r-000"] = NodeHardware("r-000", load_profile("tiny"))
+    return host
+
+
+def test_faults_reach_a_real_kubelet_nodes_drivers_as_they_follow_them(tmp_path: Path) -> None:
+    """`testbed fault` on a real-kubelet node: its built-in testbed-driver follows a faults
+    file (health and latency), a command-line driver $HARDWARE_DIR; a fault the built-in
+    one cannot follow is refused in one line, not applied half-way."""
+    host = _real_node_on_a_host(tmp_path / "a", ["gpu.dra-testbed.io"], external=False)
+    asyncio.run(host.set_health("r-000", "gpu-1", healthy=False, message="XID 79"))
+    asyncio.run(host.inject("r-000", latency_s=0.25))
+    faults = json.loads((tmp_path / "a" / "r-000" / "faults.json").read_text())
+    assert faults["unhealthy"]["gpu-1"] == "XID 79" and "gpu-0" not in faults["unhealthy"]
+    assert faults["latencyMs"] == 250
+    with pytest.raises(TestbedError, match="follows only health and latency faults, not failed prepares"):
+        asyncio.run(host.inject("r-000", fail_next_prepares=2))
+    with pytest.raises(TestbedError, match="not a lost device"):
+        asyncio.run(host.lose_device("r-000", "gpu-0"))
+
+    host = _real_node_on_a_host(tmp_path / "b", [], external=True)
+    asyncio.run(host.set_health("r-000", "gpu-1", healthy=False, message="XID 79"))
+    asyncio.run(host.inject("r-000", fail_next_prepares=2))
+    inventory = json.loads((tmp_path / "b" / "r-000" / "hardware" / "inventory.json").read_text())
+    health = {d["name"]: d["health"] for d in inventory["devices"]}
+    assert health["gpu-1"] == "UNHEALTHY" and health["gpu-0"] == "HEALTHY"
+    assert inventory["faults"]["failNextPrepares"] == 2
+    assert not (tmp_path / "b" / "r-000" / "faults.json").exists(), "no built-in driver to tell"
