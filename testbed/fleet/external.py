@@ -445,10 +445,13 @@ class ExternalDriver:
         write_atomically(self.records, json.dumps({**record.to_json(), **counts}).encode(), durable=False)
 
     def _reap_leftovers(self, keep: Path | None) -> int | None:
-        """A NodeHost that was killed leaves its drivers running (of any generation, if it
-        died in a rollout): two instances of one driver must never serve one node but
-        while rolling out, so the old ones go first. The exit code of this instance's
-        process if one was left running and stopped (SIGTERM: 143)."""
+        """A NodeHost that was killed may leave its drivers running (of any generation, if
+        it died in a rollout; Ray kills a dead worker's child processes, but not those of
+        a host on a machine that went away): two instances of one driver must never serve
+        one node but while rolling out, so the old ones go first. When this instance had
+        a process before, the exit to show in its pod: 143 if it was stopped here
+        (SIGTERM), 137 if it was gone already (killed with its host, as the kubelet shows
+        a container it lost)."""
         taken_over = None
         for path in _records_of(self.root, self.spec.name):
             if path == keep:
@@ -459,14 +462,15 @@ class ExternalDriver:
             except (OSError, ValueError, KeyError, TypeError):
                 path.unlink(missing_ok=True)
                 continue
-            if path == self.records:  # this instance again: its counts go on, as a pod's restartCount does
-                self.restarts = int(data.get("restarts", 0)) + 1
-                self.liveness_kills = int(data.get("livenessKills", 0))
-            if processes.stop([record]):
+            stopped = processes.stop([record])
+            if stopped:
                 log.warning(
                     "node %s: stopped driver %s (pid %d), left by an earlier host", self.node, record.name, record.pid
                 )
-                taken_over = 128 + signal.SIGTERM if path == self.records else taken_over
+            if path == self.records:  # this instance again: its counts go on, as a pod's restartCount does
+                self.restarts = int(data.get("restarts", 0)) + 1
+                self.liveness_kills = int(data.get("livenessKills", 0))
+                taken_over = 128 + (signal.SIGTERM if stopped else signal.SIGKILL)
             path.unlink(missing_ok=True)
         return taken_over
 

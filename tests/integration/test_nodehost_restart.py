@@ -84,7 +84,7 @@ def test_a_command_line_driver_restarted_by_a_new_nodehost_shows_as_a_restart_in
 ) -> None:
     """The NodeHost that takes a node over stops the driver its predecessor left running
     and starts it again: the driver's pod says so as a kubelet says a container was
-    restarted (restartCount one up, the SIGTERM as its last state), as `testbed status`
+    restarted (restartCount one up, its end as the last state), as `testbed status`
     counts it."""
     del fleet  # only for its Ray and DeviceClasses
     driver = {
@@ -122,7 +122,8 @@ def test_a_command_line_driver_restarted_by_a_new_nodehost_shows_as_a_restart_in
         [second] = recorded_drivers(own.nodes_dir)["tk-000"]
         assert second.pid != first.pid and process_start_ticks(first.pid) is None
         status = wait_for(lambda: (c := container()).restart_count == 1 and c.state.running and c, 60, "the restart")
-        assert status.last_state.terminated.exit_code == 143  # stopped with SIGTERM by the new host
+        # SIGTERM from the new host, or SIGKILL from Ray, which kills a dead worker's children
+        assert status.last_state.terminated.exit_code in (137, 143)
         assert recorded_restarts(own.nodes_dir)[GPU].restarts == 1
     finally:
         own.stop(remove_nodes=True)
