@@ -339,7 +339,9 @@ class NodeHost:
             await client.close()
 
     def _process_node(self, recipe: NodeRecipe, profile: HardwareProfile) -> ProcessNode:
-        spec = SyntheticNode.node_spec(recipe.name, profile.name, recipe.labels, recipe.taints, address=recipe.address)
+        spec = SyntheticNode.node_spec(
+            recipe.name, profile.name, recipe.labels, recipe.taints, address=recipe.address, kubelet="real"
+        )
         root = self.nodes_dir / recipe.name
         built_in = list(recipe.drivers) if recipe.drivers is not None else drivers_for(profile)
         node = ProcessNode(spec, recipe.profile, built_in, root, self.kubeconfig, ensure_node_binaries(), "real")

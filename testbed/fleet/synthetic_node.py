@@ -30,7 +30,7 @@ from testbed.fleet.external import (
     next_generation,
 )
 from testbed.fleet.identity import DRIVER_IMAGE, DRIVER_NAMESPACE, DriverPod
-from testbed.keys import PROFILE_LABEL
+from testbed.keys import KUBELET_LABEL, PROFILE_LABEL
 from testbed.kubeapi import KubeClient
 from testbed.kubelet.containerevents import Told
 from testbed.kubelet.kubelet import FakeKubelet
@@ -252,10 +252,11 @@ class SyntheticNode:
         taints: list[dict[str, str]] | None,
         declared_features: list[str] | None = None,
         address: str | None = None,
+        kubelet: str = "fake",
     ) -> NodeSpec:
         spec = NodeSpec(
             name,
-            labels={PROFILE_LABEL: profile, **(labels or {})},
+            labels={PROFILE_LABEL: profile, KUBELET_LABEL: kubelet, **(labels or {})},
             declared_features=list(declared_features or []),
             address=address,
         )

@@ -64,7 +64,8 @@ def reference_lines_md(reference: dict[str, Any] | None) -> list[str]:
         f"## Fake kubelets beside the {reference['real_nodes']} real kubelet(s) of this run",
         "",
         "Counts and means over the run; the real kubelet's histogram buckets start at 0.1 s, so only "
-        "means compare. Pods land where the scheduler puts them: a few on real nodes make a thin reference.",
+        "means compare. Pods land where the scheduler puts them, a few on real nodes making a thin reference; "
+        "a phase with `nodeSelector: {dra-testbed.io/kubelet: real}` sends its pods there.",
         "",
         "| kubelet-side figure | fake: count, mean | real: count, mean | fake/real |",
         "|---|---|---|---|",

@@ -269,6 +269,8 @@ def pod_spec(phase: Phase, command: list[str]) -> Obj:
         },
         "containers": [container],
     }
+    if phase.node_selector:
+        spec["nodeSelector"] = dict(phase.node_selector)
     if phase.requests and phase.request_as == "extended-resource":
         limits = Counter(f"{EXTENDED_RESOURCE_PREFIX}{r.device_class}" for r in phase.requests)
         container["resources"] = {"limits": {name: str(count) for name, count in limits.items()}}

@@ -72,6 +72,9 @@ class Phase(_Strict):
     """``extended-resource``: each pod asks for its requests' DeviceClasses as extended
     resources (``deviceclass.resource.kubernetes.io/<class>: N``, as a pod written for a
     device plugin asks), and the scheduler makes the claim; no selectors or constraints."""
+    node_selector: dict[str, str] = Field(default_factory=dict, alias="nodeSelector")
+    """Node labels its pods must land on, as a pod's nodeSelector: e.g.
+    ``{dra-testbed.io/kubelet: real}`` for the real-kubelet nodes only, the reference."""
     wait: Literal["running", "complete", "none"] = "running"
     """What the phase waits for before the next one: its pods Running, its Jobs done, or nothing."""
     timeout_seconds: float = Field(default=600, alias="timeoutSeconds", gt=0)

@@ -234,3 +234,17 @@ def test_a_class_no_device_serves_is_named_with_the_phases_asking_and_the_profil
     fpga = spec.load("smoke", {"phases.1.requests.0.deviceClass": "fpga.dra-testbed.io"})
     hint = unserved_error(fpga, unserved(fpga, gpu8), Counter({"gpu8": 4})).hint
     assert "--profile tiny" not in hint and "--up" not in hint
+
+
+def test_a_phase_can_send_its_pods_to_the_real_kubelet_nodes_only() -> None:
+    """For a reference run of a driver: the scheduler would otherwise put pods on the fake
+    nodes, which hold the workload image once it was pulled there (ImageLocality)."""
+    from testbed.fleet.synthetic_node import SyntheticNode
+    from testbed.keys import KUBELET_LABEL
+
+    phase = spec.Phase.model_validate({"name": "ref", "jobs": 4, "nodeSelector": {KUBELET_LABEL: "real"}})
+    assert pod_spec(phase, ["sleep", "1"])["nodeSelector"] == {"dra-testbed.io/kubelet": "real"}
+    assert "nodeSelector" not in pod_spec(spec.Phase.model_validate({"name": "any", "jobs": 4}), ["sleep", "1"])
+    real = SyntheticNode.node_spec("real-000", "tiny", {"team": "a"}, None, kubelet="real")
+    fake = SyntheticNode.node_spec("node-000", "tiny", None, None)
+    assert (real.labels[KUBELET_LABEL], fake.labels[KUBELET_LABEL], real.labels["team"]) == ("real", "fake", "a")
