@@ -118,6 +118,14 @@ class NodeHardware:
     def devices(self) -> list[Device]:
         return [d for name, d in self._devices.items() if name not in self._lost]
 
+    def lost(self) -> frozenset[str]:
+        """Devices that fell off the bus (their partitions, gone with them, unnamed)."""
+        return frozenset(d for d in self._lost if self._devices[d].parent not in self._lost)
+
+    def built_with(self) -> frozenset[str]:
+        """Every device the node was built with, lost ones too."""
+        return frozenset(self._devices)
+
     def pools(self) -> list[SharedPool]:
         return list(self._pools.values())
 

@@ -17,10 +17,15 @@ Configured from the environment, as a DaemonSet passes it:
     KUBECONFIG         a kubeconfig; without it, the pod's service account
     CALL_LOG           append every DRA call a kubelet makes to this file (JSON lines)
     FAULTS_FILE        a JSON file the driver follows: {"unhealthy": {"gpu-0": "XID 79"},
-                       "busy": {"gpu-1": "held by pid 4242"}, "latencyMs": 3000}: the
-                       unhealthy devices with that message, the rest healthy; a busy
-                       device's claim cannot be unprepared (the call fails with the
-                       message) until freed; every prepare and unprepare that much slower
+                       "busy": {"gpu-1": "held by pid 4242"}, "latencyMs": 3000,
+                       "lost": ["gpu-2"], "failNextPrepares": 2, "failureRate": 0.1,
+                       "failMessage": "ECC error"}: the unhealthy devices with that
+                       message, the rest healthy; a busy device's claim cannot be
+                       unprepared (the call fails with the message) until freed; every
+                       prepare and unprepare that much slower; lost devices gone from the
+                       inventory until the driver restarts; each time the file is written
+                       with failNextPrepares, that many next prepares fail; each prepare
+                       fails with probability failureRate
     DEVICES_PER_SLICE  at most this many devices per ResourceSlice (0: the API's limits)    0
 
 SIGTERM or SIGINT stops it cleanly: it removes its own sockets and leaves the slices
@@ -41,7 +46,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2_grpc
 
-from fake_devices.hardware import Health, NodeHardware
+from fake_devices.hardware import Faults, Health, NodeHardware
 from fake_devices.profiles import ProfileError
 from testbed.drivers import KINDS, PROFILES, driver_on_node, drivers_for, load_profile
 from testbed.drivers.backend import LocalBackend
@@ -138,48 +143,107 @@ class Settings:
 FAULTS_POLL_S = 0.5
 
 
+@dataclass
+class _Applied:
+    """What of a faults file the hardware shows now."""
+
+    marked: dict[str, dict[str, str]]
+    latency_ms: float = 0.0
+    lost: frozenset[str] = frozenset()
+    failure_rate: float = 0.0
+    fail_message: str = ""
+
+
+def _number(document: dict[str, object], key: str, highest: float | None = None) -> float:
+    value = document.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:  # NaN too
+        raise ValueError(f"{key} must be a number >= 0, not {value!r}")
+    if highest is not None and value > highest:
+        raise ValueError(f"{key} must be at most {highest:g}, not {value!r}")
+    return float(value)
+
+
+def _apply_faults(document: dict[str, object], hardware: NodeHardware, applied: _Applied) -> _Applied:
+    """Bring the hardware to what ``document`` says, checked whole before any of it is
+    applied, so a bad file changes nothing."""
+    if not isinstance(document, dict):
+        raise ValueError("the file must hold a JSON object")
+    marked: dict[str, dict[str, str]] = {}
+    for kind in applied.marked:
+        entries = document.get(kind, {})
+        if not isinstance(entries, dict):
+            raise ValueError(f"{kind} must map devices to messages")
+        marked[kind] = {str(d): str(m) for d, m in entries.items()}
+    lost_listed = document.get("lost", [])
+    if not isinstance(lost_listed, list):
+        raise ValueError("lost must be a list of devices")
+    lost = frozenset(str(d) for d in lost_listed)
+    latency_ms = _number(document, "latencyMs")
+    failure_rate = _number(document, "failureRate", highest=1)
+    fail_next = _number(document, "failNextPrepares")
+    if not fail_next.is_integer():
+        raise ValueError(f"failNextPrepares must be a whole number, not {fail_next:g}")
+    unknown = set(lost).union(*(set(devices) for devices in marked.values())) - hardware.built_with()
+    if unknown:
+        raise ValueError(f"no device {sorted(unknown)} on this node (it has {sorted(hardware.built_with())})")
+
+    present = {d.name for d in hardware.devices()}
+    for device in sorted(lost):
+        if device in present:  # not gone already, alone or with the GPU it is carved from
+            hardware.lose_device(device)
+            present = {d.name for d in hardware.devices()}
+    if applied.lost - lost:
+        log.warning("faults file: %s stay lost until the driver restarts", sorted(applied.lost - lost))
+    for device in set(applied.marked["unhealthy"]) - set(marked["unhealthy"]):
+        if device in present:
+            hardware.set_health(device, Health.HEALTHY)
+    for device, message in marked["unhealthy"].items():
+        if device in present and applied.marked["unhealthy"].get(device) != message:
+            hardware.set_health(device, Health.UNHEALTHY, message)
+    for device in set(applied.marked["busy"]) - set(marked["busy"]):
+        if device in present:
+            hardware.set_busy(device, None)
+    for device, message in marked["busy"].items():
+        if device in present:
+            hardware.set_busy(device, message)
+    message = str(document.get("failMessage") or Faults.fail_message)
+    hardware.inject(
+        latency_s=latency_ms / 1000,
+        failure_rate=failure_rate,
+        fail_next_prepares=int(fail_next) if "failNextPrepares" in document else None,
+        message=message,
+    )
+    now = _Applied(marked, latency_ms, lost | applied.lost, failure_rate, message)
+    if now != applied or "failNextPrepares" in document:
+        log.info(
+            "faults file applied: unhealthy %s, busy %s, lost %s, latency %g ms, failure rate %g, "
+            "next prepares to fail %d",
+            sorted(marked["unhealthy"]),
+            sorted(marked["busy"]),
+            sorted(now.lost),
+            latency_ms,
+            failure_rate,
+            hardware.faults.fail_next_prepares,
+        )
+    return now
+
+
 async def follow_faults(path: Path, hardware: NodeHardware) -> None:
-    """Apply the faults file whenever it changes; a malformed one is logged and skipped.
-    ``unhealthy``: devices reported Unhealthy; ``busy``: devices whose claims cannot be
-    released (unprepare fails with the message) until taken out of the file;
-    ``latencyMs``: added to every prepare and unprepare (a slow driver)."""
+    """Apply the faults file whenever it changes (see the module's docstring for what it
+    holds); a malformed one is logged and changes nothing."""
     seen: float | None = None
-    applied: dict[str, dict[str, str]] = {"unhealthy": {}, "busy": {}}
-    latency_ms = 0.0
+    applied = _Applied({"unhealthy": {}, "busy": {}})
     while True:
         try:
-            stamp = path.stat().st_mtime if path.exists() else None
+            stamp = path.stat().st_mtime_ns if path.exists() else None
             if stamp != seen:
                 seen = stamp
                 document = json.loads(path.read_text()) if stamp is not None else {}
-                wanted = {kind: {d: str(m) for d, m in document.get(kind, {}).items()} for kind in applied}
-                slower = float(document.get("latencyMs", 0))
-                if not slower >= 0:  # NaN too
-                    raise ValueError(f"latencyMs must be a number of milliseconds >= 0, not {slower}")
-                for device in set(applied["unhealthy"]) - set(wanted["unhealthy"]):
-                    hardware.set_health(device, Health.HEALTHY)
-                for device, message in wanted["unhealthy"].items():
-                    if applied["unhealthy"].get(device) != message:
-                        hardware.set_health(device, Health.UNHEALTHY, message)
-                for device in set(applied["busy"]) - set(wanted["busy"]):
-                    hardware.set_busy(device, None)
-                for device, message in wanted["busy"].items():
-                    hardware.set_busy(device, message)
-                hardware.inject(latency_s=slower / 1000)
-                if wanted != applied or slower != latency_ms:
-                    listed = {kind: sorted(devices) for kind, devices in wanted.items()}
-                    log.info(
-                        "faults file %s applied: unhealthy %s, busy %s, latency %g ms",
-                        path,
-                        listed["unhealthy"],
-                        listed["busy"],
-                        slower,
-                    )
-                applied, latency_ms = wanted, slower
+                applied = _apply_faults(document, hardware, applied)
         except (OSError, ValueError, TypeError, AttributeError, KeyError) as exc:
             log.warning(
                 'faults file %s: %s; fix it (want {"unhealthy": {DEVICE: MESSAGE}, "busy": {DEVICE: MESSAGE}, '
-                '"latencyMs": N})',
+                '"latencyMs": N, "lost": [DEVICE], "failNextPrepares": N, "failureRate": P, "failMessage": TEXT})',
                 path,
                 exc,
             )

@@ -556,17 +556,14 @@ class NodeHost:
     # --- faults and inspection -----------------------------------------------------
 
     async def inject(self, node: str, **faults: Any) -> None:
-        if any(faults.get(kind) for kind in ("fail_next_prepares", "failure_rate")):
-            self._refuse_on_built_in_real_driver(node, "failed prepares")
         self._hardware_of(node).inject(**faults)
-        self._publish_hardware(node)
+        self._publish_hardware(node, fail_next_prepares=faults.get("fail_next_prepares"))
 
     async def set_health(self, node: str, device: str, healthy: bool, message: str = "") -> None:
         self._hardware_of(node).set_health(device, Health.HEALTHY if healthy else Health.UNHEALTHY, message)
         self._publish_hardware(node)
 
     async def lose_device(self, node: str, device: str) -> None:
-        self._refuse_on_built_in_real_driver(node, "a lost device")
         self._hardware_of(node).lose_device(device)
         self._publish_hardware(node)
 
@@ -575,10 +572,11 @@ class NodeHost:
         follow (they run as processes of their own)."""
         return self.process_hardware[node] if node in self.process_nodes else self._node(node).hardware
 
-    def _publish_hardware(self, node: str) -> None:
+    def _publish_hardware(self, node: str, fail_next_prepares: int | None = None) -> None:
         """Show a change of the hardware to the node's drivers: on a real-kubelet node,
         $HARDWARE_DIR for command-line drivers and the faults file `testbed-driver`
-        follows (health and latency)."""
+        follows. ``fail_next_prepares``: told to `testbed-driver` only with the change
+        that asks for it, as it counts them down itself."""
         if node not in self.process_nodes:
             self._node(node).publish_hardware()
             return
@@ -586,17 +584,14 @@ class NodeHost:
         if self.recipes[node].external:
             sysfs.write(hardware, process.root / "hardware")
         if process.drivers:
-            unhealthy = {h.device: h.message for h in hardware.health() if h.health is Health.UNHEALTHY}
-            process.set_faults(unhealthy=unhealthy, latency_ms=hardware.faults.latency_s * 1000)
-
-    def _refuse_on_built_in_real_driver(self, node: str, fault: str) -> None:
-        process = self.process_nodes.get(node)
-        if process is not None and process.drivers:
-            raise TestbedError(
-                f"node {node} is a real-kubelet node whose built-in driver (testbed-driver, a process) follows "
-                f"only health and latency faults, not {fault}",
-                hint="use unhealthy/healthy/latency there, or a fake-kubelet node; a command-line driver on a "
-                "real-kubelet node sees every fault in $HARDWARE_DIR",
+            faults, sick = hardware.faults, {h.device: h for h in hardware.health() if h.health is Health.UNHEALTHY}
+            process.set_faults(  # a partition is as sick as its GPU: the GPU alone is named
+                unhealthy={d: h.message for d, h in sick.items() if hardware.device(d).parent not in sick},
+                latency_ms=faults.latency_s * 1000,
+                lost=hardware.lost(),
+                fail_next_prepares=fail_next_prepares,
+                failure_rate=faults.failure_rate,
+                fail_message=faults.fail_message,
             )
 
     async def leaks(self, namespace: str | None, claim_uids: list[str] | None) -> dict[str, int]:

@@ -30,7 +30,7 @@ import socket
 import sys
 import time
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 import yaml
@@ -183,10 +183,24 @@ class ProcessNode:
         unhealthy: Mapping[str, str] | None = None,
         busy: Mapping[str, str] | None = None,
         latency_ms: float = 0.0,
+        lost: Collection[str] = (),
+        fail_next_prepares: int | None = None,
+        failure_rate: float = 0.0,
+        fail_message: str = "",
     ) -> None:
         """These devices unhealthy, and these busy (device -> message); all others fine;
-        every prepare and unprepare ``latency_ms`` slower."""
-        document = {"unhealthy": dict(unhealthy or {}), "busy": dict(busy or {}), "latencyMs": latency_ms}
+        every prepare and unprepare ``latency_ms`` slower; ``lost`` devices gone;
+        ``fail_next_prepares``: that many next prepares fail (None: as many as before);
+        each prepare fails with probability ``failure_rate``."""
+        document: dict[str, object] = {
+            "unhealthy": dict(unhealthy or {}),
+            "busy": dict(busy or {}),
+            "latencyMs": latency_ms,
+            "lost": sorted(lost),
+            "failureRate": failure_rate,
+            **({"failMessage": fail_message} if fail_message else {}),
+            **({"failNextPrepares": fail_next_prepares} if fail_next_prepares is not None else {}),
+        }
         temporary = self.faults_file.with_suffix(".tmp")
         temporary.write_text(json.dumps(document))
         temporary.replace(self.faults_file)

@@ -2160,6 +2160,55 @@ def test_a_pod_whose_prepare_failed_is_tried_again_at_the_next_sync_or_once_it_c
     asyncio.run(scenario())
 
 
+def test_a_lost_device_leaves_the_slices_and_a_failed_prepare_is_refused_then_tried_again_alike(
+    control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
+) -> None:
+    """`testbed fault lost` and `fail-prepare` as the standalone driver follows them (its
+    faults file, how they reach a real-kubelet node's built-in driver): the lost GPU and
+    its partitions leave the node's ResourceSlices, and the next prepare fails with the
+    driver's message, refused by the kubelet, then tried again (nudged) and run."""
+
+    async def scenario() -> None:
+        async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
+
+            async def case(side: Side) -> dict[str, Any]:
+                async def devices() -> set[str]:
+                    listing = await side.client.get(
+                        path_for(RESOURCE, "resourceslices"), {"fieldSelector": f"spec.nodeName={side.node.name}"}
+                    )
+                    slices = [s for s in listing["items"] if s["spec"]["driver"] == GPU]
+                    return {d["name"] for s in slices for d in s["spec"].get("devices", [])}
+
+                async def without_gpu_1() -> set[str] | None:
+                    now = await devices()
+                    return now if now and not any(d.startswith("gpu-1") for d in now) else None
+
+                before = await devices()
+                side.node.set_faults(lost=["gpu-1"])
+                after = await until(without_gpu_1, 30, f"{side.kind}: gpu-1 gone from the slices")
+                side.node.set_faults(lost=["gpu-1"], fail_next_prepares=1, fail_message="ECC error on the bus")
+
+                async def armed() -> bool:
+                    return "next prepares to fail 1" in side.node.log("driver").read_text()
+
+                await until(armed, 30, f"{side.kind}: the driver read the faults file")
+                await side.template("gpu", [request("gpu", GPU)])
+                await side.pod("unlucky", {"resourceClaimTemplateName": "gpu"})
+                await side.refused("unlucky", "ECC error on the bus", 60)
+                nudge = {"metadata": {"annotations": {"example.com/nudge": "1"}}}
+                await side.client.patch(path_for("v1", "pods", "unlucky", side.namespace), nudge)
+                await side.running("unlucky", 60)
+                [result] = await side.allocation(await side.claim_name("unlucky"))
+                return {"lost": sorted(before - after), "device": result["device"]}
+
+            found = await both(sides, case)
+            for kind, seen in found.items():
+                assert "gpu-1" in seen["lost"] and all(d.startswith("gpu-1") for d in seen["lost"]), (kind, seen)
+                assert seen["device"] == "gpu-0", (kind, seen)
+
+    asyncio.run(scenario())
+
+
 async def _failed_starts(side: Side, pod: str) -> int:
     """How often the kubelet said it failed to start ``pod``'s container: the real one
     folds repeats into one Event's count, the fake one writes an Event each time."""

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fake_devices.hardware import NodeHardware
+from fake_devices.hardware import HardwareError, Health, NodeHardware
 from testbed.drivers import load_profile
 from testbed.drivers.main import follow_faults
 
@@ -46,6 +46,36 @@ def test_a_latency_reaches_the_hardware_while_the_driver_runs_and_a_bad_one_chan
             assert hardware.faults.latency_s == 0.25, "a bad file changes nothing"
             _write(faults, {})
             await _until(lambda: hardware.faults.latency_s == 0, "the latency taken off")
+        finally:
+            following.cancel()
+
+    asyncio.run(scenario())
+
+
+def test_lost_devices_and_failing_prepares_follow_the_file_and_a_bad_one_applies_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    hardware = NodeHardware("n", load_profile("tiny"))
+    faults = tmp_path / "faults.json"
+
+    async def scenario() -> None:
+        following = asyncio.create_task(follow_faults(faults, hardware))
+        try:
+            _write(faults, {"lost": ["gpu-1"], "failNextPrepares": 2, "failMessage": "ECC error"})
+            await _until(lambda: hardware.faults.fail_next_prepares == 2, "the prepares to fail counted")
+            assert "gpu-1" not in {d.name for d in hardware.devices()}, "the lost device left the inventory"
+            assert hardware.faults.fail_message == "ECC error"
+            with pytest.raises(HardwareError, match="ECC error"):
+                await hardware.prepare("claim-a", ["gpu-0"])
+            _write(faults, {"lost": ["gpu-1"], "unhealthy": {"gpu-0": "XID 79", "gpu-7": "?"}})
+            await _until(lambda: "no device ['gpu-7']" in caplog.text, "the unknown device named")
+            assert all(h.health is Health.HEALTHY for h in hardware.health()), "a bad file applies nothing"
+            assert hardware.faults.fail_next_prepares == 1, "a file without the count leaves it be"
+            _write(faults, {"unhealthy": {"gpu-0": "XID 79"}, "failureRate": 1})
+            await _until(lambda: hardware.faults.failure_rate == 1, "the failure rate applied")
+            assert {h.device for h in hardware.health() if h.health is Health.UNHEALTHY} >= {"gpu-0"}
+            assert "stay lost until the driver restarts" in caplog.text
+            assert "gpu-1" not in {d.name for d in hardware.devices()}
         finally:
             following.cancel()
 

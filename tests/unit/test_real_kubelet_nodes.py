@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from fake_devices.hardware import NodeHardware
 from testbed import cli
 from testbed.drivers import load_profile
+from testbed.drivers.main import _Applied, _apply_faults
 from testbed.errors import TestbedError
 from testbed.fleet import spec
 from testbed.fleet.external import ExternalDriverSpec
@@ -177,18 +178,39 @@ def _real_node_on_a_host(tmp_path: Path, built_in: list[str], external: bool) ->
 
 def test_faults_reach_a_real_kubelet_nodes_drivers_as_they_follow_them(tmp_path: Path) -> None:
     """`testbed fault` on a real-kubelet node: its built-in testbed-driver follows a faults
-    file (health and latency), a command-line driver $HARDWARE_DIR; a fault the built-in
-    one cannot follow is refused in one line, not applied half-way."""
+    file, a command-line driver $HARDWARE_DIR; the driver's own hardware, following the
+    file, ends up as the host's model says, and failed prepares are asked for once."""
     host = _real_node_on_a_host(tmp_path / "a", ["gpu.dra-testbed.io"], external=False)
+    faults_file = tmp_path / "a" / "r-000" / "faults.json"
+    driver_side = NodeHardware("r-000", load_profile("tiny"))
+    applied = _Applied({"unhealthy": {}, "busy": {}})
+
+    def follow() -> dict[str, object]:
+        nonlocal applied
+        document = json.loads(faults_file.read_text())
+        applied = _apply_faults(document, driver_side, applied)
+        return document
+
     asyncio.run(host.set_health("r-000", "gpu-1", healthy=False, message="XID 79"))
     asyncio.run(host.inject("r-000", latency_s=0.25))
-    faults = json.loads((tmp_path / "a" / "r-000" / "faults.json").read_text())
-    assert faults["unhealthy"]["gpu-1"] == "XID 79" and "gpu-0" not in faults["unhealthy"]
-    assert faults["latencyMs"] == 250
-    with pytest.raises(TestbedError, match="follows only health and latency faults, not failed prepares"):
-        asyncio.run(host.inject("r-000", fail_next_prepares=2))
-    with pytest.raises(TestbedError, match="not a lost device"):
-        asyncio.run(host.lose_device("r-000", "gpu-0"))
+    faults = follow()
+    assert faults["unhealthy"] == {"gpu-1": "XID 79"} and faults["latencyMs"] == 250
+    assert "failNextPrepares" not in faults, "nothing asked of the prepare count"
+    asyncio.run(host.inject("r-000", fail_next_prepares=2, message="ECC error"))
+    follow()
+    assert driver_side.faults.fail_next_prepares == 2 and driver_side.faults.fail_message == "ECC error"
+    driver_side.faults.fail_next_prepares = 1  # the driver failed one prepare meanwhile
+    asyncio.run(host.lose_device("r-000", "gpu-0"))
+    faults = follow()
+    assert faults["lost"] == ["gpu-0"] and "failNextPrepares" not in faults
+    assert driver_side.faults.fail_next_prepares == 1, "a later change does not ask for them again"
+    assert "gpu-0" not in {d.name for d in driver_side.devices()}
+
+    def sick(hardware: NodeHardware) -> dict[str, str]:
+        return {h.device: h.message for h in hardware.health() if h.message}
+
+    assert sick(driver_side) == sick(host.process_hardware["r-000"]) and "gpu-1" in sick(driver_side)
+    assert driver_side.faults.latency_s == 0.25
 
     host = _real_node_on_a_host(tmp_path / "b", [], external=True)
     asyncio.run(host.set_health("r-000", "gpu-1", healthy=False, message="XID 79"))
@@ -197,4 +219,3 @@ def test_faults_reach_a_real_kubelet_nodes_drivers_as_they_follow_them(tmp_path:
     health = {d["name"]: d["health"] for d in inventory["devices"]}
     assert health["gpu-1"] == "UNHEALTHY" and health["gpu-0"] == "HEALTHY"
     assert inventory["faults"]["failNextPrepares"] == 2
-    assert not (tmp_path / "b" / "r-000" / "faults.json").exists(), "no built-in driver to tell"
