@@ -192,6 +192,30 @@ def log_tail(path: Path | str, lines: int = 25) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+@dataclass
+class RestartBackoff:
+    """How long to wait before starting again a process that exited: ``first_s``, doubling
+    to ``most_s`` while it keeps dying within ``reset_after_s`` of its start, ``first_s``
+    again once it ran longer (the shape of a kubelet's back-off for a crashing container)."""
+
+    first_s: float = 1.0
+    most_s: float = 30.0
+    reset_after_s: float = 60.0
+    _next_s: float = 0.0
+
+    def after_exit(self, ran_for_s: float) -> float:
+        """The wait before this restart."""
+        if not self._next_s or ran_for_s > self.reset_after_s:
+            self._next_s = self.first_s
+        wait, self._next_s = self._next_s, min(self._next_s * 2, self.most_s)
+        return wait
+
+
+def exit_status(returncode: int) -> int:
+    """An exit as a shell and container runtimes say it: 128 + N when killed by signal N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
 def free_port() -> int:
     return free_ports(1)[0]
 

@@ -35,8 +35,6 @@ from testbed.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
-RESTART_FIRST_DELAY_S = 1.0
-RESTART_MAX_DELAY_S = 30.0
 STOP_GRACE_S = 10.0
 LIVENESS_PORT = "LIVENESS_PORT"
 """The variable that holds the port a driver's liveness endpoint is probed on: one per node,
@@ -350,7 +348,7 @@ class ExternalDriver:
         within a minute of its start (as a kubelet's back-off does for a crashing pod);
         kill it and start it again at once when it fails its liveness probe (the kubelet
         starts the container again in the sync that killed it)."""
-        delay = RESTART_FIRST_DELAY_S
+        backoff = processes.RestartBackoff()
         while True:
             assert self.process is not None
             started = time.monotonic()
@@ -372,7 +370,7 @@ class ExternalDriver:
                 await self._told_of(await _terminate(self.process, STOP_GRACE_S if grace is None else grace))
             else:
                 await self._told_of(self.process.returncode)
-                delay = RESTART_FIRST_DELAY_S if time.monotonic() - started > 60 else delay
+                delay = backoff.after_exit(time.monotonic() - started)
                 log.warning(
                     "node %s: driver %s exited with %s; restarting in %.0f s (log: %s)",
                     self.node,
@@ -382,7 +380,6 @@ class ExternalDriver:
                     self.log_path,
                 )
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, RESTART_MAX_DELAY_S)
             if self._stopping:
                 return
             self.restarts += 1
@@ -395,8 +392,8 @@ class ExternalDriver:
     async def _told_of(self, exit_code: int | None) -> None:
         if self.on_process is None:
             return
-        if exit_code is not None and exit_code < 0:
-            exit_code = 128 - exit_code  # killed by a signal: as a shell and container runtimes say it
+        if exit_code is not None:
+            exit_code = processes.exit_status(exit_code)
         try:
             await self.on_process(exit_code)
         except Exception:  # the driver pod's status is worth a log line, not the supervision

@@ -159,6 +159,8 @@ class NodeAuthority:
         return KubeClient(Credentials(self.server, context), connection_limit=NODE_CONNECTIONS, borrow=connections)
 
 
+DRIVER_CONTAINER = "driver"
+"""The one container of a driver pod."""
 DRIVER_IMAGE = "registry.invalid/dra-testbed-driver:v1"
 """Tagged, as a DaemonSet's image is, and on synthetic nodes from the start, as in a GPU
 node image with its driver baked in: the driver pod's start pulls nothing."""
@@ -192,7 +194,7 @@ class DriverPod:
         return stem[: 253 - len(suffix)] + suffix
 
     def manifest(self) -> Obj:
-        container: Obj = {"name": "driver", "image": DRIVER_IMAGE, "command": ["run-until-deleted"]}
+        container: Obj = {"name": DRIVER_CONTAINER, "image": DRIVER_IMAGE, "command": ["run-until-deleted"]}
         if self.liveness_probe is not None:
             container["livenessProbe"] = self.liveness_probe
         labels = {DRIVER_POD_LABEL: self.node[:63], "app.kubernetes.io/part-of": "dra-testbed"}

@@ -33,9 +33,22 @@ from testbed.files import private_dir, write_secret
 from testbed.fingerprint import code_version
 from testbed.fleet import heap
 from testbed.fleet.drain import DrainResult, drain, drain_process_node
-from testbed.fleet.external import ExternalDriver, ShortPaths, driver_environment, next_generation
+from testbed.fleet.external import (
+    ExternalDriver,
+    ExternalDriverSpec,
+    ShortPaths,
+    driver_environment,
+    next_generation,
+)
 from testbed.fleet.fencing import NodeFence, Server
-from testbed.fleet.identity import DRIVER_NAMESPACE, DriverPod, NodeAuthority, bind_driver_token, driver_token
+from testbed.fleet.identity import (
+    DRIVER_CONTAINER,
+    DRIVER_NAMESPACE,
+    DriverPod,
+    NodeAuthority,
+    bind_driver_token,
+    driver_token,
+)
 from testbed.fleet.loopwatch import LoopWatch
 from testbed.fleet.membership import Membership, NodeRecipe, in_ray
 from testbed.fleet.synthetic_node import RolledOut, SyntheticNode, replace_instance, wait_connected
@@ -281,6 +294,8 @@ class NodeHost:
                     await self._issue_credentials(node)
                 await node.start()
                 if isinstance(node, ProcessNode):
+                    if node.drivers:
+                        node.keep_driver_running(self._container_ender(node, DriverPod(node.name)))
                     await self._start_process_drivers(node, ready_timeout_s)
                     await node.wait_ready(ready_timeout_s, client)
                 else:
@@ -364,12 +379,27 @@ class NodeHost:
         started = self.process_drivers.setdefault(node.name, [])
         since = node.kubelet_log_size()
         for spec in specs:
-            driver = ExternalDriver(spec, node.name, node.root)
+            driver = self._process_driver(node, spec)
             await driver.start(await self._process_driver_environment(node, driver))
             started.append(driver)
         deadline = time.monotonic() + timeout_s
         for driver in started:
             await wait_connected(node, driver, deadline - time.monotonic(), since)
+
+    def _container_ender(self, node: ProcessNode, pod: DriverPod) -> Callable[[int | None], Awaitable[None]]:
+        """What tells the real kubelet that the driver of ``pod``, a process of this host,
+        exited: its runtime ends the pod's container, which the kubelet starts again and
+        counts (a start is not told: the kubelet starts the container itself)."""
+
+        async def ended(exit_code: int | None) -> None:
+            if exit_code is not None:
+                node.end_container(DRIVER_NAMESPACE, pod.name, DRIVER_CONTAINER, exit_code)
+
+        return ended
+
+    def _process_driver(self, node: ProcessNode, spec: ExternalDriverSpec) -> ExternalDriver:
+        pod = DriverPod(node.name, spec.name, spec.generation)
+        return ExternalDriver(spec, node.name, node.root, on_process=self._container_ender(node, pod))
 
     async def _process_driver_environment(self, node: ProcessNode, driver: ExternalDriver) -> dict[str, str]:
         """The real kubelet runs the driver's pod in its fake runtime (a container that does
@@ -538,7 +568,7 @@ class NodeHost:
         old = next((e for e in instances if e.spec.name == driver), None)
         if old is None:
             raise TestbedError(f"node {node.name} runs no command-line driver {driver}")
-        started, new = time.monotonic(), ExternalDriver(next_generation(old.spec, command), node.name, node.root)
+        started, new = time.monotonic(), self._process_driver(node, next_generation(old.spec, command))
         environment = await self._process_driver_environment(node, new)
         since = node.kubelet_log_size()
 

@@ -29,7 +29,7 @@ from testbed.fleet.external import (
     driver_environment,
     next_generation,
 )
-from testbed.fleet.identity import DRIVER_IMAGE, DRIVER_NAMESPACE, DriverPod
+from testbed.fleet.identity import DRIVER_CONTAINER, DRIVER_IMAGE, DRIVER_NAMESPACE, DriverPod
 from testbed.keys import KUBELET_LABEL, PROFILE_LABEL
 from testbed.kubeapi import KubeClient
 from testbed.kubelet.containerevents import Told
@@ -311,10 +311,10 @@ class SyntheticNode:
         def tell(kind: str, reason: str, message: str) -> None:
             pod = self.kubelet.pods.known_pod(DRIVER_NAMESPACE, pod_name)
             if pod is not None:
-                self.kubelet.pods.tell(pod, Told(kind, reason, message), "driver")
+                self.kubelet.pods.tell(pod, Told(kind, reason, message), DRIVER_CONTAINER)
 
         async def process_changed(exit_code: int | None) -> None:
-            await self.kubelet.pods.process_changed(DRIVER_NAMESPACE, pod_name, "driver", exit_code)
+            await self.kubelet.pods.process_changed(DRIVER_NAMESPACE, pod_name, DRIVER_CONTAINER, exit_code)
 
         return ExternalDriver(spec, self.name, self.root, tell, process_changed)
 

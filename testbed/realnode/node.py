@@ -30,7 +30,7 @@ import socket
 import sys
 import time
 import urllib.parse
-from collections.abc import Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from pathlib import Path
 
 import yaml
@@ -43,6 +43,7 @@ from testbed.files import write_atomically
 from testbed.kubeapi import KubeClient, Obj, cluster_ca, default_credentials, path_for
 from testbed.kubelet.node import NodeSpec, node_object
 from testbed.realnode import kubelet_api, sandbox
+from testbed.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +156,9 @@ class ProcessNode:
         self._relay: asyncio.Server | None = None
         self._driver_started = 0.0
         self._relayed: set[asyncio.Task[None]] = set()
+        self._driver_keeper: asyncio.Task[None] | None = None
+        self.driver_restarts = 0
+        """How often the built-in driver was started again after it exited (keep_driver_running)."""
 
     # --- layout ------------------------------------------------------------------------
 
@@ -205,6 +209,22 @@ class ProcessNode:
         temporary.write_text(json.dumps(document))
         temporary.replace(self.faults_file)
 
+    @property
+    def exits_dir(self) -> Path:
+        """Exit files the runtime (testbed-cri --exits) reads: see end_container."""
+        return self.root / "exits"
+
+    def end_container(self, namespace: str, pod: str, container: str, exit_code: int) -> None:
+        """A process run for this container (a driver the testbed starts beside the real
+        kubelet) exited: the runtime ends the container with ``exit_code``, so the kubelet
+        starts it again and counts it in the pod's status, as for a driver in a real pod.
+        Nothing to do under the fake kubelet, told by its NodeHost directly."""
+        if self.kind != "real":
+            return
+        self.exits_dir.mkdir(exist_ok=True)
+        name = f"{namespace}_{pod}_{container}"
+        write_atomically(self.exits_dir / name, f"{exit_code}\n".encode(), durable=False)
+
     def log(self, process: str) -> Path:
         return self.root / "logs" / f"{process}.log"
 
@@ -248,7 +268,40 @@ class ProcessNode:
             await self.start_driver()
         await self.start_kubelet()
 
+    def keep_driver_running(self, on_exit: Callable[[int], Awaitable[None]] | None = None) -> None:
+        """Start the built-in driver again whenever it exits, as its DaemonSet's pod is
+        (after processes.RestartBackoff's wait), until stopped; ``on_exit``: told each
+        exit's status."""
+        self._driver_keeper = asyncio.create_task(self._keep_driver_running(on_exit), name=f"driver-{self.name}")
+
+    async def _keep_driver_running(self, on_exit: Callable[[int], Awaitable[None]] | None) -> None:
+        backoff = processes.RestartBackoff()
+        while True:
+            process, started = self.processes["driver"], time.monotonic()
+            status = processes.exit_status(await process.wait())
+            if self.processes.get("driver") is not process:
+                return  # stopped on purpose (stop_process)
+            if on_exit is not None:
+                try:
+                    await on_exit(status)
+                except Exception:  # its pod's status is worth a log line, not the driver
+                    log.exception("node %s: could not show the driver's exit in its pod", self.name)
+            delay = backoff.after_exit(time.monotonic() - started)
+            log.warning(
+                "node %s: driver exited with %d; starting it again in %.0f s (log: %s)",
+                self.name,
+                status,
+                delay,
+                self.log("driver"),
+            )
+            await asyncio.sleep(delay)
+            if self.processes.get("driver") is not process:
+                return
+            self.driver_restarts += 1
+            await self.start_driver()
+
     async def stop(self) -> None:
+        await cancel_and_wait(self._driver_keeper)
         drivers = [name for name in self.processes if name.startswith("driver")]
         for name in ("kubelet", *drivers, "cri"):
             await self.stop_process(name)
@@ -353,7 +406,11 @@ class ProcessNode:
             handle.close()
 
     async def stop_process(self, name: str, sig: int = signal.SIGTERM) -> int | None:
-        """Signal one of the node's processes and wait for it (SIGKILL after a timeout)."""
+        """Signal one of the node's processes and wait for it (SIGKILL after a timeout);
+        the built-in driver stays stopped (start_driver starts it again)."""
+        if name == "driver":
+            await cancel_and_wait(self._driver_keeper)
+            self._driver_keeper = None
         process = self.processes.pop(name, None)
         if process is None or process.returncode is not None:
             return None if process is None else process.returncode
@@ -377,6 +434,8 @@ class ProcessNode:
                 str(sock),
                 "--cdi-dirs",
                 str(self.cdi_dir),
+                "--exits",
+                str(self.exits_dir),
                 "--record",
                 str(self.containers_log),
             ],

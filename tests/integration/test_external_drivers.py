@@ -415,6 +415,18 @@ def test_a_driver_on_the_upstream_helper_serves_a_real_kubelet_node_too(
         devices = [v for k, v in main["env"].items() if k.startswith("GPU_DEVICE_")]
         assert devices in (["gpu-0"], ["gpu-1"]), main  # the CDI edits the helper wrote, applied by the runtime
 
+        # Killed, it is started again, and the real kubelet counts it in its pod's status.
+        os.kill(record.pid, signal.SIGKILL)
+        wait_for(lambda: recorded_drivers(own.nodes_dir)[node][0].pid != record.pid, 30, "the driver started again")
+        [record] = recorded_drivers(own.nodes_dir)[node]
+
+        def restarts() -> int:
+            return int(_driver_container(core, node, HELPER)[0].restart_count)
+
+        wait_for(lambda: restarts() == 1, 60, "the real kubelet to count the driver's restart")
+        [container] = _driver_container(core, node, HELPER)
+        assert container.last_state.terminated.exit_code == 137, container
+
         [rolled] = own.rollout(HELPER)
         assert (rolled["node"], rolled["generation"], rolled["unavailable_s"]) == (node, 1, 0.0)
         [second] = recorded_drivers(own.nodes_dir)[node]

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -27,7 +29,7 @@ from testbed.fleet.identity import (
     NodeAuthority,
     bind_driver_token,
 )
-from testbed.kubeapi import ApiError, KubeClient, path_for
+from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
 from testbed.realnode.node import recorded_processes, unsupported_reason
 from testbed.testing import wait_for
 from testbed.workloads import GPU, NIC, claim_spec, create_template, events, pod, request, unique, wait_running
@@ -263,6 +265,32 @@ def test_a_real_kubelet_node_runs_its_kubelet_and_driver_under_their_own_identit
                 await client.close()
 
         wait_for(lambda: asyncio.run(driver_pod_phase()) == "Running", 60, "the real kubelet to run the driver pod")
+
+        # The built-in driver, killed, is started again as its DaemonSet's pod would be, and
+        # the real kubelet counts it in that pod's status (its runtime was told of the exit).
+        def driver_pid() -> int:
+            return next(p.pid for p in recorded_processes(node_dir.parent)["ref-000"] if p.name == "driver")
+
+        async def driver_container() -> Obj:
+            client = KubeClient.from_kubeconfig(state.kubeconfig)
+            try:
+                pod = await client.get(path_for("v1", "pods", DriverPod("ref-000").name, DRIVER_NAMESPACE))
+                [container] = pod["status"]["containerStatuses"]
+                return container
+            finally:
+                await client.close()
+
+        killed = driver_pid()
+        os.kill(killed, signal.SIGKILL)
+        wait_for(lambda: driver_pid() != killed, 30, "the driver started again")
+        wait_for(
+            lambda: asyncio.run(driver_container()).get("restartCount") == 1,
+            60,
+            "the real kubelet to count the driver's restart",
+        )
+        container = asyncio.run(driver_container())
+        assert container["lastState"]["terminated"]["exitCode"] == 137, container
+        wait_for(lambda: "running" in asyncio.run(driver_container())["state"], 60, "the driver container running")
 
         # Its /metrics, as an admin reads it: the kubelet (under its node identity) asks
         # the API server whether the admin's certificate may, and counted the pod starts.

@@ -95,3 +95,14 @@ def test_a_port_something_listens_on_is_never_chosen() -> None:
         assert processes._bound_ports(1, [busy, free]) == [free]
         with pytest.raises(TestbedError, match="found only 0 of 1 free TCP ports"):
             processes._bound_ports(1, [busy])
+
+
+def test_a_process_that_keeps_dying_waits_longer_each_time_and_one_that_ran_a_while_does_not() -> None:
+    backoff = processes.RestartBackoff()
+    assert [backoff.after_exit(1) for _ in range(7)] == [1, 2, 4, 8, 16, 30, 30]
+    assert backoff.after_exit(61) == 1, "a minute's run starts the back-off over"
+    assert backoff.after_exit(5) == 2
+
+
+def test_an_exit_reads_as_a_container_runtime_says_it() -> None:
+    assert [processes.exit_status(code) for code in (0, 3, -9, -15)] == [0, 3, 137, 143]

@@ -13,6 +13,11 @@
 // Every CreateContainer is appended to --record as one JSON line (pod, container, the
 // CDI device IDs the kubelet passed and the environment they resolved to), so tests
 // can check what a container really got.
+//
+// A file <namespace>_<pod>_<container> written into --exits, holding an exit code, ends
+// that container (the one running, or the next to run) with that code: a process the
+// testbed runs for the container (a node's DRA driver) exited, and the kubelet sees it
+// as a container's exit, restarting it and counting it in the pod's status.
 package main
 
 import (
@@ -247,11 +252,85 @@ func (r *runtime) StartContainer(ctx context.Context, req *runtimeapi.StartConta
 	return resp, nil
 }
 
+// labelsOf names the pod and container the kubelet created a container for.
+const (
+	podNamespaceLabel = "io.kubernetes.pod.namespace"
+	podNameLabel      = "io.kubernetes.pod.name"
+	containerLabel    = "io.kubernetes.container.name"
+)
+
+// exitKey is the file name in --exits that ends a container of this pod.
+func exitKey(labels map[string]string) string {
+	return labels[podNamespaceLabel] + "_" + labels[podNameLabel] + "_" + labels[containerLabel]
+}
+
+// parseExit reads an exit file's content: a code of 0-255 (as a shell folds larger ones).
+func parseExit(content string) (int32, error) {
+	value, err := strconv.ParseUint(strings.TrimSpace(content), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("want an exit code, got %q", strings.TrimSpace(content))
+	}
+	return int32(value % 256), nil
+}
+
+// endRunning ends the running container the key names; false when none runs (yet).
+func (r *runtime) endRunning(key string, code int32) bool {
+	service := r.RuntimeService
+	service.Lock()
+	defer service.Unlock()
+	for _, c := range service.Containers {
+		if c.State == runtimeapi.ContainerState_CONTAINER_RUNNING && exitKey(c.Labels) == key {
+			c.State = runtimeapi.ContainerState_CONTAINER_EXITED
+			c.FinishedAt = time.Now().UnixNano()
+			c.ExitCode = code
+			c.Reason = "Error"
+			if code == 0 {
+				c.Reason = "Completed"
+			}
+			return true
+		}
+	}
+	return false
+}
+
+// followExits applies the exit files in dir as they come (see the package comment); a
+// file for a container not running yet waits for it, a malformed one is reported and removed.
+func (r *runtime) followExits(dir string) {
+	for range time.Tick(100 * time.Millisecond) {
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			continue
+		}
+		for _, entry := range entries {
+			name := entry.Name()
+			if strings.HasPrefix(name, ".") || entry.IsDir() {
+				continue // a file being written (renamed into place when whole)
+			}
+			path := filepath.Join(dir, name)
+			content, err := os.ReadFile(path)
+			if err != nil {
+				continue
+			}
+			code, err := parseExit(string(content))
+			if err != nil {
+				fmt.Fprintf(os.Stderr, "testbed-cri: exit file %s: %v; removed\n", path, err)
+				_ = os.Remove(path)
+				continue
+			}
+			if r.endRunning(name, code) {
+				fmt.Fprintf(os.Stderr, "testbed-cri: container %s exited with %d\n", name, code)
+				_ = os.Remove(path)
+			}
+		}
+	}
+}
+
 func main() {
 	listen := flag.String("listen", "", "unix socket to serve the CRI on (required)")
 	cdiDirs := flag.String("cdi-dirs", "", "comma-separated directories of CDI spec files")
 	record := flag.String("record", "", "append one JSON line per CreateContainer to this file")
 	imageSize := flag.Uint64("image-size", 64<<20, "size reported for every image, in bytes")
+	exits := flag.String("exits", "", "a directory of exit files that end containers (see the package comment)")
 	flag.Parse()
 	if *listen == "" {
 		fmt.Fprintln(os.Stderr, "testbed-cri: --listen is required (a unix socket path)")
@@ -270,6 +349,13 @@ func main() {
 		if dir != "" {
 			r.cdiDirs = append(r.cdiDirs, dir)
 		}
+	}
+	if *exits != "" {
+		if err := os.MkdirAll(*exits, 0o755); err != nil {
+			fmt.Fprintf(os.Stderr, "testbed-cri: --exits: %v\n", err)
+			os.Exit(1)
+		}
+		go r.followExits(*exits)
 	}
 	listener, err := util.CreateListener("unix://" + *listen)
 	if err != nil {
