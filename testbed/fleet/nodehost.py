@@ -335,19 +335,27 @@ class NodeHost:
         return issue
 
     async def _issue_credentials(self, node: ProcessNode) -> None:
-        """A real-kubelet node's kubelet and driver get kubeconfigs of their own identities."""
-        if self.authority is None:
-            return
-        assert self.client is not None
-        private = node.root / "private"
-        private.mkdir(parents=True, exist_ok=True)
-        node.kubelet_kubeconfig = private / "kubelet.kubeconfig"
-        write_secret(node.kubelet_kubeconfig, self.authority.kubelet_kubeconfig(node.name))
+        """A real-kubelet node's kubelet gets a kubeconfig of its own identity, and its
+        built-in drivers what their DaemonSet's pod gives them (command-line drivers get
+        theirs in _start_process_drivers): a token bound to their pod, its name and UID
+        (which name their sockets), the kubelet's directories by names short enough for
+        those sockets."""
+        if self.authority is not None:
+            private = node.root / "private"
+            private.mkdir(parents=True, exist_ok=True)
+            node.kubelet_kubeconfig = private / "kubelet.kubeconfig"
+            write_secret(node.kubelet_kubeconfig, self.authority.kubelet_kubeconfig(node.name))
         if not node.drivers:
-            return  # command-line drivers only: each gets its own pod (_start_process_drivers)
-        token, _ = await driver_token(self.client, DriverPod(node.name))
-        node.driver_kubeconfig = private / "driver.kubeconfig"
-        write_secret(node.driver_kubeconfig, self.authority.kubeconfig({"token": token}))
+            return
+        pod, short = DriverPod(node.name), ShortPaths.for_node(node.root)
+        node.driver_kubeconfig, pod_uid = await self._external_credentials(node.name)(pod)
+        short.link(node.kubelet_dir)
+        node.driver_env = {
+            "POD_NAME": pod.name,
+            "POD_UID": pod_uid,
+            "KUBELET_REGISTRAR_DIRECTORY_PATH": str(short.registry),
+            "KUBELET_PLUGINS_DIRECTORY_PATH": str(short.plugins),
+        }
 
     async def _close_clients(self, node: str) -> None:
         for client in self.node_clients.pop(node, []):
@@ -412,7 +420,6 @@ class NodeHost:
     async def _stop_process_drivers(self, name: str) -> None:
         for driver in self.process_drivers.pop(name, []):
             await driver.stop()
-            ShortPaths.for_node(driver.root).unlink()
 
     async def remove_nodes(self, names: list[str], timeout_s: float = 300.0) -> list[dict[str, Any]]:
         """Drain these nodes and delete them from the cluster (see drain.py for the order)."""
@@ -438,8 +445,7 @@ class NodeHost:
                 node, external = self.process_nodes.pop(name), self.process_drivers.pop(name, [])
                 self.process_hardware.pop(name, None)
                 result = await drain_process_node(self.client, node, timeout_s, external)
-                if external:
-                    ShortPaths.for_node(node.root).unlink()
+                ShortPaths.for_node(node.root).unlink()
             else:
                 result = await drain(self.client, self._node(name), timeout_s)
                 del self.nodes[name]
@@ -511,6 +517,8 @@ class NodeHost:
         await asyncio.gather(*(node.stop() for node in self.process_nodes.values()), return_exceptions=True)
         stopping = [self._stop_process_drivers(name) for name in list(self.process_drivers)]
         await asyncio.gather(*stopping, return_exceptions=True)
+        for node in self.process_nodes.values():
+            ShortPaths.for_node(node.root).unlink()
         for name in list(self.node_clients):
             await self._close_clients(name)
         for watcher in (self.slice_watcher, self.node_watcher):

@@ -142,6 +142,9 @@ class ProcessNode:
         """The kubelet's credentials: a node identity's kubeconfig when the fleet issues one."""
         self.driver_kubeconfig = kubeconfig
         """The driver's credentials: a kubeconfig with a token bound to the node's driver pod."""
+        self.driver_env: dict[str, str] = {}
+        """More of the built-in driver's settings, as its pod gives them (POD_UID, the
+        kubelet's directories by short names): set by the fleet that made the pod."""
         self.binaries = binaries
         self.devices_per_slice: int | None = None
         self.sync_frequency_s = KUBELET_SYNC_FREQUENCY_S
@@ -466,6 +469,7 @@ class ProcessNode:
             "CALL_LOG": str(self.call_log),
             "FAULTS_FILE": str(self.faults_file),
             "DEVICES_PER_SLICE": str(self.devices_per_slice or 0),
+            **(self.driver_env if name == "driver" else {}),
             **({"POD_UID": pod_uid} if pod_uid else {}),
             **extra,
         }

@@ -241,8 +241,9 @@ def test_a_real_kubelet_node_runs_its_kubelet_and_driver_under_their_own_identit
         node_user = yaml.safe_load((node_dir / "private" / "kubelet.kubeconfig").read_text())["users"][0]["user"]
         cert = x509.load_pem_x509_certificate(base64.b64decode(node_user["client-certificate-data"]))
         assert cert.subject.rfc4514_string() == "CN=system:node:ref-000,O=system:nodes"
-        driver_user = yaml.safe_load((node_dir / "private" / "driver.kubeconfig").read_text())["users"][0]["user"]
-        assert set(driver_user) == {"token"}
+        driver_pod = DriverPod("ref-000").name
+        driver_user = yaml.safe_load((node_dir / "private" / f"{driver_pod}.kubeconfig").read_text())["users"][0]
+        assert set(driver_user["user"]) == {"token"}
 
         # Both work under those identities: the driver's slices are there (up waited for
         # them), and the kubelet ran the driver pod and a scenario's pods.
@@ -256,41 +257,41 @@ def test_a_real_kubelet_node_runs_its_kubelet_and_driver_under_their_own_identit
         assert reference["real_nodes"] == 1 and reference["figures"]["PrepareResources"]["real"]["count"] >= ran
         assert "real kubelet(s) of this run" in (tmp_path / "report" / "report.md").read_text()
 
-        async def driver_pod_phase() -> str:
+        async def read_driver_pod() -> Obj:
             client = KubeClient.from_kubeconfig(state.kubeconfig)
             try:
-                pod = await client.get(path_for("v1", "pods", DriverPod("ref-000").name, DRIVER_NAMESPACE))
-                return str(pod.get("status", {}).get("phase", ""))
+                return await client.get(path_for("v1", "pods", driver_pod, DRIVER_NAMESPACE))
             finally:
                 await client.close()
 
-        wait_for(lambda: asyncio.run(driver_pod_phase()) == "Running", 60, "the real kubelet to run the driver pod")
+        def driver_pod_now() -> Obj:
+            return asyncio.run(read_driver_pod())
+
+        def driver_container() -> Obj:
+            [container] = driver_pod_now()["status"]["containerStatuses"]
+            return container
+
+        wait_for(
+            lambda: driver_pod_now()["status"].get("phase") == "Running", 60, "the real kubelet to run the driver pod"
+        )
+
+        # Its sockets carry its pod's UID, as its DaemonSet's would (for rolling updates).
+        uid = driver_pod_now()["metadata"]["uid"]
+        sockets = sorted(p.name for p in (node_dir / "kubelet" / "plugins_registry").iterdir())
+        assert sockets == sorted(f"{driver}-{uid}-reg.sock" for driver in (GPU, NIC)), sockets
 
         # The built-in driver, killed, is started again as its DaemonSet's pod would be, and
         # the real kubelet counts it in that pod's status (its runtime was told of the exit).
         def driver_pid() -> int:
             return next(p.pid for p in recorded_processes(node_dir.parent)["ref-000"] if p.name == "driver")
 
-        async def driver_container() -> Obj:
-            client = KubeClient.from_kubeconfig(state.kubeconfig)
-            try:
-                pod = await client.get(path_for("v1", "pods", DriverPod("ref-000").name, DRIVER_NAMESPACE))
-                [container] = pod["status"]["containerStatuses"]
-                return container
-            finally:
-                await client.close()
-
         killed = driver_pid()
         os.kill(killed, signal.SIGKILL)
         wait_for(lambda: driver_pid() != killed, 30, "the driver started again")
-        wait_for(
-            lambda: asyncio.run(driver_container()).get("restartCount") == 1,
-            60,
-            "the real kubelet to count the driver's restart",
-        )
-        container = asyncio.run(driver_container())
+        wait_for(lambda: driver_container().get("restartCount") == 1, 60, "the real kubelet to count the restart")
+        container = driver_container()
         assert container["lastState"]["terminated"]["exitCode"] == 137, container
-        wait_for(lambda: "running" in asyncio.run(driver_container())["state"], 60, "the driver container running")
+        wait_for(lambda: "running" in driver_container()["state"], 60, "the driver container running")
 
         # Its /metrics, as an admin reads it: the kubelet (under its node identity) asks
         # the API server whether the admin's certificate may, and counted the pod starts.
