@@ -43,7 +43,7 @@ from testbed.fleet.external import (
 from testbed.fleet.fleet import FAULT_ACTIONS, Fleet, ScaleInterrupted, rollout_summary
 from testbed.progress import ConsoleProgress
 from testbed.realnode import kubelet_api
-from testbed.realnode.node import recorded_kubelet_pid, recorded_processes
+from testbed.realnode.node import recorded_driver_restarts, recorded_kubelet_pid, recorded_processes
 
 if TYPE_CHECKING:
     from testbed.scenarios.runner import FaultInjector
@@ -686,8 +686,9 @@ def status(name: str, state_dir: Path | None) -> None:
     drivers = recorded_drivers(Path(str(nodes_dir))) if nodes_dir else {}
     if process_nodes:
         nodes = Table(title="real-kubelet nodes (processes on this machine)")
-        for column in ("node", "kubelet", "built-in drivers", "runtime", "logs"):
+        for column in ("node", "kubelet", "built-in drivers", "their restarts", "runtime", "logs"):
             nodes.add_column(column)
+        restarts = recorded_driver_restarts(Path(nodes_dir))
         for node, records in process_nodes.items():
             alive = {r.name: r.alive() for r in records}
 
@@ -696,7 +697,10 @@ def status(name: str, state_dir: Path | None) -> None:
                     return "none (command-line drivers below)" if name == "driver" and drivers.get(node) else "-"
                 return "[green]running[/]" if alive[name] else "[red]gone[/]"
 
-            nodes.add_row(node, cell("kubelet"), cell("driver"), cell("cri"), str(Path(records[0].log).parent))
+            restart_count = str(restarts.get(node, 0)) if "driver" in alive else "-"
+            nodes.add_row(
+                node, cell("kubelet"), cell("driver"), restart_count, cell("cri"), str(Path(records[0].log).parent)
+            )
         out.print(nodes)
     if drivers:
         table = Table(title="external drivers (a process per node; `testbed logs NODE DRIVER`)")

@@ -231,15 +231,19 @@ class ExternalDriver:
         root: Path,
         tell: Tell | None = None,
         on_process: Callable[[int | None], Awaitable[None]] | None = None,
+        restart_when: Callable[[], Awaitable[None]] | None = None,
     ):
         """``tell``: records an Event on the node's driver pod (the probe's, the kills');
         ``on_process``: told each exit (its code, as a container runtime gives it) and
-        each start after the first (None), for the driver pod's status."""
+        each start after the first (None), for the driver pod's status; ``restart_when``:
+        returns when it is to be started again after an exit (a real kubelet starting its
+        container again), instead of this class's own back-off."""
         self.spec = spec
         self.node = node
         self.root = root
         self.tell: Tell = tell or (lambda kind, reason, message: None)
         self.on_process = on_process
+        self.restart_when = restart_when
         self.process: asyncio.subprocess.Process | None = None
         self.restarts = 0
         self.liveness_kills = 0
@@ -368,18 +372,20 @@ class ExternalDriver:
                 self.tell("Normal", "Killing", "Container driver failed liveness probe, will be restarted")
                 grace = self.spec.liveness.grace_s if self.spec.liveness else None
                 await self._told_of(await _terminate(self.process, STOP_GRACE_S if grace is None else grace))
+                if self.restart_when is not None:
+                    await self.restart_when()
             else:
                 await self._told_of(self.process.returncode)
                 delay = backoff.after_exit(time.monotonic() - started)
                 log.warning(
-                    "node %s: driver %s exited with %s; restarting in %.0f s (log: %s)",
+                    "node %s: driver %s exited with %s; restarting %s (log: %s)",
                     self.node,
                     self.spec.name,
                     self.process.returncode,
-                    delay,
+                    f"in {delay:.0f} s" if self.restart_when is None else "when the kubelet starts its container",
                     self.log_path,
                 )
-                await asyncio.sleep(delay)
+                await (asyncio.sleep(delay) if self.restart_when is None else self.restart_when())
             if self._stopping:
                 return
             self.restarts += 1

@@ -61,7 +61,7 @@ from testbed.kubeletplugin.leftovers import prepared_state
 from testbed.kubeletplugin.slices import SliceWatcher
 from testbed.metrics_server import MetricsServer
 from testbed.realnode.kubelet_api import reference_lines
-from testbed.realnode.node import ProcessNode
+from testbed.realnode.node import ContainerRef, ProcessNode
 
 log = logging.getLogger(__name__)
 START_CONCURRENCY = 8
@@ -74,6 +74,10 @@ API server, not the connection count, is what limits a fleet's start."""
 
 CREDENTIALS_DIR = ".credentials"
 REAL_KUBELET_SCRAPE_S = 4.0
+
+
+def _driver_container(pod: DriverPod) -> ContainerRef:
+    return ContainerRef(DRIVER_NAMESPACE, pod.name, DRIVER_CONTAINER)
 
 
 def _ray_node() -> str:
@@ -294,8 +298,9 @@ class NodeHost:
                     await self._issue_credentials(node)
                 await node.start()
                 if isinstance(node, ProcessNode):
-                    if node.drivers:
-                        node.keep_driver_running(self._container_ender(node, DriverPod(node.name)))
+                    if node.drivers:  # under shared credentials there are no driver pods
+                        pod = DriverPod(node.name) if self.authority is not None else None
+                        node.keep_driver_running(None if pod is None else _driver_container(pod))
                     await self._start_process_drivers(node, ready_timeout_s)
                     await node.wait_ready(ready_timeout_s, client)
                 else:
@@ -394,20 +399,22 @@ class NodeHost:
         for driver in started:
             await wait_connected(node, driver, deadline - time.monotonic(), since)
 
-    def _container_ender(self, node: ProcessNode, pod: DriverPod) -> Callable[[int | None], Awaitable[None]]:
-        """What tells the real kubelet that the driver of ``pod``, a process of this host,
-        exited: its runtime ends the pod's container, which the kubelet starts again and
-        counts (a start is not told: the kubelet starts the container itself)."""
-
-        async def ended(exit_code: int | None) -> None:
-            if exit_code is not None:
-                node.end_container(DRIVER_NAMESPACE, pod.name, DRIVER_CONTAINER, exit_code)
-
-        return ended
-
     def _process_driver(self, node: ProcessNode, spec: ExternalDriverSpec) -> ExternalDriver:
-        pod = DriverPod(node.name, spec.name, spec.generation)
-        return ExternalDriver(spec, node.name, node.root, on_process=self._container_ender(node, pod))
+        """A command-line driver beside a real kubelet, which runs its pod: the pod's
+        container ends when the driver exits, and the driver comes back when the kubelet
+        starts that container again (at once, then after the kubelet's back-off). Under
+        shared credentials there are no driver pods: it comes back after its own back-off."""
+        if self.authority is None:
+            return ExternalDriver(spec, node.name, node.root)
+        container = _driver_container(DriverPod(node.name, spec.name, spec.generation))
+
+        async def exited(exit_code: int | None) -> None:
+            if exit_code is not None:
+                node.end_container(container, exit_code)
+
+        return ExternalDriver(
+            spec, node.name, node.root, on_process=exited, restart_when=lambda: node.started_again(container)
+        )
 
     async def _process_driver_environment(self, node: ProcessNode, driver: ExternalDriver) -> dict[str, str]:
         """The real kubelet runs the driver's pod in its fake runtime (a container that does

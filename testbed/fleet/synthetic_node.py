@@ -305,7 +305,7 @@ class SyntheticNode:
     def _external_driver(self, spec: ExternalDriverSpec) -> ExternalDriver:
         """An instance whose driver pod (its own, of its generation) shows what happens to
         it, as the kubelet shows its container: the probe's and the kills' Events, its
-        exits and restarts; nothing without the pod."""
+        exits and restarts (when the kubelet's back-off lets it); nothing without the pod."""
         pod_name = DriverPod(self.name, spec.name, spec.generation).name
 
         def tell(kind: str, reason: str, message: str) -> None:
@@ -316,7 +316,10 @@ class SyntheticNode:
         async def process_changed(exit_code: int | None) -> None:
             await self.kubelet.pods.process_changed(DRIVER_NAMESPACE, pod_name, DRIVER_CONTAINER, exit_code)
 
-        return ExternalDriver(spec, self.name, self.root, tell, process_changed)
+        async def restart_when() -> None:  # the kubelet's back-off decides, as for its own containers
+            await self.kubelet.pods.process_restart(DRIVER_NAMESPACE, pod_name, DRIVER_CONTAINER)
+
+        return ExternalDriver(spec, self.name, self.root, tell, process_changed, restart_when)
 
     async def _external_environment(self, external: ExternalDriver) -> dict[str, str]:
         """What its pod gives it; the pod (made if need be) carries its liveness probe."""

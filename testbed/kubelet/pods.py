@@ -216,6 +216,8 @@ class PodManager:
         self._restarted: dict[str, dict[str, podstatus.Restarted]] = {}
         """By pod UID and container name: containers that exited and are started again."""
         self._process_changes: dict[tuple[str, str, str], list[int | None]] = {}
+        self._process_back_off: dict[tuple[str, str, str], tuple[float, float]] = {}
+        """Per container whose process runs beside this kubelet: its back-off (restart_delay)."""
         """By namespace, pod and container: ``process_changed`` calls made before the pod
         ran here (a NodeHost taking a node over restarts its driver before its kubelet
         has adopted the driver pod), told once it runs."""
@@ -970,15 +972,7 @@ class PodManager:
             plan: _BackingOff | None = backed_off.pop(name, None)  # None: found so by a restarted kubelet
             if plan is not None and plan.blocked:  # a sync its back-off blocks
                 plan.blocked.pop(0)
-                message = f"Back-off restarting failed container {name} in pod {_described(pod)}"
-                self.tell(pod, Told("Warning", "BackOff", message), name)
-                if plan.synced and "terminated" in again.state:  # the sync before gave the reason
-                    shown = _go_duration(plan.delay)
-                    message = f"back-off {shown} restarting failed container={name} pod={_described(pod)}"
-                    waiting = {"waiting": {"reason": "CrashLoopBackOff", "message": message}}
-                    restarted[name] = podstatus.Restarted(again.count, again.container_id, waiting, again.state)
-                    await self._write_running(uid)
-                plan.synced = True
+                await self._blocked_sync(uid, name, plan)
                 backed_off[name] = plan
                 due[name] = plan.next_sync()
                 continue
@@ -991,6 +985,22 @@ class PodManager:
             self._probe_again(uid, container, restarted[name].container_id)
             await self._write_running(uid)
             due[name] = time.monotonic() + periods[name]
+
+    async def _blocked_sync(self, uid: str, name: str, plan: _BackingOff) -> None:
+        """A pod worker's sync that finds container ``name`` still backing off: BackOff
+        told; from the second such sync on (the one before gave the reason), the container
+        shown waiting in CrashLoopBackOff."""
+        pod, restarted = self._pod(uid), self._restarted[uid]
+        again = restarted[name]
+        message = f"Back-off restarting failed container {name} in pod {_described(pod)}"
+        self.tell(pod, Told("Warning", "BackOff", message), name)
+        if plan.synced and "terminated" in again.state:
+            shown = _go_duration(plan.delay)
+            message = f"back-off {shown} restarting failed container={name} pod={_described(pod)}"
+            waiting = {"waiting": {"reason": "CrashLoopBackOff", "message": message}}
+            restarted[name] = podstatus.Restarted(again.count, again.container_id, waiting, again.state)
+            await self._write_running(uid)
+        plan.synced = True
 
     async def _write_running(self, uid: str) -> None:
         """The status of a Running pod whose containers changed since it started."""
@@ -1290,9 +1300,32 @@ class PodManager:
             count = now.count + 1
             running = {"running": {"startedAt": now_rfc3339()}}
             container_id = f"{_container_ids(pod)[container]}-{count}"
-            restarted[container] = podstatus.Restarted(count, container_id, running, now.state)
+            before = now.last if "waiting" in now.state else now.state
+            restarted[container] = podstatus.Restarted(count, container_id, running, before)
             self._tell_started(pod, spec)
         await self._write_running(uid)
+
+    async def process_restart(self, namespace: str, name: str, container: str) -> None:
+        """After process_changed told an exit: until this kubelet starts that container
+        again, as it does its own (``_restart_exited``): at once the first time, then
+        after its back-off, telling BackOff at each sync that back-off blocks and showing
+        CrashLoopBackOff from the second. For a pod not running here (yet), the back-off
+        alone."""
+        key, exited_at = (namespace, name, container), time.monotonic()
+        delay, self._process_back_off[key] = restart_delay(self._process_back_off.get(key), exited_at)
+        pod = self.known_pod(namespace, name)
+        uid = "" if pod is None else pod["metadata"]["uid"]
+        if pod is None or uid not in self._running or container not in self._restarted.get(uid, {}):
+            await asyncio.sleep(delay)
+            return
+        blocked, restart_at = back_off_syncs(delay)
+        plan = _BackingOff(delay, [exited_at + at for at in blocked], exited_at + restart_at)
+        while plan.blocked:
+            await asyncio.sleep(max(0.0, plan.blocked.pop(0) - time.monotonic()))
+            if self._deleting(uid):
+                return
+            await self._blocked_sync(uid, container, plan)
+        await asyncio.sleep(max(0.0, plan.restart_at - time.monotonic()))
 
     def prepared_drivers(self) -> list[list[str]]:
         """For each claim prepared here, the drivers it uses (for dra_resource_claims_in_use)."""

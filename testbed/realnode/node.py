@@ -30,7 +30,8 @@ import socket
 import sys
 import time
 import urllib.parse
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -69,6 +70,26 @@ def check_supported() -> None:
     reason = unsupported_reason()
     if reason:
         raise TestbedError(reason, hint="run as root on Linux, or use `kubelet: fake` pools")
+
+
+KUBELET_BACK_OFF_MAX_S = 330.0
+"""The longest a kubelet waits to start a crashing container again (5 min), and a margin."""
+
+
+@dataclass(frozen=True)
+class ContainerRef:
+    """A pod's container, as the runtime's exit and start files name it."""
+
+    namespace: str
+    pod: str
+    container: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}_{self.pod}_{self.container}"
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.pod} container {self.container}"
 
 
 def kubelet_config(
@@ -217,16 +238,34 @@ class ProcessNode:
         """Exit files the runtime (testbed-cri --exits) reads: see end_container."""
         return self.root / "exits"
 
-    def end_container(self, namespace: str, pod: str, container: str, exit_code: int) -> None:
+    @property
+    def starts_dir(self) -> Path:
+        """Where the runtime (testbed-cri --starts) tells of each container it starts."""
+        return self.root / "starts"
+
+    def end_container(self, container: ContainerRef, exit_code: int) -> None:
         """A process run for this container (a driver the testbed starts beside the real
         kubelet) exited: the runtime ends the container with ``exit_code``, so the kubelet
-        starts it again and counts it in the pod's status, as for a driver in a real pod.
-        Nothing to do under the fake kubelet, told by its NodeHost directly."""
+        starts it again (see started_again) and counts it in the pod's status, as for a
+        driver in a real pod. Nothing to do under the fake kubelet (a fake-kind node)."""
         if self.kind != "real":
             return
+        (self.starts_dir / container.key).unlink(missing_ok=True)  # a start from now on is a new one
         self.exits_dir.mkdir(exist_ok=True)
-        name = f"{namespace}_{pod}_{container}"
-        write_atomically(self.exits_dir / name, f"{exit_code}\n".encode(), durable=False)
+        write_atomically(self.exits_dir / container.key, f"{exit_code}\n".encode(), durable=False)
+
+    async def started_again(self, container: ContainerRef, timeout_s: float = KUBELET_BACK_OFF_MAX_S) -> None:
+        """Until the kubelet started the container again after end_container (its
+        back-off: at once, then 10 s, doubling to 5 min), or ``timeout_s`` passed (a
+        kubelet that is down, say: the process comes back anyway)."""
+        deadline = time.monotonic() + timeout_s
+        while not (self.starts_dir / container.key).exists():
+            if time.monotonic() > deadline:
+                log.warning(
+                    "node %s: the kubelet did not start %s again within %.0f s", self.name, container, timeout_s
+                )
+                return
+            await asyncio.sleep(0.1)
 
     def log(self, process: str) -> Path:
         return self.root / "logs" / f"{process}.log"
@@ -256,7 +295,8 @@ class ProcessNode:
         if self.records_file.exists():
             records = [r for r in json.loads(self.records_file.read_text()) if r["name"] != name]
         ticks = processes.process_start_ticks(pid) or 0
-        records.append(processes.ProcessRecord(name, pid, ticks, str(self.log(name)), command).to_json())
+        record = processes.ProcessRecord(name, pid, ticks, str(self.log(name)), command).to_json()
+        records.append({**record, "restarts": self.driver_restarts} if name == "driver" else record)
         write_atomically(self.records_file, json.dumps(records).encode(), durable=False)  # never half-written
 
     async def start(self) -> None:
@@ -271,33 +311,28 @@ class ProcessNode:
             await self.start_driver()
         await self.start_kubelet()
 
-    def keep_driver_running(self, on_exit: Callable[[int], Awaitable[None]] | None = None) -> None:
-        """Start the built-in driver again whenever it exits, as its DaemonSet's pod is
-        (after processes.RestartBackoff's wait), until stopped; ``on_exit``: told each
-        exit's status."""
-        self._driver_keeper = asyncio.create_task(self._keep_driver_running(on_exit), name=f"driver-{self.name}")
+    def keep_driver_running(self, container: ContainerRef | None = None) -> None:
+        """Start the built-in driver again whenever it exits, as its DaemonSet's pod is,
+        until stopped. ``container``: its pod's, which the real kubelet runs: ended at each
+        exit, and the driver started again when the kubelet starts it again (the kubelet's
+        back-off); without it, after processes.RestartBackoff's wait."""
+        self._driver_keeper = asyncio.create_task(self._keep_driver_running(container), name=f"driver-{self.name}")
 
-    async def _keep_driver_running(self, on_exit: Callable[[int], Awaitable[None]] | None) -> None:
+    async def _keep_driver_running(self, container: ContainerRef | None) -> None:
         backoff = processes.RestartBackoff()
         while True:
             process, started = self.processes["driver"], time.monotonic()
             status = processes.exit_status(await process.wait())
             if self.processes.get("driver") is not process:
                 return  # stopped on purpose (stop_process)
-            if on_exit is not None:
-                try:
-                    await on_exit(status)
-                except Exception:  # its pod's status is worth a log line, not the driver
-                    log.exception("node %s: could not show the driver's exit in its pod", self.name)
-            delay = backoff.after_exit(time.monotonic() - started)
-            log.warning(
-                "node %s: driver exited with %d; starting it again in %.0f s (log: %s)",
-                self.name,
-                status,
-                delay,
-                self.log("driver"),
-            )
-            await asyncio.sleep(delay)
+            if container is not None and self.kind == "real":
+                self.end_container(container, status)
+                log.warning("node %s: driver exited with %d; starting it again with its container", self.name, status)
+                await self.started_again(container)
+            else:
+                delay = backoff.after_exit(time.monotonic() - started)
+                log.warning("node %s: driver exited with %d; starting it again in %.0f s", self.name, status, delay)
+                await asyncio.sleep(delay)
             if self.processes.get("driver") is not process:
                 return
             self.driver_restarts += 1
@@ -439,6 +474,8 @@ class ProcessNode:
                 str(self.cdi_dir),
                 "--exits",
                 str(self.exits_dir),
+                "--starts",
+                str(self.starts_dir),
                 "--record",
                 str(self.containers_log),
             ],
@@ -649,6 +686,18 @@ def recorded_processes(nodes_dir: Path) -> dict[str, list[processes.ProcessRecor
         try:
             found[records.parent.name] = [processes.ProcessRecord.from_json(r) for r in json.loads(records.read_text())]
         except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return found
+
+
+def recorded_driver_restarts(nodes_dir: Path) -> dict[str, int]:
+    """How often each process node's built-in driver was started again after it exited."""
+    found = {}
+    for records in sorted(nodes_dir.glob(f"*/{RECORDS_FILE}")):
+        try:
+            entries = json.loads(records.read_text())
+            found[records.parent.name] = sum(int(r.get("restarts", 0)) for r in entries if r["name"] == "driver")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
     return found
 

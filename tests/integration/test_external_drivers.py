@@ -14,6 +14,7 @@ import os
 import re
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -146,8 +147,21 @@ def test_an_external_driver_serves_its_node_and_is_restarted_and_drained(
             "the driver pod to show the restart",
         )
         assert (status.last_state.terminated.exit_code, status.last_state.terminated.reason) == (137, "Error")
+        # Killed again at once, it is back only after the kubelet's back-off (10 s), which
+        # the pod tells of as a kubelet does: the real kubelet's timing, not the NodeHost's.
+        killed, killed_pid = time.monotonic(), again.pid
+        os.kill(killed_pid, signal.SIGKILL)
+        [again] = wait_for(
+            lambda: (r := recorded_drivers(where)["ext-000"]) and r[0].pid != killed_pid and r[0].alive() and r,
+            60,
+            "the driver back after its back-off",
+        )
+        assert time.monotonic() - killed >= 9, "started again within the kubelet's 10 s back-off"
+        events = core.list_namespaced_event("dra-testbed").items
+        reasons = [e.reason for e in events if e.involved_object.name == f"{GPU}-ext-000"]
+        assert "BackOff" in reasons, reasons
         log = Path(again.log).read_text()
-        assert log.count("starting:") == 2 and "serving gpu.dra-testbed.io" in log
+        assert log.count("starting:") == 3 and "serving gpu.dra-testbed.io" in log
         core.delete_namespaced_pod("first", namespace)
         core.delete_namespaced_pod("second", namespace)
         wait_for(lambda: not core.list_namespaced_pod(namespace).items, 120, "the pods to be gone")
@@ -415,17 +429,24 @@ def test_a_driver_on_the_upstream_helper_serves_a_real_kubelet_node_too(
         devices = [v for k, v in main["env"].items() if k.startswith("GPU_DEVICE_")]
         assert devices in (["gpu-0"], ["gpu-1"]), main  # the CDI edits the helper wrote, applied by the runtime
 
-        # Killed, it is started again, and the real kubelet counts it in its pod's status.
-        os.kill(record.pid, signal.SIGKILL)
-        wait_for(lambda: recorded_drivers(own.nodes_dir)[node][0].pid != record.pid, 30, "the driver started again")
-        [record] = recorded_drivers(own.nodes_dir)[node]
-
+        # Killed, it is started again when the real kubelet starts its pod's container again,
+        # which it counts in the pod's status: at once the first time, after its back-off
+        # (10 s) the second.
         def restarts() -> int:
             return int(_driver_container(core, node, HELPER)[0].restart_count)
 
-        wait_for(lambda: restarts() == 1, 60, "the real kubelet to count the driver's restart")
-        [container] = _driver_container(core, node, HELPER)
-        assert container.last_state.terminated.exit_code == 137, container
+        away = []
+        for count in (1, 2):
+            killed = time.monotonic()
+            os.kill(record.pid, signal.SIGKILL)
+            old = record.pid
+            wait_for(lambda: recorded_drivers(own.nodes_dir)[node][0].pid != old, 60, "the driver back")  # noqa: B023
+            away.append(time.monotonic() - killed)
+            [record] = recorded_drivers(own.nodes_dir)[node]
+            wait_for(lambda: restarts() == count, 60, "the real kubelet to count the driver's restart")  # noqa: B023
+            [container] = _driver_container(core, node, HELPER)
+            assert container.last_state.terminated.exit_code == 137, container
+        assert away[0] < 5 and away[1] >= 8, f"away {away} s: at once, then after the kubelet's 10 s back-off"
 
         [rolled] = own.rollout(HELPER)
         assert (rolled["node"], rolled["generation"], rolled["unavailable_s"]) == (node, 1, 0.0)

@@ -30,7 +30,7 @@ from testbed.fleet.identity import (
     bind_driver_token,
 )
 from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
-from testbed.realnode.node import recorded_processes, unsupported_reason
+from testbed.realnode.node import recorded_driver_restarts, recorded_processes, unsupported_reason
 from testbed.testing import wait_for
 from testbed.workloads import GPU, NIC, claim_spec, create_template, events, pod, request, unique, wait_running
 
@@ -288,6 +288,7 @@ def test_a_real_kubelet_node_runs_its_kubelet_and_driver_under_their_own_identit
         killed = driver_pid()
         os.kill(killed, signal.SIGKILL)
         wait_for(lambda: driver_pid() != killed, 30, "the driver started again")
+        assert recorded_driver_restarts(node_dir.parent)["ref-000"] == 1, "`testbed status` counts it"
         wait_for(lambda: driver_container().get("restartCount") == 1, 60, "the real kubelet to count the restart")
         container = driver_container()
         assert container["lastState"]["terminated"]["exitCode"] == 137, container

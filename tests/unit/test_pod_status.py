@@ -7,8 +7,10 @@ import time
 from pathlib import Path
 from typing import cast
 
+import pytest
+
 from testbed.kubeapi import KubeClient, Obj
-from testbed.kubelet import podstatus
+from testbed.kubelet import pods, podstatus
 from testbed.kubelet.node import NodeSpec
 from testbed.kubelet.plugins import PluginManager
 from testbed.kubelet.pods import PodManager, _go_duration, back_off_syncs, probe_plan, restart_delay
@@ -404,3 +406,45 @@ def test_probes_hold_a_container_unready_until_they_pass_as_the_kubelets_prober_
     [main] = status["containerStatuses"]
     assert (main["ready"], main["started"]) == (False, False)
     assert by_type(status)["ContainersReady"]["message"] == "containers with unready status: [main]"
+
+
+def test_a_driver_process_beside_the_kubelet_comes_back_when_its_back_off_lets_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A command-line driver's process, for its driver pod's container: the kubelet's
+    back-off says when it starts again (at once, then after the back-off), each sync it
+    blocks telling BackOff, the second showing CrashLoopBackOff; started again, the
+    container's last state is its exit, not the wait. (The back-off shortened 30-fold.)"""
+    monkeypatch.setattr(pods, "CRASH_LOOP_INITIAL_S", 0.4)
+    monkeypatch.setattr(pods, "SYNC_ERROR_BACKOFF_S", 0.1)
+    monkeypatch.setattr(pods, "PLEG_RELIST_S", 0.05)
+    api = StatusWrites()
+    manager = PodManager(cast(KubeClient, api), NodeSpec("node"), cast(PluginManager, None), tmp_path / "cdi")
+    meta = {"namespace": "dra-testbed", "name": "drv-node", "uid": "u", "generation": 1}
+    spec = {"containers": [{"name": "driver", "image": "registry.invalid/drv:v1", "command": ["run-until-deleted"]}]}
+    pod = {"metadata": meta, "spec": spec, "status": {"phase": "Pending"}}
+
+    async def scenario() -> list[float]:
+        manager.observe("ADDED", pod)
+        deadline = time.monotonic() + 5
+        while not any(s["phase"] == "Running" for s in api.statuses) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        away = []
+        for _ in range(2):
+            exited = time.monotonic()
+            await manager.process_changed("dra-testbed", "drv-node", "driver", 137)
+            await manager.process_restart("dra-testbed", "drv-node", "driver")
+            away.append(time.monotonic() - exited)
+            await manager.process_changed("dra-testbed", "drv-node", "driver", None)
+        await manager.events_sent()
+        return away
+
+    away = asyncio.run(scenario())
+    assert away[0] < 0.1 and away[1] >= 0.4, away
+    backing_off = [e for e in api.events if e["reason"] == "BackOff"]
+    assert backing_off and all("Back-off restarting failed container driver" in e["message"] for e in backing_off)
+    waiting = [s["containerStatuses"][0]["state"].get("waiting", {}) for s in api.statuses]
+    assert any(w.get("reason") == "CrashLoopBackOff" for w in waiting), waiting
+    last = api.statuses[-1]["containerStatuses"][0]
+    assert last["restartCount"] == 2 and "running" in last["state"]
+    assert last["lastState"]["terminated"]["exitCode"] == 137, last["lastState"]

@@ -17,7 +17,10 @@
 // A file <namespace>_<pod>_<container> written into --exits, holding an exit code, ends
 // that container (the one running, or the next to run) with that code: a process the
 // testbed runs for the container (a node's DRA driver) exited, and the kubelet sees it
-// as a container's exit, restarting it and counting it in the pod's status.
+// as a container's exit, restarting it and counting it in the pod's status. Each
+// StartContainer writes a file of that name into --starts (its content the time), so
+// the testbed starts the process again when the kubelet, after its back-off, starts
+// the container again.
 package main
 
 import (
@@ -46,6 +49,7 @@ type runtime struct {
 	*fake.RemoteRuntime
 	cdiDirs []string
 	record  string
+	starts  string
 	mu      sync.Mutex // guards commands and appends to record
 	// commands holds each container's command and args, for how it ends.
 	commands map[string]string
@@ -232,6 +236,7 @@ func (r *runtime) StartContainer(ctx context.Context, req *runtimeapi.StartConta
 	r.mu.Lock()
 	command := r.commands[req.GetContainerId()]
 	r.mu.Unlock()
+	r.tellStarted(req.GetContainerId())
 	if seconds, code, ends := ending(command); ends {
 		id := req.GetContainerId()
 		time.AfterFunc(time.Duration(seconds*float64(time.Second)), func() {
@@ -262,6 +267,29 @@ const (
 // exitKey is the file name in --exits that ends a container of this pod.
 func exitKey(labels map[string]string) string {
 	return labels[podNamespaceLabel] + "_" + labels[podNameLabel] + "_" + labels[containerLabel]
+}
+
+// tellStarted writes the container's start into --starts, whole or not at all.
+func (r *runtime) tellStarted(id string) {
+	if r.starts == "" {
+		return
+	}
+	service := r.RuntimeService
+	service.Lock()
+	c, ok := service.Containers[id]
+	var key string
+	if ok {
+		key = exitKey(c.Labels)
+	}
+	service.Unlock()
+	if !ok {
+		return
+	}
+	path := filepath.Join(r.starts, key)
+	partial := filepath.Join(r.starts, "."+key)
+	if err := os.WriteFile(partial, []byte(time.Now().UTC().Format(time.RFC3339Nano)+"\n"), 0o644); err == nil {
+		_ = os.Rename(partial, path)
+	}
 }
 
 // parseExit reads an exit file's content: a code of 0-255 (as a shell folds larger ones).
@@ -331,6 +359,7 @@ func main() {
 	record := flag.String("record", "", "append one JSON line per CreateContainer to this file")
 	imageSize := flag.Uint64("image-size", 64<<20, "size reported for every image, in bytes")
 	exits := flag.String("exits", "", "a directory of exit files that end containers (see the package comment)")
+	starts := flag.String("starts", "", "a directory this writes a file into at each container's start")
 	flag.Parse()
 	if *listen == "" {
 		fmt.Fprintln(os.Stderr, "testbed-cri: --listen is required (a unix socket path)")
@@ -344,7 +373,13 @@ func main() {
 			{Type: runtimeapi.NetworkReady, Status: true},
 		},
 	}
-	r := &runtime{RemoteRuntime: inner, record: *record, commands: map[string]string{}}
+	r := &runtime{RemoteRuntime: inner, record: *record, starts: *starts, commands: map[string]string{}}
+	if *starts != "" {
+		if err := os.MkdirAll(*starts, 0o755); err != nil {
+			fmt.Fprintf(os.Stderr, "testbed-cri: --starts: %v\n", err)
+			os.Exit(1)
+		}
+	}
 	for _, dir := range strings.Split(*cdiDirs, ",") {
 		if dir != "" {
 			r.cdiDirs = append(r.cdiDirs, dir)

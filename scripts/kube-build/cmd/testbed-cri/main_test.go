@@ -1,6 +1,7 @@
 package main
 
 import (
+	"os"
 	"testing"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -74,5 +75,19 @@ func TestAnExitFileEndsTheRunningContainerOfItsPod(t *testing.T) {
 	}
 	if r.endRunning(exitKey(labels), 137) {
 		t.Error("ended an exited container again")
+	}
+}
+
+func TestAContainersStartIsToldInStarts(t *testing.T) {
+	r := &runtime{RemoteRuntime: fake.NewFakeRemoteRuntime(), commands: map[string]string{}, starts: t.TempDir()}
+	labels := map[string]string{podNamespaceLabel: "dra-testbed", podNameLabel: "drv-n1", containerLabel: "driver"}
+	r.RuntimeService.Containers["c1"] = &apitest.FakeContainer{ContainerStatus: runtimeapi.ContainerStatus{
+		Id: "c1", Labels: labels, State: runtimeapi.ContainerState_CONTAINER_RUNNING,
+	}}
+	r.tellStarted("c1")
+	r.tellStarted("gone")
+	entries, err := os.ReadDir(r.starts)
+	if err != nil || len(entries) != 1 || entries[0].Name() != exitKey(labels) {
+		t.Fatalf("starts holds %v (%v); want only %s", entries, err, exitKey(labels))
 	}
 }
