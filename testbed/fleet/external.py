@@ -246,6 +246,8 @@ class ExternalDriver:
         self.restart_when = restart_when
         self.process: asyncio.subprocess.Process | None = None
         self.restarts = 0
+        self.ended = 0
+        """How often its process ended: exited, or killed for failing its liveness probe."""
         self.liveness_kills = 0
         self.liveness_port: int | None = None
         """$LIVENESS_PORT, where its liveness endpoint is (to be) probed: given when it has a
@@ -255,8 +257,9 @@ class ExternalDriver:
         """The environment its pod gives it, before its own ``env`` and $(VAR)s."""
         self._environment: dict[str, str] = {}
         self._command: list[str] = []
-        self.restarted = asyncio.Event()
-        """Set (and replaced) at each restart: what a wait for this driver wakes on."""
+        self.changed = asyncio.Event()
+        """Set (and replaced) at each end of its process and each restart: what a wait for
+        this driver wakes on."""
         self._supervisor: asyncio.Task[None] | None = None
         self._stopping = False
 
@@ -372,10 +375,12 @@ class ExternalDriver:
                 self.tell("Normal", "Killing", "Container driver failed liveness probe, will be restarted")
                 grace = self.spec.liveness.grace_s if self.spec.liveness else None
                 await self._told_of(await _terminate(self.process, STOP_GRACE_S if grace is None else grace))
+                self._changed(ended=True)
                 if self.restart_when is not None:
                     await self.restart_when()
             else:
                 await self._told_of(self.process.returncode)
+                self._changed(ended=True)
                 delay = backoff.after_exit(time.monotonic() - started)
                 log.warning(
                     "node %s: driver %s exited with %s; restarting %s (log: %s)",
@@ -392,8 +397,12 @@ class ExternalDriver:
             self._move_off_a_taken_liveness_port()
             await self._spawn()
             await self._told_of(None)
-            self.restarted.set()
-            self.restarted = asyncio.Event()
+            self._changed()
+
+    def _changed(self, ended: bool = False) -> None:
+        self.ended += ended
+        self.changed.set()
+        self.changed = asyncio.Event()
 
     async def _told_of(self, exit_code: int | None) -> None:
         if self.on_process is None:

@@ -55,7 +55,8 @@ every device Unknown at once; the timeout only bounds how long a hung driver's d
 read as they last were. The heartbeats were 43% of an idle NodeHost's CPU (200 gpu8
 nodes: 0.072 core with them every 10 s, 0.041 without any)."""
 CRASHES_WHILE_STARTING = 2
-"""An external driver restarted this often before it ever registered fails the node's start."""
+"""An external driver whose process ended this often before it ever registered fails the
+node's start (at once: the second restart would wait for the kubelet's 10 s back-off)."""
 
 
 @dataclass(frozen=True)
@@ -82,14 +83,14 @@ async def wait_registered(
     try:
         async with asyncio.timeout(max(timeout_s, 0.0)):
             while True:
-                changed, restarted = plugins.changed, external.restarted  # before looking: no wake-up lost
+                changed, restarted = plugins.changed, external.changed  # before looking: no wake-up lost
                 instances = plugins.instances(external.spec.name)
                 if known is None and instances:
                     return
                 if known is not None and any(id(p) not in known and p.connected for p in instances):
                     return
-                if external.restarts >= CRASHES_WHILE_STARTING:
-                    raise _not_registered(external, _why_restarted(external))
+                if external.ended >= CRASHES_WHILE_STARTING:
+                    raise _not_registered(external, _why_ended(external))
                 await first_of(changed.wait(), restarted.wait())
     except TimeoutError:
         raise _not_registered(external, f"not within {timeout_s:.0f} s") from None
@@ -101,8 +102,8 @@ async def wait_connected(node: ProcessNode, external: ExternalDriver, timeout_s:
     started then, or a rollout's new one beside the old)."""
     deadline = time.monotonic() + timeout_s
     while external.spec.name not in node.connected_drivers(since):
-        if external.restarts >= CRASHES_WHILE_STARTING:
-            raise _not_registered(external, _why_restarted(external))
+        if external.ended >= CRASHES_WHILE_STARTING:
+            raise _not_registered(external, _why_ended(external))
         if time.monotonic() > deadline:
             raise _not_registered(external, f"not within {timeout_s:.0f} s; the kubelet's log is {node.log('kubelet')}")
         await asyncio.sleep(0.2)
@@ -146,11 +147,11 @@ async def replace_instance(
     )
 
 
-def _why_restarted(external: ExternalDriver) -> str:
+def _why_ended(external: ExternalDriver) -> str:
     if not external.liveness_kills:
-        return f"it exited {external.restarts + 1} times"
+        return f"it exited {external.ended} times"
     return (
-        f"it was started {external.restarts + 1} times, killed {external.liveness_kills} of them for failing "
+        f"it ended {external.ended} times, killed {external.liveness_kills} of them for failing "
         "its liveness probe: does it serve grpc.health.v1 on $LIVENESS_PORT, within the probe's initialDelaySeconds?"
     )
 
