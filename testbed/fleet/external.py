@@ -351,10 +351,10 @@ class ExternalDriver:
         self._remember()
 
     async def _supervise(self) -> None:
-        """Restart it when it exits, waiting 1 s, doubling to 30 s while it keeps dying
-        within a minute of its start (as a kubelet's back-off does for a crashing pod);
-        kill it and start it again at once when it fails its liveness probe (the kubelet
-        starts the container again in the sync that killed it)."""
+        """Restart it when it exits: once ``restart_when`` returns (its node's kubelet
+        starting the pod's container again), or without one after processes.RestartBackoff's
+        wait; kill it when it fails its liveness probe and start it again as soon as
+        ``restart_when`` lets it (at once without one)."""
         backoff = processes.RestartBackoff()
         while True:
             assert self.process is not None
