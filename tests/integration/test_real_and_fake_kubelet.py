@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import ipaddress
 import itertools
 import json
 import re
@@ -763,6 +764,14 @@ def test_a_pods_status_reads_alike_on_real_and_fake_kubelets(
 
                 found["broken"] = _status_shape(await until(waiting, 30, f"{side.kind}: broken shown waiting"))
                 found["gated"] = _status_shape(await side.running("gated"))
+                # Each pod its own IP from its node's pod CIDR, as a CNI's host-local IPAM hands them out.
+                node = await side.client.get(path_for("v1", "nodes", side.node.name))
+                cidr = ipaddress.ip_network(node["spec"]["podCIDR"])
+                ips = [(await side.read_pod(name))["status"]["podIP"] for name in ("claiming", "gated")]
+                found["pod IPs"] = {
+                    "distinct": len(set(ips)) == len(ips),
+                    "in the node's pod CIDR": all(ipaddress.ip_address(ip) in cidr for ip in ips),
+                }
                 done = await until(lambda: side._phase("done", "Succeeded"), 60, f"{side.kind}: done to succeed")
 
                 async def sandbox_gone() -> Obj | None:
@@ -791,6 +800,7 @@ def test_a_pods_status_reads_alike_on_real_and_fake_kubelets(
             deleted = {kind: f.pop("claiming deleted") for kind, f in found.items()}
             for stage in found["real"]:
                 assert found["fake"][stage] == found["real"][stage], stage
+            assert all(found["real"]["pod IPs"].values()), found["real"]["pod IPs"]
 
             # How a stopped container exited is the runtime's to say (the reference's fake
             # runtime says 0, so Succeeded; a process ending on SIGTERM 143, so Failed),

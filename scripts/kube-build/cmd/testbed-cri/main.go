@@ -10,6 +10,9 @@
 // (at once without one), with `exit N`'s status (0 without one); `sleep infinity`, or a
 // command that neither sleeps nor exits, runs until stopped.
 //
+// Pod sandboxes get IPs from the node's pod CIDR, one each (ipam.go), where the fake
+// gives every pod the same address.
+//
 // Every CreateContainer is appended to --record as one JSON line (pod, container, the
 // CDI device IDs the kubelet passed and the environment they resolved to), so tests
 // can check what a container really got.
@@ -50,6 +53,7 @@ type runtime struct {
 	cdiDirs []string
 	record  string
 	starts  string
+	ips     *ipam
 	mu      sync.Mutex // guards commands and appends to record
 	// commands holds each container's command and args, for how it ends.
 	commands map[string]string
@@ -373,7 +377,7 @@ func main() {
 			{Type: runtimeapi.NetworkReady, Status: true},
 		},
 	}
-	r := &runtime{RemoteRuntime: inner, record: *record, starts: *starts, commands: map[string]string{}}
+	r := &runtime{RemoteRuntime: inner, record: *record, starts: *starts, ips: newIPAM(), commands: map[string]string{}}
 	if *starts != "" {
 		if err := os.MkdirAll(*starts, 0o755); err != nil {
 			fmt.Fprintf(os.Stderr, "testbed-cri: --starts: %v\n", err)
