@@ -49,9 +49,10 @@ from testbed.fleet.identity import (
     bind_driver_token,
     driver_token,
 )
+from testbed.fleet.instances import RolledOut, replace_instance, wait_connected
 from testbed.fleet.loopwatch import LoopWatch
 from testbed.fleet.membership import Membership, NodeRecipe, in_ray
-from testbed.fleet.synthetic_node import RolledOut, SyntheticNode, replace_instance, wait_connected
+from testbed.fleet.synthetic_node import SyntheticNode
 from testbed.fleet.tlsmemory import small_tls_read_buffers
 from testbed.kubeapi import KubeClient, path_for
 from testbed.kubelet.declared import cluster_declared_features

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,20 +29,20 @@ from testbed.fleet.external import (
     next_generation,
 )
 from testbed.fleet.identity import DRIVER_CONTAINER, DRIVER_IMAGE, DRIVER_NAMESPACE, DriverPod
+from testbed.fleet.instances import RolledOut, replace_instance, wait_registered
 from testbed.keys import KUBELET_LABEL, PROFILE_LABEL
 from testbed.kubeapi import KubeClient
 from testbed.kubelet.containerevents import Told
 from testbed.kubelet.kubelet import FakeKubelet
 from testbed.kubelet.lease import LeaseFence
 from testbed.kubelet.node import NodeSpec, NodeWatcher
-from testbed.kubelet.plugins import PluginManager
 from testbed.kubeletplugin.claims import ClaimReader
 from testbed.kubeletplugin.prepare import DriverPaths
 from testbed.kubeletplugin.slices import SliceWatcher
-from testbed.tasks import cancel_and_wait, first_of
+from testbed.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
-    from testbed.realnode.node import ProcessNode
+    pass
 
 PLUGIN_SCAN_INTERVAL_S = 10.0
 """How often a kubelet polls its registry where inotify cannot be had (see dirwatch): a
@@ -54,115 +53,6 @@ every 40 s, not every 10 s. Changes still go out at once, and a stream that ends
 every device Unknown at once; the timeout only bounds how long a hung driver's devices
 read as they last were. The heartbeats were 43% of an idle NodeHost's CPU (200 gpu8
 nodes: 0.072 core with them every 10 s, 0.041 without any)."""
-CRASHES_WHILE_STARTING = 2
-"""An external driver whose process ended this often before it ever registered fails the
-node's start (at once: the second restart would wait for the kubelet's 10 s back-off)."""
-
-
-@dataclass(frozen=True)
-class RolledOut:
-    """One node's driver replaced by a rollout."""
-
-    node: str
-    generation: int
-    seconds: float
-    """From the start of the node's turn until the new instance was registered and the old one stopped."""
-    unavailable_s: float
-    """How long the kubelet had no instance to call: the old one stopped until the new
-    one registered (0 with surge: the new one registered first)."""
-
-
-async def wait_registered(
-    plugins: PluginManager, external: ExternalDriver, timeout_s: float, known: set[int] | None = None
-) -> None:
-    """Until the kubelet registered the external driver: woken by the plugin watcher and by
-    the driver's restarts, so a driver that keeps crashing fails the start early. With
-    ``known`` (instances by id, a rollout's old ones), until an instance other than those
-    is connected too: only then does the kubelet call it rather than an old one, so only
-    then may the old one go (as a DaemonSet deletes the old pod once the new one is ready)."""
-    try:
-        async with asyncio.timeout(max(timeout_s, 0.0)):
-            while True:
-                changed, restarted = plugins.changed, external.changed  # before looking: no wake-up lost
-                instances = plugins.instances(external.spec.name)
-                if known is None and instances:
-                    return
-                if known is not None and any(id(p) not in known and p.connected for p in instances):
-                    return
-                if external.ended >= CRASHES_WHILE_STARTING:
-                    raise _not_registered(external, _why_ended(external))
-                await first_of(changed.wait(), restarted.wait())
-    except TimeoutError:
-        raise _not_registered(external, f"not within {timeout_s:.0f} s") from None
-
-
-async def wait_connected(node: ProcessNode, external: ExternalDriver, timeout_s: float, since: int) -> None:
-    """The same for a real kubelet, which says so only in its log: until it connected to
-    an instance of ``external``'s driver after the log's offset ``since`` (the instance
-    started then, or a rollout's new one beside the old)."""
-    deadline = time.monotonic() + timeout_s
-    while external.spec.name not in node.connected_drivers(since):
-        if external.ended >= CRASHES_WHILE_STARTING:
-            raise _not_registered(external, _why_ended(external))
-        if time.monotonic() > deadline:
-            raise _not_registered(external, f"not within {timeout_s:.0f} s; the kubelet's log is {node.log('kubelet')}")
-        await asyncio.sleep(0.2)
-
-
-async def replace_instance(
-    instances: list[ExternalDriver],
-    new: ExternalDriver,
-    environment: Mapping[str, str],
-    surge: bool,
-    registered: Callable[[], Awaitable[None]],
-    started: float,
-) -> RolledOut:
-    """Put ``new`` in the place of the instance of its driver in ``instances``, as a
-    DaemonSet's rolling update replaces its pod: with ``surge`` it starts beside the old
-    one, which stops once ``registered`` returned (maxSurge); else the old one stops
-    first (maxUnavailable). A surge that fails leaves the old one serving. ``started``:
-    when the node's turn began (``time.monotonic()``)."""
-    index = next(i for i, e in enumerate(instances) if e.spec.name == new.spec.name)
-    old, stopped_at = instances[index], None
-    if not surge:
-        stopped_at = time.monotonic()
-        await old.stop()
-    instances[index] = new  # from here on the node's: drained and stopped with it
-    try:
-        await new.start(environment, beside=old if surge else None)
-        await registered()
-    except BaseException:
-        if surge:  # as a DaemonSet's surge pod that never gets ready: the old one serves on
-            instances[index] = old
-            await new.stop()
-        raise  # else the new one is the node's, restarted with back-off while it fails
-    registered_at = time.monotonic()
-    if surge:
-        await old.stop()
-    return RolledOut(
-        new.node,
-        new.spec.generation,
-        time.monotonic() - started,
-        0.0 if stopped_at is None else registered_at - stopped_at,
-    )
-
-
-def _why_ended(external: ExternalDriver) -> str:
-    if not external.liveness_kills:
-        return f"it exited {external.ended} times"
-    return (
-        f"it ended {external.ended} times, killed {external.liveness_kills} of them for failing "
-        "its liveness probe: does it serve grpc.health.v1 on $LIVENESS_PORT, within the probe's initialDelaySeconds?"
-    )
-
-
-def _not_registered(external: ExternalDriver, why: str) -> TestbedError:
-    return TestbedError(
-        f"node {external.node}: driver {external.spec.name} did not register with the kubelet ({why})",
-        detail=external.log_tail(),
-        hint=f"it must create its registration socket in $KUBELET_REGISTRAR_DIRECTORY_PATH; "
-        f"its log is {external.log_path}",
-    )
 
 
 class SyntheticNode:

@@ -14,7 +14,7 @@ import pytest
 
 from testbed.errors import TestbedError
 from testbed.fleet.external import ExternalDriver, ExternalDriverSpec
-from testbed.fleet.synthetic_node import CRASHES_WHILE_STARTING, wait_registered
+from testbed.fleet.instances import CRASHES_WHILE_STARTING, wait_registered
 from testbed.kubelet.plugins import PluginManager
 from testbed.kubeletplugin.grpc_services import RegistrationService, add_registration_service
 
