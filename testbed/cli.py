@@ -1352,10 +1352,18 @@ def rollout(
 
 
 @main.command("binaries")
+@click.argument("names", nargs=-1, metavar="[NAME]...")
 @click.option("--no-download", is_flag=True, help="Skip release downloads; build if not cached.")
 @reports_errors
-def binaries_command(no_download: bool) -> None:
-    """Obtain the control-plane and node binaries (cache, download or build); print their directory."""
+def binaries_command(names: tuple[str, ...], no_download: bool) -> None:
+    """Obtain the control-plane and node binaries (cache, download or build); print their
+    directory. With NAMEs, obtain those (built on first use, e.g. dra-test-driver, the
+    Kubernetes project's own DRA test driver) and print the path of each."""
+    if names:
+        found = binaries_module.ensure_named(names, ConsoleProgress())
+        for name in names:
+            click.echo(str(found.path(name)))
+        return
     found = binaries_module.ensure_binaries(ConsoleProgress(), allow_download=not no_download)
     if shutil.which("go") is not None and cfg.kube_bin_dir_override() is None:
         found = binaries_module.ensure_node_binaries(ConsoleProgress())

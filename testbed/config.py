@@ -52,6 +52,11 @@ BENCH_BINARIES = ("testbed-draclient", "testbed-helperdriver")
 driver on the upstream kubeletplugin helper as the yardstick (``scripts/kube-build/cmd``).
 Built on first use."""
 
+UPSTREAM_DRIVERS = {"dra-test-driver": "k8s.io/kubernetes/test/e2e/dra/test-driver"}
+"""DRA drivers the testbed did not write, built from the Go module proxy at the pinned
+Kubernetes version: the Kubernetes project's own e2e test driver (`testbed binaries
+dra-test-driver`), to try a fleet with a driver written elsewhere. Built on first use."""
+
 RELEASE_BASE_URL = "https://dl.k8s.io/release"
 ETCD_RELEASE_BASE_URL = "https://github.com/etcd-io/etcd/releases/download"
 DOWNLOAD_TIMEOUT_S = 10.0

@@ -45,6 +45,7 @@ OWN_SOURCES = {name: f"cmd/{name}" for name in ("testbed-cri", *config.BENCH_BIN
 GO_PACKAGES = {
     **{name: f"k8s.io/kubernetes/cmd/{name}" for name in KUBE_COMMANDS},
     **{name: f"dra-testbed/kube-build/{directory}" for name, directory in OWN_SOURCES.items()},
+    **config.UPSTREAM_DRIVERS,
 }
 """Every binary the kube-build wrapper module makes, by its package."""
 
@@ -136,6 +137,30 @@ def ensure_bench_binaries(progress: Progress | None = None) -> Binaries:
     return _ensure_added(config.BENCH_BINARIES, "driver benchmarks", "skip those benchmarks", progress)
 
 
+def ensure_named(names: tuple[str, ...], progress: Progress | None = None) -> Binaries:
+    """Whichever of the binaries the testbed knows are asked for by name (``testbed
+    binaries NAME``), the control plane's and those built on first use alike."""
+    unknown = sorted(set(names) - set(known_binaries()))
+    if unknown:
+        raise TestbedError(
+            f"no binary named {', '.join(unknown)}",
+            hint=f"name one of {', '.join(known_binaries())}",
+        )
+    found = ensure_binaries(progress)
+    later = tuple(name for name in names if name not in config.CONTROL_PLANE_BINARIES)
+    return _ensure_added(later, "`testbed binaries`", "name those already there", progress) if later else found
+
+
+def known_binaries() -> tuple[str, ...]:
+    return (
+        *config.CONTROL_PLANE_BINARIES,
+        *config.OPTIONAL_BINARIES,
+        *config.NODE_BINARIES,
+        *config.BENCH_BINARIES,
+        *config.UPSTREAM_DRIVERS,
+    )
+
+
 def _ensure_added(names: tuple[str, ...], purpose: str, otherwise: str, progress: Progress | None) -> Binaries:
     """``names`` next to the control-plane binaries, built now if missing or stale."""
     progress = progress or SilentProgress()
@@ -164,8 +189,8 @@ def _ensure_added(names: tuple[str, ...], purpose: str, otherwise: str, progress
                 with progress.task(f"go build {', '.join(missing)}"):
                     ldflags = version_ldflags(dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
                     _go_build(go, _kube_module(), [GO_PACKAGES[n] for n in missing], staging, ldflags, progress)
-                for name in missing:
-                    (staging / name).rename(found.directory / name)
+                for name in missing:  # go names a binary after its package's directory
+                    (staging / GO_PACKAGES[name].rsplit("/", 1)[-1]).rename(found.directory / name)
                 _stamp_sources(found.directory)
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
@@ -360,8 +385,9 @@ def _build(cache: Path, go: str, progress: Progress) -> Binaries:
             f"building Kubernetes {config.KUBERNETES_VERSION} from Go modules with {go_version} "
             "(first time only; about 10-20 minutes on 2 cores)"
         )
-        packages = list(GO_PACKAGES.values())
-        with progress.task(f"go build {', '.join(GO_PACKAGES)}"):
+        built_now = [name for name in GO_PACKAGES if name not in config.UPSTREAM_DRIVERS]  # those: on first use
+        packages = [GO_PACKAGES[name] for name in built_now]
+        with progress.task(f"go build {', '.join(built_now)}"):
             _go_build(go, kube_module, packages, staging, version_ldflags(build_date), progress)
         with progress.task(f"go build etcd {config.ETCD_VERSION}"):
             etcd_dir = staging / "etcd-out"

@@ -9,6 +9,7 @@ deleted once nothing on it is prepared any more.
 from __future__ import annotations
 
 import asyncio
+import logging
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -20,6 +21,8 @@ from testbed.fleet.identity import DRIVER_NAMESPACE, driver_pods_selector, is_dr
 from testbed.fleet.synthetic_node import SyntheticNode
 from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
 from testbed.realnode.node import ProcessNode
+
+log = logging.getLogger(__name__)
 
 POLL_S = 0.5
 
@@ -124,14 +127,22 @@ async def drain(client: KubeClient, node: SyntheticNode, timeout_s: float = 300.
 async def drain_process_node(
     client: KubeClient, node: ProcessNode, timeout_s: float = 300.0, external: Sequence[ExternalDriver] = ()
 ) -> DrainResult:
-    """The same order for a real-kubelet node: its CDI specs tell what is still prepared.
-    ``external``: its command-line drivers, stopped with its built-in one."""
+    """The same order for a real-kubelet node: its kubelet's checkpoint tells what is still
+    prepared. ``external``: its command-line drivers, stopped with its built-in one."""
 
     def prepared() -> int:
-        return len(list(node.cdi_dir.glob("*.json"))) if node.cdi_dir.exists() else 0
+        return len(node.prepared_claims())
 
     prepared_before = prepared()
     evicted = await _empty(client, node.name, timeout_s, prepared)
+    left = sorted(p.name for p in node.cdi_dir.glob("*.json")) if node.cdi_dir.exists() else []
+    if left:  # every claim unprepared, as far as the kubelet knows: the driver's to explain
+        log.warning(
+            "node %s: its drivers left %d CDI specs behind after every claim was unprepared: %s",
+            node.name,
+            len(left),
+            ", ".join(left),
+        )
     await node.stop_process("driver")
     for driver in external:
         await driver.stop()

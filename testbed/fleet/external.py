@@ -286,7 +286,9 @@ class ExternalDriver:
         this driver, but for the instance ``beside`` it (a rollout's old one)."""
         taken_over = self._reap_leftovers(keep=None if beside is None else beside.records)
         self._stopping = False
-        for sub in ("logs", "work", "cdi", "kubelet/plugins_registry", "kubelet/plugins"):
+        # As a DaemonSet's hostPath mounts (type DirectoryOrCreate) give them, the
+        # driver's own plugin directory included: some drivers make only its parent.
+        for sub in ("logs", "work", "cdi", "kubelet/plugins_registry", f"kubelet/plugins/{self.spec.name}"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         self._given = dict(environment)
         self.reserve_liveness_port()

@@ -52,6 +52,8 @@ class RolloutFailure:
     node: str
     message: str
     detail: str = ""
+    hint: str = ""
+    """The way out its cause named, when it names one of its own."""
 
     def __str__(self) -> str:
         said = self.message.startswith(f"node {self.node}:")  # the node's own errors name it
@@ -65,16 +67,19 @@ def rollout_stopped(
     failed node named, and what the rest of the fleet runs now."""
     first = failed[0]
     others = f" (and {len(failed) - 1} more: {', '.join(f.node for f in failed[1:])})" if len(failed) > 1 else ""
-    return TestbedError(
-        f"rollout of {driver} stopped after {rolled} of {total} nodes: {first}{others}",
-        detail="\n".join(f.detail or str(f) for f in failed),
-        hint=(
+    touched = f"{untouched} {'node was' if untouched == 1 else 'nodes were'} not touched"
+    if first.hint:  # the failure knows its way out
+        hint = f"{first.hint}; {touched}"
+    else:
+        hint = (
             "with maxSurge the old instance serves on where the new one failed; "
             if surge
             else "the new instance keeps being restarted where it failed; "
-        )
-        + f"{untouched} {'node was' if untouched == 1 else 'nodes were'} not touched. "
-        + "Fix the command and run the rollout again",
+        ) + f"{touched}. Fix the command and run the rollout again"
+    return TestbedError(
+        f"rollout of {driver} stopped after {rolled} of {total} nodes: {first}{others}",
+        detail="\n".join(f.detail or str(f) for f in failed) if others or first.detail else "",  # not the message again
+        hint=hint,
     )
 
 
@@ -597,7 +602,8 @@ class Fleet:
                     elif isinstance(error := call.exception(), ray.exceptions.RayTaskError):
                         cause = error.cause if isinstance(getattr(error, "cause", None), TestbedError) else None
                         message = cause.message if cause else str(error).splitlines()[0]
-                        failed.append(RolloutFailure(node, message, cause.detail if cause else str(error)))
+                        detail, hint = (cause.detail or "", cause.hint or "") if cause else (str(error), "")
+                        failed.append(RolloutFailure(node, message, detail, hint))
                     elif error is not None:
                         raise error
                     else:

@@ -5,9 +5,12 @@ as a DaemonSet's rolling update replaces its pod."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import stat
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from testbed.errors import TestbedError
@@ -92,6 +95,7 @@ async def replace_instance(
         stopped_at = time.monotonic()
         await old.stop()
     instances[index] = new  # from here on the node's: drained and stopped with it
+    before = _sockets(new)
     try:
         await new.start(environment, beside=old if surge else None)
         await registered()
@@ -102,12 +106,41 @@ async def replace_instance(
         raise  # else the new one is the node's, restarted with back-off while it fails
     registered_at = time.monotonic()
     if surge:
+        made = [path for path, inode in _sockets(new).items() if before.get(path) != inode]
         await old.stop()
+        if made and not any(path.exists() for path in made):
+            raise _sockets_taken(new, made)
     return RolledOut(
         new.node,
         new.spec.generation,
         time.monotonic() - started,
         0.0 if stopped_at is None else registered_at - stopped_at,
+    )
+
+
+def _sockets(external: ExternalDriver) -> dict[Path, int]:
+    """The unix sockets in its node's registry and its own plugin directory, by inode."""
+    kubelet = external.root / "kubelet"
+    found: dict[Path, int] = {}
+    for directory in (kubelet / "plugins_registry", kubelet / "plugins" / external.spec.name):
+        for path in directory.rglob("*") if directory.is_dir() else []:
+            with contextlib.suppress(OSError):
+                status = path.lstat()
+                if stat.S_ISSOCK(status.st_mode):
+                    found[path] = status.st_ino
+    return found
+
+
+def _sockets_taken(new: ExternalDriver, made: list[Path]) -> TestbedError:
+    """A surge whose old instance, stopping, removed the sockets the new one had made at
+    the same paths: on a real node too, the kubelet is left with no instance to call."""
+    names = ", ".join(sorted(path.name for path in made))
+    return TestbedError(
+        f"node {new.node}: the old instance of {new.spec.name}, as it stopped, removed the sockets the new one "
+        f"had made at the same paths ({names}): the kubelet has no instance of it to call",
+        hint="a driver whose socket names do not carry its pod's UID cannot run two instances side by side: "
+        "roll it out with --max-unavailable 1 (which serves this node again), or name its sockets after "
+        "$POD_UID (the kubeletplugin helper's RollingUpdate option)",
     )
 
 

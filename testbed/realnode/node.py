@@ -42,6 +42,7 @@ from testbed.controlplane.binaries import Binaries
 from testbed.errors import TestbedError
 from testbed.files import write_atomically
 from testbed.kubeapi import KubeClient, Obj, cluster_ca, default_credentials, path_for
+from testbed.kubelet.kubelet import CHECKPOINT_FILE as FAKE_KUBELET_CHECKPOINT
 from testbed.kubelet.node import NodeSpec, node_object
 from testbed.realnode import kubelet_api, sandbox
 from testbed.tasks import cancel_and_wait
@@ -668,6 +669,27 @@ class ProcessNode:
         if not self.containers_log.exists():
             return []
         return [json.loads(line) for line in self.containers_log.read_text().splitlines() if line]
+
+    def prepared_claims(self) -> list[str]:
+        """The claims (namespace/name) its kubelet holds prepared, from the kubelet's own
+        checkpoint: what a drain waits for (a driver's leftover CDI spec is the driver's)."""
+        if self.kind == "fake":
+            path = self.kubelet_dir / FAKE_KUBELET_CHECKPOINT
+            entries = json.loads(path.read_text()) if path.exists() else []
+            return sorted(f"{e['namespace']}/{e['name']}" for e in entries)
+        return kubelet_checkpoint_claims(self.kubelet_dir / KUBELET_CHECKPOINT)
+
+
+KUBELET_CHECKPOINT = "dra_manager_state"
+"""The real kubelet's DRA checkpoint (pkg/kubelet/cm/dra/state), written whole by a rename."""
+
+
+def kubelet_checkpoint_claims(path: Path) -> list[str]:
+    """namespace/name of each claim in a kubelet's DRA checkpoint (none before it wrote one)."""
+    if not path.exists():
+        return []
+    data = json.loads(json.loads(path.read_text())["Data"])
+    return sorted(f"{c['Namespace']}/{c['ClaimName']}" for c in data.get("ClaimInfoStateList") or [])
 
 
 def recorded_kubelet_pid(root: Path) -> int | None:

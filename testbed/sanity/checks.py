@@ -39,8 +39,10 @@ from testbed.kubeletplugin.slices import (
 from testbed.sanity.harness import CALL_TIMEOUT_S, Claim, Harness, Registration
 
 SLICES_WAIT_S = 60.0
-REPUBLISH_WAIT_S = 30.0
-"""A starting kubelet deletes its node's slices; the driver must notice and publish again."""
+REPUBLISH_WAIT_S = 45.0
+"""A starting kubelet deletes its node's slices; the driver must notice and publish again.
+Drivers on the upstream ResourceSlice controller do 30 s after the deletion by default
+(its sync delay), so a margin beyond that."""
 UNPREPARE_PATIENCE_S = 5.0
 LIVENESS_TIMEOUT_S = 5.0
 """How long one liveness check may take to answer (a probe's timeoutSeconds)."""
@@ -566,17 +568,25 @@ class Suite:
             for s in await self.harness.slices()
             for d in s["spec"].get("devices") or []
         }
+        # The API asks for every device in each message, but a kubelet copes with less (it
+        # shows the devices left out as Unknown): a WARN, with what a user would see.
         missing = sorted(published - reported)
-        expect(not missing, f"the first snapshot leaves out {len(missing)} published devices, e.g. {missing[:3]}")
+        problems = []
+        if missing:
+            problems.append(
+                f"the first snapshot leaves out {len(missing)} published devices, e.g. {missing[:3]}: "
+                "a kubelet shows their health Unknown in the pods using them"
+            )
         timeout = min(
             (d.health_check_timeout_seconds for d in message.devices if d.health_check_timeout_seconds > 0),
             default=DEFAULT_HEALTH_TIMEOUT_S,
         )
         stream = await self.harness.health_messages(self.registration.endpoint, service, 2, timeout + 2)
-        expect(
-            len(stream) == 2 and stream[1][0] - stream[0][0] <= timeout,
-            f"no second snapshot within the {timeout} s timeout: a kubelet marks every device Unknown then",
-        )
+        if len(stream) < 2 or stream[1][0] - stream[0][0] > timeout:
+            problems.append(
+                f"no second snapshot within the {timeout} s timeout: a kubelet marks every device Unknown then"
+            )
+        expect(not problems, "; ".join(problems), Status.WARN)
         gap = stream[1][0] - stream[0][0]
         return f"{len(reported)} devices in the first snapshot, re-sent after {gap:.1f} s (timeout {timeout} s)"
 

@@ -23,7 +23,7 @@ from kubernetes import client as k8s
 
 from testbed import environment
 from testbed.config import nodes_dir
-from testbed.controlplane.binaries import ensure_bench_binaries
+from testbed.controlplane.binaries import ensure_bench_binaries, ensure_named
 from testbed.controlplane.cluster import ClusterState
 from testbed.controlplane.processes import process_start_ticks
 from testbed.errors import TestbedError
@@ -32,7 +32,8 @@ from testbed.fleet.fleet import Fleet
 from testbed.fleet.spec import FleetFile
 from testbed.keys import DRIVER_POD_LABEL
 from testbed.kubeapi import KubeClient
-from testbed.realnode.node import unsupported_reason
+from testbed.kubelet.kubelet import CHECKPOINT_FILE as FAKE_KUBELET_CHECKPOINT
+from testbed.realnode.node import KUBELET_CHECKPOINT, kubelet_checkpoint_claims, unsupported_reason
 from testbed.report import report as reporting
 from testbed.scenarios import runner, spec
 from testbed.testing import wait_for
@@ -527,3 +528,111 @@ def test_a_scenario_rolls_a_driver_out_while_its_pods_come_and_go(
     finally:
         own.stop(remove_nodes=True)
         resource.delete_device_class(name)
+
+
+TEST_DRIVER = "test-driver.cdi.k8s.io"
+
+
+def _test_driver_command() -> list[str]:
+    """The Kubernetes project's own DRA e2e test driver, as its DaemonSet would run it."""
+    return [
+        str(ensure_named(("dra-test-driver",)).path("dra-test-driver")),
+        "kubelet-plugin",
+        "--node-name=$(NODE_NAME)",
+        "--plugin-registration-path=$(KUBELET_REGISTRAR_DIRECTORY_PATH)",
+        "--datadir=$(KUBELET_PLUGINS_DIRECTORY_PATH)",
+        "--cdi-dir=$(CDI_DIR)",
+    ]
+
+
+@pytest.mark.skipif(bool(unsupported_reason()), reason=unsupported_reason() or "")
+def test_the_kubernetes_projects_own_test_driver_serves_real_and_fake_kubelet_nodes_alike(
+    control_plane: ClusterState, fleet: Fleet, kube_api: k8s.ApiClient
+) -> None:
+    """A driver written elsewhere, unmodified (k8s.io/kubernetes/test/e2e/dra/test-driver),
+    on a fake-kubelet node and a real-kubelet one: it starts (given its plugin directory,
+    as its DaemonSet's mount gives it), publishes, and a pod's claim, with its opaque
+    config, reaches the container's environment alike on both, unprepared when the pod
+    goes. Its socket names carry no pod UID, so a surge rollout cannot work: the old
+    instance, stopping, removes the new one's sockets. The rollout says so and how to get
+    out, where it used to report success over nodes whose kubelets had no driver left."""
+    del fleet  # only for its Ray
+    driver = {"name": TEST_DRIVER, "command": _test_driver_command()}
+    fake, real = unique("tf"), unique("tr")
+    spec = FleetFile.model_validate(
+        {
+            "nodesPerHost": 2,
+            "pools": [
+                {"name": pool, "count": 1, "profile": "tiny", "kubelet": kubelet, "drivers": [driver]}
+                for pool, kubelet in ((fake, "fake"), (real, "real"))
+            ],
+        }
+    )
+    every_device: Any = {"cel": {"expression": f'device.driver == "{TEST_DRIVER}"'}}
+    resource = k8s.ResourceV1Api(kube_api)
+    resource.create_device_class({"metadata": {"name": TEST_DRIVER}, "spec": {"selectors": [every_device]}})
+    own = Fleet(spec, control_plane.kubeconfig, nodes_dir(control_plane.root))
+    core, namespace = _namespace(kube_api, "td")
+    nodes = {"fake": f"{fake}-000", "real": f"{real}-000"}
+    try:
+        own.start()
+        for node in nodes.values():  # published once registered: the node's start waits for the registration
+            [published] = wait_for(
+                lambda: resource.list_resource_slice(field_selector=f"spec.nodeName={node}").items,  # noqa: B023
+                30,
+                f"{node}'s slices",
+            )
+            assert [d.name for d in published.spec.devices] == [f"device-{i:02d}" for i in range(4)]
+        config = [{"opaque": {"driver": TEST_DRIVER, "parameters": {"a": "b"}}}]
+        create_template(kube_api, namespace, "dev", claim_spec(request("dev", TEST_DRIVER), config=config))
+
+        def run_pods(name: str) -> dict[str, dict[str, str]]:
+            """Each node's pod ``name`` running, and what its container was given."""
+            given = {}
+            for kind, node in nodes.items():
+                claims = {"dev": {"resourceClaimTemplateName": "dev"}}
+                core.create_namespaced_pod(namespace, pod(f"{name}-{kind}", claims, node=node))
+                running = wait_running(kube_api, namespace, f"{name}-{kind}")
+                if kind == "fake":
+                    given[kind] = container_env(running)["main"]
+                else:
+                    lines = (own.nodes_dir / node / "containers.jsonl").read_text().splitlines()
+                    records = [json.loads(line) for line in lines]
+                    [main] = [r for r in records if r["podUID"] == running.metadata.uid and r["container"] == "main"]
+                    given[kind] = main["env"]
+            return given
+
+        for kind, env in run_pods("app").items():
+            ours = {k: v for k, v in env.items() if k.startswith(("user_", "claim_"))}
+            assert ours.pop("user_a") == "b", (kind, env)  # the claim's opaque config, through the CDI spec
+            [(key, value)] = ours.items()
+            assert key.endswith("_dev") and value == "true", (kind, env)
+
+        with pytest.raises(TestbedError, match="removed the sockets the new one had made at the same paths") as caught:
+            own.rollout(TEST_DRIVER)
+        assert "--max-unavailable 1" in (caught.value.hint or "")
+        rolled = own.rollout(TEST_DRIVER, max_surge=0, max_unavailable=2)
+        assert sorted(r["node"] for r in rolled) == sorted(nodes.values())
+        for kind in nodes:
+            core.delete_namespaced_pod(f"app-{kind}", namespace)
+        checkpoints = {
+            "fake": own.nodes_dir / nodes["fake"] / "kubelet" / FAKE_KUBELET_CHECKPOINT,
+            "real": own.nodes_dir / nodes["real"] / "kubelet" / KUBELET_CHECKPOINT,
+        }
+        wait_for(  # both kubelets unprepared the claims through the new instances
+            lambda: (
+                not json.loads(checkpoints["fake"].read_text()) and not kubelet_checkpoint_claims(checkpoints["real"])
+            ),
+            60,
+            "the kubelets to unprepare the pods' claims",
+        )
+        # The test driver keeps what it prepared in memory: the new instance, asked to
+        # unprepare a claim it never saw, has nothing to do, and the first one's CDI specs
+        # stay. Alike on both nodes; the drain below waits for the kubelet, not for them.
+        for node in nodes.values():
+            assert len(list((own.nodes_dir / node / "cdi").glob(f"{TEST_DRIVER}-*.json"))) == 1
+        assert set(run_pods("again")) == {"fake", "real"}, "served by the instances rolled out without surge"
+    finally:
+        core.delete_namespace(namespace)
+        own.stop(remove_nodes=True)
+        resource.delete_device_class(TEST_DRIVER)

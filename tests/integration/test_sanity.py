@@ -21,7 +21,7 @@ from kubernetes import client as k8s
 
 from testbed.config import ControlPlaneConfig, nodes_dir, runtime_root
 from testbed.controlplane import cluster
-from testbed.controlplane.binaries import Binaries, ensure_bench_binaries
+from testbed.controlplane.binaries import Binaries, ensure_bench_binaries, ensure_named
 from testbed.controlplane.cluster import ClusterState
 from testbed.controlplane.processes import descendants, process_start_ticks
 from testbed.drivers import KINDS, drivers_for, load_profile
@@ -113,6 +113,34 @@ def test_a_driver_on_the_upstream_kubeletplugin_helper_passes(control_plane: Clu
     assert {name: r.detail for name, r in results.items() if r.status is not Status.PASS} == {}
     assert "the call failed as a whole, naming the problem (UNKNOWN: " in results["per-claim errors"].detail
     assert "2 devices" in results["resource slices within API limits"].detail
+
+
+TEST_DRIVER = "test-driver.cdi.k8s.io"
+
+
+def test_the_kubernetes_projects_own_dra_test_driver_passes(control_plane: ClusterState, fleet: Fleet) -> None:
+    """A driver neither the testbed nor the suite grew up with: the one Kubernetes' own
+    DRA e2e tests run (k8s.io/kubernetes/test/e2e/dra/test-driver, unmodified). What it
+    does within the API but short of its advice is a WARN, not a FAIL: its health stream
+    names no device (a kubelet shows them Unknown) and its sockets carry no pod UID."""
+    del fleet  # for its access policy
+    binary = str(ensure_named(("dra-test-driver",)).path("dra-test-driver"))
+    command = [
+        binary,
+        "kubelet-plugin",
+        "--node-name=$(NODE_NAME)",
+        "--plugin-registration-path=$(KUBELET_REGISTRAR_DIRECTORY_PATH)",
+        "--datadir=$(KUBELET_PLUGINS_DIRECTORY_PATH)",
+        "--cdi-dir=$(CDI_DIR)",
+    ]
+    results = {r.name: r for r in _sanity(control_plane, command, {}, TEST_DRIVER)}
+    health = results.pop("health stream")
+    assert health.status is Status.WARN and "leaves out 4 published devices" in health.detail, health
+    assert results.pop("rolling-update socket names").status is Status.WARN
+    assert results.pop("liveness probe").status is Status.SKIP, "no liveness port was given"
+    assert results.pop("shares of one device").status is Status.SKIP, "its devices are not shared"
+    assert {name: r.detail for name, r in results.items() if r.status is not Status.PASS} == {}
+    assert "4 devices" in results["resource slices within API limits"].detail
 
 
 def test_a_running_nodes_driver_is_checked_without_restarting_it(control_plane: ClusterState, fleet: Fleet) -> None:

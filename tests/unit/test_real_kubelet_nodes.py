@@ -219,3 +219,23 @@ def test_faults_reach_a_real_kubelet_nodes_drivers_as_they_follow_them(tmp_path:
     health = {d["name"]: d["health"] for d in inventory["devices"]}
     assert health["gpu-1"] == "UNHEALTHY" and health["gpu-0"] == "HEALTHY"
     assert inventory["faults"]["failNextPrepares"] == 2
+
+
+def test_what_a_real_kubelet_holds_prepared_is_read_from_its_own_checkpoint(tmp_path: Path) -> None:
+    """A drain waits for the kubelet's unprepares, not for the driver's CDI specs: a driver
+    that forgot a claim (its state in memory, restarted) leaves its spec behind, and a
+    node drained by the specs waited for 300 s and failed."""
+    path = tmp_path / realnode.KUBELET_CHECKPOINT
+    assert realnode.kubelet_checkpoint_claims(path) == [], "none written yet: nothing prepared"
+    claim = {  # as kubelet v1.37 wrote it, one pod's claim prepared by the e2e test driver
+        "ClaimUID": "d2b48fc0-9ddf-4383-9bdb-c3697ba1532b",
+        "ClaimName": "inline-real-000-resource-ml27g",
+        "Namespace": "default",
+        "PodUIDs": {"03c9e711-471f-4566-b66a-b73dd4e5fa34": {}},
+        "DriverState": {"test-driver.cdi.k8s.io": {"Devices": [{"PoolName": "real-000", "DeviceName": "device-00"}]}},
+    }
+    kind = {"kind": "DRACheckpoint", "apiVersion": "checkpoint.dra.kubelet.k8s.io/v1"}
+    path.write_text(json.dumps({"Data": json.dumps({**kind, "ClaimInfoStateList": [claim]}), "Checksum": 1}))
+    assert realnode.kubelet_checkpoint_claims(path) == ["default/inline-real-000-resource-ml27g"]
+    path.write_text(json.dumps({"Data": json.dumps({**kind, "ClaimInfoStateList": []}), "Checksum": 2}))
+    assert realnode.kubelet_checkpoint_claims(path) == []

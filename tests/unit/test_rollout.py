@@ -4,8 +4,11 @@ in one line for the user."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
+import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -23,6 +26,7 @@ from testbed.fleet.external import (
 )
 from testbed.fleet.fleet import Fleet, RolloutFailure, rollout_stopped, rollout_summary
 from testbed.fleet.identity import DriverPod, driver_pods_selector
+from testbed.fleet.instances import RolledOut, replace_instance
 from testbed.fleet.liveness import LivenessSettings
 from testbed.fleet.membership import NodeRecipe
 from testbed.fleet.spec import FleetFile
@@ -121,6 +125,9 @@ def test_a_batch_with_failed_nodes_counts_the_ones_that_rolled_out_and_names_the
     alone = rollout_stopped("a.example.com", 0, 1, failed[1:], surge=False, untouched=0)
     assert alone.message.endswith("nodes: node n-004: not rolled out within 300 s")
     assert "keeps being restarted" in alone.hint and "0 nodes were" in alone.hint
+    taken = RolloutFailure("n-000", "node n-000: the old instance ... removed the sockets", hint="roll it out with X")
+    own_way_out = rollout_stopped("a.example.com", 0, 2, [taken], surge=True, untouched=1).hint
+    assert own_way_out == "roll it out with X; 1 node was not touched", "not 'the old instance serves on'"
 
 
 def test_a_drivers_log_is_its_running_instances(tmp_path: Path) -> None:
@@ -179,3 +186,73 @@ def test_rolling_out_a_built_in_driver_says_it_cannot_and_what_can(tmp_path: Pat
         Fleet(mixed, kubeconfig, tmp_path / "nodes").rollout("b.example.com")
     assert info.value.message == "no pool runs a command-line driver 'b.example.com'"
     assert info.value.hint == "the fleet's command-line drivers: a.example.com"
+
+
+SOCKET_SERVER = """
+import signal, socket, sys
+path = sys.argv[1]
+server = socket.socket(socket.AF_UNIX)
+try:
+    import os; os.unlink(path)  # as a driver takes over a socket path another left
+except FileNotFoundError:
+    pass
+server.bind(path)
+server.listen()
+def leave(*_):
+    import os; os.unlink(path)  # as drivers remove their sockets on SIGTERM
+    raise SystemExit(0)
+signal.signal(signal.SIGTERM, leave)
+signal.pause()
+"""
+
+
+def _socket_driver(root: Path, socket_name: str, generation: int) -> ExternalDriver:
+    registry = root / "kubelet" / "plugins_registry"
+    command = (sys.executable, "-c", SOCKET_SERVER, str(registry / socket_name))
+    return ExternalDriver(ExternalDriverSpec("gpu.example.com", command, generation=generation), "node-000", root)
+
+
+@pytest.mark.parametrize("names_by_pod", [True, False])
+def test_a_surge_whose_old_instance_removes_the_new_ones_sockets_is_a_failure_not_a_rollout(
+    tmp_path: Path, names_by_pod: bool
+) -> None:
+    """Two instances of a driver whose socket names do not carry its pod's UID share the
+    paths: the old one, stopping, takes the new one's socket with it and the kubelet is
+    left with none, which a surge must say rather than count as rolled out."""
+
+    async def surge() -> RolledOut:
+        old = _socket_driver(tmp_path, "gpu-0-reg.sock" if names_by_pod else "gpu-reg.sock", 0)
+        new = _socket_driver(tmp_path, "gpu-1-reg.sock" if names_by_pod else "gpu-reg.sock", 1)
+        registry = tmp_path / "kubelet" / "plugins_registry"
+
+        async def registered(name: str) -> None:
+            async with asyncio.timeout(30):
+                while not (registry / name).is_socket():
+                    await asyncio.sleep(0.02)
+
+        await old.start({})
+        await registered(old.spec.command[-1].rsplit("/", 1)[-1])
+        instances = [old]
+        made = registry / new.spec.command[-1].rsplit("/", 1)[-1]
+        inode = made.stat().st_ino if made.exists() else None
+
+        async def new_registered() -> None:
+            async with asyncio.timeout(30):
+                while not made.is_socket() or made.stat().st_ino == inode:
+                    await asyncio.sleep(0.02)
+
+        try:
+            return await replace_instance(instances, new, {}, True, new_registered, time.monotonic())
+        finally:
+            await new.stop()
+            await old.stop()
+
+    if names_by_pod:
+        rolled = asyncio.run(surge())
+        assert (rolled.generation, rolled.unavailable_s) == (1, 0.0)
+        return
+    with pytest.raises(
+        TestbedError, match=r"removed the sockets the new one had made at the same paths \(gpu-reg.sock\)"
+    ) as caught:
+        asyncio.run(surge())
+    assert "--max-unavailable 1" in (caught.value.hint or "")
