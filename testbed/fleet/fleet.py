@@ -308,7 +308,8 @@ class Fleet:
             if self.spec.identities == "per-node":
                 progress.step("identities: shared (no CA key of this cluster to issue node identities with)")
             return
-        self._as_admin(install_access_policy)
+        drivers = {d.name for p in self.spec.pools for d in p.external_drivers}
+        self._as_admin(lambda admin: install_access_policy(admin, drivers))
         progress.step("identities: kubelets as system:node:<name>, drivers with tokens bound to a pod on their node")
 
     def start(self, progress: Progress | None = None, timeout_s: float = 900.0) -> None:

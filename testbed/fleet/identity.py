@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import ssl
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -32,6 +33,7 @@ from cryptography.x509.oid import NameOID
 from testbed import openssl
 from testbed.controlplane.pki import client_certificate
 from testbed.errors import TestbedError
+from testbed.fleet.spec import BUILT_IN_DRIVERS
 from testbed.keys import DRIVER_NAME_LABEL, DRIVER_POD_LABEL
 from testbed.kubeapi import ApiError, Credentials, KubeClient, Obj, load_pem_pair, path_for, until_answered
 
@@ -255,10 +257,42 @@ async def _driver_token(admin: KubeClient, driver_pod: DriverPod) -> tuple[str, 
     return str(answer["status"]["token"]), str(pod["metadata"]["uid"])
 
 
-async def install_access_policy(admin: KubeClient, timeout_s: float = 120.0) -> list[str]:
-    """deploy/'s namespace, driver ServiceAccount, roles and own-node admission policy.
-    A driver namespace still being deleted (deploy/ just removed) is waited out first:
-    no pod can be created in it."""
+def status_grant(driver: str) -> list[Obj]:
+    """What a driver's own chart grants it beyond the role every driver shares: writing
+    the device status of claims allocated on its node (``status.devices``: a NIC's address,
+    say), under its own DRA name only, as the API server asks since 1.36. deploy/'s role
+    names the built-in drivers; a command-line driver gets one of these for its name."""
+    name = f"{DRIVER_SERVICE_ACCOUNT}:{driver}"
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": name},
+        "rules": [
+            {
+                "apiGroups": ["resource.k8s.io"],
+                "resources": ["resourceclaims/driver"],
+                "resourceNames": [driver],
+                "verbs": ["associated-node:update", "associated-node:patch"],
+            }
+        ],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": DRIVER_SERVICE_ACCOUNT, "namespace": DRIVER_NAMESPACE}],
+    }
+    return [role, binding]
+
+
+async def install_access_policy(
+    admin: KubeClient, drivers: Collection[str] = (), timeout_s: float = 120.0
+) -> list[str]:
+    """deploy/'s namespace, driver ServiceAccount, roles and own-node admission policy,
+    and a status grant for each of ``drivers`` (command-line drivers, by DRA name). A
+    driver namespace still being deleted (deploy/ just removed) is waited out first: no
+    pod can be created in it."""
     namespace_path = path_for("v1", "namespaces", DRIVER_NAMESPACE)
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
@@ -276,14 +310,20 @@ async def install_access_policy(admin: KubeClient, timeout_s: float = 120.0) -> 
                 hint=f"see what holds it: kubectl get all -n {DRIVER_NAMESPACE}; or use --identities shared",
             )
         await asyncio.sleep(0.5)
+    docs = [
+        doc
+        for manifest in ("namespace.yaml", "rbac.yaml", "admission-policy.yaml")
+        for doc in yaml.safe_load_all((ACCESS_MANIFESTS / manifest).read_text())
+        if doc
+    ]
+    built_in = set(BUILT_IN_DRIVERS.values())  # deploy/'s role names them
+    docs += [doc for driver in sorted(set(drivers) - built_in) for doc in status_grant(driver)]
     applied = []
-    for manifest in ("namespace.yaml", "rbac.yaml", "admission-policy.yaml"):
-        for doc in yaml.safe_load_all((ACCESS_MANIFESTS / manifest).read_text()):
-            if doc:
-                api_version, plural, namespaced = _PLURALS[doc["kind"]]
-                namespace = doc["metadata"].get("namespace") if namespaced else None
-                await admin.create_or_replace(path_for(api_version, plural, namespace=namespace), doc)
-                applied.append(f"{doc['kind']}/{doc['metadata']['name']}")
+    for doc in docs:
+        api_version, plural, namespaced = _PLURALS[doc["kind"]]
+        namespace = doc["metadata"].get("namespace") if namespaced else None
+        await admin.create_or_replace(path_for(api_version, plural, namespace=namespace), doc)
+        applied.append(f"{doc['kind']}/{doc['metadata']['name']}")
     return applied
 
 

@@ -209,7 +209,7 @@ class Harness:
         authority = NodeAuthority.for_cluster(self.kubeconfig)
         if authority is None:
             return self.kubeconfig, str(uuid.uuid4())
-        await install_access_policy(self.admin)
+        await install_access_policy(self.admin, [self.driver_name] if self.driver_name else [])
         token, pod_uid = await driver_token(self.admin, DriverPod(self.node))
         path = self.root / "private" / "driver.kubeconfig"
         path.parent.mkdir(parents=True, exist_ok=True)

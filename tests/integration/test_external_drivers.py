@@ -533,6 +533,34 @@ def test_a_scenario_rolls_a_driver_out_while_its_pods_come_and_go(
 TEST_DRIVER = "test-driver.cdi.k8s.io"
 
 
+def may_write_device_status(nodes_dir: Path, node: str, driver: str) -> bool:
+    """Whether the test driver on ``node`` (its pod's token) may write the device status
+    of claims allocated on its node under ``driver``'s name, as the API server asks."""
+    review = {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SelfSubjectAccessReview",
+        "spec": {
+            "resourceAttributes": {
+                "group": "resource.k8s.io",
+                "resource": "resourceclaims",
+                "subresource": "driver",
+                "name": driver,
+                "verb": "associated-node:patch",
+            }
+        },
+    }
+
+    async def ask() -> bool:
+        client = KubeClient.from_kubeconfig(nodes_dir / node / "private" / f"{TEST_DRIVER}-{node}.kubeconfig")
+        try:
+            answer = await client.request("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", review)
+            return bool(answer["status"].get("allowed"))
+        finally:
+            await client.close()
+
+    return asyncio.run(ask())
+
+
 def _test_driver_command() -> list[str]:
     """The Kubernetes project's own DRA e2e test driver, as its DaemonSet would run it."""
     return [
@@ -607,6 +635,11 @@ def test_the_kubernetes_projects_own_test_driver_serves_real_and_fake_kubelet_no
             assert ours.pop("user_a") == "b", (kind, env)  # the claim's opaque config, through the CDI spec
             [(key, value)] = ours.items()
             assert key.endswith("_dev") and value == "true", (kind, env)
+        # As its own chart would let it, the driver may write the device status of the
+        # claims allocated on its node (status.devices: a NIC's address, say), under its
+        # own name only: deploy/'s role names the built-in drivers alone.
+        assert may_write_device_status(own.nodes_dir, nodes["fake"], TEST_DRIVER)
+        assert not may_write_device_status(own.nodes_dir, nodes["fake"], "gpu.example.com")
 
         with pytest.raises(TestbedError, match="removed the sockets the new one had made at the same paths") as caught:
             own.rollout(TEST_DRIVER)
