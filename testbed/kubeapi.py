@@ -493,6 +493,22 @@ async def apply_claim_status(client: KubeClient, body: Obj, field_manager: str) 
     )
 
 
+def status_refusal_cause(exc: ApiError) -> str:
+    """What the API server's words do not say when it refuses a claim's status write as
+    "status.allocation: Invalid value: null: field cannot be modified once set" ("" for
+    any other refusal). Found with claims made by the Python kubernetes client: v1.37
+    keeps opaque config parameters as the bytes sent and compares them byte for byte, so
+    to a JSON client (this one, a driver's SSA or merge patch) every status write of such
+    a claim reads as a change of its allocation; protobuf clients send the bytes back."""
+    if exc.status == 422 and "status.allocation" in exc.message and "cannot be modified once set" in exc.message:
+        return (
+            "the claim's opaque config parameters were sent as JSON with spaces (as the Python kubernetes "
+            "client writes them), which the API server keeps byte for byte: a status write from a JSON client "
+            "then reads to it as changing the allocation. Create such claims with compact JSON (kubectl does)"
+        )
+    return ""
+
+
 async def until_answered(call: Callable[[], Awaitable[T]], what: str) -> T:
     """``call`` again, with the kubelet's backoff (0.1 s doubling to 7 s), for as long
     as it fails for a transient reason: the API server overloaded (429 beyond the

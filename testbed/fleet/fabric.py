@@ -38,6 +38,7 @@ from testbed.kubeapi import (
     apply_claim_status,
     claim_device_status,
     path_for,
+    status_refusal_cause,
     until_answered,
 )
 
@@ -212,8 +213,13 @@ class FabricManager:
             except ApiError as exc:
                 if exc.status in GIVEN_UP_STATUS:
                     # The claim went, or was allocated anew meanwhile (its devices then
-                    # differ): the next event brings what awaits attachment now.
-                    log.info("%s: %s", what, exc)
+                    # differ): the next event brings what awaits attachment now. Or the
+                    # API server refuses every write of this claim's status: said loudly.
+                    cause = status_refusal_cause(exc)
+                    if cause:
+                        log.warning("%s: %s (%s); its pod waits until the scheduler gives up on it", what, exc, cause)
+                    else:
+                        log.info("%s: %s", what, exc)
                     if failing:
                         self._failing[node] += 1
                     return

@@ -31,7 +31,7 @@ from testbed.fleet.external import recorded_drivers
 from testbed.fleet.fleet import Fleet
 from testbed.fleet.spec import FleetFile
 from testbed.keys import DRIVER_POD_LABEL
-from testbed.kubeapi import KubeClient
+from testbed.kubeapi import ApiError, KubeClient, path_for
 from testbed.kubelet.kubelet import CHECKPOINT_FILE as FAKE_KUBELET_CHECKPOINT
 from testbed.realnode.node import KUBELET_CHECKPOINT, kubelet_checkpoint_claims, unsupported_reason
 from testbed.report import report as reporting
@@ -531,34 +531,51 @@ def test_a_scenario_rolls_a_driver_out_while_its_pods_come_and_go(
 
 
 TEST_DRIVER = "test-driver.cdi.k8s.io"
+RESOURCE_V1_TEMPLATES = ("resource.k8s.io/v1", "resourceclaimtemplates")
 
 
-def may_write_device_status(nodes_dir: Path, node: str, driver: str) -> bool:
-    """Whether the test driver on ``node`` (its pod's token) may write the device status
-    of claims allocated on its node under ``driver``'s name, as the API server asks."""
-    review = {
-        "apiVersion": "authorization.k8s.io/v1",
-        "kind": "SelfSubjectAccessReview",
-        "spec": {
-            "resourceAttributes": {
-                "group": "resource.k8s.io",
-                "resource": "resourceclaims",
-                "subresource": "driver",
-                "name": driver,
-                "verb": "associated-node:patch",
-            }
-        },
-    }
+def as_admin(kubeconfig: Path, method: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """With the testbed's own client, whose JSON is compact: a claim's opaque parameters
+    sent with spaces (as the Python kubernetes client sends them) make v1.37 refuse every
+    later status write from a JSON client (kubeapi.status_refusal_cause)."""
 
-    async def ask() -> bool:
-        client = KubeClient.from_kubeconfig(nodes_dir / node / "private" / f"{TEST_DRIVER}-{node}.kubeconfig")
+    async def call() -> dict[str, Any]:
+        client = KubeClient.from_kubeconfig(kubeconfig)
         try:
-            answer = await client.request("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", review)
-            return bool(answer["status"].get("allowed"))
+            return await client.request(method, path, body)
         finally:
             await client.close()
 
-    return asyncio.run(ask())
+    return asyncio.run(call())
+
+
+def write_device_status(nodes_dir: Path, node: str, claim: Any) -> dict[str, Any]:
+    """As the test driver on ``node`` (its pod's token): the claim's device status."""
+    [result] = claim.status.allocation.devices.results
+    entry = {"driver": result.driver, "pool": result.pool, "device": result.device}
+    condition = {
+        "type": "Ready",
+        "status": "True",
+        "reason": "Up",
+        "message": "",
+        "lastTransitionTime": "2026-11-29T00:00:00Z",
+    }
+    path = path_for("resource.k8s.io/v1", "resourceclaims", claim.metadata.name, claim.metadata.namespace, "status")
+
+    async def write() -> dict[str, Any]:
+        driver = KubeClient.from_kubeconfig(nodes_dir / node / "private" / f"{TEST_DRIVER}-{node}.kubeconfig")
+        try:
+            return await driver.patch(path, {"status": {"devices": [{**entry, "conditions": [condition]}]}})
+        finally:
+            await driver.close()
+
+    return asyncio.run(write())
+
+
+def claim_of(kube_api: k8s.ApiClient, namespace: str, pod_name: str) -> Any:
+    """The claim generated for a pod's only resource claim."""
+    status = k8s.CoreV1Api(kube_api).read_namespaced_pod(pod_name, namespace).status.resource_claim_statuses[0]
+    return k8s.ResourceV1Api(kube_api).read_namespaced_resource_claim(status.resource_claim_name, namespace)
 
 
 def _test_driver_command() -> list[str]:
@@ -612,7 +629,11 @@ def test_the_kubernetes_projects_own_test_driver_serves_real_and_fake_kubelet_no
             )
             assert [d.name for d in published.spec.devices] == [f"device-{i:02d}" for i in range(4)]
         config = [{"opaque": {"driver": TEST_DRIVER, "parameters": {"a": "b"}}}]
-        create_template(kube_api, namespace, "dev", claim_spec(request("dev", TEST_DRIVER), config=config))
+        template = {
+            "metadata": {"name": "dev"},
+            "spec": {"spec": claim_spec(request("dev", TEST_DRIVER), config=config)},
+        }
+        as_admin(control_plane.kubeconfig, "POST", path_for(*RESOURCE_V1_TEMPLATES, namespace=namespace), template)
 
         def run_pods(name: str) -> dict[str, dict[str, str]]:
             """Each node's pod ``name`` running, and what its container was given."""
@@ -638,8 +659,11 @@ def test_the_kubernetes_projects_own_test_driver_serves_real_and_fake_kubelet_no
         # As its own chart would let it, the driver may write the device status of the
         # claims allocated on its node (status.devices: a NIC's address, say), under its
         # own name only: deploy/'s role names the built-in drivers alone.
-        assert may_write_device_status(own.nodes_dir, nodes["fake"], TEST_DRIVER)
-        assert not may_write_device_status(own.nodes_dir, nodes["fake"], "gpu.example.com")
+        own_claim, other_claim = (claim_of(kube_api, namespace, f"app-{kind}") for kind in ("fake", "real"))
+        written = write_device_status(own.nodes_dir, nodes["fake"], own_claim)
+        assert written["status"]["devices"][0]["conditions"][0]["reason"] == "Up"
+        with pytest.raises(ApiError, match="cannot arbitrary-node:patch"):  # another node's claim
+            write_device_status(own.nodes_dir, nodes["fake"], other_claim)
 
         with pytest.raises(TestbedError, match="removed the sockets the new one had made at the same paths") as caught:
             own.rollout(TEST_DRIVER)

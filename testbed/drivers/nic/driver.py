@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from fake_devices.hardware import PreparedDevice
 from testbed.drivers.emulated import EmulatedDriver
 from testbed.drivers.nic.config import NicConfig
-from testbed.kubeapi import ApiError, apply_claim_status, claim_device_status
+from testbed.kubeapi import ApiError, apply_claim_status, claim_device_status, status_refusal_cause
 from testbed.kubeletplugin.driver import ClaimToPrepare
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,14 @@ class NicDriver(EmulatedDriver):
             await apply_claim_status(self.client, claim_device_status(ref, entries), self.name)
         except ApiError as exc:
             # The devices are prepared; a status write failing must not fail the pod.
-            log.warning("%s: could not write network status of %s/%s: %s", self.name, ref.namespace, ref.name, exc)
+            cause = status_refusal_cause(exc)
+            log.warning(
+                "%s: could not write network status of %s/%s: %s",
+                self.name,
+                ref.namespace,
+                ref.name,
+                f"{exc} ({cause})" if cause else exc,
+            )
 
 
 def derived_ip(seed: str, index: object) -> str:
