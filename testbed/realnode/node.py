@@ -42,7 +42,6 @@ from testbed.controlplane.binaries import Binaries
 from testbed.errors import TestbedError
 from testbed.files import write_atomically
 from testbed.kubeapi import KubeClient, Obj, cluster_ca, default_credentials, path_for
-from testbed.kubelet.kubelet import CHECKPOINT_FILE as FAKE_KUBELET_CHECKPOINT
 from testbed.kubelet.node import NodeSpec, node_object
 from testbed.realnode import kubelet_api, sandbox
 from testbed.tasks import cancel_and_wait
@@ -671,12 +670,8 @@ class ProcessNode:
         return [json.loads(line) for line in self.containers_log.read_text().splitlines() if line]
 
     def prepared_claims(self) -> list[str]:
-        """The claims (namespace/name) its kubelet holds prepared, from the kubelet's own
-        checkpoint: what a drain waits for (a driver's leftover CDI spec is the driver's)."""
-        if self.kind == "fake":
-            path = self.kubelet_dir / FAKE_KUBELET_CHECKPOINT
-            entries = json.loads(path.read_text()) if path.exists() else []
-            return sorted(f"{e['namespace']}/{e['name']}" for e in entries)
+        """The claims (namespace/name) its real kubelet holds prepared, from the kubelet's
+        own checkpoint: what a drain waits for (a driver's leftover CDI spec is the driver's)."""
         return kubelet_checkpoint_claims(self.kubelet_dir / KUBELET_CHECKPOINT)
 
 
