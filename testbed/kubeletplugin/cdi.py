@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from testbed.files import write_atomically
 
 CDI_VERSION = "0.6.0"
@@ -130,33 +132,93 @@ class CdiResolutionError(LookupError):
     pass
 
 
+SPEC_SUFFIXES = (".json", ".yaml")
+"""What a runtime's CDI cache reads (``.yml`` and every other file it passes over)."""
+SPEC_VERSIONS = frozenset(("0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0", "1.1.0"))
+_VENDOR_OR_CLASS = re.compile(r"[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?")
+_DEVICE_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?")
+_SPEC_FIELDS = frozenset(("cdiVersion", "kind", "annotations", "devices", "containerEdits"))
+_DEVICE_FIELDS = frozenset(("name", "annotations", "containerEdits"))
+
+
+def _read_spec(path: Path) -> tuple[str, dict[str, Mapping[str, Any]], Mapping[str, Any]]:
+    """A spec file's kind, devices by name and spec-level edits, validated as the CDI
+    library validates one (strict fields, a known version, vendor/class and device
+    names, at least one device, no name twice); ValueError says what is wrong."""
+    text = path.read_bytes()
+    try:
+        spec = json.loads(text) if path.suffix == ".json" else yaml.load(text, Loader=_YamlLoader)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise ValueError(f"cannot parse it: {str(exc).splitlines()[0]}") from None
+    if not isinstance(spec, dict):
+        raise ValueError("not a CDI spec (a mapping with cdiVersion, kind and devices)")
+    unknown = sorted(set(spec) - _SPEC_FIELDS)
+    if unknown:
+        raise ValueError(f"unknown field {unknown[0]!r}")
+    if str(spec.get("cdiVersion")) not in SPEC_VERSIONS:
+        raise ValueError(f"invalid version {spec.get('cdiVersion')!r}")
+    kind = spec.get("kind")
+    vendor, _, class_ = str(kind).partition("/")
+    if not isinstance(kind, str) or not _VENDOR_OR_CLASS.fullmatch(vendor) or not _VENDOR_OR_CLASS.fullmatch(class_):
+        raise ValueError(f"invalid kind {kind!r} (want vendor/class)")
+    devices: dict[str, Mapping[str, Any]] = {}
+    for device in spec.get("devices") or []:
+        name = device.get("name") if isinstance(device, dict) else None
+        if not isinstance(name, str) or not _DEVICE_NAME.fullmatch(name):
+            raise ValueError(f"invalid device name {name!r}")
+        if set(device) - _DEVICE_FIELDS:
+            raise ValueError(f"device {name!r}: unknown field {sorted(set(device) - _DEVICE_FIELDS)[0]!r}")
+        if name in devices:
+            raise ValueError(f"device {name!r} twice")
+        devices[name] = device
+    if not devices:
+        raise ValueError("no devices")
+    return kind, devices, spec.get("containerEdits") or {}
+
+
+_YamlLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def resolve(cdi_dir: Path, device_ids: list[str]) -> dict[str, str]:
-    """The environment a container gets for ``device_ids``, as a runtime would build it:
-    spec-level edits of every spec involved, then each device's own edits."""
-    specs: dict[str, list[dict[str, object]]] = {}
-    for path in sorted(cdi_dir.glob("*.json")):
+    """The environment a container gets for ``device_ids``, as a runtime's CDI cache
+    builds it: from the ``.json`` and ``.yaml`` specs that validate, the spec-level edits
+    of each spec involved, then each device's own. A device two specs define is
+    unresolvable (a conflict), as is one defined only by a spec that does not validate."""
+    if not device_ids:
+        return {}
+    found: dict[str, tuple[Path, Mapping[str, Any], Mapping[str, Any]]] = {}
+    conflicts: dict[str, list[str]] = {}
+    skipped: list[str] = []
+    for path in sorted(p for p in cdi_dir.glob("*") if p.suffix in SPEC_SUFFIXES):
         try:
-            spec = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
+            kind, devices, spec_edits = _read_spec(path)
+        except (OSError, ValueError) as exc:
+            skipped.append(f"{path.name}: {exc}")
             continue
-        specs.setdefault(str(spec.get("kind")), []).append(spec)
+        for name, device in devices.items():
+            qualified = f"{kind}={name}"
+            if qualified in found:
+                conflicts.setdefault(qualified, [found[qualified][0].name]).append(path.name)
+            found[qualified] = (path, spec_edits, device)
     env: dict[str, str] = {}
+    applied: set[Path] = set()
     for device_id_ in device_ids:
-        kind, sep, name = device_id_.partition("=")
-        if not sep:
+        if "=" not in device_id_:
             raise CdiResolutionError(f"malformed CDI device ID {device_id_!r} (want vendor/class=name)")
-        found = None
-        for spec in specs.get(kind, []):
-            for device in spec.get("devices", []):  # type: ignore[attr-defined]
-                if device.get("name") == name:
-                    found = (spec, device)
-        if found is None:
-            raise CdiResolutionError(f"unresolvable CDI device {device_id_}: no spec in {cdi_dir} defines it")
-        spec, device = found
-        for entry in [
-            *spec.get("containerEdits", {}).get("env", []),  # type: ignore[attr-defined]
-            *device.get("containerEdits", {}).get("env", []),
-        ]:
-            key, _, value = entry.partition("=")
+        if device_id_ in conflicts:
+            raise CdiResolutionError(
+                f"unresolvable CDI device {device_id_}: specs {' and '.join(conflicts[device_id_])} in "
+                f"{cdi_dir} both define it (a conflicting device)"
+            )
+        if device_id_ not in found:
+            because = f" (spec files skipped: {'; '.join(skipped)})" if skipped else ""
+            raise CdiResolutionError(f"unresolvable CDI device {device_id_}: no spec in {cdi_dir} defines it{because}")
+        path, spec_edits, device = found[device_id_]
+        entries = list((device.get("containerEdits") or {}).get("env") or [])
+        if path not in applied:
+            applied.add(path)
+            entries = [*(spec_edits.get("env") or []), *entries]
+        for entry in entries:
+            key, _, value = str(entry).partition("=")
             env[key] = value
     return env

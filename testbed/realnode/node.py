@@ -478,6 +478,8 @@ class ProcessNode:
                 str(self.starts_dir),
                 "--record",
                 str(self.containers_log),
+                "--kubeconfig",  # to tell init containers, as the fake kubelet does
+                str(self.kubelet_kubeconfig),
             ],
         )
         deadline = time.monotonic() + 30

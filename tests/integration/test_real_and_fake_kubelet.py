@@ -827,10 +827,11 @@ def test_init_containers_and_sidecars_run_and_read_alike_on_real_and_fake_kubele
     control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
 ) -> None:
     """Init containers run in order before the pod's own (the pod Pending, Init:n/m, while
-    one runs), each gets the devices of the claims it names, a sidecar starts and keeps
-    running beside the pod's containers and is stopped when they complete; a pod deleted
-    while its init container runs ends Failed, its containers never started. The fake
-    kubelet ran such pods at once, showing no init container."""
+    one runs; one whose command says nothing of its end ends at once), each gets the
+    devices of the claims it names, a sidecar starts and keeps running beside the pod's
+    containers and is stopped when they complete; a pod deleted while its init container
+    runs ends Failed, its containers never started. The fake kubelet ran such pods at
+    once, showing no init container."""
 
     async def scenario() -> None:
         async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
@@ -846,6 +847,9 @@ def test_init_containers_and_sidecars_run_and_read_alike_on_real_and_fake_kubele
                     initContainers=[
                         {**check, "command": ["sleep", "5"]},
                         {**check, "name": "quick", "command": ["sleep", "0"]},
+                        # Says nothing of its end: an init container ends (dra-example-driver's
+                        # demo); the reference's runtime is not told it is one, and now asks.
+                        {**check, "name": "setup", "command": ["bash", "-c"], "args": ["export"]},
                     ],
                     # Listed by name in the status, whatever the spec's order.
                     containers=[{**main, "resources": claimed}, {**main, "name": "agent"}],
@@ -884,6 +888,7 @@ def test_init_containers_and_sidecars_run_and_read_alike_on_real_and_fake_kubele
             assert shape["phase"] == "Pending" and [c["name"] for c in shape["containers"]] == ["agent", "main"]
             assert [c["state"] for c in shape["init containers"]] == [
                 {"running": ["startedAt"]},
+                {"waiting": ["reason"]},
                 {"waiting": ["reason"]},
             ]
             for kind, found in results.items():

@@ -4,11 +4,15 @@
 // socket and adds what a kubelet needs from a runtime that the fake leaves out:
 // images with a size (the kubelet rejects size 0), containers with a log path (with an
 // empty one the kubelet's garbage collector deletes files in its working directory),
-// CDI device resolution against the node's spec files as containerd and CRI-O do (an
-// unresolvable device fails CreateContainer), and containers that end as their command
+// CDI device resolution against the node's spec files by the CDI library containerd
+// and CRI-O use (.json and .yaml specs; an unresolvable device fails CreateContainer),
+// and containers that end as their command
 // says, read as the fake kubelet reads it (testbed/kubelet/commands.py): after `sleep N`
 // (at once without one), with `exit N`'s status (0 without one); `sleep infinity`, or a
-// command that neither sleeps nor exits, runs until stopped.
+// command that neither sleeps nor exits, runs until stopped, unless it is an init
+// container's (not a sidecar's): that one ends at once with 0, as the fake kubelet ends
+// it. A runtime is not told which containers are init containers; with --kubeconfig
+// (the kubelet's), the pod's spec is read to know, for such commands alone.
 //
 // Pod sandboxes get IPs from the node's pod CIDR, one each (ipam.go), where the fake
 // gives every pod the same address.
@@ -35,6 +39,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -43,18 +48,23 @@ import (
 	"unicode"
 
 	"google.golang.org/grpc"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/clientcmd"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/cri-client/pkg/fake"
 	"k8s.io/cri-client/pkg/util"
+	"tags.cncf.io/container-device-interface/pkg/cdi"
 )
 
 type runtime struct {
 	*fake.RemoteRuntime
-	cdiDirs []string
-	record  string
-	starts  string
-	ips     *ipam
-	mu      sync.Mutex // guards commands and appends to record
+	cdi    *cdi.Cache
+	pods   corev1client.PodsGetter // nil without --kubeconfig
+	record string
+	starts string
+	ips    *ipam
+	mu     sync.Mutex // guards commands and appends to record
 	// commands holds each container's command and args, for how it ends.
 	commands map[string]string
 }
@@ -70,62 +80,64 @@ type containerRecord struct {
 	Error      string            `json:"error,omitempty"`
 }
 
-type cdiSpec struct {
-	Kind           string `json:"kind"`
-	ContainerEdits struct {
-		Env []string `json:"env"`
-	} `json:"containerEdits"`
-	Devices []struct {
-		Name           string `json:"name"`
-		ContainerEdits struct {
-			Env []string `json:"env"`
-		} `json:"containerEdits"`
-	} `json:"devices"`
-}
-
-// resolveCDI applies spec-level then device-level env edits for each device ID; a
-// device no spec defines is an error, as in a real runtime.
+// resolveCDI gives the environment a container gets for its CDI device IDs: the
+// spec-level env edits of each spec involved (once), then each device's, as the CDI
+// library's InjectDevices orders them. The specs are read afresh for each container,
+// as a runtime's cache, told of every change, has them; a spec that does not validate
+// is skipped, and a device two specs define is a conflict: both unresolvable. Device
+// nodes and mounts are not applied (the node's hardware is emulated).
 func (r *runtime) resolveCDI(ids []string) (map[string]string, error) {
-	specs := map[string][]cdiSpec{}
-	for _, dir := range r.cdiDirs {
-		paths, _ := filepath.Glob(filepath.Join(dir, "*.json"))
-		for _, path := range paths {
-			data, err := os.ReadFile(path)
-			if err != nil {
-				continue
-			}
-			var spec cdiSpec
-			if json.Unmarshal(data, &spec) != nil {
-				continue
-			}
-			specs[spec.Kind] = append(specs[spec.Kind], spec)
+	env := map[string]string{}
+	if len(ids) == 0 {
+		return env, nil
+	}
+	_ = r.cdi.Refresh() // its errors are per file, below
+	var unresolved []string
+	specs := map[*cdi.Spec]bool{}
+	apply := func(entries []string) {
+		for _, entry := range entries {
+			key, value, _ := strings.Cut(entry, "=")
+			env[key] = value
 		}
 	}
-	env := map[string]string{}
-	var unresolved []string
 	for _, id := range ids {
-		kind, name, ok := strings.Cut(id, "=")
-		found := false
-		for _, spec := range specs[kind] {
-			for _, device := range spec.Devices {
-				if !ok || device.Name != name {
-					continue
-				}
-				found = true
-				for _, entry := range append(append([]string{}, spec.ContainerEdits.Env...), device.ContainerEdits.Env...) {
-					key, value, _ := strings.Cut(entry, "=")
-					env[key] = value
-				}
+		device := r.cdi.GetDevice(id)
+		if device == nil {
+			unresolved = append(unresolved, id)
+			continue
+		}
+		if spec := device.GetSpec(); !specs[spec] {
+			specs[spec] = true
+			if spec.ContainerEdits.Env != nil {
+				apply(spec.ContainerEdits.Env)
 			}
 		}
-		if !found {
-			unresolved = append(unresolved, id)
-		}
+		apply(device.ContainerEdits.Env)
 	}
 	if len(unresolved) > 0 {
-		return env, fmt.Errorf("unresolvable CDI devices %s", strings.Join(unresolved, ", "))
+		err := fmt.Errorf("unresolvable CDI devices %s", strings.Join(unresolved, ", "))
+		if skipped := skippedSpecs(r.cdi.GetErrors()); skipped != "" {
+			err = fmt.Errorf("%w (spec files skipped: %s)", err, skipped)
+		}
+		return env, err
 	}
 	return env, nil
+}
+
+// skippedSpecs names each spec file the CDI cache could not use and why, in order.
+func skippedSpecs(errs map[string][]error) string {
+	paths := make([]string, 0, len(errs))
+	for path := range errs {
+		paths = append(paths, path)
+	}
+	sort.Strings(paths)
+	var parts []string
+	for _, path := range paths {
+		for _, err := range errs[path] {
+			parts = append(parts, filepath.Base(path)+": "+err.Error())
+		}
+	}
+	return strings.Join(parts, "; ")
 }
 
 func (r *runtime) appendRecord(rec containerRecord) {
@@ -183,10 +195,36 @@ func (r *runtime) CreateContainer(ctx context.Context, req *runtimeapi.CreateCon
 		c.LogPath = logPath
 	}
 	service.Unlock()
+	command := strings.Join(append(append([]string{}, config.GetCommand()...), config.GetArgs()...), " ")
+	if _, _, _, told := ending(command); !told && r.isInitContainer(ctx, sandbox.GetMetadata(), config.GetMetadata().GetName()) {
+		command += "; exit 0"
+	}
 	r.mu.Lock()
-	r.commands[resp.GetContainerId()] = strings.Join(append(append([]string{}, config.GetCommand()...), config.GetArgs()...), " ")
+	r.commands[resp.GetContainerId()] = command
 	r.mu.Unlock()
 	return resp, nil
+}
+
+// isInitContainer says whether the pod's spec has the container among its init
+// containers, sidecars (restartPolicy Always) aside. False when it cannot be read.
+func (r *runtime) isInitContainer(ctx context.Context, pod *runtimeapi.PodSandboxMetadata, container string) bool {
+	if r.pods == nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	spec, err := r.pods.Pods(pod.GetNamespace()).Get(ctx, pod.GetName(), metav1.GetOptions{})
+	if err != nil || string(spec.UID) != pod.GetUid() {
+		fmt.Fprintf(os.Stderr, "testbed-cri: cannot tell whether %s/%s's container %s is an init container: %v\n",
+			pod.GetNamespace(), pod.GetName(), container, err)
+		return false
+	}
+	for _, c := range spec.Spec.InitContainers {
+		if c.Name == container {
+			return c.RestartPolicy == nil || *c.RestartPolicy != "Always"
+		}
+	}
+	return false
 }
 
 // words splits a container's command and args as the fake kubelet does: at spaces and
@@ -203,8 +241,9 @@ func words(command string) []string {
 
 // ending reads how a container's command ends: after its first `sleep N` (at once
 // without one), with its first `exit N`'s status (0 without one); ends is false if it
-// runs until stopped (`sleep infinity`, or neither a sleep nor an exit).
-func ending(command string) (seconds float64, code int32, ends bool) {
+// runs until stopped (`sleep infinity`, or neither a sleep nor an exit). told is false
+// when the command says nothing of its end (neither a sleep nor an exit).
+func ending(command string) (seconds float64, code int32, ends, told bool) {
 	ws := words(command)
 	slept, exits := false, false
 	for i := 0; i+1 < len(ws); i++ {
@@ -212,7 +251,7 @@ func ending(command string) (seconds float64, code int32, ends bool) {
 			// ParseFloat takes "infinity": `sleep infinity` runs until stopped.
 			value, err := strconv.ParseFloat(ws[i+1], 64)
 			if err == nil && math.IsInf(value, 1) {
-				return 0, 0, false
+				return 0, 0, false, true
 			}
 			if err == nil && value >= 0 {
 				seconds, slept = value, true
@@ -228,7 +267,7 @@ func ending(command string) (seconds float64, code int32, ends bool) {
 			}
 		}
 	}
-	return seconds, code, slept || exits
+	return seconds, code, slept || exits, slept || exits
 }
 
 func (r *runtime) StartContainer(ctx context.Context, req *runtimeapi.StartContainerRequest) (*runtimeapi.StartContainerResponse, error) {
@@ -241,7 +280,7 @@ func (r *runtime) StartContainer(ctx context.Context, req *runtimeapi.StartConta
 	command := r.commands[req.GetContainerId()]
 	r.mu.Unlock()
 	r.tellStarted(req.GetContainerId())
-	if seconds, code, ends := ending(command); ends {
+	if seconds, code, ends, _ := ending(command); ends {
 		id := req.GetContainerId()
 		time.AfterFunc(time.Duration(seconds*float64(time.Second)), func() {
 			service.Lock()
@@ -364,6 +403,7 @@ func main() {
 	imageSize := flag.Uint64("image-size", 64<<20, "size reported for every image, in bytes")
 	exits := flag.String("exits", "", "a directory of exit files that end containers (see the package comment)")
 	starts := flag.String("starts", "", "a directory this writes a file into at each container's start")
+	kubeconfig := flag.String("kubeconfig", "", "credentials to read pods with (the kubelet's), to tell init containers")
 	flag.Parse()
 	if *listen == "" {
 		fmt.Fprintln(os.Stderr, "testbed-cri: --listen is required (a unix socket path)")
@@ -378,17 +418,31 @@ func main() {
 		},
 	}
 	r := &runtime{RemoteRuntime: inner, record: *record, starts: *starts, ips: newIPAM(), commands: map[string]string{}}
+	if *kubeconfig != "" {
+		config, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
+		if err == nil {
+			r.pods, err = corev1client.NewForConfig(config)
+		}
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "testbed-cri: --kubeconfig: %v\n", err)
+			os.Exit(1)
+		}
+	}
 	if *starts != "" {
 		if err := os.MkdirAll(*starts, 0o755); err != nil {
 			fmt.Fprintf(os.Stderr, "testbed-cri: --starts: %v\n", err)
 			os.Exit(1)
 		}
 	}
+	var specDirs []string
 	for _, dir := range strings.Split(*cdiDirs, ",") {
 		if dir != "" {
-			r.cdiDirs = append(r.cdiDirs, dir)
+			specDirs = append(specDirs, dir)
 		}
 	}
+	// Refreshed for each container rather than told of changes by inotify: no window in
+	// which a spec the driver has just written is not yet seen.
+	r.cdi, _ = cdi.NewCache(cdi.WithSpecDirs(specDirs...), cdi.WithAutoRefresh(false))
 	if *exits != "" {
 		if err := os.MkdirAll(*exits, 0o755); err != nil {
 			fmt.Fprintf(os.Stderr, "testbed-cri: --exits: %v\n", err)

@@ -1,8 +1,13 @@
 package main
 
 import (
+	"context"
 	"os"
 	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	kubefake "k8s.io/client-go/kubernetes/fake"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	apitest "k8s.io/cri-api/pkg/apis/testing"
@@ -15,24 +20,27 @@ func TestEnding(t *testing.T) {
 		seconds float64
 		code    int32
 		ends    bool
+		told    bool
 	}{
-		{"sleep 5", 5, 0, true},
-		{"/bin/sleep 0.5", 0.5, 0, true},
-		{"sh -c sleep 3 && echo done", 3, 0, true},
-		{"sh -c sleep 2; exit 3", 2, 3, true},
-		{"sh -c sleep '1.5' && exit 1", 1.5, 1, true},
-		{"sh -c exit 1", 0, 1, true},
-		{"sh -c exit 256", 0, 0, true},
-		{"sleep infinity", 0, 0, false}, // runs until stopped, not "exits at once"
-		{"sleep inf; exit 1", 0, 0, false},
-		{"sleep NaN", 0, 0, false},
-		{"sleep -1", 0, 0, false},
-		{"run-forever", 0, 0, false},
+		{"sleep 5", 5, 0, true, true},
+		{"/bin/sleep 0.5", 0.5, 0, true, true},
+		{"sh -c sleep 3 && echo done", 3, 0, true, true},
+		{"sh -c sleep 2; exit 3", 2, 3, true, true},
+		{"sh -c sleep '1.5' && exit 1", 1.5, 1, true, true},
+		{"sh -c exit 1", 0, 1, true, true},
+		{"sh -c exit 256", 0, 0, true, true},
+		{"sleep infinity", 0, 0, false, true}, // runs until stopped, not "exits at once"
+		{"sleep inf; exit 1", 0, 0, false, true},
+		{"sleep NaN", 0, 0, false, false},
+		{"sleep -1", 0, 0, false, false},
+		{"run-forever", 0, 0, false, false},
+		{"bash -c export", 0, 0, false, false},
 	}
 	for _, c := range cases {
-		seconds, code, ends := ending(c.command)
-		if ends != c.ends || (ends && (seconds != c.seconds || code != c.code)) {
-			t.Errorf("ending(%q) = %v, %v, %v; want %v, %v, %v", c.command, seconds, code, ends, c.seconds, c.code, c.ends)
+		seconds, code, ends, told := ending(c.command)
+		if ends != c.ends || told != c.told || (ends && (seconds != c.seconds || code != c.code)) {
+			t.Errorf("ending(%q) = %v, %v, %v, %v; want %v, %v, %v, %v",
+				c.command, seconds, code, ends, told, c.seconds, c.code, c.ends, c.told)
 		}
 	}
 }
@@ -89,5 +97,43 @@ func TestAContainersStartIsToldInStarts(t *testing.T) {
 	entries, err := os.ReadDir(r.starts)
 	if err != nil || len(entries) != 1 || entries[0].Name() != exitKey(labels) {
 		t.Fatalf("starts holds %v (%v); want only %s", entries, err, exitKey(labels))
+	}
+}
+
+// The example driver's demo runs `bash -c export` as an init container: it ends, and the
+// pod's own container, whose command says nothing either, runs until stopped.
+func TestAnInitContainerWhoseCommandSaysNothingEndsAtOnce(t *testing.T) {
+	always := corev1.ContainerRestartPolicyAlways
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", UID: "u1"},
+		Spec: corev1.PodSpec{
+			InitContainers: []corev1.Container{{Name: "init"}, {Name: "sidecar", RestartPolicy: &always}},
+			Containers:     []corev1.Container{{Name: "main"}},
+		},
+	}
+	r := &runtime{RemoteRuntime: fake.NewFakeRemoteRuntime(), commands: map[string]string{}, pods: kubefake.NewSimpleClientset(pod).CoreV1()}
+	sandbox := &runtimeapi.PodSandboxConfig{Metadata: &runtimeapi.PodSandboxMetadata{Namespace: "ns", Name: "p", Uid: "u1"}}
+	ended := map[string]bool{}
+	for _, name := range []string{"init", "sidecar", "main"} {
+		resp, err := r.CreateContainer(context.Background(), &runtimeapi.CreateContainerRequest{
+			SandboxConfig: sandbox,
+			Config: &runtimeapi.ContainerConfig{
+				Metadata: &runtimeapi.ContainerMetadata{Name: name},
+				Image:    &runtimeapi.ImageSpec{Image: "ubuntu:22.04"},
+				Command:  []string{"bash", "-c"}, Args: []string{"export"},
+			},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		seconds, code, ends, _ := ending(r.commands[resp.GetContainerId()])
+		ended[name] = ends && seconds == 0 && code == 0
+	}
+	if !ended["init"] || ended["sidecar"] || ended["main"] {
+		t.Errorf("ends at once: %v; want the init container alone", ended)
+	}
+	other := &runtimeapi.PodSandboxMetadata{Namespace: "ns", Name: "p", Uid: "another pod of that name"}
+	if r.isInitContainer(context.Background(), other, "init") {
+		t.Error("read another pod's spec")
 	}
 }
