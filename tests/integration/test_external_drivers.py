@@ -336,9 +336,11 @@ HELPER = "gpu.helper.dra-testbed.io"
 
 def _helper_node(control_plane: ClusterState, kube_api: k8s.ApiClient, prefix: str, kubelet: str) -> tuple[Fleet, str]:
     """A fleet (not started) of one tiny node whose only driver is one on the upstream
-    kubeletplugin helper, under its own name and DeviceClass (deleted by the caller)."""
+    kubeletplugin helper, under its own name and DeviceClass (deleted by the caller). It
+    writes its CDI specs as drivers on the CDI library do: YAML, and a common device
+    every claim names (HELPER_NODE_NAME)."""
     helper = str(ensure_bench_binaries().path("testbed-helperdriver"))
-    driver = {"name": HELPER, "command": [helper, "--driver", HELPER, "--gpus", "2"]}
+    driver = {"name": HELPER, "command": [helper, "--driver", HELPER, "--gpus", "2", "--cdi-library"]}
     pool = unique(prefix)
     spec = FleetFile.model_validate(
         {
@@ -381,11 +383,13 @@ def test_a_driver_on_the_upstream_kubeletplugin_helper_serves_a_synthetic_node(
         running = wait_running(kube_api, namespace, "app")
         environment = container_env(running)["main"]
         assert [v for k, v in environment.items() if k.startswith("GPU_DEVICE_")] in (["gpu-0"], ["gpu-1"]), environment
+        assert environment["HELPER_NODE_NAME"] == node, "the common device of its YAML spec"
         specs = own.nodes_dir / node / "cdi"
-        assert len(list(specs.glob(f"{HELPER}-*.json"))) == 1
+        claim_specs = [p for p in specs.glob(f"{HELPER}-*.yaml") if p.name != f"{HELPER}-common.yaml"]
+        assert len(claim_specs) == 1
         core.delete_namespaced_pod("app", namespace)
         wait_gone(kube_api, namespace, "app")
-        assert not list(specs.glob(f"{HELPER}-*.json")), "unprepared before the pod was let go"
+        assert not claim_specs[0].exists(), "unprepared before the pod was let go"
     finally:
         core.delete_namespace(namespace)
         own.stop(remove_nodes=True)
@@ -429,6 +433,7 @@ def test_a_driver_on_the_upstream_helper_serves_a_real_kubelet_node_too(
         [main] = [r for r in given if r["podUID"] == running.metadata.uid and r["container"] == "main"]
         devices = [v for k, v in main["env"].items() if k.startswith("GPU_DEVICE_")]
         assert devices in (["gpu-0"], ["gpu-1"]), main  # the CDI edits the helper wrote, applied by the runtime
+        assert main["env"]["HELPER_NODE_NAME"] == node, "the common device of its YAML spec"
 
         # Killed, it is started again when the real kubelet starts its pod's container again,
         # which it counts in the pod's status: at once the first time, after its back-off

@@ -13,6 +13,10 @@
 // names when $POD_UID is set) and, with --gpus N, publishes N GPUs through the
 // upstream ResourceSlice controller. The tests run it on the fake kubelet: a driver
 // the testbed did not write, on the code driver developers build on.
+//
+// With --cdi-library it writes its specs as drivers built on the CDI library do
+// (dra-example-driver): YAML through the library's own writer, and a spec of one
+// "common" device, written at start, that every claim's devices name besides their own.
 package main
 
 import (
@@ -37,6 +41,8 @@ import (
 	"k8s.io/kubernetes/pkg/kubelet/checkpointmanager"
 	"k8s.io/kubernetes/pkg/kubelet/checkpointmanager/checksum"
 	checkpointerrors "k8s.io/kubernetes/pkg/kubelet/checkpointmanager/errors"
+	"tags.cncf.io/container-device-interface/pkg/cdi"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
 )
 
 const checkpointName = "checkpoint.json"
@@ -64,6 +70,7 @@ func (c *preparedClaims) VerifyChecksum() error {
 type driver struct {
 	name        string
 	cdiDir      string
+	cdiLibrary  *cdi.Cache // with --cdi-library: writes the specs
 	checkpoints checkpointmanager.CheckpointManager
 	mutex       sync.Mutex
 	prepared    preparedClaims
@@ -108,8 +115,14 @@ func (d *driver) prepare(claim *resourceapi.ResourceClaim) kubeletplugin.Prepare
 		})
 	}
 	spec, _ := json.Marshal(map[string]any{"cdiVersion": "0.6.0", "kind": d.name + "/gpu", "devices": cdiDevices})
-	if err := writeRenamed(d.specPath(claim.UID), spec); err != nil {
+	if err := d.writeSpec(claim.UID, spec); err != nil {
 		return kubeletplugin.PrepareResult{Err: err}
+	}
+	if d.cdiLibrary != nil {
+		common := d.commonDeviceID()
+		for i := range devices {
+			devices[i].CDIDeviceIDs = append([]string{common}, devices[i].CDIDeviceIDs...)
+		}
 	}
 	d.prepared.Claims[claim.UID] = ids
 	return kubeletplugin.PrepareResult{Devices: devices}
@@ -120,10 +133,7 @@ func (d *driver) UnprepareResourceClaims(_ context.Context, claims []kubeletplug
 	defer d.mutex.Unlock()
 	results := make(map[types.UID]error, len(claims))
 	for _, claim := range claims {
-		err := os.Remove(d.specPath(claim.UID))
-		if errors.Is(err, os.ErrNotExist) {
-			err = nil
-		}
+		err := d.removeSpec(claim.UID)
 		delete(d.prepared.Claims, claim.UID)
 		results[claim.UID] = err
 	}
@@ -151,9 +161,49 @@ func writeRenamed(path string, data []byte) error {
 	return os.Rename(temporary, path)
 }
 
+func (d *driver) writeSpec(uid types.UID, spec []byte) error {
+	if d.cdiLibrary == nil {
+		return writeRenamed(d.specPath(uid), spec)
+	}
+	var raw cdispec.Spec
+	if err := json.Unmarshal(spec, &raw); err != nil {
+		return err
+	}
+	return d.cdiLibrary.WriteSpec(&raw, fmt.Sprintf("%s-%s", d.name, uid))
+}
+
+func (d *driver) removeSpec(uid types.UID) error {
+	var err error
+	if d.cdiLibrary == nil {
+		err = os.Remove(d.specPath(uid))
+	} else {
+		err = d.cdiLibrary.RemoveSpec(fmt.Sprintf("%s-%s.yaml", d.name, uid))
+	}
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	return err
+}
+
+func (d *driver) commonDeviceID() string { return d.name + "/gpu=common" }
+
+// writeCommonSpec writes the spec of the device every claim names: the node's name.
+func (d *driver) writeCommonSpec(node string) error {
+	raw := &cdispec.Spec{
+		Version: "0.3.0",
+		Kind:    d.name + "/gpu",
+		Devices: []cdispec.Device{{
+			Name:           "common",
+			ContainerEdits: cdispec.ContainerEdits{Env: []string{"HELPER_NODE_NAME=" + node}},
+		}},
+	}
+	return d.cdiLibrary.WriteSpec(raw, d.name+"-common")
+}
+
 type settings struct {
 	name, node, pluginDir, cdiDir, kubeconfig, registrarDir string
 	gpus                                                    int
+	cdiLibrary                                              bool
 }
 
 func main() {
@@ -167,6 +217,8 @@ func main() {
 	flag.StringVar(&s.registrarDir, "registrar-dir", os.Getenv("KUBELET_REGISTRAR_DIRECTORY_PATH"),
 		"where the kubelet looks for registration sockets; empty: register with no kubelet")
 	flag.IntVar(&s.gpus, "gpus", 0, "GPUs to publish for the node (with --registrar-dir)")
+	flag.BoolVar(&s.cdiLibrary, "cdi-library", false, "write CDI specs with the CDI library (YAML), "+
+		"with a common device every claim names, as drivers built on it do")
 	flag.Parse()
 	if s.pluginDir == "" && os.Getenv("KUBELET_PLUGINS_DIRECTORY_PATH") != "" {
 		s.pluginDir = filepath.Join(os.Getenv("KUBELET_PLUGINS_DIRECTORY_PATH"), s.name)
@@ -221,6 +273,14 @@ func run(s settings) error {
 		return err
 	}
 	d := &driver{name: name, cdiDir: cdiDir, checkpoints: checkpoints}
+	if s.cdiLibrary {
+		if d.cdiLibrary, err = cdi.NewCache(cdi.WithSpecDirs(cdiDir), cdi.WithAutoRefresh(false)); err != nil {
+			return err
+		}
+		if err := d.writeCommonSpec(node); err != nil {
+			return fmt.Errorf("write the common CDI spec: %w", err)
+		}
+	}
 	d.prepared.Claims = map[types.UID]map[string][]string{}
 	if err := checkpoints.GetCheckpoint(checkpointName, &d.prepared); err != nil && !errors.Is(err, checkpointerrors.ErrCheckpointNotFound) {
 		return fmt.Errorf("read checkpoint: %w", err)
