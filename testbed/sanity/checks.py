@@ -334,7 +334,9 @@ class Suite:
         expect(
             broken,
             f"{target} still answers SERVING {LIVENESS_WAIT_S:.0f} s after the DRA socket {dra_socket} went away: "
-            "a liveness probe on it would never restart a driver whose socket broke",
+            "a liveness probe on it would never restart a driver whose socket broke (a check that calls the "
+            "sockets over connections made once, at its start, still reaches the driver through them, where a "
+            "kubelet connecting anew, after its restart, cannot: connect to the socket paths for each check)",
         )
         mended, now = await _liveness_until(target, lambda status: status == "SERVING")
         expect(mended, f"{target} answers {now} {LIVENESS_WAIT_S:.0f} s after the DRA socket was back")
