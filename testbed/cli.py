@@ -375,6 +375,13 @@ def _kubectl() -> Path:
     "grpc.health.v1 on $(LIVENESS_PORT), a port per node.",
 )
 @click.option(
+    "--untainted",
+    is_flag=True,
+    help="Register the synthetic nodes without the taint dra-testbed.io/synthetic=true:NoSchedule, so "
+    "manifests written for real nodes (a driver's demos) schedule on them unchanged; on a cluster of your "
+    "own (--kubeconfig), its DaemonSets then come to them too. In a fleet file: a pool's `taints: []`.",
+)
+@click.option(
     "--kubeconfig",
     "external_kubeconfig",
     type=click.Path(path_type=Path, exists=True, dir_okay=False),
@@ -408,6 +415,7 @@ def up(
     driver_name: str | None,
     driver_env: tuple[str, ...],
     driver_liveness_probe: str | None,
+    untainted: bool,
     external_kubeconfig: Path | None,
 ) -> None:
     """Start a local control plane (and synthetic nodes); print the kubeconfig path last.
@@ -442,6 +450,8 @@ def up(
         raise TestbedError(
             "--driver-command goes with --nodes", hint="with --fleet, list the driver in a pool's `drivers:`"
         )
+    if fleet_file is not None and untainted:
+        raise TestbedError("--untainted goes with --nodes", hint="with --fleet, give the pools `taints: []`")
     try:  # a bad fleet or profile fails before anything starts
         if fleet_file is not None:
             fleet = fleet_spec.load(fleet_file)
@@ -449,7 +459,13 @@ def up(
             load_profile(profile)
             drivers = _command_driver(driver_command, driver_name, driver_env, driver_liveness_probe)
             fleet = fleet_spec.single_pool(
-                nodes, profile, nodes_per_host, devices_per_slice=devices_per_slice, drivers=drivers, real=real_nodes
+                nodes,
+                profile,
+                nodes_per_host,
+                devices_per_slice=devices_per_slice,
+                drivers=drivers,
+                real=real_nodes,
+                untainted=untainted,
             )
     except ProfileError as exc:
         raise TestbedError(

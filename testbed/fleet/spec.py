@@ -378,10 +378,12 @@ def single_pool(
     drivers: list[Any] | None = None,
     sync_frequency_s: float = KUBELET_SYNC_FREQUENCY_S,
     real: int = 0,
+    untainted: bool = False,
 ) -> FleetFile:
     """What `--nodes N --profile P` means; ``real``: `--real-nodes M`, a pool ``real`` of
-    that many nodes with the real kubelet, the same profile and drivers (the reference)."""
-    pool = {
+    that many nodes with the real kubelet, the same profile and drivers (the reference);
+    ``untainted``: `--untainted`, no taint on the nodes."""
+    pool: dict[str, Any] = {
         "name": prefix,
         "count": count,
         "profile": profile,
@@ -389,6 +391,8 @@ def single_pool(
         "drivers": drivers,
         "syncFrequencySeconds": sync_frequency_s,
     }
+    if untainted:
+        pool["taints"] = []
     pools = [pool] if count or not real else []
     if real:
         pools.append({**pool, "name": REAL_POOL, "count": real, "kubelet": "real"})

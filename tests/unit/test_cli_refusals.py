@@ -170,3 +170,13 @@ def test_a_report_destination_that_cannot_be_written_is_refused_before_the_run(
     assert message.format(**places) in result.output, result.output
     assert "is not running" not in result.output, "refused before the cluster is looked for"
     assert occupied.read_text() == "a user's file\n"
+
+
+def test_untainted_goes_with_nodes_not_a_fleet_file(tmp_path: Path) -> None:
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text("pools: [{name: a, count: 1}]\n")
+    result = CliRunner().invoke(
+        cli.main, ["up", "--fleet", str(fleet), "--untainted", "--state-dir", str(tmp_path / "c")]
+    )
+    assert result.exit_code != 0 and "--untainted goes with --nodes" in result.output
+    assert "taints: []" in result.output and not (tmp_path / "c").exists()

@@ -24,6 +24,12 @@ def test_defaults_keep_ordinary_workloads_off_synthetic_nodes() -> None:
     assert spec.single_pool(3, "tiny", 2).pools[0].node_names() == ["node-000", "node-001", "node-002"]
 
 
+def test_untainted_nodes_carry_no_taint_in_either_pool() -> None:
+    # `up --nodes 2 --real-nodes 1 --untainted`: a driver's demo manifests schedule unchanged.
+    fleet = spec.single_pool(2, "tiny", 2, real=1, untainted=True)
+    assert [(p.name, p.taints) for p in fleet.pools] == [("node", []), ("real", [])]
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
