@@ -76,14 +76,36 @@ def process_start_ticks(pid: int) -> int | None:
 
 def descendants(root: int) -> set[int]:
     """``root``, the processes it started, theirs, and so on."""
-    children: dict[int, list[int]] = {}
+    children = {parent: [pid for pid, _ in kids] for parent, kids in _process_table().items()}
+    return _tree(root, children)
+
+
+def tree_cpu_seconds(roots: list[int]) -> dict[int, float]:
+    """CPU-seconds each root and the processes under it have used, from one pass over
+    /proc: every living process's own time and that of the children it reaped (so a
+    child that ended counts once, in its parent's). Roots that are gone are left out."""
+    table = _process_table()
+    children = {parent: [pid for pid, _ in kids] for parent, kids in table.items()}
+    used = {pid: seconds for kids in table.values() for pid, seconds in kids}
+    return {root: sum(used.get(pid, 0.0) for pid in _tree(root, children)) for root in roots if root in used}
+
+
+def _process_table() -> dict[int, list[tuple[int, float]]]:
+    """Each parent PID's children with their CPU-seconds (utime, stime, cutime, cstime)."""
+    table: dict[int, list[tuple[int, float]]] = {}
+    tick = os.sysconf("SC_CLK_TCK")
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                parent, seconds = int(fields[1]), sum(int(f) for f in fields[11:15]) / tick
             except (OSError, IndexError, ValueError):
                 continue
-            children.setdefault(parent, []).append(int(entry.name))
+            table.setdefault(parent, []).append((int(entry.name), seconds))
+    return table
+
+
+def _tree(root: int, children: dict[int, list[int]]) -> set[int]:
     found, pending = set(), [root]
     while pending:
         pid = pending.pop()

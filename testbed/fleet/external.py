@@ -31,6 +31,7 @@ from testbed.controlplane import processes
 from testbed.errors import TestbedError
 from testbed.files import private_dir, write_atomically
 from testbed.fleet.liveness import LivenessSettings, Tell, grpc_probe, until_unhealthy
+from testbed.fleet.processcpu import PROCESS_CPU
 from testbed.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -260,6 +261,7 @@ class ExternalDriver:
         self.changed = asyncio.Event()
         """Set (and replaced) at each end of its process and each restart: what a wait for
         this driver wakes on."""
+        PROCESS_CPU.watch(self)
         self._supervisor: asyncio.Task[None] | None = None
         self._stopping = False
 
@@ -280,6 +282,10 @@ class ExternalDriver:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return ""
+
+    def cpu_processes(self) -> list[tuple[str, int]]:
+        process = self.process
+        return [(f"driver {self.spec.name}", process.pid)] if process and process.returncode is None else []
 
     async def start(self, environment: Mapping[str, str], beside: ExternalDriver | None = None) -> None:
         """Start it, after stopping what an earlier NodeHost of this node left running of

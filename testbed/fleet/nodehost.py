@@ -52,6 +52,7 @@ from testbed.fleet.identity import (
 from testbed.fleet.instances import RolledOut, replace_instance, wait_connected
 from testbed.fleet.loopwatch import LoopWatch
 from testbed.fleet.membership import Membership, NodeRecipe, in_ray
+from testbed.fleet.processcpu import PROCESS_CPU
 from testbed.fleet.synthetic_node import SyntheticNode
 from testbed.fleet.tlsmemory import small_tls_read_buffers
 from testbed.kubeapi import KubeClient, path_for
@@ -378,6 +379,7 @@ class NodeHost:
         node.sync_frequency_s = recipe.sync_frequency_s
         node.foreign_drivers = [e.name for e in recipe.external]
         self.process_hardware[recipe.name] = NodeHardware(recipe.name, profile, self.seed)
+        PROCESS_CPU.watch(node)
         return node
 
     async def _start_process_drivers(self, node: ProcessNode, timeout_s: float) -> None:

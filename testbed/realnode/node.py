@@ -338,6 +338,12 @@ class ProcessNode:
             self.driver_restarts += 1
             await self.start_driver()
 
+    def cpu_processes(self) -> list[tuple[str, int]]:
+        """What it runs, by what each is (for the fleet's CPU accounting, processcpu.py)."""
+        running = [(name, p.pid) for name, p in self.processes.items() if p.returncode is None]
+        what = {"kubelet": f"{self.kind} kubelet", "cri": "testbed-cri"}
+        return [(what.get(name, "testbed-driver"), pid) for name, pid in running]
+
     async def stop(self) -> None:
         await cancel_and_wait(self._driver_keeper)
         drivers = [name for name in self.processes if name.startswith("driver")]

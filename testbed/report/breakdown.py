@@ -19,6 +19,9 @@ COMPONENTS = ("kube-apiserver", "etcd", "kube-controller-manager", "kube-schedul
 """The control-plane sources a snapshot scrapes, by the names reports use."""
 NODEHOSTS = "nodehosts"
 CPU = "process_cpu_seconds_total"
+NODE_PROCESSES_CPU = "dra_testbed_node_process_cpu_seconds_total"
+"""What the processes beside the NodeHosts used (command-line drivers, real-kubelet nodes'
+kubelets, runtimes and drivers), by ``process`` (fleet/processcpu.py): not in the hosts' own."""
 
 RESOURCES = ("resourceclaims", "resourceslices", "pods", "leases")
 """The API calls that matter for DRA: claims, slices, pods (and their binding and
@@ -51,6 +54,7 @@ ONLY = {
         "dra_operations_duration_seconds",
         "dra_testbed_kubelet_claim_link_wait_seconds",
         "dra_testbed_event_loop_lag_seconds",
+        NODE_PROCESSES_CPU,
     ),
 }
 """What each source's snapshot keeps: parsing a whole API server /metrics takes long
@@ -146,6 +150,9 @@ def phase(start: Snapshot, end: Snapshot) -> dict[str, Any]:
         for component in COMPONENTS
     }
     cpu[NODEHOSTS] = round(fleet.value(CPU, {}), 2) if start.nodehosts and CPU in fleet.samples else None
+    if start.nodehosts:
+        for process, seconds in sorted(by_label(fleet, NODE_PROCESSES_CPU, "process").items()):
+            cpu[process] = round(seconds, 2)
     seconds = max(end.t - start.t, 1e-9)
     machine = None
     if start.machine and end.machine and end.machine[1] > start.machine[1]:
