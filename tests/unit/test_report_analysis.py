@@ -375,3 +375,21 @@ def test_a_quantile_past_the_last_bucket_reads_as_at_least_that_bucket() -> None
         "most of its framework time in PreBind (70.1 s, p99 >= 10.00 s)"
         in bottleneck.explain(_phase(figures), 2)["text"]
     )
+
+
+def test_the_processes_beside_the_hosts_count_by_what_they_are() -> None:
+    """A command-line driver's CPU (and a real-kubelet node's processes') is not in the
+    NodeHosts' own: it is listed beside it, as much as each used in the phase."""
+
+    def host(cpu: float, driver: float, kubelet: float | None) -> Scrape:
+        scrape = _process(cpu)
+        _counter(scrape, breakdown.NODE_PROCESSES_CPU, {"process": "driver gpu.example.com"}, driver)
+        if kubelet is not None:
+            _counter(scrape, breakdown.NODE_PROCESSES_CPU, {"process": "real kubelet"}, kubelet)
+        return scrape
+
+    start = _snapshot(10.0, (100.0, 400.0), apiserver=_apiserver(3.0, [], []), scheduler=_scheduler(1.0, [], 0, []))
+    end = _snapshot(40.0, (580.0, 1000.0), apiserver=_apiserver(33.0, [], []), scheduler=_scheduler(21.0, [], 0, []))
+    start.nodehosts, end.nodehosts = [host(5.0, 1.0, None)], [host(8.5, 3.5, 0.75)]
+    cpu = breakdown.phase(start, end)["cpu_seconds"]
+    assert (cpu["nodehosts"], cpu["driver gpu.example.com"], cpu["real kubelet"]) == (3.5, 2.5, 0.75)
