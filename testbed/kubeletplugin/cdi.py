@@ -139,6 +139,7 @@ _VENDOR_OR_CLASS = re.compile(r"[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?")
 _DEVICE_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?")
 _SPEC_FIELDS = frozenset(("cdiVersion", "kind", "annotations", "devices", "containerEdits"))
 _DEVICE_FIELDS = frozenset(("name", "annotations", "containerEdits"))
+_YamlLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def _read_spec(path: Path) -> tuple[str, dict[str, Mapping[str, Any]], Mapping[str, Any]]:
@@ -174,9 +175,6 @@ def _read_spec(path: Path) -> tuple[str, dict[str, Mapping[str, Any]], Mapping[s
     if not devices:
         raise ValueError("no devices")
     return kind, devices, spec.get("containerEdits") or {}
-
-
-_YamlLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def resolve(cdi_dir: Path, device_ids: list[str]) -> dict[str, str]:
