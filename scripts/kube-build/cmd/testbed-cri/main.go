@@ -6,13 +6,13 @@
 // empty one the kubelet's garbage collector deletes files in its working directory),
 // CDI device resolution against the node's spec files by the CDI library containerd
 // and CRI-O use (.json and .yaml specs; an unresolvable device fails CreateContainer),
-// and containers that end as their command
-// says, read as the fake kubelet reads it (testbed/kubelet/commands.py): after `sleep N`
-// (at once without one), with `exit N`'s status (0 without one); `sleep infinity`, or a
-// command that neither sleeps nor exits, runs until stopped, unless it is an init
-// container's (not a sidecar's): that one ends at once with 0, as the fake kubelet ends
-// it. A runtime is not told which containers are init containers; with --kubeconfig
-// (the kubelet's), the pod's spec is read to know, for such commands alone.
+// and containers that end as their command says, read as the fake kubelet reads it
+// (testbed/kubelet/commands.py): after `sleep N` (at once without one), with `exit N`'s
+// status (0 without one); `sleep infinity`, or a command that neither sleeps nor exits,
+// runs until stopped, unless it is an init container's (not a sidecar's): that one ends
+// at once with 0, as the fake kubelet ends it. A runtime is not told which containers
+// are init containers; with --kubeconfig (the kubelet's), the pod's spec is read to
+// know, for such commands alone.
 //
 // Pod sandboxes get IPs from the node's pod CIDR, one each (ipam.go), where the fake
 // gives every pod the same address.
@@ -108,9 +108,7 @@ func (r *runtime) resolveCDI(ids []string) (map[string]string, error) {
 		}
 		if spec := device.GetSpec(); !specs[spec] {
 			specs[spec] = true
-			if spec.ContainerEdits.Env != nil {
-				apply(spec.ContainerEdits.Env)
-			}
+			apply(spec.ContainerEdits.Env)
 		}
 		apply(device.ContainerEdits.Env)
 	}
@@ -197,7 +195,7 @@ func (r *runtime) CreateContainer(ctx context.Context, req *runtimeapi.CreateCon
 	service.Unlock()
 	command := strings.Join(append(append([]string{}, config.GetCommand()...), config.GetArgs()...), " ")
 	if _, _, _, told := ending(command); !told && r.isInitContainer(ctx, sandbox.GetMetadata(), config.GetMetadata().GetName()) {
-		command += "; exit 0"
+		command += "; exit 0" // ends at once with 0, as the fake kubelet ends it
 	}
 	r.mu.Lock()
 	r.commands[resp.GetContainerId()] = command
@@ -214,7 +212,10 @@ func (r *runtime) isInitContainer(ctx context.Context, pod *runtimeapi.PodSandbo
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	spec, err := r.pods.Pods(pod.GetNamespace()).Get(ctx, pod.GetName(), metav1.GetOptions{})
-	if err != nil || string(spec.UID) != pod.GetUid() {
+	if err == nil && string(spec.UID) != pod.GetUid() {
+		err = fmt.Errorf("the pod of that name now has UID %s", spec.UID)
+	}
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "testbed-cri: cannot tell whether %s/%s's container %s is an init container: %v\n",
 			pod.GetNamespace(), pod.GetName(), container, err)
 		return false

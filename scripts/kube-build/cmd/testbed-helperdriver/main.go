@@ -169,15 +169,18 @@ func (d *driver) writeSpec(uid types.UID, spec []byte) error {
 	if err := json.Unmarshal(spec, &raw); err != nil {
 		return err
 	}
-	return d.cdiLibrary.WriteSpec(&raw, fmt.Sprintf("%s-%s", d.name, uid))
+	return d.cdiLibrary.WriteSpec(&raw, d.libraryName(uid))
 }
+
+// libraryName is a claim's spec file under --cdi-library.
+func (d *driver) libraryName(uid types.UID) string { return fmt.Sprintf("%s-%s.yaml", d.name, uid) }
 
 func (d *driver) removeSpec(uid types.UID) error {
 	var err error
 	if d.cdiLibrary == nil {
 		err = os.Remove(d.specPath(uid))
 	} else {
-		err = d.cdiLibrary.RemoveSpec(fmt.Sprintf("%s-%s.yaml", d.name, uid))
+		err = d.cdiLibrary.RemoveSpec(d.libraryName(uid))
 	}
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
