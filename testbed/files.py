@@ -71,6 +71,11 @@ def write_atomically(path: Path, data: bytes, mode: int = 0o644, durable: bool =
         # Fsynced, the data is on disk already and a swap only costs more (5-10% here).
         if durable or not _swap_into_place(temporary, path):
             os.replace(temporary, path)
+    except OSError as exc:
+        temporary.unlink(missing_ok=True)
+        if exc.filename is None:  # os.write and os.fsync name no file: say which one it was
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
+        raise
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise

@@ -173,6 +173,8 @@ class PodManager:
         self.watch_client = watch_client or client
         self.checkpoint = checkpoint
         self.durable = durable
+        self._checkpoint_behind = False
+        """The last checkpoint write failed: the claims in memory are the truth until one succeeds."""
         self.node = node
         self.plugins = plugins
         self.cdi_dir = cdi_dir
@@ -241,8 +243,23 @@ class PodManager:
         self.claims = claims
 
     def _save_checkpoint(self) -> None:
-        if self.checkpoint is not None:
+        """Raises OSError (a full disk, say). As the kubelet's claim info cache, what is
+        in memory stays the truth and the next write that succeeds records all of it."""
+        if self.checkpoint is None:
+            return
+        try:
             claiminfo.write_checkpoint(self.checkpoint, self.claims, durable=self.durable)
+        except OSError:
+            self._checkpoint_behind = True
+            raise
+        self._checkpoint_behind = False
+
+    def _checkpoint_for_start(self, what: str) -> None:
+        """A failed write fails the pod's start in the kubelet's words (its next sync tries again)."""
+        try:
+            self._save_checkpoint()
+        except OSError as exc:
+            raise StartFailed(PREPARE_FAILED, f"{PREPARE_FAILED_MESSAGE}: {what}: {go_path_error(exc)}") from None
 
     def start(self) -> None:
         self._load_checkpoint()
@@ -582,8 +599,11 @@ class PodManager:
                             by_driver.setdefault(driver, []).append(claim)
                         else:
                             metrics.PREPARE_SKIPS.labels(driver).inc()
-        finally:
-            self._save_checkpoint()
+        except BaseException:
+            with contextlib.suppress(OSError):  # the claims recorded before the refused one
+                self._save_checkpoint()
+            raise
+        self._checkpoint_for_start("checkpoint ResourceClaim cache")
         answered: dict[str, set[str]] = {}
         devices: dict[str, list[PreparedDevice]] = {}
         for driver, driver_claims in by_driver.items():
@@ -612,7 +632,7 @@ class PodManager:
             called = {d for d in held.drivers if held.calls(d, skips.PREPARE)}
             if not held.prepared and answered.get(held.uid, set()) == called:
                 held.devices, held.prepared = devices.get(held.uid, []), True
-        self._save_checkpoint()
+        self._checkpoint_for_start("checkpoint ResourceClaim state")
 
     def _record_user(self, pod_uid: str, claim: Obj) -> PreparedClaim:
         """The claim, known from now on to be used by this pod. As the kubelet keeps its
@@ -1208,8 +1228,12 @@ class PodManager:
                     else:
                         last.append(claim)
             done = await self._unprepare(last)
-            if changed:
-                self._save_checkpoint()
+            if changed or self._checkpoint_behind:
+                try:
+                    self._save_checkpoint()
+                except OSError as exc:  # as the kubelet: this attempt failed, the next writes it
+                    log.warning("unprepare on %s: checkpoint ResourceClaim state: %s", self.node.name, exc)
+                    done = False
         finally:
             metrics.OPERATIONS.labels("UnprepareResources", str(not done).lower()).observe(
                 time.perf_counter() - started
@@ -1352,9 +1376,12 @@ class PodManager:
         for claim in stale:
             if claim.users & active:
                 claim.users &= active
-        if stale:
+        if stale or self._checkpoint_behind:
             await self._unprepare([c for c in stale if not c.users & active])
-            self._save_checkpoint()
+            try:
+                self._save_checkpoint()
+            except OSError as exc:  # the next reconcile writes it
+                log.warning("reconcile on %s: checkpoint ResourceClaim state: %s", self.node.name, exc)
 
     def _pods_listed(self) -> bool:
         """Whether the pods bound here are all known: before, every pod looks gone. Fed
@@ -1541,6 +1568,13 @@ def _described(pod: Obj) -> str:
     """As the kubelet names a pod in its messages (format.Pod)."""
     meta = pod["metadata"]
     return f"{meta['name']}_{meta['namespace']}({meta['uid']})"
+
+
+def go_path_error(exc: OSError) -> str:
+    """An OSError as Go prints the same failure (``write /path: no space left on device``)."""
+    why = exc.strerror or str(exc)
+    why = why[:1].lower() + why[1:]
+    return f"write {exc.filename}: {why}" if exc.filename else why
 
 
 def _go_duration(seconds: float) -> str:

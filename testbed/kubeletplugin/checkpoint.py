@@ -175,13 +175,31 @@ class Checkpoint:
         return data
 
     def put(self, record: ClaimRecord) -> None:
+        """Record it, or (the file not written: a full disk, say) raise with the record
+        as it was: what this object holds is always what the file says."""
+        before = self.claims.get(record.uid)
         self.claims[record.uid] = record
-        self.save()
+        try:
+            self.save()
+        except OSError:
+            if before is None:
+                del self.claims[record.uid]
+            else:
+                self.claims[record.uid] = before
+            raise
 
     def remove(self, uid: str) -> None:
-        if self.claims.pop(uid, None) is not None:
-            self._json.pop(uid, None)
+        """Forget it, or (the file not written) raise still holding it: an unprepare
+        that could not be recorded is asked for again, never taken as done."""
+        record = self.claims.pop(uid, None)
+        if record is None:
+            return
+        try:
             self.save()
+        except OSError:
+            self.claims[uid] = record
+            raise
+        self._json.pop(uid, None)
 
 
 class PrepareIntents:
@@ -202,6 +220,8 @@ class PrepareIntents:
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         try:
             os.write(fd, f"{uid}\n".encode())  # one small O_APPEND write: whole or absent
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror, str(self.path)) from exc
         finally:
             os.close(fd)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -198,7 +199,10 @@ class ClaimPreparer:
                         )
                     except ClaimFailed as exc:
                         log.error("%s: cannot re-assert claim %s: %s", self.name, record.uid, exc)
-                    self._restore_spec(record, thorough=True)
+                    try:
+                        self._restore_spec(record, thorough=True)
+                    except OSError as exc:  # its next prepare tries again
+                        log.error("%s: claim %s: %s", self.name, record.uid, storage_problem(exc))
             # A spec with no record: the machine went down after the spec reached the disk
             # and before any record of its claim did (see _prepare_one), or after an
             # unprepare's record removal did and before the spec's removal. Not after a
@@ -236,7 +240,12 @@ class ClaimPreparer:
                 except ClaimFailed as exc:
                     metrics.CLAIM_ERRORS.labels(self.name, "prepare", exc.reason).inc()
                     results[ref.uid] = PrepareResult([], f"{self.name}: {exc}")
-            self.intents.reset(keep=self._unsettled)  # every other prepare it names has ended
+            try:
+                self.intents.reset(keep=self._unsettled)  # every other prepare it names has ended
+            except OSError as exc:
+                # Harmless: the repair skips an intent whose claim completed, and undoing
+                # one that was undone already does nothing.
+                log.warning("%s: prepare intents left as they were: %s", self.name, storage_problem(exc))
             self._record_gauge()
         return results
 
@@ -294,7 +303,10 @@ class ClaimPreparer:
         done = self.checkpoint.claims.get(ref.uid)
         if done is not None and done.state is ClaimState.PREPARE_COMPLETED:
             # A kubelet prepares again after it restarts, the node's reboot included.
-            self._restore_spec(done, thorough=False)
+            try:
+                self._restore_spec(done, thorough=False)
+            except OSError as exc:
+                raise ClaimFailed("StorageError", f"claim {ref.namespace}/{ref.name}: {storage_problem(exc)}") from None
             return done.devices
         if isinstance(fetched, ClaimFailed):
             raise fetched
@@ -331,7 +343,10 @@ class ClaimPreparer:
         # and a machine that goes down resets the devices. The spec needs none either: the
         # completed record holds what it says, and the repair writes again a spec that did
         # not reach the disk (and removes one left without its record).
-        self.intents.add(ref.uid)
+        try:
+            self.intents.add(ref.uid)
+        except OSError as exc:  # nothing touched yet
+            raise ClaimFailed("StorageError", f"claim {ref.namespace}/{ref.name}: {storage_problem(exc)}") from None
         try:
             try:
                 prepared = await self.driver.prepare(wanted)
@@ -352,6 +367,17 @@ class ClaimPreparer:
             self.checkpoint.put(record)
         except ClaimFailed:
             raise
+        except OSError as exc:
+            # Its spec or record could not be written (a full disk, say): undone, so that
+            # nothing holds what no record names, and this claim alone fails, to be
+            # asked for again at its pod's next sync.
+            try:
+                await self.driver.unprepare(ref.uid)
+                cdi.remove_claim_spec(self.paths.cdi_dir, self.name, ref.uid)
+            except BaseException:
+                self._unsettled.add(ref.uid)
+                raise
+            raise ClaimFailed("StorageError", f"claim {ref.namespace}/{ref.name}: {storage_problem(exc)}") from None
         except BaseException:
             self._unsettled.add(ref.uid)
             raise
@@ -426,9 +452,21 @@ class ClaimPreparer:
                     errors[ref.uid] = ""
                 except (ClaimFailed, OSError) as exc:
                     metrics.CLAIM_ERRORS.labels(self.name, "unprepare", type(exc).__name__).inc()
-                    errors[ref.uid] = f"{self.name}: unprepare {ref.namespace}/{ref.name}: {exc}"
+                    why = storage_problem(exc) if isinstance(exc, OSError) else str(exc)
+                    errors[ref.uid] = f"{self.name}: unprepare {ref.namespace}/{ref.name}: {why}"
             self._record_gauge()
         return errors
+
+
+def storage_problem(exc: OSError) -> str:
+    """One line naming the file the driver could not write and the way out."""
+    where = f"cannot write {exc.filename}" if exc.filename else "cannot write its records"
+    fix = (
+        "free space on that file system"
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT)
+        else "check that file system (mounted read-only? permissions?)"
+    )
+    return f"{where}: {exc.strerror or exc}; {fix}: the kubelet asks again"
 
 
 def _consumed(ref: ClaimRef, result: Mapping[str, Any]) -> dict[str, int]:

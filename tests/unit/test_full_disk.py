@@ -1,0 +1,130 @@
+"""A node's disk fills up: the driver fails the claim it cannot record, holding nothing
+for it, and the kubelet fails the pod's start in its own words; neither loses a record,
+and both carry on once there is room again."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+
+import pytest
+
+from fake_devices.hardware import NodeHardware
+from testbed.drivers import KINDS, load_profile
+from testbed.drivers.backend import LocalBackend
+from testbed.kubeapi import ClaimRef, Credentials, KubeClient, Obj
+from testbed.kubelet.pods import StartFailed
+from testbed.kubeletplugin.checkpoint import Checkpoint, ClaimRecord, ClaimState
+from testbed.kubeletplugin.claims import ClaimReader
+from testbed.kubeletplugin.prepare import ClaimPreparer, DriverPaths
+from tests.conftest import SmallFilesystem
+from tests.unit.test_kubelet_claims import Driver, pod_manager, restart, run
+
+GPU = "gpu.dra-testbed.io"
+
+
+def _claim(index: int) -> Obj:
+    result = {"request": "gpu", "driver": GPU, "pool": "n", "device": f"gpu-{index}"}
+    return {
+        "metadata": {"namespace": "ns", "name": f"c{index}", "uid": f"uid-{index}"},
+        "status": {"allocation": {"devices": {"results": [result]}}},
+    }
+
+
+def _ref(index: int) -> ClaimRef:
+    return ClaimRef("ns", f"uid-{index}", f"c{index}")
+
+
+class Claims(ClaimReader):
+    async def get(self, namespace: str, name: str) -> Obj:
+        return _claim(int(name[1:]))
+
+
+@pytest.mark.parametrize(
+    ("room", "unwritten"),
+    [(0, "prepare-intents"), (1, f"{GPU}-uid-1.json"), (2, "checkpoint.json")],
+    ids=["no room for its intent", "no room for its CDI spec", "no room for its record"],
+)
+def test_the_driver_fails_the_claim_it_cannot_record_alone_and_holds_nothing_for_it(
+    small_filesystem: SmallFilesystem, room: int, unwritten: str
+) -> None:
+    disk = small_filesystem.path
+    hardware = NodeHardware("n", load_profile("gpu8"))
+
+    async def scenario() -> None:
+        client = KubeClient(Credentials("https://127.0.0.1:1", ssl.create_default_context()))
+
+        def preparer() -> ClaimPreparer:
+            driver = KINDS[GPU].make(LocalBackend(hardware), client)
+            return ClaimPreparer(driver, "n", DriverPaths.for_node(disk / "kubelet", GPU, disk / "cdi"), Claims(client))
+
+        first = preparer()
+        await first.repair()
+        assert (await first.prepare([_ref(0)]))["uid-0"].error == ""
+        small_filesystem.fill(leave_pages=room)
+        failed = (await first.prepare([_ref(1)]))["uid-1"]
+        assert failed.devices == []
+        assert f"claim ns/c1: cannot write {disk}/" in failed.error and "No space left on device" in failed.error
+        assert failed.error.split(": ")[2].endswith(f"/{unwritten}"), failed.error
+        assert "free space on that file system" in failed.error
+        assert hardware.claims() == {"uid-0": ["gpu-0"]}, "what it could not record is released"
+        on_disk = Checkpoint(first.paths.checkpoint)
+        on_disk.load()
+        assert set(on_disk.claims) == set(first.checkpoint.claims) == {"uid-0"}
+        assert (await first.prepare([_ref(0)]))["uid-0"].error == "", "a recorded claim still prepares"
+
+        small_filesystem.free()
+        assert (await first.prepare([_ref(1)]))["uid-1"].error == "", "asked again once there is room"
+        restarted = preparer()
+        await restarted.repair()
+        assert set(restarted.checkpoint.claims) == {"uid-0", "uid-1"}
+        assert sorted(p.name for p in (disk / "cdi").iterdir()) == [f"{GPU}-uid-0.json", f"{GPU}-uid-1.json"]
+        await client.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_checkpoint_that_cannot_be_written_keeps_what_the_file_says(small_filesystem: SmallFilesystem) -> None:
+    """An unprepare whose record could not be removed is asked for again, never taken as done."""
+    path = small_filesystem.path / "checkpoint.json"
+    checkpoint = Checkpoint(path)
+    record = ClaimRecord("uid-0", "ns", "c0", ClaimState.PREPARE_COMPLETED)
+    checkpoint.put(record)
+    small_filesystem.fill()
+    with pytest.raises(OSError, match="No space left on device") as raised:
+        checkpoint.remove("uid-0")
+    assert raised.value.filename == str(path), "the error names the file"
+    assert checkpoint.claims == {"uid-0": record}
+    with pytest.raises(OSError):
+        checkpoint.put(ClaimRecord("uid-1", "ns", "c1", ClaimState.PREPARE_COMPLETED))
+    assert set(checkpoint.claims) == {"uid-0"}
+    small_filesystem.free()
+    checkpoint.remove("uid-0")
+    fresh = Checkpoint(path)
+    fresh.load()
+    assert fresh.claims == {}
+
+
+def test_the_kubelet_fails_a_start_it_cannot_checkpoint_in_its_words_and_writes_it_all_later(
+    small_filesystem: SmallFilesystem,
+) -> None:
+    driver = Driver()
+    manager = pod_manager(small_filesystem.path, driver)
+    checkpoint = manager.checkpoint
+    run(manager._prepare_claims("pod-a", [_claim(0)]))
+    small_filesystem.fill()
+    with pytest.raises(StartFailed) as refused:
+        run(manager._prepare_claims("pod-b", [_claim(1)]))
+    assert str(refused.value) == (
+        "Failed to prepare dynamic resources: prepare dynamic resources: checkpoint ResourceClaim cache: "
+        f"write {checkpoint}: no space left on device"
+    )
+    assert driver.calls == [("prepare", ["c0"])], "nothing is prepared that the checkpoint does not track"
+    assert not run(manager._release_once("pod-a")), "an unprepare not checkpointed is not done"
+    assert driver.calls[-1] == ("unprepare", ["c0"])
+
+    small_filesystem.free()
+    run(manager._prepare_claims("pod-b", [_claim(1)]))
+    assert driver.calls[-1] == ("prepare", ["c1"])
+    assert run(manager._release_once("pod-a")), "the next attempt writes what the failed one could not"
+    assert {c.name: c.users for c in restart(manager, driver).claims.values()} == {"c1": {"pod-b"}}
