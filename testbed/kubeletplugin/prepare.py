@@ -188,7 +188,10 @@ class ClaimPreparer:
                     log.warning("%s: undoing claim %s left half-prepared", self.name, uid)
                     await self.driver.unprepare(uid)
                     cdi.remove_claim_spec(self.paths.cdi_dir, self.name, uid)
-                    self.checkpoint.remove(uid)
+                    try:
+                        self.checkpoint.remove(uid)
+                    except OSError as exc:  # undone all the same; the next repair forgets it
+                        log.error("%s: claim %s undone, its record kept: %s", self.name, uid, storage_problem(exc))
             self.intents.reset(force=True)
             self._unsettled.clear()
             for record in list(self.checkpoint.claims.values()):

@@ -84,6 +84,41 @@ def test_the_driver_fails_the_claim_it_cannot_record_alone_and_holds_nothing_for
     asyncio.run(scenario())
 
 
+def test_a_driver_starting_on_a_full_disk_undoes_a_half_prepared_claim_and_serves(
+    small_filesystem: SmallFilesystem,
+) -> None:
+    """A record of a prepare that began (an older instance's) cannot be removed: the
+    claim is undone all the same and the driver starts; the next start forgets it."""
+    disk = small_filesystem.path
+    hardware = NodeHardware("n", load_profile("gpu8"))
+
+    async def scenario() -> None:
+        client = KubeClient(Credentials("https://127.0.0.1:1", ssl.create_default_context()))
+
+        def preparer() -> ClaimPreparer:
+            driver = KINDS[GPU].make(LocalBackend(hardware), client)
+            return ClaimPreparer(driver, "n", DriverPaths.for_node(disk / "kubelet", GPU, disk / "cdi"), Claims(client))
+
+        first = preparer()
+        await first.repair()
+        assert (await first.prepare([_ref(0)]))["uid-0"].error == ""
+        first.checkpoint.put(ClaimRecord("uid-0", "ns", "c0", ClaimState.PREPARE_STARTED))  # cut short
+        (disk / "cdi" / f"{GPU}-uid-0.json").unlink()  # before its spec was written
+        small_filesystem.fill()
+        restarted = preparer()
+        await restarted.repair()
+        assert hardware.claims() == {}, "undone"
+        assert set(restarted.checkpoint.claims) == {"uid-0"}, "the record it could not remove is kept"
+        small_filesystem.free()
+        again = preparer()
+        await again.repair()
+        assert again.checkpoint.claims == {}
+        assert (await again.prepare([_ref(0)]))["uid-0"].error == ""
+        await client.close()
+
+    asyncio.run(scenario())
+
+
 def test_a_checkpoint_that_cannot_be_written_keeps_what_the_file_says(small_filesystem: SmallFilesystem) -> None:
     """An unprepare whose record could not be removed is asked for again, never taken as done."""
     path = small_filesystem.path / "checkpoint.json"
