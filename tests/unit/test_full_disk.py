@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -40,6 +42,23 @@ class Claims(ClaimReader):
         return _claim(int(name[1:]))
 
 
+def _driver_on(disk: Path, hardware: NodeHardware, client: KubeClient) -> Callable[[], ClaimPreparer]:
+    """A driver instance whose kubelet and CDI directories are on ``disk``, one per call."""
+
+    def preparer() -> ClaimPreparer:
+        driver = KINDS[GPU].make(LocalBackend(hardware), client)
+        return ClaimPreparer(driver, "n", DriverPaths.for_node(disk / "kubelet", GPU, disk / "cdi"), Claims(client))
+
+    return preparer
+
+
+async def _with_one_claim_prepared(preparer: Callable[[], ClaimPreparer]) -> ClaimPreparer:
+    first = preparer()
+    await first.repair()
+    assert (await first.prepare([_ref(0)]))["uid-0"].error == ""
+    return first
+
+
 @pytest.mark.parametrize(
     ("room", "unwritten"),
     [(0, "prepare-intents"), (1, f"{GPU}-uid-1.json"), (2, "checkpoint.json")],
@@ -53,14 +72,8 @@ def test_the_driver_fails_the_claim_it_cannot_record_alone_and_holds_nothing_for
 
     async def scenario() -> None:
         client = KubeClient(Credentials("https://127.0.0.1:1", ssl.create_default_context()))
-
-        def preparer() -> ClaimPreparer:
-            driver = KINDS[GPU].make(LocalBackend(hardware), client)
-            return ClaimPreparer(driver, "n", DriverPaths.for_node(disk / "kubelet", GPU, disk / "cdi"), Claims(client))
-
-        first = preparer()
-        await first.repair()
-        assert (await first.prepare([_ref(0)]))["uid-0"].error == ""
+        preparer = _driver_on(disk, hardware, client)
+        first = await _with_one_claim_prepared(preparer)
         small_filesystem.fill(leave_pages=room)
         failed = (await first.prepare([_ref(1)]))["uid-1"]
         assert failed.devices == []
@@ -94,14 +107,8 @@ def test_a_driver_starting_on_a_full_disk_undoes_a_half_prepared_claim_and_serve
 
     async def scenario() -> None:
         client = KubeClient(Credentials("https://127.0.0.1:1", ssl.create_default_context()))
-
-        def preparer() -> ClaimPreparer:
-            driver = KINDS[GPU].make(LocalBackend(hardware), client)
-            return ClaimPreparer(driver, "n", DriverPaths.for_node(disk / "kubelet", GPU, disk / "cdi"), Claims(client))
-
-        first = preparer()
-        await first.repair()
-        assert (await first.prepare([_ref(0)]))["uid-0"].error == ""
+        preparer = _driver_on(disk, hardware, client)
+        first = await _with_one_claim_prepared(preparer)
         first.checkpoint.put(ClaimRecord("uid-0", "ns", "c0", ClaimState.PREPARE_STARTED))  # cut short
         (disk / "cdi" / f"{GPU}-uid-0.json").unlink()  # before its spec was written
         small_filesystem.fill()
