@@ -10,6 +10,7 @@ import os
 import shlex
 import shutil
 import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -46,7 +47,7 @@ from testbed.realnode import kubelet_api
 from testbed.realnode.node import recorded_driver_restarts, recorded_kubelet_pid, recorded_processes
 
 if TYPE_CHECKING:
-    from testbed.scenarios.runner import FaultInjector
+    from testbed.scenarios.runner import FaultInjector, RunData
     from testbed.scenarios.spec import Scenario
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -929,6 +930,12 @@ def _check_can_make(path: Path, option: str, hint: str) -> None:
         raise TestbedError(f"{option} {path}: {nearest} is a file, not a directory", hint=hint)
     if not os.access(nearest, os.W_OK | os.X_OK):
         raise TestbedError(f"{option} {path}: cannot write in {nearest}", hint=hint)
+    try:  # for real: root passes every access check, and /proc or a full disk refuse all the same
+        fd, probe = tempfile.mkstemp(dir=nearest, prefix=".testbed-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise TestbedError(f"{option} {path}: cannot write in {nearest} ({exc.strerror})", hint=hint) from None
 
 
 FLEET_WAIT_S = 900.0
@@ -1075,21 +1082,47 @@ def _run_and_report(
     fleet = state.fleet.spec if state.fleet else {}
     report = reporting.build(work.data, leaks, {"name": name, **fleet, "settings": state.settings})
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    directory = reporting.write(
-        report, work.data, output or cfg.state_root() / "runs" / f"{name}-{chosen.name}-{stamp}"
-    )
+    default = cfg.state_root() / "runs" / f"{name}-{chosen.name}-{stamp}"
+    directory, misplaced = write_report(report, work.data, output, default, junit)
+    for line in misplaced:
+        stderr.print(f"error: {line}", markup=False)
+    click.echo(str(directory))
+    if interrupted:
+        return 130
+    return 0 if report["verdict"] == "PASS" and not misplaced else 1
+
+
+def write_report(
+    report: dict[str, Any], data: RunData, output: Path | None, default: Path, junit: Path | None
+) -> tuple[Path, list[str]]:
+    """The report's directory, and what could not go where it was asked to (a full disk,
+    say, found only now): written in ``default`` instead, so a long run's figures are
+    never lost. The summary lines are printed in between."""
+    from testbed.report import report as reporting
+
+    misplaced = []
+    try:
+        directory = reporting.write(report, data, output or default)
+    except OSError as exc:
+        if output is None or output == default:
+            raise
+        misplaced.append(f"the report could not be written to {output} ({exc}); it is in {default}")
+        directory = reporting.write(report, data, default)
     for line in reporting.summary_lines(report):
         stderr.print(line, markup=False)
     if junit is not None:
         from testbed.report.junit import junit_xml
 
-        junit.parent.mkdir(parents=True, exist_ok=True)
-        junit.write_text(junit_xml(report))
-        stderr.print(f"JUnit XML: {junit}", markup=False)
-    click.echo(str(directory))
-    if interrupted:
-        return 130
-    return 0 if report["verdict"] == "PASS" else 1
+        try:
+            junit.parent.mkdir(parents=True, exist_ok=True)
+            junit.write_text(junit_xml(report))
+            stderr.print(f"JUnit XML: {junit}", markup=False)
+        except OSError as exc:
+            (directory / "junit.xml").write_text(junit_xml(report))
+            misplaced.append(
+                f"the JUnit XML could not be written to {junit} ({exc}); it is in {directory / 'junit.xml'}"
+            )
+    return directory, misplaced
 
 
 @main.command()

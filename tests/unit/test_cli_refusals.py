@@ -155,6 +155,7 @@ def test_sanity_names_its_cluster_and_command_first(tmp_path: Path) -> None:
         (["-o", "{file}/report"], "--output {file}/report: {file} is a file, not a directory"),
         (["--junit", "{dir}"], "File '{dir}' is a directory"),
         (["--junit", "{file}/junit.xml"], "is a file, not a directory"),
+        (["-o", "/proc/report"], "--output /proc/report: cannot write in /proc"),  # root may, /proc says no
     ],
 )
 def test_a_report_destination_that_cannot_be_written_is_refused_before_the_run(

@@ -170,3 +170,23 @@ def test_the_kubelet_fails_a_start_it_cannot_checkpoint_in_its_words_and_writes_
     assert driver.calls[-1] == ("prepare", ["c1"])
     assert run(manager._release_once("pod-a")), "the next attempt writes what the failed one could not"
     assert {c.name: c.users for c in restart(manager, driver).claims.values()} == {"c1": {"pod-b"}}
+
+
+def test_a_run_whose_report_cannot_go_where_asked_keeps_it_in_the_default_place(
+    small_filesystem: SmallFilesystem, tmp_path: Path
+) -> None:
+    """The output directory's disk filled during the run: the figures are not lost."""
+    from testbed.cli import write_report
+    from testbed.report import report
+    from testbed.scenarios import spec
+    from testbed.scenarios.runner import RunData
+
+    data = RunData(spec.load("smoke"), "ns", 0.0, 0.0, ended=10.0)
+    built = report.build(data, {"checkpoint_entries": 0, "cdi_specs": 0}, {})
+    small_filesystem.fill()
+    asked, default = small_filesystem.path / "run", tmp_path / "runs" / "p-smoke"
+    directory, misplaced = write_report(built, data, asked, default, small_filesystem.path / "junit.xml")
+    assert directory == default and (default / "report.json").exists() and (default / "junit.xml").exists()
+    assert misplaced[0].startswith(f"the report could not be written to {asked} (")
+    assert misplaced[0].endswith(f"it is in {default}")
+    assert misplaced[1].endswith(f"it is in {default / 'junit.xml'}"), misplaced
