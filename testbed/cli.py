@@ -1253,6 +1253,8 @@ def sanity(
             hint="testbed sanity -- ./my-driver --flag   or   testbed sanity --node NODE --driver-name NAME",
         )
     _about(name, f"sanity of {' '.join(command) or f'the driver of node {node}'}")
+    if junit is not None:
+        _check_can_make(junit, "--junit", "give a file in a writable directory")
     state = _running(name, state_dir)
     env = _environment(env_items, "--env")
     running = None
@@ -1284,7 +1286,14 @@ def sanity(
     counts = {status: sum(1 for r in results if r.status is status) for status in Status}
     stderr.print(", ".join(f"{n} {status}" for status, n in counts.items() if n))
     if junit is not None:
-        junit.write_text(junit_xml(results, driver or "driver"))
+        try:
+            junit.parent.mkdir(parents=True, exist_ok=True)
+            junit.write_text(junit_xml(results, driver or "driver"))
+        except OSError as exc:
+            raise TestbedError(
+                f"--junit {junit}: {exc.strerror}",
+                hint="the results are the lines above; free space there, or give another file",
+            ) from None
     if counts[Status.FAIL]:
         sys.exit(1)
 

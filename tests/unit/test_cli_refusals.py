@@ -173,6 +173,13 @@ def test_a_report_destination_that_cannot_be_written_is_refused_before_the_run(
     assert occupied.read_text() == "a user's file\n"
 
 
+def test_a_sanity_junit_file_that_cannot_be_written_is_refused_before_the_driver_runs(tmp_path: Path) -> None:
+    args = ["sanity", "--name", "r", "--state-dir", str(tmp_path), "--driver-name", "d.example.com"]
+    result = CliRunner().invoke(cli.main, [*args, "--junit", "/proc/sanity/junit.xml", "--", "/bin/true"])
+    assert result.exit_code != 0 and "--junit /proc/sanity/junit.xml: cannot write in /proc" in result.output
+    assert "is not running" not in result.output, result.output
+
+
 def test_untainted_goes_with_nodes_not_a_fleet_file(tmp_path: Path) -> None:
     fleet = tmp_path / "fleet.yaml"
     fleet.write_text("pools: [{name: a, count: 1}]\n")
