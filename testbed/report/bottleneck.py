@@ -167,8 +167,8 @@ def explain(phase: dict[str, Any], nodes: int) -> dict[str, str]:
         slowest = max(figures["apiserver"], key=lambda row: row["p99_s"] or 0.0)
         call = slowest["resource"] + (f"/{slowest['subresource']}" if slowest["subresource"] else "")
         sentences.append(
-            f"Slowest DRA-related API call: {slowest['verb']} {call} p99 {_ms(slowest['p99_s'])} "
-            f"({slowest['count']} calls)."
+            f"Slowest API call of claims, slices, pods and leases: {slowest['verb']} {call} p99 "
+            f"{_ms(slowest['p99_s'])} ({slowest['count']} call{'' if slowest['count'] == 1 else 's'})."
         )
     prepare, lag = figures["nodes"]["prepare"], figures["nodes"]["event_loop_lag"]
     if prepare["count"] or lag["count"]:

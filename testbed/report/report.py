@@ -226,7 +226,8 @@ def _fmt(value: Any, unit: str = "s") -> str:
 
 def _calls(row: dict[str, Any]) -> str:
     p50, p99 = quantile_text(row, "p50_s", _fmt), quantile_text(row, "p99_s", _fmt)
-    return f"{row['count']} calls, {row['total_s']:g} s, p50 {p50}, p99 {p99}"
+    calls = f"{row['count']} call{'' if row['count'] == 1 else 's'}"
+    return f"{calls}, {row['total_s']:g} s, p50 {p50}, p99 {p99}"
 
 
 def _call(row: dict[str, Any]) -> str:
