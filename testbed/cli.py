@@ -119,21 +119,22 @@ def _fleet_of(state: cluster.ClusterState) -> fleet_spec.FleetFile | None:
     return fleet_spec.FleetFile.model_validate(state.fleet.spec) if state.fleet else None
 
 
-def _print_fleet(state: cluster.ClusterState, out: Console) -> None:
-    """Pools (nodes Ready of those asked for, from the API server) and NodeHosts (from Ray)."""
+def _print_fleet(state: cluster.ClusterState, out: Console) -> bool:
+    """Pools (nodes Ready of those asked for, from the API server) and NodeHosts (from
+    Ray). Whether every node asked for is Ready."""
     from testbed.controlplane.selfcheck import ready_synthetic_nodes
     from testbed.kube import api_client
 
     fleet = _fleet_of(state)
     if fleet is None:
-        return
+        return True
 
     api = api_client(state.kubeconfig)
     try:
         ready = ready_synthetic_nodes(api)
     except Exception as exc:  # a status must say what it can, not fail
         out.print(f"fleet: the API server did not answer ({type(exc).__name__})", markup=False)
-        return
+        return False
     finally:
         api.close()  # type: ignore[no-untyped-call]
     ready_by_pool: dict[str, int] = {}
@@ -146,12 +147,13 @@ def _print_fleet(state: cluster.ClusterState, out: Console) -> None:
     for pool in fleet.pools:
         table.add_row(pool.name, pool.profile, pool.kubelet, f"{ready_by_pool.get(pool.name, 0)} / {pool.count}")
     out.print(table)
+    complete = all(ready_by_pool.get(pool.name, 0) >= pool.count for pool in fleet.pools)
     try:
         attached = environment.attach_fleet(state)
         hosts = attached.describe()
     except TestbedError as exc:
         out.print(f"NodeHosts: {exc.message}", markup=False)
-        return
+        return complete
     table = Table(title=f"NodeHosts (Ray at {state.fleet.ray_address if state.fleet else None})")
     for column in ("NodeHost", "nodes ready / held", "pid", "Ray node", "restarted", "testbed code"):
         table.add_column(column)
@@ -172,6 +174,7 @@ def _print_fleet(state: cluster.ClusterState, out: Console) -> None:
     out.print(table)
     out.print(_ray_hosts_table(hosts))
     _print_fabric(attached, out)
+    return complete
 
 
 def _print_fabric(fleet: Fleet, out: Console) -> None:
@@ -645,9 +648,18 @@ def list_clusters() -> None:
         running = state.ready and any(p.alive() for p in state.processes)
         if state.attached_to:
             running = state.ready
+        cut = state.cut_short()
+        if cut == "control plane" and state.live_processes():
+            shown = "[red]start cut short[/]"
+        elif cut == "fleet" and running:
+            shown = "running ([red]its `up` was cut short[/]: see `testbed status`)"
+        elif state.starter is not None and state.starter.alive():
+            shown = "starting"
+        else:
+            shown = "running" if running else "[red]stopped[/]"
         fleet = _fleet_of(state)
         nodes = fleet.count if fleet else 0
-        table.add_row(state.name, "running" if running else "[red]stopped[/]", str(nodes), str(state.kubeconfig))
+        table.add_row(state.name, shown, str(nodes), str(state.kubeconfig))
     out = Console(highlight=False, soft_wrap=True)
     if not table.row_count:
         out.print(f"no clusters in {root}: start one with `testbed up`", markup=False)
@@ -696,8 +708,7 @@ def status(name: str, state_dir: Path | None) -> None:
             f"left behind by runs while the API server was gone, deleted once it answers: {', '.join(waiting)}",
             markup=False,
         )
-    if state.fleet and state.fleet.fleet_id:
-        _print_fleet(state, out)
+    fleet_complete = _print_fleet(state, out) if state.fleet and state.fleet.fleet_id else False
     nodes_dir = state.fleet.nodes_dir if state.fleet else ""
     process_nodes = recorded_processes(Path(nodes_dir)) if nodes_dir else {}
     drivers = recorded_drivers(Path(str(nodes_dir))) if nodes_dir else {}
@@ -742,7 +753,17 @@ def status(name: str, state_dir: Path | None) -> None:
                 generations_cell(generations.get(driver, Counter())),
             )
         out.print(table)
-    if not all(c.healthy for c in components):
+    cut = state.cut_short()
+    if cut == "fleet" and fleet_complete:
+        cut = ""  # its NodeHosts finished what it asked of them
+    if cut:
+        assert state.starter is not None
+        out.print(
+            f"[red]the `testbed up` that started it (pid {state.starter.pid}) ended before its {cut} was "
+            f"up[/]: {'some nodes may be missing' if cut == 'fleet' else 'it is not ready'}; "
+            f"`testbed down --name {state.name}`, then `testbed up` again"
+        )
+    if not all(c.healthy for c in components) or cut:
         sys.exit(1)
 
 
@@ -939,6 +960,8 @@ def _check_can_make(path: Path, option: str, hint: str) -> None:
 
 
 FLEET_WAIT_S = 900.0
+FLEET_STALL_S = 60.0
+"""No node more Ready for this long, and nobody starting any: the run is refused."""
 
 
 def _wait_for_fleet(state: cluster.ClusterState, progress: ConsoleProgress) -> None:
@@ -954,9 +977,20 @@ def _wait_for_fleet(state: cluster.ClusterState, progress: ConsoleProgress) -> N
     api = api_client(state.kubeconfig)
     try:
         deadline = time.monotonic() + FLEET_WAIT_S
+        last, moved = -1, time.monotonic()
         with progress.task(f"waiting for the fleet's {expected} nodes to be Ready"):
             while (ready := len(ready_synthetic_nodes(api))) < expected:
-                if time.monotonic() > deadline:
+                now = time.monotonic()
+                if ready != last:
+                    last, moved = ready, now
+                elif now - moved > FLEET_STALL_S and not _being_started(state.root):
+                    raise TestbedError(
+                        f"only {ready} of the fleet's {expected} nodes are Ready, none more for "
+                        f"{FLEET_STALL_S:.0f} s, and no `testbed up` is starting it",
+                        hint=f"see `testbed status --name {state.name}` (a `testbed up` killed before its fleet "
+                        f"was up leaves it short); `testbed down --name {state.name}` and up again",
+                    )
+                if now > deadline:
                     raise TestbedError(
                         f"only {ready} of the fleet's {expected} nodes are Ready after {FLEET_WAIT_S:.0f} s",
                         hint=f"see `testbed status --name {state.name}` and the NodeHost logs",
@@ -965,6 +999,12 @@ def _wait_for_fleet(state: cluster.ClusterState, progress: ConsoleProgress) -> N
                 time.sleep(1.0)
     finally:
         api.close()  # type: ignore[no-untyped-call]
+
+
+def _being_started(root: Path) -> bool:
+    """Whether a `testbed up` is at work on this cluster now."""
+    state = cluster.ClusterState.load(root)
+    return state is not None and state.starter is not None and state.starter.alive()
 
 
 def _gone_component(root: Path) -> str:

@@ -168,6 +168,13 @@ class ClusterState:
     def live_processes(self) -> list[ProcessRecord]:
         return [p for p in self.processes if p.alive()]
 
+    def cut_short(self) -> str:
+        """What a `testbed up` killed before it finished (its terminal closed, say) left
+        unfinished: "control plane" or "fleet"; "" if none was."""
+        if self.starter is None or self.starter.alive():
+            return ""
+        return "fleet" if self.ready else "control plane"
+
     def stop_processes(self) -> list[str]:
         """Stop stage by stage; anything not in a stage (a future component) goes first."""
         known = set(STOP_ORDER)
@@ -571,14 +578,22 @@ def status(config: ControlPlaneConfig) -> tuple[ClusterState | None, list[Compon
     state = ClusterState.load(config.cluster_dir) if config.cluster_dir.exists() else None
     if state is None:
         return None, []
-    checks = {} if state.attached_to else health_checks(state)  # an attached cluster is not ours to check
+    checks: dict[str, HealthCheck | None] = {}
+    if not state.attached_to:  # an attached cluster is not ours to check
+        try:
+            checks = dict(health_checks(state))
+        except OSError:  # its start was cut short before its certificates were written
+            checks = dict.fromkeys(("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"))
     report = []
     supervised = state.supervision
     for record in state.processes:
         alive = record.alive()
         check = checks.get(record.name)
         # Components without an HTTP health endpoint (Ray) count as healthy while alive.
-        healthy = alive and (check is None or http_status(check.url, check.context) == 200)
+        if record.name not in checks:
+            healthy = alive
+        else:
+            healthy = alive and check is not None and http_status(check.url, check.context) == 200
         seen = supervised.get(record.name)
         restarts, last_exit = (seen.restarts, seen.last_exit) if seen else (0, "")
         report.append(ComponentStatus(record.name, record.pid, alive, healthy, record.log, restarts, last_exit))

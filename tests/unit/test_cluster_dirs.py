@@ -113,3 +113,33 @@ def test_list_names_each_cluster_or_says_there_is_none(tmp_path: Path, monkeypat
     result = CliRunner().invoke(cli.main, ["list"])
     assert result.exit_code == 0
     assert "left" in result.output and "stopped" in result.output and "no clusters" not in result.output
+
+
+def test_a_cluster_whose_up_was_killed_before_its_control_plane_was_up_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its terminal closed during `testbed up`: what it started runs on, not ready."""
+    monkeypatch.setenv("TESTBED_STATE_DIR", str(tmp_path))
+    monkeypatch.setenv("COLUMNS", "250")
+    config = ControlPlaneConfig(name="cut")
+    root = cluster._prepare_directory(config, SilentProgress())
+    etcd, starter = subprocess.Popen(["sleep", "60"]), subprocess.Popen(["true"])
+    starter.wait()
+    try:
+        running = processes.ProcessRecord("etcd", etcd.pid, processes.process_start_ticks(etcd.pid) or 0, "", [])
+        state = cluster.ClusterState("cut", root, cluster.Ports(1, 2, 3, 4, 5, 6), "", [running])
+        state.starter = processes.ProcessRecord("testbed up", starter.pid, 1, "", [])  # gone
+        state.save()
+        assert state.cut_short() == "control plane"
+        listed = CliRunner().invoke(cli.main, ["list"])
+        assert "start cut short" in listed.output, listed.output
+        told = CliRunner().invoke(cli.main, ["status", "--name", "cut"])
+        assert told.exit_code == 1
+        assert f"the `testbed up` that started it (pid {starter.pid}) ended before its control plane was up" in (
+            " ".join(told.output.split())
+        ), told.output
+        state.ready, state.starter = True, processes.this_process("testbed up")
+        assert state.cut_short() == "", "an `up` at work on its fleet"
+    finally:
+        etcd.kill()
+        etcd.wait()
