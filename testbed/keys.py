@@ -22,7 +22,11 @@ RUN_SECONDS_ANNOTATION = "dra-testbed.io/run-seconds"
 """On a pod: how long its containers run before they succeed."""
 RUN_LABEL = "dra-testbed.io/run"
 PHASE_LABEL = "dra-testbed.io/phase"
-"""On a scenario's Jobs and pods: the run and the phase they belong to."""
+"""On a scenario's Jobs and pods: the run and the phase they belong to (the run's also on
+its namespace)."""
+RUNNER_ANNOTATION = "dra-testbed.io/runner"
+"""On a scenario run's namespace: the `testbed run` process (host, pid, start ticks), so a
+later run can tell a namespace a killed run left from one a run still uses."""
 SERVED_BY_ANNOTATION = "dra-testbed.io/served-by"
 """On a synthetic node's Lease: the NodeHost run that serves the node (see fleet/fencing.py)."""
 FABRIC_ATTACHED = "dra-testbed.io/FabricAttached"

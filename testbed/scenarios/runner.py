@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
+import os
+import socket
 import time
 import uuid
 from collections import Counter
@@ -25,9 +28,10 @@ import aiohttp
 
 from fake_devices.hardware import build_inventory
 from testbed.controlplane.components import Ports
+from testbed.controlplane.processes import process_start_ticks
 from testbed.drivers import PROFILES, class_kinds, load_profile
 from testbed.errors import TestbedError
-from testbed.keys import PHASE_LABEL, PROFILE_LABEL, RUN_LABEL
+from testbed.keys import PHASE_LABEL, PROFILE_LABEL, RUN_LABEL, RUNNER_ANNOTATION
 from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
 from testbed.kubelet.node import SYNTHETIC_TOLERATION
 from testbed.kubeletplugin.leftovers import prepared_state
@@ -553,22 +557,55 @@ class Runner:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), 1.0)
 
+    async def _reclaim_abandoned(self) -> None:
+        """Delete the namespaces of earlier runs on this machine whose `testbed run` is gone
+        (killed: it could not clean up), whose pods would hold devices this run needs; say
+        so of runs going on now, or run from elsewhere, whose pods compete with this one's."""
+        listed = await self.client.get(path_for("v1", "namespaces"), {"labelSelector": RUN_LABEL})
+        deleted = []
+        for namespace in listed.get("items", []):
+            meta = namespace["metadata"]
+            runner = _runner_of(meta)
+            if "deletionTimestamp" in meta:
+                deleted.append(meta["name"])
+            elif runner is not None and abandoned(runner):
+                self._say(f"deleting namespace {meta['name']}, left by a run that was killed (pid {runner['pid']})")
+                await self.client.delete_if_exists(path_for("v1", "namespaces", meta["name"]))
+                deleted.append(meta["name"])
+            else:
+                where = "" if runner is None else f" (pid {runner.get('pid')} on {runner.get('host')})"
+                self._say(f"warning: namespace {meta['name']} of another run{where} is still there; its pods compete")
+        for name in deleted:  # their pods hold devices until they are gone
+            if not await self._gone(name):
+                self._say(f"warning: namespace {name} is still being deleted; its pods may hold devices")
+
     async def _clean_up(self) -> None:
         """Delete the run's namespace and wait until its pods and claims are gone."""
         ns = self.data.namespace
         await self.client.delete_if_exists(path_for("v1", "namespaces", ns))
-        deadline = time.monotonic() + 120
+        await self._gone(ns)
+
+    async def _gone(self, namespace: str, timeout_s: float = 120.0) -> bool:
+        """Wait until a namespace being deleted is gone (its pods and claims with it)."""
+        deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             try:
-                await self.client.get(path_for("v1", "namespaces", ns))
+                await self.client.get(path_for("v1", "namespaces", namespace))
             except ApiError as exc:
                 if exc.not_found:
-                    return
+                    return True
             await asyncio.sleep(0.5)
+        return False
 
     async def run(self) -> RunData:
         self.data.devices = await self._servable_devices()
-        await self.client.create(path_for("v1", "namespaces"), {"metadata": {"name": self.data.namespace}})
+        await self._reclaim_abandoned()
+        metadata = {
+            "name": self.data.namespace,
+            "labels": {RUN_LABEL: self.run_id},
+            "annotations": {RUNNER_ANNOTATION: json.dumps(runner_identity())},
+        }
+        await self.client.create(path_for("v1", "namespaces"), {"metadata": metadata})
         async with aiohttp.ClientSession() as session:
             self.data.before = await self._scrape_all(session)
             tasks = [asyncio.create_task(t) for t in (self._watch_pods(), self._watch_claims(), self._sample(session))]
@@ -604,6 +641,32 @@ class Runner:
                         f"server is back: kubectl delete namespace {self.data.namespace}"
                     )
         return self.data
+
+
+def runner_identity() -> dict[str, object]:
+    """This `testbed run`, as its namespace records it."""
+    pid = os.getpid()
+    return {"host": socket.gethostname(), "pid": pid, "start_ticks": process_start_ticks(pid) or 0}
+
+
+def _runner_of(meta: Obj) -> dict[str, Any] | None:
+    try:
+        runner = json.loads(meta.get("annotations", {})[RUNNER_ANNOTATION])
+    except (KeyError, ValueError):
+        return None
+    return runner if isinstance(runner, dict) else None
+
+
+def abandoned(runner: dict[str, Any]) -> bool:
+    """Whether the run that recorded itself so has ended on this machine (another
+    machine's runs cannot be told: they are never taken as abandoned)."""
+    if runner.get("host") != socket.gethostname():
+        return False
+    try:
+        pid, ticks = int(runner["pid"]), int(runner["start_ticks"])
+    except (KeyError, TypeError, ValueError):
+        return False
+    return process_start_ticks(pid) != ticks
 
 
 def nodes_dir_leaks(

@@ -60,19 +60,10 @@ def test_an_interrupted_run_writes_a_partial_report_and_cleans_up(
         str(tmp_path / "report"),
     )
     core = k8s.CoreV1Api(kube_api)
-
-    def running_pods() -> int:
-        namespaces = [
-            n.metadata.name
-            for n in core.list_namespace().items
-            if n.metadata.name.startswith("run-steady-churn-") and not n.metadata.deletion_timestamp
-        ]
-        return sum(1 for ns in namespaces for p in core.list_namespaced_pod(ns).items if p.status.phase == "Running")
-
     with killed_if_left(proc):
         # three at once (pods start every 0.5 s and run 2 s): the runner's own watch has
         # then long seen the first one Running
-        wait_for(lambda: running_pods() >= 3, 180, "the run's pods to be running")
+        wait_for(lambda: _running_pods(core) >= 3, 180, "the run's pods to be running")
         out, err = interrupt(proc, signal_sent, timeout_s=180)
     assert proc.returncode == 130, err
     directory = Path(out.strip().splitlines()[-1])
@@ -81,6 +72,38 @@ def test_an_interrupted_run_writes_a_partial_report_and_cleans_up(
     [phase] = report["phases"]
     assert phase["name"] == "churn" and phase["pods_running"] >= 1 and phase["jobs"] == 500
     assert not [n for n in core.list_namespace().items if n.metadata.name.startswith("run-steady-churn")]
+
+
+def _churn_namespaces(core: k8s.CoreV1Api) -> list[str]:
+    return [
+        n.metadata.name
+        for n in core.list_namespace().items
+        if n.metadata.name.startswith("run-steady-churn-") and not n.metadata.deletion_timestamp
+    ]
+
+
+def _running_pods(core: k8s.CoreV1Api) -> int:
+    namespaces = _churn_namespaces(core)
+    return sum(1 for ns in namespaces for p in core.list_namespaced_pod(ns).items if p.status.phase == "Running")
+
+
+def test_a_run_killed_outright_leaves_its_namespace_to_the_next_run_which_deletes_it(
+    control_plane: ClusterState, fleet: Fleet, kube_api: k8s.ApiClient, tmp_path: Path
+) -> None:
+    """kill -9 (an OOM kill, a CI runner gone): no clean-up, its pods hold devices on."""
+    killed = _run(control_plane, "steady-churn", "--set", "phases.0.jobs=500", "--set", "phases.0.qps=2")
+    core = k8s.CoreV1Api(kube_api)
+    with killed_if_left(killed):
+        wait_for(lambda: _running_pods(core) >= 1, 180, "the run's pods to be running")
+        killed.kill()
+        killed.communicate(timeout=30)
+    [left] = _churn_namespaces(core)
+    then = _run(control_plane, "steady-churn", "--set", "phases.0.jobs=2", "--output", str(tmp_path / "next"))
+    with killed_if_left(then):
+        _, err = then.communicate(timeout=300)
+    assert f"deleting namespace {left}, left by a run that was killed (pid {killed.pid})" in err, err
+    assert then.returncode == 0, err
+    assert _churn_namespaces(core) == []
 
 
 def test_a_scenario_error_names_the_field(control_plane: ClusterState) -> None:

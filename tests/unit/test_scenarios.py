@@ -8,7 +8,16 @@ import pytest
 from testbed.kubelet.commands import Ending, ending
 from testbed.report.metrics import Scrape, fleet_increase, quantile
 from testbed.scenarios import spec
-from testbed.scenarios.runner import PodRecord, claim_template, count_devices, job_manifest, pod_spec, stall_window
+from testbed.scenarios.runner import (
+    PodRecord,
+    abandoned,
+    claim_template,
+    count_devices,
+    job_manifest,
+    pod_spec,
+    runner_identity,
+    stall_window,
+)
 
 
 def test_every_shipped_scenario_is_valid() -> None:
@@ -248,3 +257,18 @@ def test_a_phase_can_send_its_pods_to_the_real_kubelet_nodes_only() -> None:
     real = SyntheticNode.node_spec("real-000", "tiny", {"team": "a"}, None, kubelet="real")
     fake = SyntheticNode.node_spec("node-000", "tiny", None, None)
     assert (real.labels[KUBELET_LABEL], fake.labels[KUBELET_LABEL], real.labels["team"]) == ("real", "fake", "a")
+
+
+def test_a_run_is_abandoned_once_its_process_on_this_machine_is_gone() -> None:
+    """Only then is its namespace deleted by the next run (a live run's, or another
+    machine's, is left alone)."""
+    import subprocess
+
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    me = runner_identity()
+    assert not abandoned(me)
+    assert abandoned({**me, "pid": ended.pid})
+    assert abandoned({**me, "start_ticks": int(str(me["start_ticks"])) + 1}), "its pid, since reused"
+    assert not abandoned({**me, "pid": ended.pid, "host": "elsewhere"})
+    assert not abandoned({"host": me["host"], "pid": "x"}), "an annotation it cannot read"
