@@ -195,15 +195,23 @@ def roll_driver_out(
     max_unavailable: int,
     progress: Progress,
 ) -> list[dict[str, Any]]:
-    """Fleet.rollout on the running fleet; a new command is recorded for its pools (and
-    nodes added later run it)."""
+    """Fleet.rollout on the running fleet; its pools' new generation and command are
+    recorded before the first node rolls (nodes added later run them)."""
     fleet = attach_fleet(state)
-    try:
-        return fleet.rollout(driver, command, max_surge, max_unavailable, progress)
-    finally:
-        assert state.fleet is not None  # attach_fleet found it
-        state.fleet.spec = fleet.spec.model_dump(mode="json", by_alias=True)
-        state.save()
+    return fleet.rollout(driver, command, max_surge, max_unavailable, progress, recorded=_recorder(state.root))
+
+
+def _recorder(root: Path) -> Callable[[FleetFile], None]:
+    """What keeps a changed fleet spec in the cluster's state (read afresh, as another
+    command may have saved it meanwhile)."""
+
+    def record(spec: FleetFile) -> None:
+        state = cluster.ClusterState.load(root)
+        if state is not None and state.fleet is not None:
+            state.fleet.spec = spec.model_dump(mode="json", by_alias=True)
+            state.save()
+
+    return record
 
 
 def fault_injector(fleet: Fleet, cluster_root: Path | None = None) -> FaultInjector:
@@ -232,7 +240,8 @@ async def _roll_out(fleet: Fleet, fault: Fault, cluster_root: Path | None) -> In
 
     driver, (surge, unavailable) = str(fault.driver), fault.rollout_batch
     with locks.held(cluster_root / SCALE_LOCK, "a scenario's rollout", refuse) if cluster_root else nullcontext():
-        rolled = await fleet.roll_out(driver, None, surge, unavailable)
+        recorded = _recorder(cluster_root) if cluster_root else None
+        rolled = await fleet.roll_out(driver, None, surge, unavailable, recorded=recorded)
     return Injected([r["node"] for r in rolled], rollout_summary(driver, rolled))
 
 

@@ -68,9 +68,12 @@ class ExternalDriverSpec:
         return any(f"$({variable})" in text for text in (*self.command, *self.env.values()))
 
 
-def next_generation(spec: ExternalDriverSpec, command: tuple[str, ...] | None) -> ExternalDriverSpec:
-    """What a rollout starts: the next generation, of ``command`` or the same one."""
-    return replace(spec, command=command or spec.command, generation=spec.generation + 1)
+def next_generation(
+    spec: ExternalDriverSpec, command: tuple[str, ...] | None, generation: int | None = None
+) -> ExternalDriverSpec:
+    """What a rollout starts: ``generation`` (the pool's new one; never one this node ran
+    already, so never a driver pod's name again), of ``command`` or the same one."""
+    return replace(spec, command=command or spec.command, generation=max(generation or 0, spec.generation + 1))
 
 
 def expand(text: str, variables: Mapping[str, str]) -> str:

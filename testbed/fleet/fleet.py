@@ -72,10 +72,14 @@ def rollout_stopped(
         hint = f"{first.hint}; {touched}"
     else:
         hint = (
-            "with maxSurge the old instance serves on where the new one failed; "
-            if surge
-            else "the new instance keeps being restarted where it failed; "
-        ) + f"{touched}. Fix the command and run the rollout again"
+            (
+                "with maxSurge the old instance serves on where the new one failed; "
+                if surge
+                else "the new instance keeps being restarted where it failed; "
+            )
+            + f"{touched}; nodes added from now on run the new command (the pools' template changed, as a "
+            "DaemonSet's). Fix it and run the rollout again"
+        )
     return TestbedError(
         f"rollout of {driver} stopped after {rolled} of {total} nodes: {first}{others}",
         detail="\n".join(f.detail or str(f) for f in failed) if others or first.detail else "",  # not the message again
@@ -136,7 +140,7 @@ def _external(driver: ExternalDriver) -> ExternalDriverSpec:
             probe.failure_threshold,
             probe.grace_s,
         )
-    return ExternalDriverSpec(driver.name, tuple(driver.command), dict(driver.env), liveness)
+    return ExternalDriverSpec(driver.name, tuple(driver.command), dict(driver.env), liveness, driver.generation)
 
 
 def host_options(placement: Placement | None, detached: bool) -> dict[str, Any]:
@@ -543,9 +547,10 @@ class Fleet:
         max_unavailable: int = 0,
         progress: Progress | None = None,
         timeout_s: float = 300.0,
+        recorded: Callable[[FleetFile], None] | None = None,
     ) -> list[dict[str, Any]]:
         """``roll_out``, for callers without an event loop."""
-        return run_coroutine(self.roll_out(driver, command, max_surge, max_unavailable, progress, timeout_s))
+        return run_coroutine(self.roll_out(driver, command, max_surge, max_unavailable, progress, timeout_s, recorded))
 
     async def roll_out(
         self,
@@ -555,13 +560,17 @@ class Fleet:
         max_unavailable: int = 0,
         progress: Progress | None = None,
         timeout_s: float = 300.0,
+        recorded: Callable[[FleetFile], None] | None = None,
     ) -> list[dict[str, Any]]:
         """Replace a command-line driver's instance on every node that runs it, as a
         DaemonSet's rolling update replaces its pods: ``max_surge`` nodes at a time with
         the new instance started beside the old (the seamless upgrade), or
         ``max_unavailable`` at a time with the old one stopped first. ``command``: the new
-        version's (default: the same, as `kubectl rollout restart`); the pools run it from
-        then on. Each node's RolledOut, as a dict, in the order rolled."""
+        version's (default: the same, as `kubectl rollout restart`). As a DaemonSet's
+        template changes before any pod does, the pools' new generation and command are
+        set (and handed to ``recorded``, to be kept) before the first node rolls: nodes
+        added from then on run them, also when the rollout fails or its caller is killed.
+        Each node's RolledOut, as a dict, in the order rolled."""
         import ray
 
         if (max_surge > 0) == (max_unavailable > 0):
@@ -586,9 +595,17 @@ class Fleet:
         batch = max_surge or max_unavailable
         rolled: list[dict[str, Any]] = []
         how = f"maxSurge {max_surge}" if max_surge else f"maxUnavailable {max_unavailable}"
+        entries = [e for p in pools for e in p.external_drivers if e.name == driver]
+        generation = max(e.generation for e in entries) + 1
+        for entry in entries:
+            entry.generation = generation
+            if command is not None:
+                entry.command = list(command)
+        if recorded is not None:
+            recorded(self.spec)
 
         async def roll(node: str) -> dict[str, Any]:
-            return dict(await self.host(node).roll_driver.remote(node, driver, command, max_surge > 0))
+            return dict(await self.host(node).roll_driver.remote(node, driver, command, max_surge > 0, generation))
 
         with progress.task(f"rolling {driver} out on {len(nodes)} nodes ({how})"):
             for start in range(0, len(nodes), batch):
@@ -613,11 +630,6 @@ class Fleet:
                     untouched = len(nodes) - start - len(group)
                     raise rollout_stopped(driver, len(rolled), len(nodes), failed, max_surge > 0, untouched)
                 progress.update(f"{len(rolled)}/{len(nodes)} nodes")
-        if command is not None:
-            for pool in pools:
-                for entry in pool.external_drivers:
-                    if entry.name == driver:
-                        entry.command = list(command)
         return rolled
 
     def pool(self, name: str) -> Pool:

@@ -550,24 +550,33 @@ class NodeHost:
     # --- rollouts --------------------------------------------------------------------
 
     async def roll_driver(
-        self, node: str, driver: str, command: list[str] | None, surge: bool, timeout_s: float = 120.0
+        self,
+        node: str,
+        driver: str,
+        command: list[str] | None,
+        surge: bool,
+        generation: int | None = None,
+        timeout_s: float = 120.0,
     ) -> dict[str, Any]:
-        """Roll ``driver`` out anew on ``node`` (SyntheticNode.roll_external), remember the
-        new instance for a restart of this host, and delete the driver pod it replaced."""
+        """Roll ``driver`` out anew on ``node`` (SyntheticNode.roll_external), as
+        ``generation`` (the pool's new one; default: the node's next), remember the new
+        instance for a restart of this host, and delete the driver pod it replaced."""
         new_command = None if command is None else tuple(command)
         if node in self.process_nodes:
             instances = self.process_drivers.get(node, [])
-            rolling = self._roll_process_driver(self.process_nodes[node], driver, new_command, surge, timeout_s)
+            rolling = self._roll_process_driver(
+                self.process_nodes[node], driver, new_command, surge, timeout_s, generation
+            )
         else:
             instances = self._node(node).external
-            rolling = self._node(node).roll_external(driver, new_command, surge, timeout_s)
+            rolling = self._node(node).roll_external(driver, new_command, surge, timeout_s, generation)
         before = next((e.spec.generation for e in instances if e.spec.name == driver), 0)
         try:
             rolled = await rolling
         except BaseException:
             if any(e.spec.name == driver and e.spec.generation == before for e in instances):
                 # Rolled back: the surge pod that never got ready goes, as a DaemonSet's would.
-                await self._delete_driver_pod(DriverPod(node, driver, before + 1))
+                await self._delete_driver_pod(DriverPod(node, driver, max(generation or 0, before + 1)))
             raise
         finally:  # the instance the node runs now, whether or not the new one came up
             recipe = self.recipes[node]
@@ -578,7 +587,13 @@ class NodeHost:
         return asdict(rolled)
 
     async def _roll_process_driver(
-        self, node: ProcessNode, driver: str, command: tuple[str, ...] | None, surge: bool, timeout_s: float
+        self,
+        node: ProcessNode,
+        driver: str,
+        command: tuple[str, ...] | None,
+        surge: bool,
+        timeout_s: float,
+        generation: int | None,
     ) -> RolledOut:
         """SyntheticNode.roll_external on a real-kubelet node, whose kubelet tells of the
         new instance in its log."""
@@ -586,7 +601,7 @@ class NodeHost:
         old = next((e for e in instances if e.spec.name == driver), None)
         if old is None:
             raise TestbedError(f"node {node.name} runs no command-line driver {driver}")
-        started, new = time.monotonic(), self._process_driver(node, next_generation(old.spec, command))
+        started, new = time.monotonic(), self._process_driver(node, next_generation(old.spec, command, generation))
         environment = await self._process_driver_environment(node, new)
         since = node.kubelet_log_size()
 

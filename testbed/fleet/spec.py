@@ -126,6 +126,10 @@ class ExternalDriver(_Strict):
     env: dict[str, str] = Field(default_factory=dict)
     liveness_probe: LivenessProbe | None = Field(default=None, alias="livenessProbe")
     """Probed as a kubelet probes the DaemonSet's container, and restarted when it fails."""
+    generation: int = Field(default=0, ge=0)
+    """Its driver pods' generation, which `testbed rollout` counts up before it rolls any
+    node, as a DaemonSet's template changes before its pods: nodes added later start at it.
+    A fleet file leaves it out."""
 
     @model_validator(mode="after")
     def _a_driver_name(self) -> ExternalDriver:

@@ -224,16 +224,16 @@ class SyntheticNode:
         return driver_environment(self.name, self.root, (pod.name, pod_uid), kubeconfig, self.short_paths)
 
     async def roll_external(
-        self, driver: str, command: tuple[str, ...] | None, surge: bool, timeout_s: float
+        self, driver: str, command: tuple[str, ...] | None, surge: bool, timeout_s: float, generation: int | None = None
     ) -> RolledOut:
-        """Replace ``driver``'s instance with one of the next generation (``command``, or
-        the same one), as a DaemonSet's rolling update replaces its pod: with ``surge``
+        """Replace ``driver``'s instance with one of ``generation`` (next_generation:
+        ``command``, or the same one), as a DaemonSet's rolling update replaces its pod: with ``surge``
         the new one starts beside the old and the old stops once the kubelet registered
         the new (maxSurge); else the old stops first (maxUnavailable)."""
         old = next((e for e in self.external if e.spec.name == driver), None)
         if old is None:
             raise TestbedError(f"node {self.name} runs no command-line driver {driver}")
-        started, new = time.monotonic(), self._external_driver(next_generation(old.spec, command))
+        started, new = time.monotonic(), self._external_driver(next_generation(old.spec, command, generation))
         environment = await self._external_environment(new)
         known = {id(p) for p in self.kubelet.plugins.instances(driver)}
 

@@ -260,7 +260,17 @@ def test_a_driver_rolled_out_with_surge_is_never_away_and_without_it_is(
         assert (surged["node"], surged["generation"], surged["unavailable_s"]) == ("roll-000", 1, 0.0)
         [second] = recorded_drivers(where)["roll-000"]
         assert second.pid != first.pid and second.command == newer and process_start_ticks(first.pid) is None
-        assert own.spec.pools[0].external_drivers[0].command == newer, "nodes added later run the new version"
+        assert own.spec.pools[0].external_drivers[0].command == newer
+        own.scale("roll", 2)  # a node added later runs the new version, of its generation
+        [added] = recorded_drivers(where)["roll-001"]
+        assert added.command == newer
+        assert {
+            p.metadata.name for p in core.list_namespaced_pod("dra-testbed").items if "roll-001" in p.metadata.name
+        } == {
+            "dra-testbed-driver-roll-001",
+            f"{GPU}-roll-001-1",
+        }
+        own.scale("roll", 1)
 
         [stopped_first] = own.rollout(GPU, max_surge=0, max_unavailable=1)
         assert stopped_first["generation"] == 2 and stopped_first["unavailable_s"] > 0

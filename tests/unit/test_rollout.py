@@ -24,7 +24,7 @@ from testbed.fleet.external import (
     recorded_generations,
     running_generations,
 )
-from testbed.fleet.fleet import Fleet, RolloutFailure, rollout_stopped, rollout_summary
+from testbed.fleet.fleet import Fleet, RolloutFailure, _recipe, rollout_stopped, rollout_summary
 from testbed.fleet.identity import DriverPod, driver_pods_selector
 from testbed.fleet.instances import RolledOut, replace_instance
 from testbed.fleet.liveness import LivenessSettings
@@ -165,12 +165,18 @@ def test_status_shows_which_generation_the_nodes_run(tmp_path: Path) -> None:
     assert generations_cell(Counter()) == "-"
 
 
-def test_rolling_out_a_built_in_driver_says_it_cannot_and_what_can(tmp_path: Path) -> None:
+def _kubeconfig(tmp_path: Path) -> Path:
+    """Of an API server nobody answers at: these fleets never reach one."""
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(
         "apiVersion: v1\nkind: Config\ncurrent-context: c\nclusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
         "contexts: [{name: c, context: {cluster: c, user: u}}]\nusers: [{name: u, user: {token: t}}]\n"
     )
+    return kubeconfig
+
+
+def test_rolling_out_a_built_in_driver_says_it_cannot_and_what_can(tmp_path: Path) -> None:
+    kubeconfig = _kubeconfig(tmp_path)
     built_in = FleetFile.model_validate({"pools": [{"name": "n", "count": 1, "profile": "tiny"}]})
     with pytest.raises(TestbedError) as info:
         Fleet(built_in, kubeconfig, tmp_path / "nodes").rollout("gpu.dra-testbed.io")
@@ -256,3 +262,23 @@ def test_a_surge_whose_old_instance_removes_the_new_ones_sockets_is_a_failure_no
     ) as caught:
         asyncio.run(surge())
     assert "--max-unavailable 1" in (caught.value.hint or "")
+
+
+def test_a_rollout_sets_the_pools_generation_and_command_before_any_node_rolls(tmp_path: Path) -> None:
+    """As a DaemonSet's template changes first: a rollout cut short (its command killed,
+    a node failing) leaves nodes added later on the new version, not the old one."""
+    kubeconfig = _kubeconfig(tmp_path)
+    driver = {"name": "a.example.com", "command": ["v1"]}
+    fleet = Fleet(
+        FleetFile.model_validate({"pools": [{"name": "n", "count": 0, "profile": "tiny", "drivers": [driver]}]}),
+        kubeconfig,
+        tmp_path / "nodes",
+    )
+    kept: list[dict[str, object]] = []
+    fleet.rollout("a.example.com", ["v2"], recorded=lambda spec: kept.append(spec.model_dump(by_alias=True)))
+    fleet.rollout("a.example.com", recorded=lambda spec: kept.append(spec.model_dump(by_alias=True)))
+    drivers = [entry["pools"][0]["drivers"][0] for entry in kept]  # type: ignore[index]
+    assert [(d["command"], d["generation"]) for d in drivers] == [(["v2"], 1), (["v2"], 2)]
+    [added] = _recipe(fleet.spec, fleet.spec.pools[0], 5).external
+    assert (added.command, added.generation) == (("v2",), 2)
+    assert FleetFile.model_validate(kept[-1]).pools[0].external_drivers[0].generation == 2, "read back from the state"
