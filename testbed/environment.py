@@ -176,7 +176,7 @@ def scale_pool(state: cluster.ClusterState, pool: str, count: int, progress: Pro
     compares the nodes with it."""
     fleet = attach_fleet(state)
     try:
-        fleet.scale(pool, count, progress)
+        fleet.scale(pool, count, progress, recorded=_recorder(state.root))
     except KeyboardInterrupt:
         fleet.pool(pool).count = count
         raise

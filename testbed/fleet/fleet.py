@@ -425,10 +425,20 @@ class Fleet:
                 hint="install this same checkout or build on every Ray host, then run it again",
             )
 
-    def scale(self, pool_name: str, count: int, progress: Progress | None = None, timeout_s: float = 900.0) -> None:
+    def scale(
+        self,
+        pool_name: str,
+        count: int,
+        progress: Progress | None = None,
+        timeout_s: float = 900.0,
+        recorded: Callable[[FleetFile], None] | None = None,
+    ) -> None:
         """Grow or shrink a pool while pods run. Shrinking drains the pool's highest-numbered
         nodes (their pods are evicted and go elsewhere); growing fills hosts that have room,
-        then adds hosts."""
+        then adds hosts. The new count is the pool's (and handed to ``recorded``, to be
+        kept) before the first node goes or comes, as a ReplicaSet's replicas change
+        before its pods: a scale whose caller is killed leaves the hosts going on towards
+        it and `testbed status` comparing the nodes with it."""
         import ray
 
         progress = progress or SilentProgress()
@@ -445,7 +455,15 @@ class Fleet:
         present = {i for node in self.host_of if (i := _index_in(pool.name, node)) is not None}
         going = [pool.node_name(i) for i in sorted(present, reverse=True) if i >= count]
         wanted = [_recipe(self.spec, pool, i) for i in range(count) if i not in present]
+
+        def commit() -> None:
+            if pool.count != count:
+                pool.count = count
+                if recorded is not None:
+                    recorded(self.spec)
+
         if going:
+            commit()
             with progress.task(f"draining {len(going)} nodes of pool {pool.name}"):
                 by_host: dict[str, list[str]] = {}
                 for node in going:
@@ -461,6 +479,7 @@ class Fleet:
             except KeyboardInterrupt:
                 self._stop_unstarted(sorted(self._unstarted))
                 raise ScaleInterrupted(handed=0, given_up=len(wanted)) from None
+            commit()
             self._ensure_fabric(wanted)
             with progress.task(f"adding {len(wanted)} nodes to pool {pool.name}"):
                 self._bring_up(placement, progress, timeout_s)

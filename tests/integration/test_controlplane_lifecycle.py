@@ -282,6 +282,23 @@ def test_an_interrupted_scale_goes_on_in_the_hosts_and_is_recorded(cli_env: dict
         assert again.returncode == 0, again.stderr
         assert "node: 150 (150 nodes" in again.stderr
 
+        # Killed outright (no Ctrl-C to handle): the count was recorded before any node came.
+        killed = subprocess.Popen(
+            [sys.executable, "-m", "testbed.cli", "scale", "--name", "isc", "node", "170"],
+            env=cli_env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        with killed_if_left(killed):
+            wait_for(lambda: len(core.list_node().items) > 150, 120, "the first added nodes")
+            killed.kill()
+            killed.wait(timeout=30)
+        state = cluster.ClusterState.load(state_dir)
+        assert state is not None and state.fleet is not None
+        assert [p["count"] for p in state.fleet.spec["pools"]] == [170]
+        wait_for(lambda: len(core.list_node().items) == 170, 180, "the hosts to finish the killed scale")
+
         # Two scales at once: the second waits for the first, then goes on from its nodes.
         logs = [Path(cli_env["TESTBED_STATE_DIR"]) / f"scale-{i}.log" for i in (0, 1)]
 
