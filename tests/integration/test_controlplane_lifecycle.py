@@ -262,41 +262,35 @@ def test_an_interrupted_scale_goes_on_in_the_hosts_and_is_recorded(cli_env: dict
     core = k8s.CoreV1Api(kubernetes_config.new_client_from_config(config_file=kubeconfig))
     state_dir = Path(cli_env["TESTBED_STATE_DIR"]) / "clusters" / "isc"
     try:
-        scale = subprocess.Popen(
-            [sys.executable, "-m", "testbed.cli", "scale", "--name", "isc", "node", "150"],
-            env=cli_env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+
+        def scale_cli(count: int) -> subprocess.Popen[str]:
+            command = [sys.executable, "-m", "testbed.cli", "scale", "--name", "isc", "node", str(count)]
+            return subprocess.Popen(command, env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+        def recorded_counts() -> list[int]:
+            state = cluster.ClusterState.load(state_dir)
+            assert state is not None and state.fleet is not None
+            return [p["count"] for p in state.fleet.spec["pools"]]
+
+        scale = scale_cli(150)
         with killed_if_left(scale):
             wait_for(lambda: len(core.list_node().items) > 2, 120, "the first added nodes")
             _, err = interrupt(scale, signal.SIGINT)
         assert scale.returncode == 130, err
         assert "the NodeHosts go on taking pool node to 150 nodes" in err
-        state = cluster.ClusterState.load(state_dir)
-        assert state is not None and state.fleet is not None
-        assert [p["count"] for p in state.fleet.spec["pools"]] == [150]
+        assert recorded_counts() == [150]
         wait_for(lambda: len(core.list_node().items) == 150, 180, "the hosts to finish the scale")
         again = _cli("scale", "--name", "isc", "node", "150", env=cli_env)
         assert again.returncode == 0, again.stderr
         assert "node: 150 (150 nodes" in again.stderr
 
         # Killed outright (no Ctrl-C to handle): the count was recorded before any node came.
-        killed = subprocess.Popen(
-            [sys.executable, "-m", "testbed.cli", "scale", "--name", "isc", "node", "170"],
-            env=cli_env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
+        killed = scale_cli(170)
         with killed_if_left(killed):
             wait_for(lambda: len(core.list_node().items) > 150, 120, "the first added nodes")
             killed.kill()
-            killed.wait(timeout=30)
-        state = cluster.ClusterState.load(state_dir)
-        assert state is not None and state.fleet is not None
-        assert [p["count"] for p in state.fleet.spec["pools"]] == [170]
+            killed.communicate(timeout=30)
+        assert recorded_counts() == [170]
         wait_for(lambda: len(core.list_node().items) == 170, 180, "the hosts to finish the killed scale")
 
         # Two scales at once: the second waits for the first, then goes on from its nodes.
