@@ -89,6 +89,7 @@ class CallLog:
     def __init__(self, path: Path | None = None, driver: str = ""):
         self.path = path
         self.driver = driver
+        self._failed = False
 
     def record(self, method: str, claims: Any = (), **details: object) -> None:
         if self.path is None:
@@ -101,8 +102,15 @@ class CallLog:
             "claims": [{"namespace": c.namespace, "name": c.name, "uid": c.uid} for c in claims],
             **details,
         }
-        with open(self.path, "a") as handle:
-            handle.write(json.dumps(entry) + "\n")
+        try:
+            with open(self.path, "a") as handle:
+                handle.write(json.dumps(entry) + "\n")
+        except OSError as exc:  # a diagnostic: a full disk must not fail the call it records
+            if not self._failed:
+                log.warning("call log %s: %s; calls are not logged until it can be written again", self.path, exc)
+            self._failed = True
+            return
+        self._failed = False
 
 
 class DraService:

@@ -5,6 +5,7 @@ and both carry on once there is room again."""
 from __future__ import annotations
 
 import asyncio
+import json
 import ssl
 from collections.abc import Callable
 from pathlib import Path
@@ -190,3 +191,15 @@ def test_a_run_whose_report_cannot_go_where_asked_keeps_it_in_the_default_place(
     assert misplaced[0].startswith(f"the report could not be written to {asked} (")
     assert misplaced[0].endswith(f"it is in {default}")
     assert misplaced[1].endswith(f"it is in {default / 'junit.xml'}"), misplaced
+
+
+def test_the_drivers_call_log_on_a_full_disk_fails_no_call(small_filesystem: SmallFilesystem) -> None:
+    from testbed.kubeletplugin.grpc_services import CallLog
+
+    path = small_filesystem.path / "calls.jsonl"
+    calls = CallLog(path, GPU)
+    small_filesystem.fill()
+    calls.record("/v1.DRAPlugin/NodePrepareResources", [_ref(0)])  # no error: the prepare goes on
+    small_filesystem.free()
+    calls.record("/v1.DRAPlugin/NodePrepareResources", [_ref(1)])
+    assert [json.loads(line)["claims"][0]["name"] for line in path.read_text().splitlines()] == ["c1"]
