@@ -23,7 +23,7 @@ import pytest
 from kubernetes import client as k8s
 
 from testbed.config import KUBELET_SYNC_FREQUENCY_S, ControlPlaneConfig, nodes_dir
-from testbed.controlplane import cluster
+from testbed.controlplane import cluster, processes
 from testbed.controlplane.binaries import Binaries, ensure_binaries
 from testbed.environment import install_device_classes
 from testbed.fleet import raycluster
@@ -65,11 +65,14 @@ def kube_binaries() -> Binaries:
 
 @pytest.fixture(scope="session")
 def control_plane(kube_binaries: Binaries) -> Iterator[cluster.ClusterState]:
-    """A running control plane shared by the whole session, stopped at its end."""
+    """A running control plane shared by the whole session, stopped at its end: a session
+    killed outright (a CI job's timeout) leaves it to its supervisor, which stops it all
+    once the session's process is gone."""
     # Short on purpose: synthetic nodes put unix sockets under it (105-byte limit).
     state_dir = Path(tempfile.mkdtemp(prefix="tbc-"))
     config = ControlPlaneConfig(name="pytest", state_dir=state_dir)
-    state = cluster.up(config, PrintProgress(), binaries=kube_binaries)
+    owner = processes.this_process("the pytest session")
+    state = cluster.up(config, PrintProgress(), binaries=kube_binaries, owner=owner)
     try:
         yield state
     finally:
@@ -138,6 +141,8 @@ def fleet(fleet_spec: FleetFile, kubeconfig_path: Path, request: pytest.FixtureR
         root, name = state.root, state.name
     install_device_classes(kubeconfig_path)
     record, address = raycluster.start_head(root, root / "logs" / "ray.log")
+    if not external:  # so that the control plane's supervisor stops it too, should the session be killed
+        cluster.record_process(root, record)
     running = None
     try:
         raycluster.connect(address, name, root)

@@ -84,6 +84,9 @@ class ClusterState:
     """The kubeconfig of a cluster the testbed attached to rather than started."""
     advertise_address: str = "127.0.0.1"
     """Where the API server listens (and what its kubeconfigs name)."""
+    owner: ProcessRecord | None = None
+    """The process the cluster lives for (a pytest session), if any: once it is gone
+    without taking the cluster down (killed outright), the supervisor does."""
     starter: ProcessRecord | None = None
     """The `testbed up` starting it, until the control plane is ready, and again while
     that `up` starts the fleet."""
@@ -121,6 +124,7 @@ class ClusterState:
             "attached_to": self.attached_to,
             "advertise_address": self.advertise_address,
             "starter": self.starter.to_json() if self.starter is not None else None,
+            "owner": self.owner.to_json() if self.owner is not None else None,
         }
         temporary = self.layout.state_file.with_suffix(".tmp")
         temporary.write_text(json.dumps(document, indent=2))
@@ -147,6 +151,7 @@ class ClusterState:
                 attached_to=str(data.get("attached_to", "")),
                 advertise_address=str(data.get("advertise_address", "127.0.0.1")),
                 starter=ProcessRecord.from_json(data["starter"]) if data.get("starter") else None,
+                owner=ProcessRecord.from_json(data["owner"]) if data.get("owner") else None,
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise TestbedError(
@@ -431,11 +436,13 @@ def up(
     progress: Progress | None = None,
     binaries: Binaries | None = None,
     alongside: Callable[[ClusterState], None] | None = None,
+    owner: ProcessRecord | None = None,
 ) -> ClusterState:
     """Start etcd, kube-apiserver, kube-controller-manager and kube-scheduler; wait for
     all four to be healthy and the default service account to exist. ``alongside``:
     launches more while etcd and the API server start (the fleet's Ray head); what it
-    adds to ``state.processes`` is stopped if the start fails."""
+    adds to ``state.processes`` is stopped if the start fails. ``owner``: the process
+    whose end, however it ends, ends the cluster too (ClusterState.owner)."""
     progress = progress or SilentProgress()
     t0 = time.monotonic()
     root = _prepare_directory(config, progress)
@@ -452,6 +459,7 @@ def up(
         binaries=binaries.source,
         advertise_address=config.advertise_address,
         starter=processes.this_process("testbed up"),
+        owner=owner,
     )
     running: dict[str, tuple[object, ProcessRecord]] = {}
 
@@ -546,6 +554,15 @@ def up(
 
 
 # --- down and status ------------------------------------------------------------------
+
+
+def record_process(root: Path, record: ProcessRecord) -> None:
+    """One more process of the cluster (a test fleet's Ray head), stopped with it: by
+    `down`, and by its supervisor should the cluster's owner be killed."""
+    state = ClusterState.load(root)
+    if state is not None:
+        state.processes.insert(0, record)
+        state.save()
 
 
 def down(config: ControlPlaneConfig, keep_state: bool = False) -> list[str]:

@@ -12,7 +12,9 @@ was gone (``leftovers.py``), once every component runs again. SIGTERM ends the s
 and leaves the components to whoever stops the cluster. If the cluster directory itself
 goes (a CI job that cleans its workspace without `testbed down`, an `rm -rf`), nothing
 could reach the cluster's processes any more: the supervisor stops them all, Ray's head
-too, and ends.
+and the synthetic nodes' command-line drivers too, and ends. It does the same, and
+removes the cluster directory, when the process the cluster lives for (its owner: a
+pytest session) is gone without taking it down: killed outright, it could not.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -103,15 +106,21 @@ class Supervisor:
         records: list[ProcessRecord],
         others: list[ProcessRecord] | None = None,
         outside: list[Path] | None = None,
+        owner: ProcessRecord | None = None,
+        beyond: Callable[[], list[str]] | None = None,
     ):
         """``records``: the components to keep running, in the order to stop them;
         ``others``: the cluster's other processes (Ray's head), stopped if the cluster
         directory goes; ``outside``: its directories elsewhere (the synthetic nodes',
-        which hold their hosts' credentials, and Ray's temp dir), removed then too."""
+        which hold their hosts' credentials, and Ray's temp dir), removed then too;
+        ``owner``: the process whose end ends the cluster; ``beyond``: stops what the
+        cluster started since (a Ray head recorded later, the nodes' drivers), saying what."""
         self.root = root
         self.components = {r.name: Component(r, started_at=processes.started_at(r)) for r in records}
         self.others = list(others or [])
         self.outside = list(outside or [])
+        self.owner = owner
+        self.beyond = beyond
         self.children: dict[str, subprocess.Popen[bytes]] = {}
         self.stopping = False
         self._directory = _identity(root)
@@ -121,14 +130,29 @@ class Supervisor:
         can find this cluster's processes any more."""
         return _identity(self.root) != self._directory
 
+    def owner_gone(self) -> bool:
+        return self.owner is not None and not self.owner.alive()
+
     def stop_everything(self) -> list[str]:
-        """Ray's head first, then the components in their stop order."""
+        """Ray's head first (and what ``beyond`` knows of), then the components in their
+        stop order."""
         stopped = processes.stop(self.others, timeout_s=2.0)
+        if self.beyond is not None:
+            stopped += self.beyond()
         for component in self.components.values():  # clients first, etcd last
             stopped += processes.stop([component.process])
         for child in self.children.values():
             child.poll()
         return stopped
+
+    def end(self, why: str, remove: list[Path]) -> None:
+        """Stop all of the cluster and remove its directories: nobody else can now."""
+        self.stopping = True
+        stopped = self.stop_everything()
+        print(f"{why}: stopped {', '.join(stopped) or 'nothing'}", flush=True)
+        for directory in remove:
+            shutil.rmtree(directory, ignore_errors=True)
+            print(f"removed {directory}", flush=True)
 
     def step(self, now: float) -> list[str]:
         """Notice exits, start what is due; returns what it started."""
@@ -179,12 +203,12 @@ class Supervisor:
         next_cleanup = 0.0
         while not self.stopping:
             if self.cluster_gone():  # before restarting anything, which would recreate its log directory
-                self.stopping = True
-                stopped = self.stop_everything()
-                print(f"the cluster directory {self.root} is gone: stopped {', '.join(stopped)}", flush=True)
-                for directory in self.outside:
-                    shutil.rmtree(directory, ignore_errors=True)
-                    print(f"removed {directory}", flush=True)
+                self.end(f"the cluster directory {self.root} is gone", self.outside)
+                return
+            if self.owner_gone():
+                assert self.owner is not None
+                why = f"{self.owner.name} (pid {self.owner.pid}), which the cluster was for, is gone"
+                self.end(why, [*self.outside, self.root])
                 return
             self.step(time.time())
             now = json.dumps({n: c.next_start_at for n, c in self.components.items()})
@@ -218,13 +242,29 @@ def main(argv: list[str] | None = None) -> None:
     by_name = {p.name: p for p in state.processes}
     records = [by_name[name] for name in STOP_ORDER if name in by_name]
     others = [p for p in state.processes if p.name not in STOP_ORDER and p.name != SUPERVISOR]
-    outside = [nodes_dir(root)]  # computed now: the path derives from the directory while it exists
-    if any(p.name == "ray" for p in others):
-        from testbed.fleet.raycluster import ray_temp_dir  # the entry point's one look beyond the control plane
+    nodes = nodes_dir(root)  # computed now: the path derives from the directory while it exists
+    from testbed.fleet.raycluster import ray_temp_dir  # the entry point's looks beyond the control plane
 
-        outside.append(ray_temp_dir(root).parent)
+    outside = [nodes, ray_temp_dir(root).parent]
+    known = {(p.pid, p.start_ticks) for p in state.processes}
+
+    def beyond() -> list[str]:
+        """Processes recorded after this supervisor started (a test fleet's Ray head), and
+        the nodes' command-line drivers, which outlive their NodeHosts."""
+        from testbed.fleet.external import recorded_drivers
+
+        now = ClusterState.load(root) if root.is_dir() else None
+        later = [
+            p
+            for p in (now.processes if now is not None else [])
+            if p.name not in STOP_ORDER and p.name != SUPERVISOR and (p.pid, p.start_ticks) not in known
+        ]
+        stopped = processes.stop(later, timeout_s=2.0)
+        drivers = [r for records in recorded_drivers(nodes).values() for r in records]
+        return stopped + [f"driver {name}" for name in processes.stop(drivers)]
+
     print(f"supervising {', '.join(r.name for r in records)}", flush=True)
-    Supervisor(root, records, others, outside).run()
+    Supervisor(root, records, others, outside, state.owner, beyond).run()
 
 
 if __name__ == "__main__":

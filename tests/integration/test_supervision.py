@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from testbed.config import ControlPlaneConfig, nodes_dir
-from testbed.controlplane import cluster, processes
+from testbed.controlplane import cluster, processes, supervisor
 from testbed.controlplane.binaries import Binaries
 from testbed.fleet import raycluster
 from testbed.testing import wait_for
@@ -226,3 +226,35 @@ def test_a_cluster_whose_directory_is_removed_is_stopped_by_its_supervisor(kube_
     finally:
         processes.stop([r for r in recorded if r.alive()])
         raycluster.remove_temp_dir(config.cluster_dir)
+
+
+def test_a_cluster_whose_owner_is_killed_is_stopped_by_its_supervisor(kube_binaries: Binaries) -> None:
+    """A pytest session killed outright (a CI job's timeout) cannot stop the control plane
+    its fixture started, nor the Ray head it started later: the supervisor, seeing the
+    session's process gone, stops them all and removes the cluster directory."""
+    import tempfile
+
+    owner = subprocess.Popen(["sleep", "600"])  # stands for the session
+    config = ControlPlaneConfig(name="owned", state_dir=Path(tempfile.mkdtemp(prefix="tbw-")) / "c")
+    try:
+        record = processes.ProcessRecord("a session", owner.pid, processes.process_start_ticks(owner.pid) or 0, "", [])
+        state = cluster.up(config, binaries=kube_binaries, owner=record)
+        head, _ = raycluster.start_head(state.root, state.layout.log("ray"))
+        cluster.record_process(state.root, head)
+        recorded = [head, *state.processes]
+        assert {cluster.SUPERVISOR, *cluster.STOP_ORDER} <= {r.name for r in recorded}
+        time.sleep(3 * supervisor.POLL_S)  # three of its looks: nothing is stopped while the owner lives
+        assert all(r.alive() for r in recorded) and config.cluster_dir.is_dir()
+
+        owner.kill()
+        owner.wait()
+        wait_for(lambda: not any(r.alive() for r in recorded), 60, "every process of the cluster stopped")
+        wait_for(lambda: not config.cluster_dir.exists(), 30, "the cluster directory removed")
+        assert not raycluster.ray_temp_dir(config.cluster_dir).parent.exists()
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()
+        cluster.down(config)
+        raycluster.remove_temp_dir(config.cluster_dir)
+        shutil.rmtree(config.state_dir.parent, ignore_errors=True)
