@@ -23,7 +23,7 @@ from kubernetes import client as k8s
 
 from testbed import environment
 from testbed.config import nodes_dir
-from testbed.controlplane.binaries import ensure_bench_binaries, ensure_named
+from testbed.controlplane.binaries import ensure_bench_binaries
 from testbed.controlplane.cluster import ClusterState
 from testbed.controlplane.processes import process_start_ticks
 from testbed.errors import TestbedError
@@ -49,6 +49,7 @@ from testbed.workloads import (
     wait_gone,
     wait_running,
 )
+from tests.integration.upstream_drivers import TEST_DRIVER, e2e_driver_command
 
 pytestmark = pytest.mark.controlplane
 
@@ -545,7 +546,6 @@ def test_a_scenario_rolls_a_driver_out_while_its_pods_come_and_go(
         resource.delete_device_class(name)
 
 
-TEST_DRIVER = "test-driver.cdi.k8s.io"
 RESOURCE_V1_TEMPLATES = ("resource.k8s.io/v1", "resourceclaimtemplates")
 
 
@@ -593,18 +593,6 @@ def claim_of(kube_api: k8s.ApiClient, namespace: str, pod_name: str) -> Any:
     return k8s.ResourceV1Api(kube_api).read_namespaced_resource_claim(status.resource_claim_name, namespace)
 
 
-def _test_driver_command() -> list[str]:
-    """The Kubernetes project's own DRA e2e test driver, as its DaemonSet would run it."""
-    return [
-        str(ensure_named(("dra-test-driver",)).path("dra-test-driver")),
-        "kubelet-plugin",
-        "--node-name=$(NODE_NAME)",
-        "--plugin-registration-path=$(KUBELET_REGISTRAR_DIRECTORY_PATH)",
-        "--datadir=$(KUBELET_PLUGINS_DIRECTORY_PATH)",
-        "--cdi-dir=$(CDI_DIR)",
-    ]
-
-
 @pytest.mark.skipif(bool(unsupported_reason()), reason=unsupported_reason() or "")
 def test_the_kubernetes_projects_own_test_driver_serves_real_and_fake_kubelet_nodes_alike(
     control_plane: ClusterState, fleet: Fleet, kube_api: k8s.ApiClient
@@ -617,7 +605,7 @@ def test_the_kubernetes_projects_own_test_driver_serves_real_and_fake_kubelet_no
     instance, stopping, removes the new one's sockets. The rollout says so and how to get
     out, where it used to report success over nodes whose kubelets had no driver left."""
     del fleet  # only for its Ray
-    driver = {"name": TEST_DRIVER, "command": _test_driver_command()}
+    driver = {"name": TEST_DRIVER, "command": e2e_driver_command()}
     fake, real = unique("tf"), unique("tr")
     spec = FleetFile.model_validate(
         {

@@ -21,7 +21,7 @@ from kubernetes import client as k8s
 
 from testbed.config import ControlPlaneConfig, nodes_dir, runtime_root
 from testbed.controlplane import cluster
-from testbed.controlplane.binaries import Binaries, ensure_bench_binaries, ensure_named
+from testbed.controlplane.binaries import Binaries, ensure_bench_binaries
 from testbed.controlplane.cluster import ClusterState
 from testbed.controlplane.processes import descendants, process_start_ticks
 from testbed.drivers import KINDS, drivers_for, load_profile
@@ -35,6 +35,7 @@ from testbed.sanity.harness import Harness, RunningNode
 from testbed.testing import wait_for
 from testbed.workloads import GPU, unique
 from tests.integration.subprocesses import interrupt, killed_if_left
+from tests.integration.upstream_drivers import TEST_DRIVER, e2e_driver_command
 
 pytestmark = pytest.mark.controlplane
 
@@ -115,25 +116,13 @@ def test_a_driver_on_the_upstream_kubeletplugin_helper_passes(control_plane: Clu
     assert "2 devices" in results["resource slices within API limits"].detail
 
 
-TEST_DRIVER = "test-driver.cdi.k8s.io"
-
-
 def test_the_kubernetes_projects_own_dra_test_driver_passes(control_plane: ClusterState, fleet: Fleet) -> None:
     """A driver neither the testbed nor the suite grew up with: the one Kubernetes' own
     DRA e2e tests run (k8s.io/kubernetes/test/e2e/dra/test-driver, unmodified). What it
     does within the API but short of its advice is a WARN, not a FAIL: its health stream
     names no device (a kubelet shows them Unknown) and its sockets carry no pod UID."""
     del fleet  # for its access policy
-    binary = str(ensure_named(("dra-test-driver",)).path("dra-test-driver"))
-    command = [
-        binary,
-        "kubelet-plugin",
-        "--node-name=$(NODE_NAME)",
-        "--plugin-registration-path=$(KUBELET_REGISTRAR_DIRECTORY_PATH)",
-        "--datadir=$(KUBELET_PLUGINS_DIRECTORY_PATH)",
-        "--cdi-dir=$(CDI_DIR)",
-    ]
-    results = {r.name: r for r in _sanity(control_plane, command, {}, TEST_DRIVER)}
+    results = {r.name: r for r in _sanity(control_plane, e2e_driver_command(), {}, TEST_DRIVER)}
     health = results.pop("health stream")
     assert health.status is Status.WARN and "leaves out 4 published devices" in health.detail, health
     assert results.pop("rolling-update socket names").status is Status.WARN
