@@ -42,7 +42,9 @@ from testbed.sanity.harness import CALL_TIMEOUT_S, Claim, Harness, Registration
 SLICES_WAIT_S = 60.0
 SYNC_DELAY_S = 30.0
 """The upstream ResourceSlice controller's default delay before it syncs a changed pool."""
-REPUBLISH_WAIT_S = SYNC_DELAY_S + 15.0
+REPUBLISH_MARGIN_S = 15.0
+"""Beyond what the upstream ResourceSlice controller waits, for the driver to publish."""
+REPUBLISH_WAIT_S = SYNC_DELAY_S + REPUBLISH_MARGIN_S
 """A starting kubelet deletes its node's slices; the driver must notice and publish again.
 Drivers on the upstream ResourceSlice controller do 30 s after the deletion by default
 (its sync delay), so a margin beyond that."""
@@ -607,7 +609,7 @@ class Suite:
         # controller's minute of trusting what it made: allowed for, and said.
         made = [dt.datetime.fromisoformat(s["metadata"]["creationTimestamp"]).timestamp() for s in slices]
         age = time.time() - max(made, default=time.time())
-        wait = max(REPUBLISH_WAIT_S, FRESH_SLICES_TRUSTED_S - age + (REPUBLISH_WAIT_S - SYNC_DELAY_S))
+        wait = max(REPUBLISH_WAIT_S, FRESH_SLICES_TRUSTED_S - age + REPUBLISH_MARGIN_S)
         await self.harness.admin.request(
             "DELETE",
             "/apis/resource.k8s.io/v1/resourceslices",
