@@ -934,6 +934,15 @@ def _check_writable(output: Path | None, junit: Path | None) -> None:
     unwritable after it, the run's figures would be lost."""
     if output is not None:
         _check_can_make(output, "--output", "give a writable directory (made if missing)")
+        from testbed.report.report import foreign_files
+
+        foreign = foreign_files(output) if output.is_dir() else []
+        if foreign:
+            raise TestbedError(
+                f"--output {output} holds {', '.join(foreign)}, which no testbed report wrote: the report "
+                "would replace them",
+                hint="give a new or empty directory (made if missing), or one an earlier report was written to",
+            )
     if junit is not None:
         _check_can_make(junit, "--junit", "give a file in a writable directory")
 

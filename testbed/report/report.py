@@ -511,6 +511,24 @@ def _time_spent_plot(report: dict[str, Any], path: Path) -> Path:
     return path
 
 
+REPORT_FILES = ("report.json", "report.md", "latency_cdf.png", "timeline.png", "time_spent.png")
+"""What ``write`` puts in a report directory."""
+
+
+def foreign_files(directory: Path) -> list[str]:
+    """Files of a report's names in ``directory`` that no report wrote (its report.json
+    is not one): writing the report there would replace them."""
+    present = [name for name in REPORT_FILES if (directory / name).exists()]
+    if not present:
+        return []
+    try:
+        earlier = json.loads((directory / "report.json").read_text())
+    except (OSError, ValueError):
+        return present
+    ours = isinstance(earlier, dict) and {"scenario", "verdict", "phases"} <= set(earlier)
+    return [] if ours else present
+
+
 def write(report: dict[str, Any], data: RunData, directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "report.json").write_text(json.dumps(report, indent=2))

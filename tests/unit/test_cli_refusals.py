@@ -156,6 +156,7 @@ def test_sanity_names_its_cluster_and_command_first(tmp_path: Path) -> None:
         (["--junit", "{dir}"], "File '{dir}' is a directory"),
         (["--junit", "{file}/junit.xml"], "is a file, not a directory"),
         (["-o", "/proc/report"], "--output /proc/report: cannot write in /proc"),  # root may, /proc says no
+        (["-o", "{dir}"], "--output {dir} holds report.md, which no testbed report wrote"),
     ],
 )
 def test_a_report_destination_that_cannot_be_written_is_refused_before_the_run(
@@ -164,6 +165,7 @@ def test_a_report_destination_that_cannot_be_written_is_refused_before_the_run(
     """Found only after the run, the run's figures would be lost."""
     occupied = tmp_path / "occupied"
     occupied.write_text("a user's file\n")
+    (tmp_path / "report.md").write_text("a user's own report\n")
     places = {"file": str(occupied), "dir": str(tmp_path)}
     args = ["run", "smoke", *(w.format(**places) for w in where), "--name", "r", "--state-dir", str(tmp_path / "c")]
     result = CliRunner().invoke(cli.main, args)
@@ -171,6 +173,7 @@ def test_a_report_destination_that_cannot_be_written_is_refused_before_the_run(
     assert message.format(**places) in result.output, result.output
     assert "is not running" not in result.output, "refused before the cluster is looked for"
     assert occupied.read_text() == "a user's file\n"
+    assert (tmp_path / "report.md").read_text() == "a user's own report\n"
 
 
 def test_a_sanity_junit_file_that_cannot_be_written_is_refused_before_the_driver_runs(tmp_path: Path) -> None:

@@ -3,6 +3,9 @@ something that was measured and did not happen."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from testbed.report import report
@@ -59,3 +62,16 @@ def test_a_scenario_without_a_description_leaves_no_gap_under_the_title() -> Non
     leaks = {"checkpoint_entries": 0, "cdi_specs": 0}
     text = report.markdown(report.build(RunData(scenario, "ns", 0.0, 0.0, ended=1.0), leaks, {}))
     assert text.startswith("# plain: ") and "\n\n\n" not in text.split("| cluster |")[0], text[:200]
+
+
+def test_a_report_replaces_only_an_earlier_reports_files(tmp_path: Path) -> None:
+    """`--output` into a directory of the user's: never over a report.md of their own."""
+    assert report.foreign_files(tmp_path) == []
+    (tmp_path / "notes.txt").write_text("not a report's name\n")
+    assert report.foreign_files(tmp_path) == []
+    (tmp_path / "report.md").write_text("the user's own\n")
+    assert report.foreign_files(tmp_path) == ["report.md"]
+    leaks = {"checkpoint_entries": 0, "cdi_specs": 0}
+    data = RunData(spec.load("smoke"), "ns", 0.0, 0.0, ended=10.0)
+    (tmp_path / "report.json").write_text(json.dumps(report.build(data, leaks, {})))
+    assert report.foreign_files(tmp_path) == [], "an earlier report's directory"
