@@ -11,6 +11,7 @@ it down (KEEP=1 keeps it running).
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -36,6 +37,7 @@ def testbed(*args: str, capture: bool = False) -> str:
 def main() -> int:
     started = time.monotonic()
     keep = os.environ.get("KEEP") == "1"
+    ours = False  # a cluster of that name that was there before is the user's: never taken down
     try:
         nodes, profile = os.environ.get("NODES", "4"), os.environ.get("PROFILE", "h100x8")
         real = not unsupported_reason()
@@ -46,7 +48,11 @@ def main() -> int:
         if real:
             pools.append("  - {name: real, count: 1, profile: tiny, kubelet: real}")
         fleet.write_text("pools:\n" + "\n".join(pools) + "\n")
-        kubeconfig = testbed("up", "--fleet", str(fleet), capture=True).strip().splitlines()[-1]
+        try:
+            kubeconfig = testbed("up", "--fleet", str(fleet), capture=True).strip().splitlines()[-1]
+        finally:
+            shutil.rmtree(fleet.parent, ignore_errors=True)
+        ours = True
         testbed("check", "--node", "node-000")
         if real:
             testbed("check", "--node", "real-000")
@@ -60,7 +66,7 @@ def main() -> int:
         keep = False
         return 1
     finally:
-        if not keep:
+        if ours and not keep:
             testbed("down")
     print(f"e2e passed in {time.monotonic() - started:.1f}s", file=sys.stderr)
     if keep:

@@ -99,7 +99,7 @@ def main() -> int:
         return 2
     workdir = Path(tempfile.mkdtemp(prefix="dra-testbed-kind-"))
     kubeconfig = workdir / "kubeconfig"
-    created = False
+    created = fleet_up = False  # what was there before (a kind cluster, a testbed cluster) is the user's
     try:
         run("kind", "create", "cluster", "--name", CLUSTER, "--config", str(ROOT / "kind-configs" / "dra-testbed.yaml"),
             "--kubeconfig", str(kubeconfig), "--wait", "120s")  # fmt: skip
@@ -120,6 +120,7 @@ def main() -> int:
         kubectl("delete", "pod/real-kubelet-gpu", "resourceclaimtemplate/one-gpu")
 
         testbed("up", "--kubeconfig", str(kubeconfig), "--nodes", nodes, "--profile", profile)
+        fleet_up = True
         testbed("run", "smoke")
         testbed("run", "cl2-dra", "--set", "phases.1.runSeconds=1")
         testbed("status")
@@ -129,7 +130,8 @@ def main() -> int:
         return 1
     finally:
         if not keep:
-            subprocess.run([sys.executable, "-m", "testbed.cli", "down", "--name", TESTBED_NAME])
+            if fleet_up:
+                subprocess.run([sys.executable, "-m", "testbed.cli", "down", "--name", TESTBED_NAME])
             if created:
                 subprocess.run(["kind", "delete", "cluster", "--name", CLUSTER])
             shutil.rmtree(workdir, ignore_errors=True)
