@@ -33,6 +33,8 @@ FAULT_ACTIONS = ("unhealthy", "healthy", "lost", "fail-prepare", "latency", "fai
 RAY_BUILT_IN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
 RAY_LABELS = ("node:", "accelerator_type:")
 """Resources Ray gives every node by itself: not what a placement would ask for."""
+DRAIN_PROGRESS_EVERY_S = 2.0
+"""How often a scale-down says how many nodes are drained."""
 FLEET_START_CONCURRENCY = 24
 """Synthetic nodes started at once across all hosts: on 2 cores more makes etcd time out."""
 
@@ -439,7 +441,6 @@ class Fleet:
         kept) before the first node goes or comes, as a ReplicaSet's replicas change
         before its pods: a scale whose caller is killed leaves the hosts going on towards
         it and `testbed status` comparing the nodes with it."""
-        import ray
 
         progress = progress or SilentProgress()
         pool = self.pool(pool_name)
@@ -468,7 +469,8 @@ class Fleet:
                 by_host: dict[str, list[str]] = {}
                 for node in going:
                     by_host.setdefault(self.host_of[node], []).append(node)
-                ray.get([self.hosts[h].remove_nodes.remote(nodes) for h, nodes in by_host.items()], timeout=timeout_s)
+                removing = [self.hosts[h].remove_nodes.remote(nodes) for h, nodes in by_host.items()]
+                self._drain_with_progress(removing, by_host, progress, timeout_s)
                 for node in going:
                     del self.host_of[node]
                 self._retire_empty_hosts()
@@ -485,6 +487,33 @@ class Fleet:
                 self._bring_up(placement, progress, timeout_s)
             progress.step(f"pool {pool.name}: {len(wanted)} nodes added")
         pool.count = count
+
+    def _drain_with_progress(
+        self, removing: list[Any], by_host: dict[str, list[str]], progress: Progress, timeout_s: float
+    ) -> None:
+        """Wait for the hosts' removals, saying every few seconds how many nodes are drained
+        (a node's drain waits for its pods' eviction and unprepare: minutes, for many)."""
+        import ray
+
+        total, deadline = sum(len(nodes) for nodes in by_host.values()), time.monotonic() + timeout_s
+        while True:
+            done, _ = ray.wait(removing, num_returns=len(removing), timeout=DRAIN_PROGRESS_EVERY_S)
+            if len(done) == len(removing):
+                ray.get(removing)  # a host's failure, raised here
+                return
+            if time.monotonic() > deadline:
+                raise TestbedError(
+                    f"the nodes were not drained within {timeout_s:.0f} s",
+                    hint="see `testbed status` and the NodeHost logs; a pod whose PodDisruptionBudget "
+                    "allows no eviction holds its node",
+                )
+            left = 0
+            for host, nodes in by_host.items():
+                try:
+                    left += len(set(ray.get(self.hosts[host].draining.remote(), timeout=10)) & set(nodes))
+                except (ray.exceptions.RayError, TimeoutError):
+                    left += len(nodes)  # not known: not counted as drained
+            progress.update(f"{total - left}/{total} nodes drained")
 
     def _settle(self, progress: Progress, timeout_s: float) -> None:
         """Drains an interrupted scale left under way end first: the nodes they take are
