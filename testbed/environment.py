@@ -309,12 +309,14 @@ def down(config: ControlPlaneConfig, keep_state: bool = False) -> list[str]:
     if cluster.owned(root):
         _stop_scaling(root)
     state = cluster.ClusterState.load(root) if root.exists() else None
+    left_out: list[str] = []
     if state is not None and state.attached_to and state.fleet_id:
         # The cluster stays: take the synthetic nodes out of it, in drain order.
         try:
             attach_fleet(state).stop(remove_nodes=True)
-        except Exception as exc:  # Ray or the cluster already gone: nothing left to drain
-            log.warning("could not remove the synthetic nodes from %s: %s", state.attached_to, exc)
+        except Exception as exc:  # Ray gone (its NodeHosts with it), or the cluster
+            log.warning("could not drain the synthetic nodes out of %s: %s", state.attached_to, exc)
+            left_out = _delete_fleet_nodes(state)
     elif state is not None and state.fleet is not None and state.fleet_id and state.fleet.joined_ray:
         # A Ray cluster the user runs outlives this one: its NodeHosts must not.
         try:
@@ -334,4 +336,39 @@ def down(config: ControlPlaneConfig, keep_state: bool = False) -> list[str]:
             prune_short_paths()
     if keep_state:
         (root / TAKEN_DOWN).unlink(missing_ok=True)
+    if left_out:
+        stopped.append(f"{len(left_out)} synthetic Nodes, deleted from the cluster directly (no NodeHost answered)")
     return stopped
+
+
+def _delete_fleet_nodes(state: cluster.ClusterState) -> list[str]:
+    """The fleet's Nodes in a cluster it attached to, deleted directly when its NodeHosts
+    cannot drain them (Ray gone): they would stay NotReady in someone else's cluster for
+    good. Their Leases and ResourceSlices go with them (the Node owns them), their pods
+    with the pod garbage collector. Only synthetic Nodes of the fleet's pools."""
+    from testbed.keys import SYNTHETIC
+    from testbed.kubeapi import path_for
+
+    assert state.fleet is not None
+    pools = {str(pool["name"]) for pool in state.fleet.spec.get("pools", [])}
+
+    def ours(name: str) -> bool:
+        pool, _, index = name.rpartition("-")
+        return pool in pools and index.isdigit()
+
+    async def delete() -> list[str]:
+        client = KubeClient.from_kubeconfig(state.kubeconfig)
+        try:
+            listed = await client.get(path_for("v1", "nodes"), {"labelSelector": f"{SYNTHETIC}=true"})
+            names = [n["metadata"]["name"] for n in listed.get("items", []) if ours(n["metadata"]["name"])]
+            for name in names:
+                await client.delete_if_exists(path_for("v1", "nodes", name))
+            return names
+        finally:
+            await client.close()
+
+    try:
+        return run_coroutine(delete())
+    except Exception as exc:  # the cluster unreachable too: nothing more to do from here
+        log.warning("could not delete the synthetic Nodes from %s either: %s", state.attached_to, exc)
+        return []

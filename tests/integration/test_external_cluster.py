@@ -3,6 +3,8 @@ works), and `testbed down` takes it out again, leaving that cluster running."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +13,7 @@ import pytest
 from kubernetes import client as k8s
 
 from testbed.controlplane.cluster import ClusterState
+from testbed.testing import wait_for
 
 pytestmark = pytest.mark.controlplane
 
@@ -52,3 +55,31 @@ def test_a_fleet_joins_an_existing_cluster_and_leaves_it(
     assert not core.list_node(label_selector="joined=yes").items, "the synthetic nodes left the cluster"
     assert not resource.list_resource_slice(field_selector="spec.nodeName=ext-000").items
     assert core.list_namespace().items, "the cluster itself still runs"
+
+
+def test_down_deletes_the_fleets_nodes_directly_when_its_nodehosts_are_gone(
+    control_plane: ClusterState, kube_api: k8s.ApiClient, short_tmp_path: Path
+) -> None:
+    """Ray killed under an attached fleet (its NodeHosts with it): nothing can drain the
+    nodes, and someone else's cluster would keep them NotReady for good."""
+    core, resource = k8s.CoreV1Api(kube_api), k8s.ResourceV1Api(kube_api)
+    state_dir, fleet = short_tmp_path / "state", short_tmp_path / "fleet.yaml"
+    fleet.write_text("pools: [{name: gone, count: 2, profile: tiny}]\n")
+    up = _testbed(state_dir, "up", "--kubeconfig", str(control_plane.kubeconfig), "--fleet", str(fleet))
+    try:
+        assert up.returncode == 0, up.stderr
+        state = ClusterState.load(state_dir)
+        assert state is not None
+        [ray] = [p for p in state.processes if p.name == "ray"]
+        os.kill(ray.pid, signal.SIGKILL)  # the head; its raylet and NodeHosts follow
+        wait_for(lambda: not ray.alive(), 30, "Ray's head gone")
+    finally:
+        down = _testbed(state_dir, "down")
+    assert down.returncode == 0, down.stderr
+    assert "2 synthetic Nodes, deleted from the cluster directly" in down.stderr, down.stderr
+    assert not [n for n in core.list_node().items if n.metadata.name.startswith("gone-")]
+    wait_for(
+        lambda: not resource.list_resource_slice(field_selector="spec.nodeName=gone-000").items,
+        60,
+        "the node's slices garbage-collected with it",
+    )
