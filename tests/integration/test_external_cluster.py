@@ -23,14 +23,19 @@ def _testbed(state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, capture_output=True, text=True, timeout=600)
 
 
+def _attach(control_plane: ClusterState, where: Path, fleet_file: str) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """`testbed up --kubeconfig` of the session's cluster with this fleet file: its state dir, and how it went."""
+    state_dir, fleet = where / "state", where / "fleet.yaml"
+    fleet.write_text(fleet_file)
+    return state_dir, _testbed(state_dir, "up", "--kubeconfig", str(control_plane.kubeconfig), "--fleet", str(fleet))
+
+
 def test_a_fleet_joins_an_existing_cluster_and_leaves_it(
     control_plane: ClusterState, kube_api: k8s.ApiClient, short_tmp_path: Path
 ) -> None:
     core, resource = k8s.CoreV1Api(kube_api), k8s.ResourceV1Api(kube_api)
-    state_dir, fleet = short_tmp_path / "state", short_tmp_path / "fleet.yaml"
-    fleet.write_text("nodesPerHost: 2\npools: [{name: ext, count: 2, profile: tiny, labels: {joined: 'yes'}}]\n")
-
-    up = _testbed(state_dir, "up", "--kubeconfig", str(control_plane.kubeconfig), "--fleet", str(fleet))
+    pools = "nodesPerHost: 2\npools: [{name: ext, count: 2, profile: tiny, labels: {joined: 'yes'}}]\n"
+    state_dir, up = _attach(control_plane, short_tmp_path, pools)
     try:
         assert up.returncode == 0, up.stderr
         assert "no control plane started" in up.stderr
@@ -63,9 +68,7 @@ def test_down_deletes_the_fleets_nodes_directly_when_its_nodehosts_are_gone(
     """Ray killed under an attached fleet (its NodeHosts with it): nothing can drain the
     nodes, and someone else's cluster would keep them NotReady for good."""
     core, resource = k8s.CoreV1Api(kube_api), k8s.ResourceV1Api(kube_api)
-    state_dir, fleet = short_tmp_path / "state", short_tmp_path / "fleet.yaml"
-    fleet.write_text("pools: [{name: gone, count: 2, profile: tiny}]\n")
-    up = _testbed(state_dir, "up", "--kubeconfig", str(control_plane.kubeconfig), "--fleet", str(fleet))
+    state_dir, up = _attach(control_plane, short_tmp_path, "pools: [{name: gone, count: 2, profile: tiny}]\n")
     try:
         assert up.returncode == 0, up.stderr
         state = ClusterState.load(state_dir)
