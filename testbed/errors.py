@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import _thread
 import asyncio
+import contextlib
+import errno
+import os
 import signal
 import sys
 import threading
@@ -60,8 +63,9 @@ _lost = _LostInterrupt()
 
 
 def interrupt_on_sigterm() -> None:
-    """SIGTERM (`timeout`, CI cancelling a job) ends this process as Ctrl-C does: through
-    its ``finally`` blocks, so what it started (control plane, Ray) is stopped, not left.
+    """SIGTERM (`timeout`, CI cancelling a job) and SIGHUP (its terminal closed) end this
+    process as Ctrl-C does: through its ``finally`` blocks, so what it started (control
+    plane, Ray) is stopped, not left, and a run writes its report.
 
     Inside ``run_coroutine`` it cancels the coroutine, as asyncio does for Ctrl-C: the
     cancellation arrives at the next ``await``. A KeyboardInterrupt raised wherever the
@@ -71,6 +75,8 @@ def interrupt_on_sigterm() -> None:
     same, from either signal, is raised again (see ``_raise_lost_interrupts_again``)."""
 
     def handler(signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGHUP:
+            _leave_the_terminal()
         if _lost.pending:
             if _lost.in_hook:  # raised here, it would be dropped again
                 _raise_again_soon()
@@ -86,7 +92,60 @@ def interrupt_on_sigterm() -> None:
         raise KeyboardInterrupt  # outside a coroutine, or a second signal: at once
 
     signal.signal(signal.SIGTERM, handler)
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # under nohup it stays ignored
+        signal.signal(signal.SIGHUP, handler)
+        sys.stdout, sys.stderr = _HangUpProof.around(sys.stdout), _HangUpProof.around(sys.stderr)
     _raise_lost_interrupts_again()
+
+
+class _HangUpProof:
+    """A terminal's stream whose writes, once the terminal is gone (EIO, before or after
+    the SIGHUP arrives), go nowhere instead of failing whatever was printing."""
+
+    def __init__(self, stream: Any):
+        self._stream = stream
+
+    @classmethod
+    def around(cls, stream: Any) -> Any:
+        if stream is None or isinstance(stream, cls):
+            return stream
+        try:
+            terminal = stream.isatty()
+        except (AttributeError, ValueError, OSError):
+            return stream
+        return cls(stream) if terminal else stream
+
+    def write(self, text: str) -> int:
+        try:
+            return int(self._stream.write(text))
+        except OSError as exc:
+            if exc.errno != errno.EIO:
+                raise
+            _leave_the_terminal()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as exc:
+            if exc.errno != errno.EIO:
+                raise
+            _leave_the_terminal()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _leave_the_terminal() -> None:
+    """The terminal closed (SIGHUP): what is still written to it would fail (EIO) and cut
+    the cleanup short, so it goes nowhere from now on; the report and logs are files."""
+    with contextlib.suppress(OSError):
+        nowhere = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            with contextlib.suppress(OSError):
+                if os.isatty(fd):
+                    os.dup2(nowhere, fd)
+        os.close(nowhere)
 
 
 def _raise_lost_interrupts_again() -> None:

@@ -4,6 +4,7 @@ are left running."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
@@ -166,3 +167,49 @@ def test_an_interrupt_landing_in_a_destructor_outside_a_coroutine_is_not_lost(si
     assert child.returncode == 130, child
     assert child.stdout == "cleaned up\n"
     assert child.stderr == "interrupted\n"
+
+
+HUNG_UP_CHILD = """
+import sys, time
+from pathlib import Path
+from testbed.errors import run_interruptibly
+
+def main() -> int:
+    try:
+        print("started", flush=True)
+        while True:  # what a run prints on: after the hang-up it must not fail the cleanup
+            print("progress", flush=True)
+            time.sleep(0.05)
+    finally:
+        print("cleaning up", flush=True)
+        Path(sys.argv[1]).write_text("cleaned up")
+
+raise SystemExit(run_interruptibly(main))
+"""
+
+
+def test_a_closed_terminal_ends_a_command_through_its_cleanup(tmp_path: Path) -> None:
+    """SIGHUP, its terminal closed (an ssh session dropped): the cleanup runs, and what it
+    prints goes nowhere rather than failing it."""
+    import os
+    import pty
+    import time
+
+    marker = tmp_path / "cleanup"
+    pid, terminal = pty.fork()
+    if pid == 0:  # the child: a session of its own, the pty its controlling terminal
+        os.execv(sys.executable, [sys.executable, "-c", HUNG_UP_CHILD, str(marker)])
+    try:
+        seen = b""
+        deadline = time.monotonic() + 30
+        while b"started" not in seen and time.monotonic() < deadline:
+            seen += os.read(terminal, 1024)
+        assert b"started" in seen
+        os.close(terminal)  # the terminal goes: the kernel sends its session leader SIGHUP
+        _, status = os.waitpid(pid, 0)
+    finally:
+        with contextlib.suppress(ProcessLookupError, ChildProcessError):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    assert marker.read_text() == "cleaned up"
+    assert os.waitstatus_to_exitcode(status) == 130
