@@ -108,8 +108,11 @@ def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
         for key, item in value.items():
             flat.update(_flatten(item, f"{prefix}.{key}" if prefix else str(key)))
         return flat
-    if isinstance(value, list):
-        return {f"{prefix}[{i}]" if prefix else str(i): v for i, v in enumerate(value)} if value else {prefix: []}
+    if isinstance(value, list) and value:
+        flat = {}
+        for i, item in enumerate(value):  # a pool's count, not the whole pool, when that is what differs
+            flat.update(_flatten(item, f"{prefix}[{i}]" if prefix else str(i)))
+        return flat
     return {prefix: value}
 
 

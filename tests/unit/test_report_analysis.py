@@ -393,3 +393,10 @@ def test_the_processes_beside_the_hosts_count_by_what_they_are() -> None:
     start.nodehosts, end.nodehosts = [host(5.0, 1.0, None)], [host(8.5, 3.5, 0.75)]
     cpu = breakdown.phase(start, end)["cpu_seconds"]
     assert (cpu["nodehosts"], cpu["driver gpu.example.com"], cpu["real kubelet"]) == (3.5, 2.5, 0.75)
+
+
+def test_compare_names_the_one_setting_of_a_pool_that_differs() -> None:
+    pool = {"name": "node", "count": 2, "profile": "tiny", "taints": [{"key": "k", "effect": "NoSchedule"}]}
+    a = {"scenario": "smoke", "cluster": {"name": "a", "pools": [pool]}, "nodes": 2}
+    b = {"scenario": "smoke", "cluster": {"name": "b", "pools": [{**pool, "count": 3}]}, "nodes": 3}
+    assert compare.setting_differences(a, b) == ["cluster.pools[0].count: 2 -> 3", "nodes: 2 -> 3"]
