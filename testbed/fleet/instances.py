@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import stat
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -63,12 +64,32 @@ async def wait_registered(
         raise _not_registered(external, f"not within {timeout_s:.0f} s") from None
 
 
-async def wait_connected(node: ProcessNode, external: ExternalDriver, timeout_s: float, since: int) -> None:
+async def wait_connected(
+    node: ProcessNode, external: ExternalDriver, timeout_s: float, since: int, old: Mapping[str, int] | None = None
+) -> None:
     """The same for a real kubelet, which says so only in its log: until it connected to
     an instance of ``external``'s driver after the log's offset ``since`` (the instance
-    started then, or a rollout's new one beside the old)."""
+    started then, or a rollout's new one beside the old). ``old``: the old instance's
+    sockets by inode (ProcessNode.endpoint_inodes, taken before the new one started): a
+    connection to one of them that is still the same file is the old instance's (its
+    idle gRPC connection made again), not the new one's."""
+
+    def new_endpoint(endpoint: str) -> bool:
+        if old is None or endpoint not in old:
+            return True
+        try:
+            return os.stat(endpoint).st_ino != old[endpoint]
+        except OSError:
+            return False
+
+    def connected() -> bool:
+        return any(
+            up and name == external.spec.name and new_endpoint(endpoint)
+            for (name, endpoint), up in node.connections(since).items()
+        )
+
     deadline = time.monotonic() + timeout_s
-    while external.spec.name not in node.connected_drivers(since):
+    while not connected():
         if external.ended >= CRASHES_WHILE_STARTING:
             raise _not_registered(external, _why_ended(external))
         if time.monotonic() > deadline:

@@ -603,10 +603,10 @@ class NodeHost:
             raise TestbedError(f"node {node.name} runs no command-line driver {driver}")
         started, new = time.monotonic(), self._process_driver(node, next_generation(old.spec, command, generation))
         environment = await self._process_driver_environment(node, new)
-        since = node.kubelet_log_size()
+        since, serving = node.kubelet_log_size(), node.endpoint_inodes(driver)
 
         async def registered() -> None:
-            await wait_connected(node, new, timeout_s, since)
+            await wait_connected(node, new, timeout_s, since, old=serving)
 
         return await replace_instance(instances, new, environment, surge, registered, started)
 

@@ -405,16 +405,32 @@ class ProcessNode:
         instances), from its log: it says so at -v=2 (dra_plugin_manager.go "Connection
         changed"). ``since``: a ``kubelet_log_size()``, connections made after it only;
         default: since the kubelet last started."""
+        return {driver for (driver, _), now in self.connections(since).items() if now}
+
+    def connections(self, since: int | None = None) -> dict[tuple[str, str], bool]:
+        """(driver, endpoint) -> whether the kubelet's last word on that connection, after
+        ``since`` (as connected_drivers), was that it is up."""
         try:
             with open(self.log("kubelet"), "rb") as handle:
                 handle.seek(self._kubelet_log_start if since is None else since)
                 text = handle.read().decode(errors="replace")
         except OSError:
-            return set()
+            return {}
         connected: dict[tuple[str, str], bool] = {}
         for match in _CONNECTION_CHANGED.finditer(text):
             connected[match.group(1), match.group(2)] = match.group(3) == "true"
-        return {driver for (driver, _), now in connected.items() if now}
+        return connected
+
+    def endpoint_inodes(self, driver: str) -> dict[str, int]:
+        """The sockets of ``driver`` the kubelet is connected to now, by inode: a new
+        instance's connection is one to a socket not among them (or made anew at the same
+        path), where the old instance's gRPC connection going idle and back is not."""
+        found = {}
+        for (name, endpoint), up in self.connections().items():
+            if name == driver and up:
+                with contextlib.suppress(OSError):
+                    found[endpoint] = os.stat(endpoint).st_ino
+        return found
 
     def kubelet_log_size(self) -> int:
         try:
