@@ -308,6 +308,11 @@ class ExternalDriver:
             await self._told_of(None)
         self._supervisor = asyncio.create_task(self._supervise(), name=f"driver-{self.spec.name}-{self.node}")
 
+    @property
+    def pod_uid(self) -> str:
+        """Its driver pod's UID, as it was given it ("" before it started)."""
+        return self._given.get("POD_UID", "")
+
     def reserve_liveness_port(self) -> int | None:
         """$LIVENESS_PORT, chosen once it has a probe or names the variable (before its pod
         is made: the pod's livenessProbe names the port)."""

@@ -9,7 +9,7 @@ import contextlib
 import os
 import stat
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -65,26 +65,36 @@ async def wait_registered(
 
 
 async def wait_connected(
-    node: ProcessNode, external: ExternalDriver, timeout_s: float, since: int, old: Mapping[str, int] | None = None
+    node: ProcessNode,
+    external: ExternalDriver,
+    timeout_s: float,
+    since: int,
+    replacing: ExternalDriver | None = None,
+    made_before: Collection[int] = (),
 ) -> None:
     """The same for a real kubelet, which says so only in its log: until it connected to
     an instance of ``external``'s driver after the log's offset ``since`` (the instance
-    started then, or a rollout's new one beside the old). ``old``: the old instance's
-    sockets by inode (ProcessNode.endpoint_inodes, taken before the new one started): a
-    connection to one of them that is still the same file is the old instance's (its
-    idle gRPC connection made again), not the new one's."""
+    started then, or a rollout's new one beside the old). ``replacing``: the old
+    instance of a rollout, whose own connections do not count, though the log shows them
+    anew when it came back from a restart meanwhile (the kubelet reconnects with a
+    back-off): a socket named after the new pod's UID is the new one's, one named after
+    the old pod's is not, and of a driver whose names carry neither, only a socket made
+    since the new instance started counts: one not among ``made_before`` (socket_inodes,
+    taken before it started)."""
 
-    def new_endpoint(endpoint: str) -> bool:
-        if old is None or endpoint not in old:
+    def its_own(endpoint: str) -> bool:
+        if replacing is None or (external.pod_uid and external.pod_uid in endpoint):
             return True
+        if replacing.pod_uid and replacing.pod_uid in endpoint:
+            return False
         try:
-            return os.stat(endpoint).st_ino != old[endpoint]
+            return os.stat(endpoint).st_ino not in made_before
         except OSError:
             return False
 
     def connected() -> bool:
         return any(
-            up and name == external.spec.name and new_endpoint(endpoint)
+            up and name == external.spec.name and its_own(endpoint)
             for (name, endpoint), up in node.connections(since).items()
         )
 
@@ -137,6 +147,11 @@ async def replace_instance(
         time.monotonic() - started,
         0.0 if stopped_at is None else registered_at - stopped_at,
     )
+
+
+def socket_inodes(external: ExternalDriver) -> set[int]:
+    """The sockets in its node's registry and its driver's plugin directory now, by inode."""
+    return set(_sockets(external).values())
 
 
 def _sockets(external: ExternalDriver) -> dict[Path, int]:

@@ -49,7 +49,7 @@ from testbed.fleet.identity import (
     bind_driver_token,
     driver_token,
 )
-from testbed.fleet.instances import RolledOut, replace_instance, wait_connected
+from testbed.fleet.instances import RolledOut, replace_instance, socket_inodes, wait_connected
 from testbed.fleet.loopwatch import LoopWatch
 from testbed.fleet.membership import Membership, NodeRecipe, in_ray
 from testbed.fleet.processcpu import PROCESS_CPU
@@ -603,10 +603,10 @@ class NodeHost:
             raise TestbedError(f"node {node.name} runs no command-line driver {driver}")
         started, new = time.monotonic(), self._process_driver(node, next_generation(old.spec, command, generation))
         environment = await self._process_driver_environment(node, new)
-        since, serving = node.kubelet_log_size(), node.endpoint_inodes(driver)
+        since, made_before = node.kubelet_log_size(), socket_inodes(new)
 
         async def registered() -> None:
-            await wait_connected(node, new, timeout_s, since, old=serving)
+            await wait_connected(node, new, timeout_s, since, replacing=old, made_before=made_before)
 
         return await replace_instance(instances, new, environment, surge, registered, started)
 

@@ -421,17 +421,6 @@ class ProcessNode:
             connected[match.group(1), match.group(2)] = match.group(3) == "true"
         return connected
 
-    def endpoint_inodes(self, driver: str) -> dict[str, int]:
-        """The sockets of ``driver`` the kubelet is connected to now, by inode: a new
-        instance's connection is one to a socket not among them (or made anew at the same
-        path), where the old instance's gRPC connection going idle and back is not."""
-        found = {}
-        for (name, endpoint), up in self.connections().items():
-            if name == driver and up:
-                with contextlib.suppress(OSError):
-                    found[endpoint] = os.stat(endpoint).st_ino
-        return found
-
     def kubelet_log_size(self) -> int:
         try:
             return self.log("kubelet").stat().st_size
