@@ -198,6 +198,7 @@ def test_a_closed_terminal_ends_a_command_through_its_cleanup(tmp_path: Path) ->
     marker = tmp_path / "cleanup"
     pid, terminal = pty.fork()
     if pid == 0:  # the child: a session of its own, the pty its controlling terminal
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as from a shell: not ignored (this test may run under nohup)
         os.execv(sys.executable, [sys.executable, "-c", HUNG_UP_CHILD, str(marker)])
     try:
         seen = b""
