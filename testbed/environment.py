@@ -25,7 +25,7 @@ from testbed.controlplane import cluster, processes
 from testbed.controlplane.binaries import Binaries, ensure_node_binaries
 from testbed.drivers import deviceclasses
 from testbed.errors import TestbedError, run_coroutine
-from testbed.fleet import raycluster
+from testbed.fleet import orphans, raycluster
 from testbed.fleet.external import prune_short_paths, recorded_drivers
 from testbed.fleet.fleet import Fleet, rollout_summary
 from testbed.fleet.spec import FleetFile
@@ -342,33 +342,11 @@ def down(config: ControlPlaneConfig, keep_state: bool = False) -> list[str]:
 
 
 def _delete_fleet_nodes(state: cluster.ClusterState) -> list[str]:
-    """The fleet's Nodes in a cluster it attached to, deleted directly when its NodeHosts
-    cannot drain them (Ray gone): they would stay NotReady in someone else's cluster for
-    good. Their Leases and ResourceSlices go with them (the Node owns them), their pods
-    with the pod garbage collector. Only synthetic Nodes of the fleet's pools."""
-    from testbed.keys import SYNTHETIC
-    from testbed.kubeapi import path_for
-
+    """The fleet's Nodes in a cluster it attached to, when its NodeHosts cannot drain them."""
     assert state.fleet is not None
-    pools = {str(pool["name"]) for pool in state.fleet.spec.get("pools", [])}
-
-    def ours(name: str) -> bool:
-        pool, _, index = name.rpartition("-")
-        return pool in pools and index.isdigit()
-
-    async def delete() -> list[str]:
-        client = KubeClient.from_kubeconfig(state.kubeconfig)
-        try:
-            listed = await client.get(path_for("v1", "nodes"), {"labelSelector": f"{SYNTHETIC}=true"})
-            names = [n["metadata"]["name"] for n in listed.get("items", []) if ours(n["metadata"]["name"])]
-            for name in names:
-                await client.delete_if_exists(path_for("v1", "nodes", name))
-            return names
-        finally:
-            await client.close()
-
+    pools = [str(pool["name"]) for pool in state.fleet.spec.get("pools", [])]
     try:
-        return run_coroutine(delete())
+        return orphans.delete_pool_nodes(state.kubeconfig, pools)
     except Exception as exc:  # the cluster unreachable too: nothing more to do from here
         log.warning("could not delete the synthetic Nodes from %s either: %s", state.attached_to, exc)
         return []

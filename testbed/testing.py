@@ -26,7 +26,7 @@ from testbed.config import KUBELET_SYNC_FREQUENCY_S, ControlPlaneConfig, nodes_d
 from testbed.controlplane import cluster, processes
 from testbed.controlplane.binaries import Binaries, ensure_binaries
 from testbed.environment import install_device_classes
-from testbed.fleet import raycluster
+from testbed.fleet import guardian, raycluster
 from testbed.fleet.fleet import Fleet
 from testbed.fleet.spec import FleetFile, single_pool
 from testbed.kube import api_client
@@ -134,18 +134,25 @@ def fleet(fleet_spec: FleetFile, kubeconfig_path: Path, request: pytest.FixtureR
     DeviceClasses installed; on the session's control plane, or on the cluster that
     ``TESTBED_TEST_KUBECONFIG`` names (which it leaves as it found it)."""
     external = bool(os.environ.get("TESTBED_TEST_KUBECONFIG"))
+    guard = None
     if external:
         root, name = Path(tempfile.mkdtemp(prefix="tbf-")), "pytest-fleet"
+        # Nothing else would take the fleet out of that cluster should this session be killed.
+        owner = processes.this_process("the pytest session")
+        guard = guardian.start(root, guardian.Guard(owner, kubeconfig_path, [p.name for p in fleet_spec.pools]))
     else:
         state: cluster.ClusterState = request.getfixturevalue("control_plane")
         root, name = state.root, state.name
     install_device_classes(kubeconfig_path)
-    record, address = raycluster.start_head(root, root / "logs" / "ray.log")
-    if not external:  # so that the control plane's supervisor stops it too, should the session be killed
+    head = raycluster.launch_head(root, root / "logs" / "ray.log")
+    record = head.record
+    if external:
+        guardian.record_process(root, record)
+    else:  # so that the control plane's supervisor stops it too, should the session be killed
         cluster.record_process(root, record)
     running = None
     try:
-        raycluster.connect(address, name, root)
+        raycluster.connect(head.wait(), name, root)
         running = Fleet(fleet_spec, kubeconfig_path, nodes_dir(root))
         running.start(PrintProgress())
         yield running
@@ -156,7 +163,8 @@ def fleet(fleet_spec: FleetFile, kubeconfig_path: Path, request: pytest.FixtureR
         raycluster.disconnect()  # before the head goes, or Ray's client ends this process
         raycluster.stop_head(record, root)
         shutil.rmtree(nodes_dir(root), ignore_errors=True)
-        if external:
+        if guard is not None:
+            processes.stop([guard], timeout_s=5.0)
             shutil.rmtree(root, ignore_errors=True)
 
 

@@ -7,13 +7,16 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 from kubernetes import client as k8s
 
 from testbed.controlplane.cluster import ClusterState
+from testbed.fleet import guardian
 from testbed.testing import wait_for
+from testbed.workloads import unique
 
 pytestmark = pytest.mark.controlplane
 
@@ -86,3 +89,65 @@ def test_down_deletes_the_fleets_nodes_directly_when_its_nodehosts_are_gone(
         60,
         "the node's slices garbage-collected with it",
     )
+
+
+SESSION_CONFTEST = """
+import pytest
+from testbed.fleet.spec import single_pool
+
+pytest_plugins = ["testbed.testing"]
+
+
+@pytest.fixture(scope="session")
+def fleet_spec():
+    return single_pool(2, "tiny", nodes_per_host=2, prefix="{pool}")
+"""
+
+SESSION_TEST = """
+import time
+from pathlib import Path
+
+
+def test_holds_its_fleet(fleet):
+    Path("fleet-ready").write_text("")
+    time.sleep(600)
+"""
+
+
+def test_a_test_session_killed_outright_takes_its_fleet_out_of_the_cluster_it_ran_on(
+    control_plane: ClusterState, kube_api: k8s.ApiClient, short_tmp_path: Path
+) -> None:
+    """A driver developer's session against their own cluster (``TESTBED_TEST_KUBECONFIG``),
+    killed outright by a CI timeout: its Ray head kept running and its Nodes stayed in that
+    cluster, NotReady, for good. Its fleet's guardian now cleans up."""
+    core = k8s.CoreV1Api(kube_api)
+    pool = unique("killed")
+    (short_tmp_path / "conftest.py").write_text(SESSION_CONFTEST.replace("{pool}", pool))
+    (short_tmp_path / "test_session.py").write_text(SESSION_TEST)
+    env = {**os.environ, "TESTBED_TEST_KUBECONFIG": str(control_plane.kubeconfig)}
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_session.py"]
+    log = (short_tmp_path / "session.log").open("wb")
+    session = subprocess.Popen(command, cwd=short_tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: (short_tmp_path / "fleet-ready").exists() or session.poll() is not None, 180, "the fleet up")
+        assert session.poll() is None, (short_tmp_path / "session.log").read_text()[-3000:]
+        [guard_file] = [
+            path
+            for path in Path(tempfile.gettempdir()).glob(f"tbf-*/{guardian.GUARD_FILE}")
+            if guardian.Guard.load(path.parent).owner.pid == session.pid
+        ]
+        fleet_dir, guard = guard_file.parent, guardian.Guard.load(guard_file.parent)
+        [ray] = [p for p in guard.processes if p.name == "ray"]
+        assert ray.alive() and len(_nodes_of(core, pool)) == 2
+    finally:
+        session.kill()
+        session.wait()
+        log.close()
+    wait_for(lambda: not _nodes_of(core, pool), 60, "the session's Nodes deleted from the cluster")
+    wait_for(lambda: not ray.alive(), 30, "the session's Ray head stopped")
+    wait_for(lambda: not fleet_dir.exists(), 30, f"{fleet_dir} removed")
+    assert core.list_namespace().items, "the cluster itself still runs"
+
+
+def _nodes_of(core: k8s.CoreV1Api, pool: str) -> list[str]:
+    return [n.metadata.name for n in core.list_node().items if n.metadata.name.startswith(f"{pool}-")]
