@@ -12,7 +12,9 @@
 // runs until stopped, unless it is an init container's (not a sidecar's): that one ends
 // at once with 0, as the fake kubelet ends it. A runtime is not told which containers
 // are init containers; with --kubeconfig (the kubelet's), the pod's spec is read to
-// know, for such commands alone.
+// know, for such commands alone. A container the kubelet stops ends with status 143, as
+// a process that exits on SIGTERM does (the upstream fake leaves 0: a pod deleted
+// mid-run then turned Succeeded).
 //
 // Pod sandboxes get IPs from the node's pod CIDR, one each (ipam.go), where the fake
 // gives every pod the same address.
@@ -299,6 +301,32 @@ func (r *runtime) StartContainer(ctx context.Context, req *runtimeapi.StartConta
 		})
 	}
 	return resp, nil
+}
+
+// stoppedExitCode is how a container stopped by the kubelet ends: as a process that
+// exits on SIGTERM, the status containerd reports for it (the fake kubelet's too).
+const stoppedExitCode = 128 + int32(syscall.SIGTERM)
+
+// StopContainer ends a running container with stoppedExitCode. The upstream fake leaves
+// its status at 0, so a pod deleted mid-run (a drain, a Job's pod evicted) turned
+// Succeeded on the reference node and its Job counted it done, where any runtime fails
+// it. A container that already exited keeps its status and finishing time.
+func (r *runtime) StopContainer(ctx context.Context, req *runtimeapi.StopContainerRequest) (*runtimeapi.StopContainerResponse, error) {
+	service := r.RuntimeService
+	service.Lock()
+	c, ok := service.Containers[req.GetContainerId()]
+	if ok && c.State == runtimeapi.ContainerState_CONTAINER_RUNNING {
+		c.State = runtimeapi.ContainerState_CONTAINER_EXITED
+		c.FinishedAt = time.Now().UnixNano()
+		c.ExitCode = stoppedExitCode
+		c.Reason = "Error"
+	}
+	exited := ok && c.State == runtimeapi.ContainerState_CONTAINER_EXITED
+	service.Unlock()
+	if exited {
+		return &runtimeapi.StopContainerResponse{}, nil
+	}
+	return r.RemoteRuntime.StopContainer(ctx, req) // not there, or never started: as upstream answers
 }
 
 // labelsOf names the pod and container the kubelet created a container for.

@@ -137,3 +137,28 @@ func TestAnInitContainerWhoseCommandSaysNothingEndsAtOnce(t *testing.T) {
 		t.Error("read another pod's spec")
 	}
 }
+
+func TestAStoppedContainerEndsAsOnSIGTERMAndAnExitedOneKeepsItsEnd(t *testing.T) {
+	r := &runtime{RemoteRuntime: fake.NewFakeRemoteRuntime(), commands: map[string]string{}}
+	r.RuntimeService.Containers["running"] = &apitest.FakeContainer{ContainerStatus: runtimeapi.ContainerStatus{
+		Id: "running", State: runtimeapi.ContainerState_CONTAINER_RUNNING,
+	}}
+	r.RuntimeService.Containers["done"] = &apitest.FakeContainer{ContainerStatus: runtimeapi.ContainerStatus{
+		Id: "done", State: runtimeapi.ContainerState_CONTAINER_EXITED, ExitCode: 3, Reason: "Error", FinishedAt: 42,
+	}}
+	for _, id := range []string{"running", "done"} {
+		if _, err := r.StopContainer(context.Background(), &runtimeapi.StopContainerRequest{ContainerId: id}); err != nil {
+			t.Fatalf("StopContainer(%s): %v", id, err)
+		}
+	}
+	if c := r.RuntimeService.Containers["running"]; c.State != runtimeapi.ContainerState_CONTAINER_EXITED ||
+		c.ExitCode != 143 || c.Reason != "Error" || c.FinishedAt == 0 {
+		t.Errorf("stopped container now %v, code %d, reason %q, finished %d", c.State, c.ExitCode, c.Reason, c.FinishedAt)
+	}
+	if c := r.RuntimeService.Containers["done"]; c.ExitCode != 3 || c.FinishedAt != 42 {
+		t.Errorf("an exited container changed: code %d, finished %d", c.ExitCode, c.FinishedAt)
+	}
+	if _, err := r.StopContainer(context.Background(), &runtimeapi.StopContainerRequest{ContainerId: "gone"}); err == nil {
+		t.Error("stopped a container that is not there")
+	}
+}
