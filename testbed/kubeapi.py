@@ -20,6 +20,7 @@ import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -212,6 +213,11 @@ def path_for(
     if subresource is not None:
         parts.append(subresource)
     return "/".join(parts)
+
+
+def parse_rfc3339(stamp: str) -> float:
+    """Seconds since the epoch of an API timestamp (``2026-11-29T23:24:06Z``, fractions or not)."""
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
 def now_rfc3339(micro: bool = False) -> str:

@@ -73,7 +73,7 @@ from typing import Any, TypeVar
 from testbed.config import KUBELET_SYNC_FREQUENCY_S
 from testbed.http11 import TransportError
 from testbed.keys import CONTAINER_ENV_ANNOTATION
-from testbed.kubeapi import ApiError, ClaimRef, KubeClient, Obj, WatchPosition, now_rfc3339, path_for
+from testbed.kubeapi import ApiError, ClaimRef, KubeClient, Obj, WatchPosition, now_rfc3339, parse_rfc3339, path_for
 from testbed.kubelet import claiminfo, commands, containerevents, metrics, podstatus, skips
 from testbed.kubelet.claiminfo import PreparedClaim
 from testbed.kubelet.containerevents import Told
@@ -109,6 +109,9 @@ PREPARE_FAILED = "FailedPrepareDynamicResources"
 PREPARE_FAILED_MESSAGE = "Failed to prepare dynamic resources: prepare dynamic resources"
 """The event's words and the kubelet's own wrapping of every PrepareResources error."""
 SANDBOX_FAILED = "FailedCreatePodSandBox"
+DEADLINE_EXCEEDED = "DeadlineExceeded"
+DEADLINE_MESSAGE = "Pod was active on the node longer than the specified deadline"
+"""The kubelet's words (its active deadline handler) for a pod past activeDeadlineSeconds."""
 NO_RELATIONSHIP = "no relationship found between node"
 """The node authorizer's refusal of an object it does not (yet) link to the node."""
 AUTHORIZER_CATCH_UP_S = (0.005, 0.01, 0.02, 0.04, 0.08)
@@ -225,6 +228,9 @@ class PodManager:
         has adopted the driver pod), told once it runs."""
         self._probing: dict[str, dict[str, str]] = {}
         """By pod UID and container name: containers whose probes have not passed yet."""
+        self._past_deadline: set[str] = set()
+        """Pods past their activeDeadlineSeconds: their workers stop them (``_ending``)."""
+        self._deadline_timers: dict[str, asyncio.TimerHandle] = {}
         self._started_before_restart: set[str] = set()
         """Pods whose claims were prepared when the checkpoint was written: those still
         Running kept their containers through this kubelet's restart."""
@@ -308,6 +314,8 @@ class PodManager:
         elif uid in self._running and pod["spec"].get("readinessGates"):
             self._follow_readiness_gates(pod)
         if uid in self._workers:
+            if before is not None and _deadline(before) != _deadline(pod):
+                self._arm_deadline(uid)  # activeDeadlineSeconds may be set or shortened on a running pod
             return
         if kind == "DELETED" and uid in self._terminated:
             self._forget(uid)  # released, and now gone from the API: nothing is left to do
@@ -324,6 +332,30 @@ class PodManager:
     def _deleting(self, uid: str) -> bool:
         pod = self._latest[uid]
         return bool(pod.get("_deleted") or pod["metadata"].get("deletionTimestamp"))
+
+    def _ending(self, uid: str) -> bool:
+        """Being deleted, or past its active deadline: its worker stops what it does."""
+        return uid in self._past_deadline or self._deleting(uid)
+
+    def _arm_deadline(self, uid: str) -> None:
+        """Fail the pod once its activeDeadlineSeconds passed, counted from its startTime as
+        the kubelet counts it (from now for a pod new here)."""
+        if (timer := self._deadline_timers.pop(uid, None)) is not None:
+            timer.cancel()
+        seconds = _deadline(self._pod(uid))
+        if seconds is None:
+            return
+        began = parse_rfc3339(_start_time(self._pod(uid)))
+        delay = max(0.0, began + seconds - time.time())
+        self._deadline_timers[uid] = asyncio.get_running_loop().call_later(delay, self._deadline_passed, uid)
+
+    def _deadline_passed(self, uid: str) -> None:
+        self._deadline_timers.pop(uid, None)
+        if uid not in self._latest or uid in self._terminated or self._deleting(uid):
+            return
+        self._past_deadline.add(uid)
+        self._changes[uid] = self._changes.get(uid, 0) + 1
+        self._updated.setdefault(uid, asyncio.Event()).set()
 
     async def _pause(self, uid: str, seconds: float, seen: int | None = None) -> None:
         """Sleep, but wake at once if the pod changes (e.g. is being deleted), or return at
@@ -355,6 +387,7 @@ class PodManager:
 
     async def _run(self, uid: str) -> None:
         try:
+            self._arm_deadline(uid)
             started = await self._start(uid)
             if started:
                 seconds = commands.run_seconds(self._pod(uid))
@@ -369,7 +402,9 @@ class PodManager:
                     await self._release(uid)
                     codes = {c["name"]: commands.exit_code(c) for c in self._pod(uid)["spec"]["containers"]}
                     await self._set_ended(uid, since, podstatus.Ended.exited(codes, now_rfc3339()))
-            while not self._deleting(uid):  # ended, or never to start (an init container failed)
+            if uid in self._past_deadline and uid not in self._terminated:
+                await self._exceed_deadline(uid)
+            while not self._deleting(uid):  # ended, failed, or never to start (an init container failed)
                 await self._pause(uid, 3600)
             await self._finish_deletion(uid)
         except asyncio.CancelledError:
@@ -409,7 +444,7 @@ class PodManager:
         """As the kubelet's pod worker: a failed attempt is made again at the next sync
         (sooner if the pod's spec, labels, annotations or deletion change)."""
         sandbox = False  # the kubelet prepares claims before the runtime makes it, containers after
-        while not self._deleting(uid):
+        while not self._ending(uid):
             seen, pod = self._changes.get(uid, 0), self._pod(uid)
             try:
                 if self._kept_running(pod):
@@ -767,9 +802,9 @@ class PodManager:
         await self._patch_status(latest, {"status": status})
 
     async def _runs_for(self, uid: str, seconds: float | None) -> bool:
-        """Until ``seconds`` passed (None: for good); False if the pod is being deleted."""
+        """Until ``seconds`` passed (None: for good); False if the pod is ending (``_ending``)."""
         deadline = None if seconds is None else time.monotonic() + seconds
-        while not self._deleting(uid):
+        while not self._ending(uid):
             left = 3600.0 if deadline is None else deadline - time.monotonic()
             if left <= 0:
                 return True
@@ -901,7 +936,7 @@ class PodManager:
             await asyncio.sleep(max(0.0, started + after - time.monotonic()))
             probing = self._probing.get(uid)
             running = uid in self._running
-            if probing is None or not (running or uid in self._initializing) or self._deleting(uid):
+            if probing is None or not (running or uid in self._initializing) or self._ending(uid):
                 return
             again = self._restarted.get(uid, {}).get(name)
             if again is not None and again.container_id != probed_ids[name]:
@@ -947,7 +982,7 @@ class PodManager:
         sync tells BackOff), the pod Running throughout with that container not ready
         meanwhile, its claims left prepared (a container restart is no concern of the
         drivers'); one that completed under OnFailure stays so. Returns once the pod is
-        being deleted."""
+        ending (``_ending``)."""
         pod = self._pod(uid)
         periods = {
             c["name"]: seconds
@@ -963,7 +998,7 @@ class PodManager:
         back_off: dict[str, tuple[float, float]] = {}
         backed_off: dict[str, _BackingOff] = {}
         """Containers that exited, until started again."""
-        while periods and not self._deleting(uid):
+        while periods and not self._ending(uid):
             name = min(due, key=due.__getitem__)
             if (left := due[name] - time.monotonic()) > 0:
                 await self._pause(uid, left)
@@ -1172,7 +1207,7 @@ class PodManager:
     async def _sync_status(self, uid: str) -> None:
         """Write the running pod's container statuses again if their device health changed."""
         pod, stamp = self._latest.get(uid), self._running.get(uid)
-        if pod is None or stamp is None or self._deleting(uid):
+        if pod is None or stamp is None or self._ending(uid):
             return
         before = self._resources_status.get(uid)
         statuses = self._running_container_statuses(pod, stamp)
@@ -1302,7 +1337,7 @@ class PodManager:
         if pod is None or uid not in self._running:
             self._process_changes.setdefault((namespace, name, container), []).append(exit_code)
             return
-        if self._deleting(uid):
+        if self._ending(uid):
             return
         spec = next((c for c in pod["spec"].get("containers", []) if c["name"] == container), None)
         if spec is None:
@@ -1346,7 +1381,7 @@ class PodManager:
         plan = _BackingOff(delay, [exited_at + at for at in blocked], exited_at + restart_at)
         while plan.blocked:
             await asyncio.sleep(max(0.0, plan.blocked.pop(0) - time.monotonic()))
-            if self._deleting(uid):
+            if self._ending(uid):
                 return
             await self._blocked_sync(uid, container, plan)
         await asyncio.sleep(max(0.0, plan.restart_at - time.monotonic()))
@@ -1414,29 +1449,44 @@ class PodManager:
         self._resync_schedule.remove(uid)
         return started
 
-    async def _finish_deletion(self, uid: str) -> None:
+    async def _exceed_deadline(self, uid: str) -> None:
+        """Past its activeDeadlineSeconds, as the kubelet's active deadline handler has it:
+        the pod Failed (DeadlineExceeded), its containers stopped and its claims
+        unprepared; it stays in the API, Failed, until someone deletes it."""
+        self.tell(self._pod(uid), Told("Normal", DEADLINE_EXCEEDED, DEADLINE_MESSAGE))
+        await self._terminate(uid, {"reason": DEADLINE_EXCEEDED, "message": DEADLINE_MESSAGE})
+
+    async def _terminate(self, uid: str, failed: Obj | None = None) -> None:
+        """Stop the pod's containers, release its claims, and write the terminal status of
+        what it had reached, unless it ended before (its status says so). ``failed``: the
+        pod-level reason and message of a pod the kubelet failed."""
         ended_before = uid in self._terminated  # its containers completed: its status says so
         if uid in self._latest and not ended_before:
             self._tell_stopping(uid)
         started = self._not_running(uid)
         await self._release(uid)
         pod = self._latest.get(uid)
+        if pod is None or pod.get("_deleted") or ended_before:
+            return
+        now, status = now_rfc3339(), None
+        if started:
+            inits, restarted = self._inits.get(uid, podstatus.NO_INITS), self._restarted.get(uid)
+            ended = podstatus.Ended.stopped(now)
+            status = podstatus.ended_status(pod, started, _container_ids(pod), ended, inits, restarted)
+        elif uid in self._inits:
+            inits = self._inits[uid]
+            status = podstatus.stopped_initializing_status(pod, _container_ids(pod), inits, now, failed is not None)
+        elif uid in self._waiting or failed is not None:
+            status = podstatus.never_ran_status(pod, now, self._waiting.get(uid) is not None)
+        if status is not None:
+            with contextlib.suppress(ApiError):
+                await self._patch_status(pod, {"status": {**status, **(failed or {})}})
+
+    async def _finish_deletion(self, uid: str) -> None:
+        await self._terminate(uid)  # as the kubelet: the stopped containers' terminal status, then the delete
+        pod = self._latest.get(uid)
         if pod is not None and not pod.get("_deleted"):
             meta = pod["metadata"]
-            # As the kubelet: the stopped containers' terminal status, then the delete.
-            with contextlib.suppress(ApiError):
-                if ended_before:
-                    pass
-                elif started:
-                    await self._set_ended(uid, started, podstatus.Ended.stopped(now_rfc3339()))
-                elif uid in self._inits:
-                    status = podstatus.stopped_initializing_status(
-                        pod, _container_ids(pod), self._inits[uid], now_rfc3339()
-                    )
-                    await self._patch_status(pod, {"status": status})
-                elif uid in self._waiting:
-                    status = podstatus.never_ran_status(pod, now_rfc3339(), self._waiting[uid] is not None)
-                    await self._patch_status(pod, {"status": status})
             with contextlib.suppress(ApiError):
                 await self.client.delete(
                     path_for("v1", "pods", meta["name"], meta["namespace"]),
@@ -1456,6 +1506,9 @@ class PodManager:
         self._workers.pop(uid, None)
 
     def _forget(self, uid: str, keep_terminated: bool = False) -> None:
+        if (timer := self._deadline_timers.pop(uid, None)) is not None:
+            timer.cancel()
+        self._past_deadline.discard(uid)
         self._latest.pop(uid, None)
         self._waiting.pop(uid, None)
         self._inits.pop(uid, None)
@@ -1586,6 +1639,11 @@ def _go_duration(seconds: float) -> str:
 def _start_time(pod: Obj, default: str | None = None) -> str:
     """When the kubelet first took the pod on: kept from its first status write on."""
     return str(pod.get("status", {}).get("startTime") or default or now_rfc3339())
+
+
+def _deadline(pod: Obj) -> float | None:
+    seconds = pod["spec"].get("activeDeadlineSeconds")
+    return None if seconds is None else float(seconds)
 
 
 def _container_ids(pod: Obj) -> dict[str, str]:

@@ -269,14 +269,18 @@ def ended_status(
     return _status(pod, ended.phase, init_statuses, _by_name(mains), "gone", ended.at)
 
 
-def stopped_initializing_status(pod: Obj, container_ids: Mapping[str, str], inits: InitRun, at: str) -> Obj:
+def stopped_initializing_status(
+    pod: Obj, container_ids: Mapping[str, str], inits: InitRun, at: str, failed_by_kubelet: bool = False
+) -> Obj:
     """The terminal status of a pod deleted while its init containers ran: the one running
     stopped, the pod's containers never started. The kubelet works its conditions out
-    before it marks the pod Failed, as for a Pending pod."""
+    before it marks the pod Failed, as for a Pending pod; from Failed when it failed the
+    pod itself (``failed_by_kubelet``: past its active deadline)."""
     waiting = {"waiting": {"reason": POD_INITIALIZING}}
     mains = _by_name(_unstarted_status(c, waiting) for c in pod["spec"].get("containers", []))
     init_statuses = _init_statuses(pod, container_ids, inits, Ended.stopped(at))
-    return _status(pod, "Failed", init_statuses, mains, "gone", at, conditions_phase="Pending")
+    conditions_phase = "Failed" if failed_by_kubelet else "Pending"
+    return _status(pod, "Failed", init_statuses, mains, "gone", at, conditions_phase=conditions_phase)
 
 
 def failed_initializing_status(pod: Obj, container_ids: Mapping[str, str], inits: InitRun, at: str) -> Obj:

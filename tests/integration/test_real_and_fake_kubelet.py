@@ -100,6 +100,15 @@ class Side:
         }
         await self.client.create(path_for("v1", "pods", namespace=self.namespace), body)
 
+    async def slow_driver(self, latency_ms: int) -> None:
+        """Until the node's driver takes that long to prepare (its faults file applied)."""
+        self.node.set_faults(latency_ms=latency_ms)
+
+        async def applied() -> bool:
+            return f"latency {latency_ms} ms" in self.node.log_tail("driver")
+
+        await until(applied, 30, f"{self.kind}: the driver to apply the faults file")
+
     async def read_pod(self, name: str) -> Obj:
         return await self.client.get(path_for("v1", "pods", name, self.namespace))
 
@@ -1047,6 +1056,64 @@ def test_a_container_that_exits_non_zero_fails_its_pod_or_is_started_again_alike
     asyncio.run(scenario())
 
 
+def test_a_pod_past_its_active_deadline_is_failed_and_its_claim_unprepared_alike(
+    control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
+) -> None:
+    """activeDeadlineSeconds is the kubelet's to enforce: once a pod has been active that
+    long, it is Failed (DeadlineExceeded), its containers stopped and its claims
+    unprepared, and it stays until deleted. So too for a pod still initializing, and for
+    a running one whose deadline is set later (the one spec field a running pod's owner
+    may add). The fake kubelet let all three run for good."""
+
+    async def scenario() -> None:
+        async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
+
+            async def case(side: Side) -> dict[str, Any]:
+                await side.template("gpu", [request("gpu", GPU)])
+                since = time.time()
+                image = "registry.invalid/workload:v1"
+                main = {"name": "main", "image": image, "command": ["sleep", "3600"]}
+                await side.create_pod(
+                    "deadline",
+                    activeDeadlineSeconds=3,
+                    resourceClaims=[{"name": "c", "resourceClaimTemplateName": "gpu"}],
+                    containers=[{**main, "resources": {"claims": [{"name": "c"}]}}],
+                )
+                init = {"name": "init", "image": image, "command": ["sleep", "infinity"]}
+                await side.create_pod("initializing", activeDeadlineSeconds=3, initContainers=[init], containers=[main])
+                await side.create_pod("later", containers=[main])
+                await side.running("later")
+                deadline = {"spec": {"activeDeadlineSeconds": 1}}
+                await side.client.patch(path_for("v1", "pods", "later", side.namespace), deadline, "strategic")
+                found: dict[str, Any] = {}
+                for name in ("deadline", "initializing", "later"):
+                    failed = await until(lambda n=name: side._phase(n, "Failed"), 60, f"{side.kind}: {name} failed")
+                    status = failed["status"]
+                    found[name] = _status_shape(failed)
+                    found[f"{name}: why"] = (status.get("reason"), status.get("message"))
+                    found[f"{name}: exits"] = {**_exits(failed), **_init_exits(failed)}
+                found["calls"] = list((await _all_unprepared(side, since)).values())
+                told = await _told(side, counted=False)
+                wanted = ("DeadlineExceeded", "Killing")
+                found["told"] = {name: [t for t in facts if t[2] in wanted] for name, facts in told.items()}
+                found["still there"] = sorted(
+                    p["metadata"]["name"]
+                    for p in (await side.client.get(path_for("v1", "pods", namespace=side.namespace)))["items"]
+                )
+                return found
+
+            found = await both(sides, case)
+            for key in found["real"]:
+                assert found["fake"][key] == found["real"][key], key
+            fake = found["fake"]
+            assert fake["deadline: why"][0] == "DeadlineExceeded"
+            assert fake["deadline: exits"] == {"main": (0, 143, "Error")}
+            assert fake["calls"] == [[PREPARE, UNPREPARE]]
+            assert fake["still there"] == ["deadline", "initializing", "later"]
+
+    asyncio.run(scenario())
+
+
 def test_containers_of_a_pod_that_ends_end_each_at_its_own_time_alike(
     control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
 ) -> None:
@@ -1290,12 +1357,7 @@ def test_a_pod_whose_driver_is_slow_to_prepare_shows_container_creating_alike(
         async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
 
             async def case(side: Side) -> dict[str, Any]:
-                side.node.set_faults(latency_ms=3000)
-
-                async def applied() -> bool:
-                    return "latency 3000 ms" in side.node.log_tail("driver")
-
-                await until(applied, 30, f"{side.kind}: the driver to apply the faults file")
+                await side.slow_driver(3000)
                 await side.template("gpu", [request("gpu", GPU)])
                 await side.pod("slow", {"resourceClaimTemplateName": "gpu"})
 
@@ -1312,6 +1374,50 @@ def test_a_pod_whose_driver_is_slow_to_prepare_shows_container_creating_alike(
             found = await both(sides, case)
             assert found["fake"] == found["real"]
             assert found["fake"]["creating"]["phase"] == "Pending" and found["fake"]["then"] == "Running"
+
+    asyncio.run(scenario())
+
+
+def test_a_pod_deleted_while_its_driver_prepares_is_stopped_and_unprepared_alike(
+    control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
+) -> None:
+    """A pod deleted while a slow driver still prepares its claim (a user cancelling a Job,
+    say): the prepare runs to its end (the kubelet does not cancel it), then the pod is
+    stopped, Failed, and its claim unprepared; its last status and Events read alike."""
+
+    async def scenario() -> None:
+        async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
+
+            async def case(side: Side) -> dict[str, Any]:
+                await side.slow_driver(3000)
+                await side.template("gpu", [request("gpu", GPU)])
+                since = time.time()
+                await side.pod("cancelled", {"resourceClaimTemplateName": "gpu"})
+
+                # The driver notes a prepare's start before the hardware's 3 s, and drops the
+                # note at its end: the pod is deleted while its prepare is under way.
+                intents = side.node.kubelet_dir / "plugins" / GPU / "prepare-intents"
+
+                async def preparing() -> bool:
+                    return intents.exists()
+
+                await until(preparing, 60, f"{side.kind}: cancelled's claim being prepared")
+                gone = await side.deleted("cancelled")
+                calls = await _all_unprepared(side, since)
+                side.node.set_faults()
+                told = await _told(side, counted=False)
+                return {
+                    "last status": _status_shape(gone),
+                    "exits": _exits(gone),
+                    "calls": list(calls.values()),
+                    "told": [t[2] for t in told.get("cancelled", [])],
+                }
+
+            found = await both(sides, case)
+            for key in found["real"]:
+                assert found["fake"][key] == found["real"][key], key
+            assert found["fake"]["calls"] == [[PREPARE, UNPREPARE]]
+            assert found["fake"]["last status"]["phase"] == "Failed"
 
     asyncio.run(scenario())
 
