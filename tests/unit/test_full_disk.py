@@ -5,9 +5,10 @@ and both carry on once there is room again."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import ssl
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -43,21 +44,25 @@ class Claims(ClaimReader):
         return _claim(int(name[1:]))
 
 
-def _driver_on(disk: Path, hardware: NodeHardware, client: KubeClient) -> Callable[[], ClaimPreparer]:
-    """A driver instance whose kubelet and CDI directories are on ``disk``, one per call."""
+@contextlib.asynccontextmanager
+async def _driver_with_one_claim(
+    disk: Path, hardware: NodeHardware
+) -> AsyncIterator[tuple[Callable[[], ClaimPreparer], ClaimPreparer]]:
+    """Makes driver instances whose kubelet and CDI directories are on ``disk``, one per
+    call; and the first of them, with claim 0 prepared."""
+    client = KubeClient(Credentials("https://127.0.0.1:1", ssl.create_default_context()))
 
     def preparer() -> ClaimPreparer:
         driver = KINDS[GPU].make(LocalBackend(hardware), client)
         return ClaimPreparer(driver, "n", DriverPaths.for_node(disk / "kubelet", GPU, disk / "cdi"), Claims(client))
 
-    return preparer
-
-
-async def _with_one_claim_prepared(preparer: Callable[[], ClaimPreparer]) -> ClaimPreparer:
-    first = preparer()
-    await first.repair()
-    assert (await first.prepare([_ref(0)]))["uid-0"].error == ""
-    return first
+    try:
+        first = preparer()
+        await first.repair()
+        assert (await first.prepare([_ref(0)]))["uid-0"].error == ""
+        yield preparer, first
+    finally:
+        await client.close()
 
 
 @pytest.mark.parametrize(
@@ -72,28 +77,25 @@ def test_the_driver_fails_the_claim_it_cannot_record_alone_and_holds_nothing_for
     hardware = NodeHardware("n", load_profile("gpu8"))
 
     async def scenario() -> None:
-        client = KubeClient(Credentials("https://127.0.0.1:1", ssl.create_default_context()))
-        preparer = _driver_on(disk, hardware, client)
-        first = await _with_one_claim_prepared(preparer)
-        small_filesystem.fill(leave_pages=room)
-        failed = (await first.prepare([_ref(1)]))["uid-1"]
-        assert failed.devices == []
-        assert f"claim ns/c1: cannot write {disk}/" in failed.error and "No space left on device" in failed.error
-        assert failed.error.split(": ")[2].endswith(f"/{unwritten}"), failed.error
-        assert "free space on that file system" in failed.error
-        assert hardware.claims() == {"uid-0": ["gpu-0"]}, "what it could not record is released"
-        on_disk = Checkpoint(first.paths.checkpoint)
-        on_disk.load()
-        assert set(on_disk.claims) == set(first.checkpoint.claims) == {"uid-0"}
-        assert (await first.prepare([_ref(0)]))["uid-0"].error == "", "a recorded claim still prepares"
+        async with _driver_with_one_claim(disk, hardware) as (preparer, first):
+            small_filesystem.fill(leave_pages=room)
+            failed = (await first.prepare([_ref(1)]))["uid-1"]
+            assert failed.devices == []
+            assert f"claim ns/c1: cannot write {disk}/" in failed.error and "No space left on device" in failed.error
+            assert failed.error.split(": ")[2].endswith(f"/{unwritten}"), failed.error
+            assert "free space on that file system" in failed.error
+            assert hardware.claims() == {"uid-0": ["gpu-0"]}, "what it could not record is released"
+            on_disk = Checkpoint(first.paths.checkpoint)
+            on_disk.load()
+            assert set(on_disk.claims) == set(first.checkpoint.claims) == {"uid-0"}
+            assert (await first.prepare([_ref(0)]))["uid-0"].error == "", "a recorded claim still prepares"
 
-        small_filesystem.free()
-        assert (await first.prepare([_ref(1)]))["uid-1"].error == "", "asked again once there is room"
-        restarted = preparer()
-        await restarted.repair()
-        assert set(restarted.checkpoint.claims) == {"uid-0", "uid-1"}
-        assert sorted(p.name for p in (disk / "cdi").iterdir()) == [f"{GPU}-uid-0.json", f"{GPU}-uid-1.json"]
-        await client.close()
+            small_filesystem.free()
+            assert (await first.prepare([_ref(1)]))["uid-1"].error == "", "asked again once there is room"
+            restarted = preparer()
+            await restarted.repair()
+            assert set(restarted.checkpoint.claims) == {"uid-0", "uid-1"}
+            assert sorted(p.name for p in (disk / "cdi").iterdir()) == [f"{GPU}-uid-0.json", f"{GPU}-uid-1.json"]
 
     asyncio.run(scenario())
 
@@ -107,22 +109,19 @@ def test_a_driver_starting_on_a_full_disk_undoes_a_half_prepared_claim_and_serve
     hardware = NodeHardware("n", load_profile("gpu8"))
 
     async def scenario() -> None:
-        client = KubeClient(Credentials("https://127.0.0.1:1", ssl.create_default_context()))
-        preparer = _driver_on(disk, hardware, client)
-        first = await _with_one_claim_prepared(preparer)
-        first.checkpoint.put(ClaimRecord("uid-0", "ns", "c0", ClaimState.PREPARE_STARTED))  # cut short
-        (disk / "cdi" / f"{GPU}-uid-0.json").unlink()  # before its spec was written
-        small_filesystem.fill()
-        restarted = preparer()
-        await restarted.repair()
-        assert hardware.claims() == {}, "undone"
-        assert set(restarted.checkpoint.claims) == {"uid-0"}, "the record it could not remove is kept"
-        small_filesystem.free()
-        again = preparer()
-        await again.repair()
-        assert again.checkpoint.claims == {}
-        assert (await again.prepare([_ref(0)]))["uid-0"].error == ""
-        await client.close()
+        async with _driver_with_one_claim(disk, hardware) as (preparer, first):
+            first.checkpoint.put(ClaimRecord("uid-0", "ns", "c0", ClaimState.PREPARE_STARTED))  # cut short
+            (disk / "cdi" / f"{GPU}-uid-0.json").unlink()  # before its spec was written
+            small_filesystem.fill()
+            restarted = preparer()
+            await restarted.repair()
+            assert hardware.claims() == {}, "undone"
+            assert set(restarted.checkpoint.claims) == {"uid-0"}, "the record it could not remove is kept"
+            small_filesystem.free()
+            again = preparer()
+            await again.repair()
+            assert again.checkpoint.claims == {}
+            assert (await again.prepare([_ref(0)]))["uid-0"].error == ""
 
     asyncio.run(scenario())
 
