@@ -130,3 +130,33 @@ def init_seconds(container: Obj) -> float | None:
     if seconds is None:
         return 0.0
     return None if math.isinf(seconds) else seconds
+
+
+def hook_seconds(container: Obj, hook: str) -> float:
+    """How long a container's ``postStart`` or ``preStop`` hook takes: its sleep action's
+    seconds (the kubelet itself sleeps); 0 for an exec hook (a runtime that runs no
+    process answers at once), an HTTP one, or none."""
+    action = ((container.get("lifecycle") or {}).get(hook) or {}).get("sleep") or {}
+    try:
+        return max(0.0, float(action.get("seconds", 0)))
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def pre_stop_seconds(running: list[Obj], grace_s: float) -> float:
+    """How long stopping these containers takes: the kubelet runs their preStop hooks at
+    once, each cut short at the grace period (none runs with a grace of 0), and stops
+    each container after its hook (sidecars after the pod's own containers)."""
+    if grace_s <= 0:
+        return 0.0
+    return max((min(hook_seconds(c, "preStop"), grace_s) for c in running), default=0.0)
+
+
+def grace_seconds(pod: Obj) -> float:
+    """The pod's grace period for stopping its containers: the one its deletion set, else
+    its spec's (30 s by default)."""
+    deleting = pod["metadata"].get("deletionGracePeriodSeconds")
+    if deleting is not None:
+        return float(deleting)
+    spec = pod["spec"].get("terminationGracePeriodSeconds")
+    return 30.0 if spec is None else float(spec)

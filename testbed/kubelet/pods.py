@@ -397,8 +397,8 @@ class PodManager:
                     # Its containers ended, its sidecars are stopped. The kubelet
                     # unprepares after the containers stopped and before the pod's new
                     # status reaches the API server.
-                    since = self._not_running(uid)
-                    self._tell_stopping(uid)
+                    since = self._not_running(uid)  # first: its own containers completed, only sidecars stop
+                    await self._stop_containers(uid)
                     await self._release(uid)
                     codes = {c["name"]: commands.exit_code(c) for c in self._pod(uid)["spec"]["containers"]}
                     await self._set_ended(uid, since, podstatus.Ended.exited(codes, now_rfc3339()))
@@ -779,7 +779,7 @@ class PodManager:
         """The pod failed for its init container (restartPolicy Never): as for a pod whose
         containers ended, its sidecars stopped and its claims unprepared before its
         terminal status is written."""
-        self._tell_stopping(uid)
+        await self._stop_containers(uid)
         self._not_running(uid)
         await self._release(uid)
         pod = self._pod(uid)
@@ -874,6 +874,11 @@ class PodManager:
         if probed:  # they start now (a restarted kubelet finds them running)
             for container in pod["spec"].get("containers", []):
                 self._tell_started(pod, container)
+                # The kubelet runs its postStart hook before it starts the next one, and
+                # writes the pod Running once all have started.
+                hook_s = commands.hook_seconds(container, "postStart")
+                if hook_s and not await self._runs_for(meta["uid"], hook_s):
+                    return
         probing, changes = probe_plan(pod) if probed else ({}, [])
         probing = self._probing[meta["uid"]] = {**self._probing.get(meta["uid"], {}), **probing}  # sidecars' kept
         status = podstatus.running_status(pod, stamp, _container_ids(pod), now_rfc3339(), inits, probing=probing)
@@ -1423,9 +1428,20 @@ class PodManager:
         by someone else's watch, it cannot tell, and claims are left alone."""
         return self.watch_pods and bool(self._position.resource_version)
 
-    def _tell_stopping(self, uid: str) -> None:
-        """Tell of each container that runs now being stopped: the pod's own (unless they
-        completed), then its init containers still running (sidecars, stopped last)."""
+    async def _stop_containers(self, uid: str) -> None:
+        """Stop each container that runs now, telling of it: the pod's own (unless they
+        completed), then its init containers still running (sidecars, stopped last); after
+        their preStop hooks, as the kubelet runs them (a sleep action takes its time, cut
+        short at the grace period), unless the pod is gone from the API meanwhile."""
+        pod = self._pod(uid)
+        running = self._running_containers(uid)
+        for container in running:
+            self.tell(pod, containerevents.stopping(container), container["name"])
+        deadline = time.monotonic() + commands.pre_stop_seconds(running, commands.grace_seconds(pod))
+        while (left := deadline - time.monotonic()) > 0 and not self._pod(uid).get("_deleted"):
+            await self._pause(uid, left)
+
+    def _running_containers(self, uid: str) -> list[Obj]:
         pod, restarted = self._pod(uid), self._restarted.get(uid, {})
         spec = pod["spec"]
         running = []
@@ -1438,8 +1454,7 @@ class PodManager:
         run = self._inits.get(uid, podstatus.NO_INITS)  # those started so far
         inits = enumerate((spec.get("initContainers") or [])[: len(run.spans)])
         running += reversed([c for index, c in inits if run.runs(index)])
-        for container in running:
-            self.tell(pod, containerevents.stopping(container), container["name"])
+        return running
 
     def _not_running(self, uid: str) -> str:
         """Its containers and sandbox are gone (its status keeps the IP it had); when they
@@ -1462,7 +1477,7 @@ class PodManager:
         pod-level reason and message of a pod the kubelet failed."""
         ended_before = uid in self._terminated  # its containers completed: its status says so
         if uid in self._latest and not ended_before:
-            self._tell_stopping(uid)
+            await self._stop_containers(uid)
         started = self._not_running(uid)
         await self._release(uid)
         pod = self._latest.get(uid)

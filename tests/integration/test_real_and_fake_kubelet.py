@@ -119,11 +119,15 @@ class Side:
         pod = await self.read_pod(name)
         return pod if pod.get("status", {}).get("phase") == phase else None
 
-    async def delete_pod(self, name: str) -> None:
-        await self.client.delete_if_exists(path_for("v1", "pods", name, self.namespace))
+    async def delete_pod(self, name: str, grace_s: int | None = None) -> None:
+        options = (
+            None if grace_s is None else {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": grace_s}
+        )
+        await self.client.delete_if_exists(path_for("v1", "pods", name, self.namespace), options)
 
-    async def deleted(self, name: str, timeout_s: float = 60) -> Obj:
-        """Delete the pod; the pod as it was when it went (its last status)."""
+    async def deleted(self, name: str, timeout_s: float = 60, grace_s: int | None = None) -> Obj:
+        """Delete the pod (with that grace period, if given); the pod as it was when it
+        went (its last status)."""
         last: dict[str, Obj] = {}
 
         async def follow() -> None:
@@ -136,7 +140,7 @@ class Side:
 
         following = asyncio.create_task(follow())
         try:
-            await self.delete_pod(name)
+            await self.delete_pod(name, grace_s)
             await until(gone, timeout_s, f"{self.kind}: {name} deleted")
         finally:
             following.cancel()
@@ -1110,6 +1114,64 @@ def test_a_pod_past_its_active_deadline_is_failed_and_its_claim_unprepared_alike
             assert fake["deadline: exits"] == {"main": (0, 143, "Error")}
             assert fake["calls"] == [[PREPARE, UNPREPARE]]
             assert fake["still there"] == ["deadline", "initializing", "later"]
+
+    asyncio.run(scenario())
+
+
+def test_lifecycle_hooks_sleep_action_delays_the_start_and_the_stop_alike(
+    control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
+) -> None:
+    """The kubelet runs a container's postStart hook before it starts the next container
+    and writes the pod Running after them, and a preStop hook before it stops the
+    container, cut short at the grace period: a sleep action (the kubelet sleeps) delays
+    both, and the pod's claim stays prepared through its preStop. The fake kubelet
+    ignored hooks: a pod's devices went at once where a real node holds them."""
+
+    async def scenario() -> None:
+        async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
+
+            async def case(side: Side) -> dict[str, Any]:
+                await side.template("gpu", [request("gpu", GPU)])
+                image = "registry.invalid/workload:v1"
+                hooks = {"postStart": {"sleep": {"seconds": 2}}, "preStop": {"sleep": {"seconds": 3}}}
+                main = {"name": "main", "image": image, "command": ["sleep", "3600"], "lifecycle": hooks}
+                created = time.monotonic()
+                await side.create_pod(
+                    "hooked",
+                    terminationGracePeriodSeconds=30,
+                    resourceClaims=[{"name": "c", "resourceClaimTemplateName": "gpu"}],
+                    containers=[{**main, "resources": {"claims": [{"name": "c"}]}}],
+                )
+                await side.running("hooked")
+                started_s = time.monotonic() - created
+                cut = {"preStop": {"sleep": {"seconds": 20}}}
+                await side.create_pod(
+                    "cut-short", terminationGracePeriodSeconds=30, containers=[{**main, "lifecycle": cut}]
+                )
+                await side.running("cut-short")
+                since, deleting = time.time(), time.monotonic()
+                # Deleted with a shorter grace period than the hook's (`kubectl delete --grace-period=4`).
+                hooked, cut_short = await asyncio.gather(side.deleted("hooked"), side.deleted("cut-short", grace_s=4))
+                stopped_s = time.monotonic() - deleting
+                unprepared = [c["time"] - since for c in side.node.calls() if c["time"] >= since]
+                told = await _told(side, counted=False)
+                return {
+                    "started after": started_s,
+                    "stopped after": stopped_s,
+                    "unprepared after": unprepared,
+                    "hooked": (_status_shape(hooked), _exits(hooked)),
+                    "cut short": (_status_shape(cut_short), _exits(cut_short)),
+                    "told": {name: [t[2] for t in told[name]] for name in ("hooked", "cut-short")},
+                }
+
+            found = await both(sides, case)
+            for key in ("hooked", "cut short", "told"):
+                assert found["fake"][key] == found["real"][key], key
+            for kind, got in found.items():
+                assert 2 <= got["started after"] < 6, f"{kind}: Running {got['started after']:.1f} s after its creation"
+                assert 4 <= got["stopped after"] < 8, f"{kind}: gone {got['stopped after']:.1f} s after their deletion"
+                [unprepare] = got["unprepared after"]
+                assert 3 <= unprepare < 6, f"{kind}: the claim unprepared {unprepare:.1f} s after the deletion"
 
     asyncio.run(scenario())
 

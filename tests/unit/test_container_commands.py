@@ -11,7 +11,10 @@ from testbed.kubelet.commands import (
     Ending,
     ending,
     ending_first,
+    grace_seconds,
+    hook_seconds,
     init_seconds,
+    pre_stop_seconds,
     restart_seconds,
     restarts,
     run_seconds,
@@ -104,3 +107,34 @@ def test_an_init_container_runs_as_long_as_its_sleep_and_any_other_command_ends_
     command: list[str], seconds: float | None
 ) -> None:
     assert init_seconds({"name": "check", "command": command}) == seconds
+
+
+def hooked(name: str, pre_stop: Obj | None = None, post_start: Obj | None = None) -> Obj:
+    lifecycle = {k: v for k, v in (("preStop", pre_stop), ("postStart", post_start)) if v is not None}
+    return {**container("sleep", "3600", name=name), "lifecycle": lifecycle}
+
+
+def test_a_hooks_time_is_its_sleep_actions_and_nothing_for_what_runs_no_process() -> None:
+    assert hook_seconds(hooked("a", pre_stop={"sleep": {"seconds": 6}}), "preStop") == 6
+    assert hook_seconds(hooked("a", post_start={"sleep": {"seconds": 2}}), "postStart") == 2
+    assert hook_seconds(hooked("a", post_start={"sleep": {"seconds": 2}}), "preStop") == 0
+    assert hook_seconds(hooked("a", pre_stop={"exec": {"command": ["sleep", "9"]}}), "preStop") == 0
+    assert hook_seconds(hooked("a", pre_stop={"httpGet": {"port": 80}}), "preStop") == 0
+    assert hook_seconds(container("sleep", "1"), "preStop") == 0
+
+
+def test_stopping_takes_the_longest_prestop_hook_cut_short_at_the_grace_period() -> None:
+    running = [hooked("a", pre_stop={"sleep": {"seconds": 6}}), hooked("b", pre_stop={"sleep": {"seconds": 2}})]
+    assert pre_stop_seconds(running, 30) == 6, "the hooks run at once, not one after the other"
+    assert pre_stop_seconds(running, 4) == 4
+    assert pre_stop_seconds(running, 0) == 0, "a forced deletion runs no hook"
+    assert pre_stop_seconds([container("sleep", "9")], 30) == 0
+    assert pre_stop_seconds([], 30) == 0
+
+
+def test_the_grace_period_is_the_deletions_then_the_specs_then_30_s() -> None:
+    spec: Obj = {"containers": []}
+    assert grace_seconds({"metadata": {}, "spec": spec}) == 30
+    assert grace_seconds({"metadata": {}, "spec": {**spec, "terminationGracePeriodSeconds": 5}}) == 5
+    deleting = {"metadata": {"deletionGracePeriodSeconds": 0}, "spec": {**spec, "terminationGracePeriodSeconds": 5}}
+    assert grace_seconds(deleting) == 0
