@@ -36,7 +36,8 @@ from testbed.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
-STOP_GRACE_S = 10.0
+STOP_GRACE_S = 30.0
+"""A driver's time to exit after SIGTERM unless its spec says: a pod's default."""
 LIVENESS_PORT = "LIVENESS_PORT"
 """The variable that holds the port a driver's liveness endpoint is probed on: one per node,
 as every node's driver pod has the DaemonSet's port on an address of its own."""
@@ -51,6 +52,8 @@ class ExternalDriverSpec:
     liveness: LivenessSettings | None = None
     generation: int = 0
     """How often it was rolled out on its node: which driver pod its instance stands for."""
+    grace_s: float = STOP_GRACE_S
+    """SIGTERM, then SIGKILL this long after (its pod's terminationGracePeriodSeconds)."""
 
     @classmethod
     def from_json(cls, entry: Mapping[str, object]) -> ExternalDriverSpec:
@@ -61,6 +64,7 @@ class ExternalDriverSpec:
             dict(entry["env"]),  # type: ignore[call-overload]
             LivenessSettings(**liveness) if isinstance(liveness, dict) else None,
             int(entry.get("generation", 0)),  # type: ignore[call-overload]
+            float(entry.get("grace_s", STOP_GRACE_S)),  # type: ignore[arg-type]
         )
 
     def refers_to(self, variable: str) -> bool:
@@ -390,7 +394,7 @@ class ExternalDriver:
                 )
                 self.tell("Normal", "Killing", "Container driver failed liveness probe, will be restarted")
                 grace = self.spec.liveness.grace_s if self.spec.liveness else None
-                await self._told_of(await _terminate(self.process, STOP_GRACE_S if grace is None else grace))
+                await self._told_of(await _terminate(self.process, self.spec.grace_s if grace is None else grace))
                 self._changed(ended=True)
                 if self.restart_when is not None:
                     await self.restart_when()
@@ -449,7 +453,7 @@ class ExternalDriver:
         return self.process is not None and self.process.returncode is None
 
     async def stop(self) -> int | None:
-        """SIGTERM, and SIGKILL after STOP_GRACE_S; the exit code (None if not running)."""
+        """SIGTERM, and SIGKILL after its grace period; the exit code (None if not running)."""
         self._stopping = True
         if self._supervisor is not None:
             self._supervisor.cancel()
@@ -459,7 +463,7 @@ class ExternalDriver:
         self.records.unlink(missing_ok=True)
         if process is None or process.returncode is not None:
             return None if process is None else process.returncode
-        return await _terminate(process, STOP_GRACE_S)
+        return await _terminate(process, self.spec.grace_s)
 
     def _remember(self) -> None:
         assert self.process is not None

@@ -142,7 +142,9 @@ def _external(driver: ExternalDriver) -> ExternalDriverSpec:
             probe.failure_threshold,
             probe.grace_s,
         )
-    return ExternalDriverSpec(driver.name, tuple(driver.command), dict(driver.env), liveness, driver.generation)
+    return ExternalDriverSpec(
+        driver.name, tuple(driver.command), dict(driver.env), liveness, driver.generation, float(driver.grace_s)
+    )
 
 
 def host_options(placement: Placement | None, detached: bool) -> dict[str, Any]:

@@ -20,6 +20,7 @@ pools:
         livenessProbe:                # optional: probed as a kubelet probes the DaemonSet's container
           grpc: {}                    # grpc.health.v1 on 127.0.0.1:$LIVENESS_PORT, a port per node
           periodSeconds: 10           # (and initialDelaySeconds, timeoutSeconds, failureThreshold)
+        terminationGracePeriodSeconds: 30   # SIGTERM, then SIGKILL this long after (as its pod's)
     devicesPerSlice: null # at most this many devices per ResourceSlice (null: the API's limits)
 """
 
@@ -114,7 +115,7 @@ class LivenessProbe(_Strict):
     failure_threshold: int = Field(default=3, alias="failureThreshold", ge=1)
     grace_s: int | None = Field(default=None, alias="terminationGracePeriodSeconds", ge=1)
     """How long a driver killed for failing the probe has to exit before SIGKILL (default:
-    the grace the testbed gives every driver it stops)."""
+    the driver's own terminationGracePeriodSeconds, as a probe's overrides its pod's)."""
 
 
 class ExternalDriver(_Strict):
@@ -126,6 +127,9 @@ class ExternalDriver(_Strict):
     env: dict[str, str] = Field(default_factory=dict)
     liveness_probe: LivenessProbe | None = Field(default=None, alias="livenessProbe")
     """Probed as a kubelet probes the DaemonSet's container, and restarted when it fails."""
+    grace_s: int = Field(default=30, alias="terminationGracePeriodSeconds", ge=0)
+    """How long it has to exit after SIGTERM (a rollout, a drain, a liveness kill) before
+    SIGKILL: its DaemonSet pod's terminationGracePeriodSeconds, 30 s unless it says."""
     generation: int = Field(default=0, ge=0)
     """Its driver pods' generation, which `testbed rollout` counts up before it rolls any
     node, as a DaemonSet's template changes before its pods: nodes added later start at it.

@@ -101,3 +101,34 @@ def test_a_driver_its_liveness_probe_keeps_killing_fails_the_start_saying_so(tmp
     assert external.liveness_kills == CRASHES_WHILE_STARTING
     assert "killed 2 of them for failing its liveness probe" in str(failure.value)
     assert "$LIVENESS_PORT" in str(failure.value)
+
+
+@pytest.mark.parametrize(("grace_s", "code"), [(0.5, -9), (30.0, 143)])  # -9: killed (SIGKILL)
+def test_a_driver_is_stopped_with_sigterm_and_killed_once_its_grace_period_is_over(
+    tmp_path: Path, grace_s: float, code: int
+) -> None:
+    """As the kubelet stops a DaemonSet pod: SIGTERM, and SIGKILL after the pod's
+    terminationGracePeriodSeconds. A driver still cleaning up after SIGTERM (here: one
+    that takes 3 s to exit) is killed when its grace is shorter, and exits on its own
+    otherwise."""
+    program = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *_: (time.sleep(3), sys.exit(143)))\n"
+        "print('handler', 'set', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    spec = ExternalDriverSpec(name=DRIVER, command=(sys.executable, "-c", program), grace_s=grace_s)
+    external = ExternalDriver(spec, "node-0", tmp_path / "node")
+
+    async def scenario() -> tuple[int | None, float]:
+        await external.start({})
+        deadline = time.monotonic() + PATIENCE_S
+        while "handler set" not in (external.log_path.read_text() if external.log_path.exists() else ""):
+            assert time.monotonic() < deadline, "the driver never started"
+            await asyncio.sleep(0.05)
+        began = time.monotonic()
+        return await external.stop(), time.monotonic() - began
+
+    exit_code, took_s = asyncio.run(scenario())
+    assert exit_code == code
+    assert min(grace_s, 3.0) <= took_s < min(grace_s, 3.0) + 2.0, took_s

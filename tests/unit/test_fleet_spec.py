@@ -134,6 +134,28 @@ def test_a_drivers_liveness_probe_takes_the_kubelets_defaults_and_reaches_its_no
     assert NodeRecipe.from_json(json.loads(json.dumps(dataclasses.asdict(recipe)))) == recipe
 
 
+def test_a_drivers_grace_period_is_its_pods_30_s_unless_it_says_and_reaches_its_nodes() -> None:
+    """SIGTERM, then SIGKILL once terminationGracePeriodSeconds is over, as the kubelet
+    stops a DaemonSet pod: 30 s by default (it was 10 s, less than any pod gets)."""
+    import dataclasses
+    import json
+
+    from testbed.fleet.fleet import _recipe
+    from testbed.fleet.membership import NodeRecipe
+
+    driver = "{name: fpga.example.com, command: [/bin/fpga]"
+    default = spec.parse(f"pools: [{{name: a, count: 1, drivers: [{driver}}}]}}]", "f.yaml")
+    [external] = _recipe(default, default.pools[0], 0).external
+    assert external.grace_s == 30
+    said = spec.parse(f"pools: [{{name: a, count: 1, drivers: [{driver}, terminationGracePeriodSeconds: 90}}]}}]", "f")
+    [external] = _recipe(said, said.pools[0], 0).external
+    assert external.grace_s == 90
+    recipe = NodeRecipe("a-000", "tiny", external=(external,))
+    assert NodeRecipe.from_json(json.loads(json.dumps(dataclasses.asdict(recipe)))) == recipe, "kept across a restart"
+    with pytest.raises(spec.FleetFileError, match="terminationGracePeriodSeconds"):
+        spec.parse(f"pools: [{{name: a, count: 1, drivers: [{driver}, terminationGracePeriodSeconds: -1}}]}}]", "f")
+
+
 @pytest.mark.parametrize(
     ("probe", "message"),
     [
