@@ -35,15 +35,24 @@ _DECIMAL_SI = ((18, "E"), (15, "P"), (12, "T"), (9, "G"), (6, "M"), (3, "k"))
 def parse(text: str) -> int:
     """The quantity as a whole number, rounded up as the API server rounds a quantity it
     must hold in an integer ("1500m" -> 2). Raises ValueError naming the text."""
+    return math.ceil(_exact(text))
+
+
+def parse_milli(text: str) -> int:
+    """The quantity in thousandths, rounded up: how the scheduler and the kubelet count CPU
+    ("1" -> 1000, "250m" -> 250)."""
+    return math.ceil(_exact(text) * 1000)
+
+
+def _exact(text: str) -> Decimal:
     match = _QUANTITY.fullmatch(text.strip())
     if match is None:
         raise ValueError(f"{text!r} is not a Kubernetes quantity (like 25G, 1Gi or 500m)")
     number, exponent, suffix = match.groups()
     try:
-        value = Decimal(number) * (Decimal(10) ** int(exponent[1:]) if exponent else _SUFFIXES[suffix or ""])
+        return Decimal(number) * (Decimal(10) ** int(exponent[1:]) if exponent else _SUFFIXES[suffix or ""])
     except InvalidOperation:
         raise ValueError(f"{text!r} is not a Kubernetes quantity (like 25G, 1Gi or 500m)") from None
-    return math.ceil(value)
 
 
 def canonical(value: int) -> str:

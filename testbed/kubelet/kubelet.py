@@ -79,6 +79,7 @@ class FakeKubelet:
             durable=durable,
             pod_cidr=lambda: (self.node.observed or {}).get("spec", {}).get("podCIDR"),
             sync_frequency_s=sync_frequency_s,
+            node_seen=lambda: self.node.observed,
         )
         self._startup_wipe: asyncio.Task[None] | None = None
         self._pod_resources: grpc.aio.Server | None = None

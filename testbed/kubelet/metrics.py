@@ -48,6 +48,11 @@ UNPREPARE_SKIPS = Counter(
     "NodeUnprepareResources calls not made: every device of the driver in the claim skips them (skipNodeOperations)",
     ["driver_name"],
 )
+ADMISSION_REJECTIONS = Counter(
+    "kubelet_admission_rejections_total",
+    "Cumulative number pod admission rejections by the Kubelet.",
+    ["reason"],
+)
 ANY_DRIVER = "<any>"
 """The kubelet's driver_name for claims counted once, whatever drivers they use."""
 

@@ -11,6 +11,12 @@ container's command says how it ends (commands.py: after ``sleep N``, with ``exi
 status); a pod whose containers all end and are not started again ends then (Succeeded,
 or Failed if one exited non-zero), as does one that carries ``dra-testbed.io/run-seconds``.
 As kubelet v1.37 does:
+- a pod is admitted once, when first seen, before anything of it starts (admission.py):
+  one the node has no room for, whose node selector or affinity the node's labels do not
+  match, whose host ports are taken or that does not tolerate a NoExecute taint is
+  refused: a Warning Event, and the pod Failed with the reason and "Pod was rejected: "
+  before the words; none of its claims is prepared. A pod found Running at a restart is
+  taken again unchecked (the kubelet admits it afresh, oldest first, and it fitted);
 - init containers run in order before the pod's own (``sleep N`` for N seconds, any
   other command ending at once), the pod Pending while one runs; a sidecar
   (restartPolicy Always) runs beside the pod's containers until they end; one that exits
@@ -74,11 +80,11 @@ from testbed.config import KUBELET_SYNC_FREQUENCY_S
 from testbed.http11 import TransportError
 from testbed.keys import CONTAINER_ENV_ANNOTATION
 from testbed.kubeapi import ApiError, ClaimRef, KubeClient, Obj, WatchPosition, now_rfc3339, parse_rfc3339, path_for
-from testbed.kubelet import claiminfo, commands, containerevents, metrics, podstatus, skips
+from testbed.kubelet import admission, claiminfo, commands, containerevents, metrics, podstatus, skips
 from testbed.kubelet.claiminfo import PreparedClaim
 from testbed.kubelet.containerevents import Told
 from testbed.kubelet.events import EventQueue, EventRecorder
-from testbed.kubelet.node import NodeSpec
+from testbed.kubelet.node import NodeSpec, node_object
 from testbed.kubelet.plugins import PluginCallError, PluginManager, PreparedDevice
 from testbed.kubelet.podnetwork import AddressesExhausted, PodAddresses
 from testbed.kubelet.resync import ResyncSchedule
@@ -166,13 +172,16 @@ class PodManager:
         pod_cidr: Callable[[], str | None] = lambda: None,
         images: containerevents.ImageStore | None = None,
         sync_frequency_s: float = KUBELET_SYNC_FREQUENCY_S,
+        node_seen: Callable[[], Obj | None] = lambda: None,
     ):
         """``durable``: fsync the checkpoint, as the kubelet does (a real node); synthetic
         nodes, whose state is throw-away, skip it. ``pod_cidr``: the Node's, as last seen
         (pods get their IPs from it: podnetwork.py). ``images``: the node's, as its
         runtime keeps them (none to start with, forgotten on a restart, if not given).
-        ``sync_frequency_s``: the KubeletConfiguration's syncFrequency."""
+        ``sync_frequency_s``: the KubeletConfiguration's syncFrequency. ``node_seen``: the
+        Node as last seen (pods are admitted against it; None: as it was registered)."""
         self.client = client
+        self.node_seen = node_seen
         self.watch_client = watch_client or client
         self.checkpoint = checkpoint
         self.durable = durable
@@ -231,6 +240,10 @@ class PodManager:
         self._past_deadline: set[str] = set()
         """Pods past their activeDeadlineSeconds: their workers stop them (``_ending``)."""
         self._deadline_timers: dict[str, asyncio.TimerHandle] = {}
+        self._admitted: set[str] = set()
+        """Pods this kubelet took (admission.py): the others it counts while it admits one."""
+        self._rejected: set[str] = set()
+        """Pods it refused: never started, Failed until deleted."""
         self._started_before_restart: set[str] = set()
         """Pods whose claims were prepared when the checkpoint was written: those still
         Running kept their containers through this kubelet's restart."""
@@ -320,7 +333,10 @@ class PodManager:
         if kind == "DELETED" and uid in self._terminated:
             self._forget(uid)  # released, and now gone from the API: nothing is left to do
         elif kind != "DELETED" and pod.get("status", {}).get("phase") not in ("Succeeded", "Failed"):
-            self._workers[uid] = asyncio.create_task(self._run(uid), name=f"pod-{uid}")
+            if uid in self._rejected and not self._deleting(uid):
+                return  # its Failed status is not written yet
+            refused = None if uid in self._rejected else self._admit(uid)
+            self._workers[uid] = asyncio.create_task(self._run(uid, refused), name=f"pod-{uid}")
         elif pod["metadata"].get("deletionTimestamp"):
             self._workers[uid] = asyncio.create_task(self._finish_deletion(uid), name=f"pod-del-{uid}")
 
@@ -385,10 +401,55 @@ class PodManager:
 
     # --- lifecycle -------------------------------------------------------------------
 
-    async def _run(self, uid: str) -> None:
+    def _admit(self, uid: str) -> admission.Refusal | None:
+        """Take the pod, or say why not (the kubelet's admission when it first sees a pod);
+        once taken, a pod is not checked again."""
+        pod = self._pod(uid)
+        if uid in self._admitted or self._kept_running(pod):
+            self._admitted.add(uid)
+            return None
+        refused = admission.refusal(pod, self._node_object(), self._admitted_pods(uid))
+        if refused is None:
+            self._admitted.add(uid)
+        return refused
+
+    def _node_object(self) -> Obj:
+        return self.node_seen() or node_object(self.node)
+
+    def _admitted_pods(self, besides: str) -> list[Obj]:
+        """The pods taken and not yet ended: what the kubelet counts as in use."""
+        return [
+            self._latest[uid]
+            for uid in sorted(self._admitted & self.active_uids())
+            if uid != besides and uid in self._latest and uid not in self._terminated
+        ]
+
+    async def _refuse(self, uid: str, refused: admission.Refusal) -> bool:
+        """Fail a pod the kubelet does not take, unless a fresh read of the Node lets it
+        in after all (the pod's node affinity was the only reason: a label may be new).
+        True if refused."""
+        if refused.only_affinity:
+            with contextlib.suppress(ApiError, TransportError):
+                node = await self.client.get(path_for("v1", "nodes", self.node.name))
+                again = admission.refusal(self._pod(uid), node, self._admitted_pods(uid))
+                if again is None:
+                    self._admitted.add(uid)
+                    return False
+        pod = self._pod(uid)
+        self._rejected.add(uid)
+        metrics.ADMISSION_REJECTIONS.labels(admission.metric_reason(refused.reason)).inc()
+        self.tell(pod, Told("Warning", refused.reason, refused.message))
+        status = podstatus.rejected_status(pod, refused.reason, admission.REJECTED + refused.message, now_rfc3339())
+        await self._patch_status(pod, {"status": status})
+        return True
+
+    async def _run(self, uid: str, refused: admission.Refusal | None = None) -> None:
         try:
-            self._arm_deadline(uid)
-            started = await self._start(uid)
+            if refused is not None and await self._refuse(uid, refused):
+                started = False
+            else:
+                self._arm_deadline(uid)
+                started = await self._start(uid)
             if started:
                 seconds = commands.run_seconds(self._pod(uid))
                 if seconds is None:
@@ -1524,6 +1585,8 @@ class PodManager:
         if (timer := self._deadline_timers.pop(uid, None)) is not None:
             timer.cancel()
         self._past_deadline.discard(uid)
+        self._admitted.discard(uid)
+        self._rejected.discard(uid)
         self._latest.pop(uid, None)
         self._waiting.pop(uid, None)
         self._inits.pop(uid, None)

@@ -334,6 +334,18 @@ def never_ran_status(pod: Obj, now: str, sandbox_made: bool = False) -> Obj:
     return status
 
 
+def rejected_status(pod: Obj, reason: str, message: str, now: str) -> Obj:
+    """The status of a pod the kubelet refused to admit (its rejectPod): Failed, with the
+    reason and message alone; no container status, no condition of the kubelet's."""
+    return {
+        "phase": "Failed",
+        "reason": reason,
+        "message": message,
+        "observedGeneration": _generation(pod),
+        "startTime": pod.get("status", {}).get("startTime") or now,
+    }
+
+
 def _waiting_statuses(pod: Obj, failed: CreateFailed | None) -> tuple[list[Obj], list[Obj]]:
     spec = pod["spec"]
     default = POD_INITIALIZING if spec.get("initContainers") else "ContainerCreating"

@@ -1118,6 +1118,80 @@ def test_a_pod_past_its_active_deadline_is_failed_and_its_claim_unprepared_alike
     asyncio.run(scenario())
 
 
+def test_a_pod_bound_past_what_its_node_admits_is_refused_alike_and_never_prepared(
+    control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
+) -> None:
+    """A pod bound by spec.nodeName skips the scheduler, so the kubelet is what keeps it
+    within the node: one asking for more CPU than the node has (its GPU claim never
+    prepared), one whose node selector the node's labels miss, and one whose host port
+    another pod holds, are each refused at once, Failed with the kubelet's reason, a
+    Warning Event, and go when deleted. The fake kubelet ran them all."""
+
+    def mask(words: str) -> str:
+        return re.sub(r"capacity: \d+", "capacity: N", words)  # the machine's CPUs; a fake node's 64
+
+    async def scenario() -> None:
+        async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
+
+            async def case(side: Side) -> dict[str, Any]:
+                # A claim of its own: one from a template would race the claim controller,
+                # which makes none for a pod already Failed.
+                await side.claim("gpu", [request("gpu", GPU)])
+                since = time.time()
+                main = {"name": "main", "image": "registry.invalid/workload:v1", "command": ["sleep", "3600"]}
+                port = {"ports": [{"containerPort": 8080, "hostPort": 18080}]}
+                here = {"nodeName": side.node.name}
+                await side.create_pod("holder", **here, containers=[{**main, **port}])
+                await side.running("holder")
+                await side.create_pod(
+                    "too-big",
+                    **here,
+                    resourceClaims=[{"name": "c", "resourceClaimName": "gpu"}],
+                    containers=[{**main, "resources": {"requests": {"cpu": "1000"}, "claims": [{"name": "c"}]}}],
+                )
+                await side.create_pod(
+                    "elsewhere", **here, nodeSelector={"kubernetes.io/hostname": "no-such-node"}, containers=[main]
+                )
+                await side.create_pod("port-taken", **here, containers=[{**main, **port}])
+                found: dict[str, Any] = {}
+                for name in ("too-big", "elsewhere", "port-taken"):
+                    failed = await until(lambda n=name: side._phase(n, "Failed"), 60, f"{side.kind}: {name} refused")
+                    status = failed["status"]
+                    found[name] = _status_shape(failed)
+                    found[f"{name}: why"] = (
+                        status.get("reason"),
+                        mask(status["message"]),
+                        bool(status.get("startTime")),
+                    )
+                told = await _told(side)
+                found["told"] = {
+                    name: [(*fact[:3], mask(fact[3]), *fact[4:]) for fact in told.get(name, [])]
+                    for name in ("too-big", "elsewhere", "port-taken")
+                }
+                for name in ("too-big", "elsewhere", "port-taken"):
+                    await side.delete_pod(name)
+                for name in ("too-big", "elsewhere", "port-taken"):
+                    await side.gone(name, 60)
+                found["calls"] = side.calls_by_claim(since)
+                found["holder"] = (await side.read_pod("holder"))["status"]["phase"]
+                return found
+
+            found = await both(sides, case)
+            for key in found["real"]:
+                assert found["fake"][key] == found["real"][key], key
+            fake = found["fake"]
+            assert fake["too-big: why"][:2] == (
+                "OutOfcpu",
+                "Pod was rejected: Node didn't have enough resource: cpu, requested: 1000000, used: 0, capacity: N",
+            )
+            assert fake["elsewhere: why"][0] == "NodeAffinity"
+            assert fake["port-taken: why"][0] == "NodePorts"
+            assert fake["calls"] == {}
+            assert fake["holder"] == "Running"
+
+    asyncio.run(scenario())
+
+
 def test_lifecycle_hooks_sleep_action_delays_the_start_and_the_stop_alike(
     control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
 ) -> None:

@@ -13,6 +13,11 @@ def test_a_quantity_reads_as_the_whole_number_it_stands_for(text: str, value: in
     assert quantity.parse(text) == value
 
 
+@pytest.mark.parametrize(("text", "milli"), [("1", 1000), ("250m", 250), ("0.1", 100), ("1.5", 1500), ("1n", 1)])
+def test_a_cpu_quantity_reads_in_millicores_rounded_up_as_the_scheduler_counts_it(text: str, milli: int) -> None:
+    assert quantity.parse_milli(text) == milli
+
+
 def test_a_malformed_quantity_is_refused_naming_it() -> None:
     with pytest.raises(ValueError, match=r"'25 Gbps' is not a Kubernetes quantity"):
         quantity.parse("25 Gbps")
