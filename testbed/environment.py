@@ -26,7 +26,7 @@ from testbed.controlplane.binaries import Binaries, ensure_node_binaries
 from testbed.drivers import deviceclasses
 from testbed.errors import TestbedError, run_coroutine
 from testbed.fleet import orphans, raycluster
-from testbed.fleet.external import prune_short_paths, recorded_drivers
+from testbed.fleet.external import prune_short_paths, stop_recorded_drivers
 from testbed.fleet.fleet import Fleet, rollout_summary
 from testbed.fleet.spec import FleetFile
 from testbed.kubeapi import KubeClient
@@ -329,8 +329,7 @@ def down(config: ControlPlaneConfig, keep_state: bool = False) -> list[str]:
     if state is not None:
         raycluster.remove_temp_dir(state.root)
         # Processes of their own, which may outlive their NodeHost: stopped by PID.
-        drivers = [r for records in recorded_drivers(nodes_dir(state.root)).values() for r in records]
-        stopped += [f"driver {name}" for name in processes.stop(drivers)]
+        stopped += stop_recorded_drivers(nodes_dir(state.root))
         if not keep_state:
             shutil.rmtree(nodes_dir(state.root), ignore_errors=True)
             prune_short_paths()

@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> None:
     def beyond() -> list[str]:
         """Processes recorded after this supervisor started (a test fleet's Ray head), and
         the nodes' command-line drivers, which outlive their NodeHosts."""
-        from testbed.fleet.external import recorded_drivers
+        from testbed.fleet.external import stop_recorded_drivers
 
         now = ClusterState.load(root) if root.is_dir() else None
         later = [
@@ -259,9 +259,7 @@ def main(argv: list[str] | None = None) -> None:
             for p in (now.processes if now is not None else [])
             if p.name not in STOP_ORDER and p.name != SUPERVISOR and (p.pid, p.start_ticks) not in known
         ]
-        stopped = processes.stop(later, timeout_s=2.0)
-        drivers = [r for records in recorded_drivers(nodes).values() for r in records]
-        return stopped + [f"driver {name}" for name in processes.stop(drivers)]
+        return processes.stop(later, timeout_s=2.0) + stop_recorded_drivers(nodes)
 
     print(f"supervising {', '.join(r.name for r in records)}", flush=True)
     Supervisor(root, records, others, outside, state.owner, beyond).run()

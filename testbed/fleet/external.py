@@ -127,6 +127,13 @@ def recorded_drivers(nodes_dir: Path) -> dict[str, list[processes.ProcessRecord]
     return found
 
 
+def stop_recorded_drivers(nodes_dir: Path) -> list[str]:
+    """Stop the external driver processes under a fleet's nodes dir, which outlive their
+    NodeHosts (SIGTERM, then SIGKILL); says which it stopped."""
+    drivers = [r for records in recorded_drivers(nodes_dir).values() for r in records]
+    return [f"driver {name}" for name in processes.stop(drivers)]
+
+
 @dataclass(frozen=True)
 class Restarts:
     """How often a driver was started again on a fleet's nodes (a NodeHost taking a node

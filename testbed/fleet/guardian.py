@@ -9,10 +9,12 @@ and waits on the session's process. Should that go before the fleet's own cleanu
 the guardian runs it: it stops the recorded processes (Ray's head, and with it the
 NodeHosts) and the nodes' own drivers, deletes the fleet's Nodes from the cluster, and
 removes the fleet's directories. It leaves quietly once the fleet's directory is gone
-(the cleanup ran) or when stopped."""
+(the cleanup ran) or when stopped. What it cleaned up is appended to ``guardian.log`` in
+the testbed's state directory: its own log goes with the fleet's directory."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import signal
@@ -21,13 +23,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from testbed.config import nodes_dir
+from testbed.config import nodes_dir, state_root
 from testbed.controlplane import processes
 from testbed.controlplane.processes import ProcessRecord
 from testbed.files import write_atomically
 
 GUARD_FILE = "guard.json"
 POLL_S = 0.5
+RECORD_FILE = "guardian.log"
+"""In the state directory: one line per fleet a guardian cleaned up after its session."""
 
 
 @dataclass
@@ -77,15 +81,14 @@ def record_process(root: Path, record: ProcessRecord) -> None:
 def clean_up(root: Path, guard: Guard) -> list[str]:
     """What the fleet's own cleanup would have done; returns what it did. The Ray head
     goes first: a NodeHost still running would register its Nodes again."""
-    from testbed.fleet.external import recorded_drivers
+    from testbed.fleet.external import stop_recorded_drivers
     from testbed.fleet.orphans import delete_pool_nodes
     from testbed.fleet.raycluster import remove_temp_dir
 
     nodes = nodes_dir(root)
     done = processes.stop(guard.processes, timeout_s=15.0)
     remove_temp_dir(root)
-    drivers = [r for records in recorded_drivers(nodes).values() for r in records]
-    done += [f"driver {name}" for name in processes.stop(drivers)]
+    done += stop_recorded_drivers(nodes)
     try:
         deleted = delete_pool_nodes(guard.kubeconfig, guard.pools)
         done.append(f"deleted Nodes {', '.join(deleted) or '(none left)'} from the cluster")
@@ -108,9 +111,23 @@ def watch(root: Path) -> str:
             return f"the fleet under {root} is cleaned up"
         if not guard.owner.alive():
             why = f"{guard.owner.name} (pid {guard.owner.pid}), which the fleet was for, is gone"
-            return f"{why}: {'; '.join(clean_up(root, guard))}"
+            said = f"{why}: {'; '.join(clean_up(root, guard))}"
+            _record(f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')} fleet {root}: {said}")
+            return said
         time.sleep(POLL_S)
     return "stopped"
+
+
+def record_path() -> Path:
+    return state_root() / RECORD_FILE
+
+
+def _record(line: str) -> None:
+    with contextlib.suppress(OSError):  # a record lost must not stop the cleanup's report
+        path = record_path()
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with path.open("a") as record:
+            record.write(line + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:

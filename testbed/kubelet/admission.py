@@ -34,6 +34,8 @@ NODE_AFFINITY = "NodeAffinity"
 NODE_PORTS = "NodePorts"
 TAINT_TOLERATION = "TaintToleration"
 OUT_OF = "OutOf"
+DEVICE_CLASS_PREFIX = "deviceclass.resource.kubernetes.io/"
+"""The extended resource every DeviceClass stands for, for pods a DRA claim serves."""
 REJECTED = "Pod was rejected: "
 """The kubelet's prefix to the pod's status message (the Event's message goes without)."""
 COUNTED_REASONS = frozenset(
@@ -152,8 +154,9 @@ def pod_requests(pod: Obj, allocatable: Mapping[str, object] | None = None) -> d
         for name, text in (container.get("resources", {}).get("requests") or {}).items():
             if not _counted(name):
                 continue
-            unknown_here = allocatable is not None and name not in allocatable
-            if _is_extended(name) and (unknown_here or (container.get("name"), name) in backed):
+            if (container.get("name"), name) in backed and (_is_extended(name) or name.startswith(DEVICE_CLASS_PREFIX)):
+                continue
+            if _is_extended(name) and allocatable is not None and name not in allocatable:
                 continue
             asked[name] = _amount(name, text)
         return asked

@@ -124,7 +124,8 @@ def test_a_test_session_killed_outright_takes_its_fleet_out_of_the_cluster_it_ra
     pool = unique("killed")
     (short_tmp_path / "conftest.py").write_text(SESSION_CONFTEST.replace("{pool}", pool))
     (short_tmp_path / "test_session.py").write_text(SESSION_TEST)
-    env = {**os.environ, "TESTBED_TEST_KUBECONFIG": str(control_plane.kubeconfig)}
+    state = short_tmp_path / "state"  # where the guardian records what it cleaned up
+    env = {**os.environ, "TESTBED_TEST_KUBECONFIG": str(control_plane.kubeconfig), "TESTBED_STATE_DIR": str(state)}
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_session.py"]
     log = (short_tmp_path / "session.log").open("wb")
     session = subprocess.Popen(command, cwd=short_tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -147,6 +148,8 @@ def test_a_test_session_killed_outright_takes_its_fleet_out_of_the_cluster_it_ra
     wait_for(lambda: not ray.alive(), 30, "the session's Ray head stopped")
     wait_for(lambda: not fleet_dir.exists(), 30, f"{fleet_dir} removed")
     assert core.list_namespace().items, "the cluster itself still runs"
+    [record] = (state / guardian.RECORD_FILE).read_text().splitlines()
+    assert f"deleted Nodes {pool}-" in record and f"pid {session.pid}" in record
 
 
 def _nodes_of(core: k8s.CoreV1Api, pool: str) -> list[str]:

@@ -87,6 +87,18 @@ def test_extended_resources_count_only_where_the_node_lists_them_and_no_dra_clai
     assert admission.refusal(wants, gpus, []) is None
 
 
+def test_a_device_class_resource_counts_unless_the_scheduler_mapped_it_to_a_claim() -> None:
+    """``deviceclass.resource.kubernetes.io/<class>`` is a native name, which no node
+    lists: only its DRA mapping keeps the pod in."""
+    name = "deviceclass.resource.kubernetes.io/gpu.example.com"
+    wants = pod(box(**{name: "1"}))
+    refused = admission.refusal(wants, node(), [])
+    assert refused is not None and refused.reason == f"OutOf{name}"
+    mapping = {"containerName": "main", "resourceName": name, "requestName": "container-0-request-0"}
+    wants["status"] = {"extendedResourceClaimStatus": {"resourceClaimName": "c", "requestMappings": [mapping]}}
+    assert admission.refusal(wants, node(), []) is None
+
+
 def test_a_node_selector_the_labels_miss_is_refused_after_a_fresh_look_at_the_node() -> None:
     refused = admission.refusal(pod(nodeSelector={"pool": "a"}), node(), [])
     assert refused == admission.Refusal(
