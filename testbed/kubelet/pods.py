@@ -121,6 +121,7 @@ DEADLINE_MESSAGE = "Pod was active on the node longer than the specified deadlin
 NO_RELATIONSHIP = "no relationship found between node"
 """The node authorizer's refusal of an object it does not (yet) link to the node."""
 AUTHORIZER_CATCH_UP_S = (0.005, 0.01, 0.02, 0.04, 0.08)
+POD_GROUP_API = "scheduling.k8s.io"
 EXTENDED_RESOURCES = ":extended-resources"
 """Stands for the pod's extended-resource claim among its claim names (no pod claim can be
 named so: those are DNS labels)."""
@@ -589,14 +590,10 @@ class PodManager:
                 raise StartFailed(
                     PREPARE_FAILED, f"{PREPARE_FAILED_MESSAGE}: fetch ResourceClaim {name}: {exc or 'timed out'}"
                 ) from None
-            if generated and not _controlled_by(claim, meta["uid"]):
-                raise StartFailed(
-                    PREPARE_FAILED,
-                    f"{PREPARE_FAILED_MESSAGE}: ResourceClaim {meta['namespace']}/{name} was not created for "
-                    f"Pod {meta['namespace']}/{meta['name']} (Pod is not owner)",
-                )
+            if generated and (not_ours := _not_made_for(pod, claim)):
+                raise StartFailed(PREPARE_FAILED, f"{PREPARE_FAILED_MESSAGE}: {not_ours}")
             status = claim.get("status", {})
-            if meta["uid"] not in {r.get("uid") for r in status.get("reservedFor", [])}:
+            if not _reserved_for(pod, claim):
                 raise StartFailed(
                     PREPARE_FAILED,
                     f"{PREPARE_FAILED_MESSAGE}: pod {meta['name']} ({meta['uid']}) is not allowed to use "
@@ -1781,6 +1778,51 @@ def pod_claim_name(pod: Obj, entry: Obj) -> tuple[str | None, bool]:
 
 def _controlled_by(obj: Obj, owner_uid: str) -> bool:
     return any(r.get("controller") and r.get("uid") == owner_uid for r in obj["metadata"].get("ownerReferences", []))
+
+
+def _pod_group(pod: Obj) -> str | None:
+    return (pod["spec"].get("schedulingGroup") or {}).get("podGroupName")
+
+
+def _not_made_for(pod: Obj, claim: Obj) -> str | None:
+    """Why a claim made from a template is not the pod's to use (None: it is): made for
+    another pod, or, for a pod of a PodGroup, neither for it nor for its group
+    (DRAWorkloadResourceClaims, which the testbed's clusters enable, kubelets included:
+    a PodGroup's claim is the group's, owned by the PodGroup, which the pod knows by name
+    only)."""
+    meta = pod["metadata"]
+    if _controlled_by(claim, meta["uid"]):
+        return None
+    namespace = meta["namespace"]
+    about = f"ResourceClaim {namespace}/{claim['metadata']['name']} was not created for Pod {namespace}/{meta['name']}"
+    group = _pod_group(pod)
+    if group is None:
+        return f"{about} (Pod is not owner)"
+    controller: Obj = next((r for r in claim["metadata"].get("ownerReferences", []) if r.get("controller")), {})
+    if (
+        controller.get("kind") == "PodGroup"
+        and controller.get("name") == group
+        and str(controller.get("apiVersion", "")).startswith(f"{POD_GROUP_API}/")
+    ):
+        return None
+    return f"{about} (neither Pod nor PodGroup {group} is the owner)"
+
+
+def _reserved_for(pod: Obj, claim: Obj) -> bool:
+    """The claim is reserved for the pod, or for its PodGroup (known by name: a pod does
+    not know its group's UID)."""
+    group = _pod_group(pod)
+    for consumer in claim.get("status", {}).get("reservedFor", []):
+        if consumer.get("uid") == pod["metadata"]["uid"]:
+            return True
+        if (
+            group is not None
+            and consumer.get("apiGroup") == POD_GROUP_API
+            and consumer.get("resource") == "podgroups"
+            and consumer.get("name") == group
+        ):
+            return True
+    return False
 
 
 def _drivers(claim: Obj) -> list[str]:

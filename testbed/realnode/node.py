@@ -36,7 +36,7 @@ from pathlib import Path
 
 import yaml
 
-from testbed.config import KUBELET_SYNC_FREQUENCY_S
+from testbed.config import BETA_DRA_GATES, KUBELET_SYNC_FREQUENCY_S
 from testbed.controlplane import processes
 from testbed.controlplane.binaries import Binaries
 from testbed.errors import TestbedError
@@ -126,6 +126,9 @@ def kubelet_config(
         "evictionHard": {"memory.available": "1Ki", "nodefs.available": "0%", "imagefs.available": "0%"},
         "imageGCHighThresholdPercent": 100,
         "imageGCLowThresholdPercent": 99,
+        # The cluster's DRA gates, as kind sets them for every component: without them the
+        # kubelet refuses a PodGroup's claim the control plane made and reserved for it.
+        "featureGates": dict(BETA_DRA_GATES),
     }
 
 

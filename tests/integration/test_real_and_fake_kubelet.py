@@ -170,9 +170,10 @@ class Side:
         ]
         return dict(records[-1]["env"]) if records else {}
 
-    async def claim_name(self, pod: str) -> str:
+    async def claim_name(self, pod: str, pod_claim: str = "c") -> str:
         status = (await self.read_pod(pod)).get("status", {})
-        return str(next(s["resourceClaimName"] for s in status.get("resourceClaimStatuses", []) if s["name"] == "c"))
+        named = (s["resourceClaimName"] for s in status.get("resourceClaimStatuses", []) if s["name"] == pod_claim)
+        return str(next(named))
 
     async def allocation(self, claim: str) -> list[Obj]:
         body = await self.client.get(path_for(RESOURCE, "resourceclaims", claim, self.namespace))
@@ -1188,6 +1189,77 @@ def test_a_pod_bound_past_what_its_node_admits_is_refused_alike_and_never_prepar
             assert fake["port-taken: why"][0] == "NodePorts"
             assert fake["calls"] == {}
             assert fake["holder"] == "Running"
+
+    asyncio.run(scenario())
+
+
+def test_a_pod_groups_claim_is_shared_by_its_pods_and_prepared_once_alike(
+    control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
+) -> None:
+    """A PodGroup's claim (DRAWorkloadResourceClaims, beta in 1.37 and on in the
+    testbed's clusters, kind's included) is made from its template once for the group,
+    owned by the PodGroup and reserved for it, not for each pod: the kubelet takes it for
+    every pod of the group, prepares it once and unprepares it when the last of them is
+    gone. The fake kubelet refused it ("Pod is not owner"), and the real-kubelet node,
+    started without the cluster's gates, refused it too, where a kind node runs it."""
+
+    async def scenario() -> None:
+        async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
+
+            async def case(side: Side) -> dict[str, Any]:
+                await side.template("gpu", [request("gpu", GPU)])
+                group = {
+                    "apiVersion": "scheduling.k8s.io/v1beta1",
+                    "kind": "PodGroup",
+                    "metadata": {"name": "trainers"},
+                    "spec": {
+                        "schedulingPolicy": {"basic": {}},
+                        "resourceClaims": [{"name": "shared", "resourceClaimTemplateName": "gpu"}],
+                    },
+                }
+                groups = path_for("scheduling.k8s.io/v1beta1", "podgroups", namespace=side.namespace)
+                await side.client.create(groups, group)
+                since = time.time()
+                main = {
+                    "name": "main",
+                    "image": "registry.invalid/workload:v1",
+                    "command": ["sleep", "3600"],
+                    "resources": {"claims": [{"name": "shared"}]},
+                }
+                for name in ("trainer-0", "trainer-1"):
+                    await side.create_pod(
+                        name,
+                        schedulingGroup={"podGroupName": "trainers"},
+                        resourceClaims=[{"name": "shared", "resourceClaimTemplateName": "gpu"}],
+                        containers=[main],
+                    )
+                found: dict[str, Any] = {}
+                for name in ("trainer-0", "trainer-1"):
+                    found[name] = _status_shape(await side.running(name))
+                claims = {await side.claim_name(name, "shared") for name in ("trainer-0", "trainer-1")}
+                found["one claim"] = len(claims) == 1
+                claim = await side.client.get(path_for(RESOURCE, "resourceclaims", claims.pop(), side.namespace))
+                found["owner"] = [(o["kind"], o["name"]) for o in claim["metadata"]["ownerReferences"]]
+                found["reserved for"] = [(r.get("resource"), r["name"]) for r in claim["status"]["reservedFor"]]
+                found["env"] = sorted((await side.env("trainer-0")).items()) == sorted(
+                    (await side.env("trainer-1")).items()
+                )
+                found["calls while running"] = list(side.calls_by_claim(since).values())
+                await side.deleted("trainer-0")
+                found["calls with one left"] = list(side.calls_by_claim(since).values())
+                await side.deleted("trainer-1")
+                found["calls at the end"] = list((await _all_unprepared(side, since)).values())
+                return found
+
+            found = await both(sides, case)
+            for key in found["real"]:
+                assert found["fake"][key] == found["real"][key], key
+            fake = found["fake"]
+            assert fake["one claim"] and fake["env"]
+            assert fake["owner"] == [("PodGroup", "trainers")]
+            assert fake["reserved for"] == [("podgroups", "trainers")]
+            assert fake["calls while running"] == fake["calls with one left"] == [[PREPARE]]
+            assert fake["calls at the end"] == [[PREPARE, UNPREPARE]]
 
     asyncio.run(scenario())
 

@@ -24,7 +24,9 @@ from testbed.kubelet.pods import (
     StartFailed,
     _differs_beyond_status,
     _extended_requests,
+    _not_made_for,
     _own_write,
+    _reserved_for,
     pod_claim_name,
 )
 
@@ -599,3 +601,45 @@ def test_a_claim_read_the_api_server_refuses_fails_the_start_as_a_real_kubelets_
     assert raised.value.reason == "FailedPrepareDynamicResources"
     assert api.reads == [False], "one read, not retried while refused"
     assert driver.calls == []
+
+
+def _grouped_pod(group: str | None) -> Obj:
+    spec: Obj = {"containers": []}
+    if group is not None:
+        spec["schedulingGroup"] = {"podGroupName": group}
+    return {"metadata": {"namespace": "ns", "name": "p", "uid": "pod-a"}, "spec": spec}
+
+
+def _owned_by(kind: str, name: str, uid: str, api_version: str = "scheduling.k8s.io/v1beta1") -> Obj:
+    made = claim("c", "u1")
+    made["metadata"]["ownerReferences"] = [
+        {"apiVersion": api_version, "kind": kind, "name": name, "uid": uid, "controller": True}
+    ]
+    return made
+
+
+def test_a_claim_made_for_a_pods_group_is_the_pods_to_use_and_no_other_groups() -> None:
+    """DRAWorkloadResourceClaims: a PodGroup's claim is owned by the group, which a pod
+    knows by name only; the kubelet's words when it is neither the pod's nor its group's."""
+    assert _not_made_for(_grouped_pod(None), _owned_by("Pod", "p", "pod-a", "v1")) is None
+    assert _not_made_for(_grouped_pod("trainers"), _owned_by("PodGroup", "trainers", "g1")) is None
+    assert _not_made_for(_grouped_pod("trainers"), _owned_by("PodGroup", "others", "g2")) == (
+        "ResourceClaim ns/c was not created for Pod ns/p (neither Pod nor PodGroup trainers is the owner)"
+    )
+    assert (
+        _not_made_for(_grouped_pod("trainers"), _owned_by("PodGroup", "trainers", "g1", "example.com/v1")) is not None
+    )
+    assert _not_made_for(_grouped_pod(None), _owned_by("PodGroup", "trainers", "g1")) == (
+        "ResourceClaim ns/c was not created for Pod ns/p (Pod is not owner)"
+    )
+
+
+def test_a_claim_reserved_for_a_pods_group_by_name_is_reserved_for_the_pod() -> None:
+    reserved = claim("c", "u1")
+    group = {"apiGroup": "scheduling.k8s.io", "resource": "podgroups", "name": "trainers", "uid": "g1"}
+    reserved["status"]["reservedFor"] = [group]
+    assert _reserved_for(_grouped_pod("trainers"), reserved)
+    assert not _reserved_for(_grouped_pod("others"), reserved)
+    assert not _reserved_for(_grouped_pod(None), reserved)
+    reserved["status"]["reservedFor"] = [{"resource": "pods", "name": "p", "uid": "pod-a"}]
+    assert _reserved_for(_grouped_pod(None), reserved)
