@@ -100,7 +100,8 @@ def _general_failures(pod: Obj, node: Obj, others: list[Obj]) -> list[Refusal]:
     failures = _insufficient(pod, node, others)
     if not matches_required_affinity(pod, node):
         failures.append(_predicate(NODE_AFFINITY, "node(s) didn't match Pod's node affinity/selector"))
-    if _port_conflict(host_ports(pod), [p for other in others for p in host_ports(other)]):
+    wanted = host_ports(pod)
+    if wanted and _port_conflict(wanted, [p for other in others for p in host_ports(other)]):
         failures.append(_predicate(NODE_PORTS, "node(s) didn't have free ports for the requested pod ports"))
     is_mirror = "kubernetes.io/config.mirror" in pod.get("metadata", {}).get("annotations", {})
     if not is_mirror and _untolerated_no_execute(node, pod):

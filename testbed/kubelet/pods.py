@@ -436,6 +436,7 @@ class PodManager:
                 if again is None:
                     self._admitted.add(uid)
                     return False
+                refused = again
         pod = self._pod(uid)
         self._rejected.add(uid)
         metrics.ADMISSION_REJECTIONS.labels(admission.metric_reason(refused.reason)).inc()

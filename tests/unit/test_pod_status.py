@@ -14,6 +14,7 @@ from testbed.kubelet import pods, podstatus
 from testbed.kubelet.node import NodeSpec
 from testbed.kubelet.plugins import PluginManager
 from testbed.kubelet.pods import PodManager, _go_duration, back_off_syncs, probe_plan, restart_delay
+from testbed.tasks import cancel_and_wait
 
 STARTED, NOW, LATER = "2026-11-27T10:00:00Z", "2026-11-27T10:00:05Z", "2026-11-27T10:01:00Z"
 IDS = {"main": "dra-testbed://u-main"}
@@ -448,3 +449,52 @@ def test_a_driver_process_beside_the_kubelet_comes_back_when_its_back_off_lets_i
     last = api.statuses[-1]["containerStatuses"][0]
     assert last["restartCount"] == 2 and "running" in last["state"]
     assert last["lastState"]["terminated"]["exitCode"] == 137, last["lastState"]
+
+
+def test_a_pod_past_the_nodes_room_is_refused_once_and_the_room_a_gone_pod_held_is_free_again(
+    tmp_path: Path,
+) -> None:
+    """Admission counts the pods the kubelet took and still runs: the second pod of
+    600m on a 1-CPU node is refused (Failed, the kubelet's reason and words, a Warning
+    Event, never started), and a third is taken once the first is gone."""
+    api = StatusWrites()
+    node = NodeSpec("node", capacity={"cpu": "1", "memory": "1Gi", "pods": "10", "ephemeral-storage": "1Gi"})
+    manager = PodManager(cast(KubeClient, api), node, cast(PluginManager, None), tmp_path / "cdi")
+    main = {"name": "main", "image": "registry.invalid/work:v1", "resources": {"requests": {"cpu": "600m"}}}
+
+    def pod(name: str, **meta: str) -> Obj:
+        return {
+            "metadata": {"namespace": "ns", "name": name, "uid": name, "generation": 1, **meta},
+            "spec": {"containers": [main]},
+            "status": {"phase": "Pending"},
+        }
+
+    async def phases(count: int) -> list[str]:
+        deadline = time.monotonic() + 5
+        while len(api.statuses) < count and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        return [s["phase"] for s in api.statuses]
+
+    async def scenario() -> None:
+        manager.observe("ADDED", pod("first"))
+        assert await phases(1) == ["Running"]
+        manager.observe("ADDED", pod("second"))
+        assert await phases(2) == ["Running", "Failed"]
+        manager.observe("MODIFIED", pod("first", deletionTimestamp="2026-11-30T00:00:00Z"))
+        await asyncio.wait_for(manager._workers["first"], 5)
+        manager.observe("DELETED", pod("first", deletionTimestamp="2026-11-30T00:00:00Z"))
+        manager.observe("ADDED", pod("third"))
+        assert (await phases(4))[-1] == "Running"
+        await asyncio.wait_for(manager.events_sent(), 5)
+        await cancel_and_wait(*manager._workers.values())
+
+    asyncio.run(scenario())
+    refused = api.statuses[1]
+    assert (refused["reason"], refused["message"]) == (
+        "OutOfcpu",
+        "Pod was rejected: Node didn't have enough resource: cpu, requested: 600, used: 600, capacity: 1000",
+    )
+    assert "containerStatuses" not in refused and "conditions" not in refused
+    told = [(e["involvedObject"]["name"], e["type"], e["reason"]) for e in api.events]
+    assert ("second", "Warning", "OutOfcpu") in told
+    assert not [t for t in told if t[0] == "second" and t[2] != "OutOfcpu"], "the refused pod never started"
