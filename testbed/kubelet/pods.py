@@ -11,12 +11,13 @@ container's command says how it ends (commands.py: after ``sleep N``, with ``exi
 status); a pod whose containers all end and are not started again ends then (Succeeded,
 or Failed if one exited non-zero), as does one that carries ``dra-testbed.io/run-seconds``.
 As kubelet v1.37 does:
-- a pod is admitted once, when first seen, before anything of it starts (admission.py):
-  one the node has no room for, whose node selector or affinity the node's labels do not
+- a pod is admitted when first seen, before anything of it starts (admission.py), and
+  again when this kubelet starts, oldest first, with those that come in together: one
+  the node has no room for, whose node selector or affinity the node's labels do not
   match, whose host ports are taken or that does not tolerate a NoExecute taint is
   refused: a Warning Event, and the pod Failed with the reason and "Pod was rejected: "
-  before the words; none of its claims is prepared. A pod found Running at a restart is
-  taken again unchecked (the kubelet admits it afresh, oldest first, and it fitted);
+  before the words; none of its claims is prepared. One running through a restart and
+  refused then is stopped, and its claims unprepared;
 - init containers run in order before the pod's own (``sleep N`` for N seconds, any
   other command ending at once), the pod Pending while one runs; a sidecar
   (restartPolicy Always) runs beside the pod's containers until they end; one that exits
@@ -244,7 +245,12 @@ class PodManager:
         self._admitted: set[str] = set()
         """Pods this kubelet took (admission.py): the others it counts while it admits one."""
         self._rejected: set[str] = set()
-        """Pods it refused: never started, Failed until deleted."""
+        """Pods it refused: never started (or stopped, if running through a restart), Failed
+        until deleted."""
+        self._to_admit: list[str] = []
+        """Pods seen and not admitted yet: those that came in together are admitted
+        together, oldest first (``_admission``)."""
+        self._verdicts: dict[str, admission.Refusal | None] = {}
         self._started_before_restart: set[str] = set()
         """Pods whose claims were prepared when the checkpoint was written: those still
         Running kept their containers through this kubelet's restart."""
@@ -336,8 +342,9 @@ class PodManager:
         elif kind != "DELETED" and pod.get("status", {}).get("phase") not in ("Succeeded", "Failed"):
             if uid in self._rejected and not self._deleting(uid):
                 return  # its Failed status is not written yet
-            refused = None if uid in self._rejected else self._admit(uid)
-            self._workers[uid] = asyncio.create_task(self._run(uid, refused), name=f"pod-{uid}")
+            if uid not in self._rejected:
+                self._to_admit.append(uid)
+            self._workers[uid] = asyncio.create_task(self._run(uid), name=f"pod-{uid}")
         elif pod["metadata"].get("deletionTimestamp"):
             self._workers[uid] = asyncio.create_task(self._finish_deletion(uid), name=f"pod-del-{uid}")
 
@@ -402,12 +409,24 @@ class PodManager:
 
     # --- lifecycle -------------------------------------------------------------------
 
+    def _admission(self, uid: str) -> admission.Refusal | None:
+        """This pod's verdict. Every pod seen since the last admission is admitted first,
+        oldest first, as the kubelet takes the pods that reach it together: all of them
+        at its start, so a restarted kubelet checks again the pods running through the
+        restart, and one the node no longer admits (its labels changed, say) is refused
+        and stopped."""
+        if self._to_admit:
+            waiting, self._to_admit = self._to_admit, []
+            waiting = [other for other in waiting if other in self._latest]
+            for other in sorted(waiting, key=lambda u: self._latest[u]["metadata"].get("creationTimestamp") or ""):
+                self._verdicts[other] = self._admit(other)
+        return self._verdicts.pop(uid, None)
+
     def _admit(self, uid: str) -> admission.Refusal | None:
         """Take the pod, or say why not (the kubelet's admission when it first sees a pod);
-        once taken, a pod is not checked again."""
+        once taken, a pod is not checked again until this kubelet restarts."""
         pod = self._pod(uid)
-        if uid in self._admitted or self._kept_running(pod):
-            self._admitted.add(uid)
+        if uid in self._admitted:
             return None
         refused = admission.refusal(pod, self._node_object(), self._admitted_pods(uid))
         if refused is None:
@@ -441,12 +460,22 @@ class PodManager:
         self._rejected.add(uid)
         metrics.ADMISSION_REJECTIONS.labels(admission.metric_reason(refused.reason)).inc()
         self.tell(pod, Told("Warning", refused.reason, refused.message))
-        status = podstatus.rejected_status(pod, refused.reason, admission.REJECTED + refused.message, now_rfc3339())
+        message = admission.REJECTED + refused.message
+        if self._kept_running(pod):
+            # Its containers ran through this kubelet's restart: they are stopped and its
+            # claims unprepared, and its status tells of them, as for any pod the kubelet fails.
+            self._running[uid] = _start_time(pod)
+            self._inits[uid] = podstatus.InitRun.from_status(pod) or podstatus.InitRun.complete(pod, now_rfc3339())
+            self._restarted[uid] = podstatus.Restarted.from_status(pod)
+            await self._terminate(uid, {"reason": refused.reason, "message": message})
+            return True
+        status = podstatus.rejected_status(pod, refused.reason, message, now_rfc3339())
         await self._patch_status(pod, {"status": status})
         return True
 
-    async def _run(self, uid: str, refused: admission.Refusal | None = None) -> None:
+    async def _run(self, uid: str) -> None:
         try:
+            refused = self._admission(uid)
             if refused is not None and await self._refuse(uid, refused):
                 started = False
             else:
@@ -1494,8 +1523,14 @@ class PodManager:
         short at the grace period), unless the pod is gone from the API meanwhile."""
         pod = self._pod(uid)
         running = self._running_containers(uid)
+        about = pod
+        if uid in self._rejected:
+            # Refused after its containers ran through a restart: the kubelet stops them as
+            # the runtime lists them, so its Events name the pod without a resourceVersion.
+            meta = {k: v for k, v in pod["metadata"].items() if k != "resourceVersion"}
+            about = {**pod, "metadata": meta}
         for container in running:
-            self.tell(pod, containerevents.stopping(container), container["name"])
+            self.tell(about, containerevents.stopping(container), container["name"])
         deadline = time.monotonic() + commands.pre_stop_seconds(running, commands.grace_seconds(pod))
         while (left := deadline - time.monotonic()) > 0 and not self._pod(uid).get("_deleted"):
             await self._pause(uid, left)
@@ -1553,6 +1588,8 @@ class PodManager:
         elif uid in self._waiting or failed is not None:
             status = podstatus.never_ran_status(pod, now, self._waiting.get(uid) is not None)
         if status is not None:
+            if uid in self._rejected:
+                status = podstatus.stopped_after_rejection(status)
             with contextlib.suppress(ApiError):
                 await self._patch_status(pod, {"status": {**status, **(failed or {})}})
 
@@ -1585,6 +1622,7 @@ class PodManager:
         self._past_deadline.discard(uid)
         self._admitted.discard(uid)
         self._rejected.discard(uid)
+        self._verdicts.pop(uid, None)
         self._latest.pop(uid, None)
         self._waiting.pop(uid, None)
         self._inits.pop(uid, None)

@@ -346,6 +346,18 @@ def rejected_status(pod: Obj, reason: str, message: str, now: str) -> Obj:
     }
 
 
+def stopped_after_rejection(status: Obj) -> Obj:
+    """The terminal status of a pod refused while its containers ran (a kubelet restart
+    checks again every pod it finds): the containers' statuses without their volume
+    mounts. The kubelet keeps those from the status it wrote before, and the rejection's
+    had no container statuses."""
+    stripped = dict(status)
+    for key in ("containerStatuses", "initContainerStatuses"):
+        if key in stripped:
+            stripped[key] = [{k: v for k, v in c.items() if k != "volumeMounts"} for c in stripped[key]]
+    return stripped
+
+
 def _waiting_statuses(pod: Obj, failed: CreateFailed | None) -> tuple[list[Obj], list[Obj]]:
     spec = pod["spec"]
     default = POD_INITIALIZING if spec.get("initContainers") else "ContainerCreating"

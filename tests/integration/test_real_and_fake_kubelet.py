@@ -1193,6 +1193,89 @@ def test_a_pod_bound_past_what_its_node_admits_is_refused_alike_and_never_prepar
     asyncio.run(scenario())
 
 
+def test_a_kubelet_restart_admits_every_pod_again_oldest_first_and_stops_one_it_no_longer_admits(
+    control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
+) -> None:
+    """A kubelet that starts admits every pod bound to it, those whose containers ran
+    through its restart too, oldest first. A running pod whose node selector the node's
+    labels no longer match is refused: Failed, its container stopped, its claim
+    unprepared. A pod bound while the kubelet was down, asking for a host port an older
+    pod holds, is refused, though the API lists it first. The fake kubelet kept the
+    running pod and claim, and took pods in the order listed."""
+
+    async def scenario() -> None:
+        async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
+
+            async def case(side: Side) -> dict[str, Any]:
+                node_path = path_for("v1", "nodes", side.node.name)
+                await side.client.patch(node_path, {"metadata": {"labels": {"testbed.test/pool": "a"}}})
+                for claim in ("gpu", "kept"):
+                    await side.claim(claim, [request("gpu", GPU)])
+                main = {"name": "main", "image": "registry.invalid/workload:v1", "command": ["sleep", "3600"]}
+                uses = {**main, "resources": {"claims": [{"name": "c"}]}}
+                port = {"ports": [{"containerPort": 8080, "hostPort": 18080}]}
+                here = {"kubernetes.io/hostname": side.node.name}
+                await side.create_pod(
+                    "picky",
+                    nodeSelector={**here, "testbed.test/pool": "a"},
+                    resourceClaims=[{"name": "c", "resourceClaimName": "gpu"}],
+                    containers=[uses],
+                )
+                await side.create_pod(
+                    "zz-holder",
+                    resourceClaims=[{"name": "c", "resourceClaimName": "kept"}],
+                    containers=[{**uses, **port}],
+                )
+                await side.running("picky")
+                holder = await side.running("zz-holder")
+                await side.node.stop_process("kubelet")
+                since = time.time()
+                await side.client.patch(node_path, {"metadata": {"labels": {"testbed.test/pool": None}}})
+
+                async def a_second_later() -> bool:  # creation times are whole seconds
+                    return now_rfc3339() > holder["metadata"]["creationTimestamp"]
+
+                await until(a_second_later, 5, "the clock to pass the holder's creation second")
+                await side.create_pod("aa-newcomer", nodeName=side.node.name, containers=[{**main, **port}])
+                await side.node.start_kubelet()
+                found: dict[str, Any] = {}
+                for name in ("picky", "aa-newcomer"):
+                    failed = await until(lambda n=name: side._phase(n, "Failed"), 60, f"{side.kind}: {name} refused")
+                    found[name] = _status_shape(failed)
+                    found[f"{name}: why"] = (failed["status"].get("reason"), failed["status"].get("message"))
+
+                async def unprepared() -> bool:
+                    return UNPREPARE in side.calls_by_claim(since).get("gpu", [])
+
+                await until(unprepared, 60, f"{side.kind}: the refused pod's claim unprepared")
+                told, before = await _told(side), ("Pulling", "Pulled", "Created", "Started")
+                found["told"] = {
+                    name: [fact for fact in told.get(name, []) if fact[2] not in before]
+                    for name in ("picky", "aa-newcomer", "zz-holder")
+                }
+                kept = (await side.read_pod("zz-holder"))["status"]
+                found["holder"] = (kept["phase"], kept["startTime"] == holder["status"]["startTime"])
+                for name in ("picky", "aa-newcomer", "zz-holder"):
+                    await side.delete_pod(name)
+                for name in ("picky", "aa-newcomer", "zz-holder"):
+                    await side.gone(name, 60)
+                found["calls"] = side.calls_by_claim(since)
+                return found
+
+            found = await both(sides, case)
+            for key in found["real"]:
+                assert found["fake"][key] == found["real"][key], key
+            fake = found["fake"]
+            assert fake["picky"]["phase"] == "Failed"
+            assert fake["picky: why"][0] == "NodeAffinity"
+            assert fake["aa-newcomer: why"][0] == "NodePorts"
+            assert [fact[2] for fact in fake["told"]["picky"]] == ["NodeAffinity", "Killing"]
+            assert fake["holder"] == ("Running", True)
+            assert fake["calls"] == {"gpu": [UNPREPARE], "kept": [UNPREPARE]}  # the holder's at its deletion
+
+    asyncio.run(scenario())
+
+
 def test_a_pod_groups_claim_is_shared_by_its_pods_and_prepared_once_alike(
     control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
 ) -> None:

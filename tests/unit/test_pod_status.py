@@ -498,3 +498,33 @@ def test_a_pod_past_the_nodes_room_is_refused_once_and_the_room_a_gone_pod_held_
     told = [(e["involvedObject"]["name"], e["type"], e["reason"]) for e in api.events]
     assert ("second", "Warning", "OutOfcpu") in told
     assert not [t for t in told if t[0] == "second" and t[2] != "OutOfcpu"], "the refused pod never started"
+
+
+def test_pods_that_come_in_together_are_admitted_oldest_first(tmp_path: Path) -> None:
+    """As at a kubelet's start, when every pod bound to the node is listed at once: the
+    older of two 600m pods on a 1-CPU node is taken, though listed second."""
+    api = StatusWrites()
+    node = NodeSpec("node", capacity={"cpu": "1", "memory": "1Gi", "pods": "10", "ephemeral-storage": "1Gi"})
+    manager = PodManager(cast(KubeClient, api), node, cast(PluginManager, None), tmp_path / "cdi")
+    main = {"name": "main", "image": "registry.invalid/work:v1", "resources": {"requests": {"cpu": "600m"}}}
+
+    def pod(name: str, created: str) -> Obj:
+        return {
+            "metadata": {"namespace": "ns", "name": name, "uid": name, "generation": 1, "creationTimestamp": created},
+            "spec": {"containers": [main]},
+            "status": {"phase": "Pending"},
+        }
+
+    async def scenario() -> None:
+        manager.observe("ADDED", pod("a-newer", "2026-11-30T05:00:02Z"))
+        manager.observe("ADDED", pod("b-older", "2026-11-30T05:00:01Z"))
+        deadline = time.monotonic() + 5
+        while len(api.statuses) < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        await asyncio.wait_for(manager.events_sent(), 5)
+        await cancel_and_wait(*manager._workers.values())
+
+    asyncio.run(scenario())
+    assert sorted(s["phase"] for s in api.statuses) == ["Failed", "Running"]
+    refused = [e["involvedObject"]["name"] for e in api.events if e["reason"] == "OutOfcpu"]
+    assert refused == ["a-newer"]
