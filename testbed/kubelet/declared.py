@@ -31,7 +31,10 @@ BY_GATE: dict[str, bool] = {
 UserNamespacesHostNetworkSupport and VolumeBindMountOptions are declared only when the
 container runtime supports them too: a fake kubelet runs no containers."""
 
-_GATE_SAMPLE = re.compile(r'^kubernetes_feature_enabled\{[^}]*\bname="([^"]+)"[^}]*\} ([0-9.e+-]+)$', re.M)
+_GATE_SAMPLE = re.compile(r"^kubernetes_feature_enabled\{([^}]*)\} ([0-9.e+-]+)$", re.M)
+_LABEL = re.compile(r'\b(name|stage)="([^"]*)"')
+SETTABLE_STAGES = ("ALPHA", "BETA")
+"""Stages whose gates a component may be told; GA and deprecated ones are locked."""
 
 
 def declared_features(gates: dict[str, bool]) -> list[str]:
@@ -39,9 +42,26 @@ def declared_features(gates: dict[str, bool]) -> list[str]:
     return sorted(feature for feature, default in BY_GATE.items() if gates.get(feature, default))
 
 
-def gates_in_metrics(text: str) -> dict[str, bool]:
-    """The gates a component's /metrics reports (``kubernetes_feature_enabled``)."""
-    return {name: float(value) == 1.0 for name, value in _GATE_SAMPLE.findall(text)}
+def gates_in_metrics(text: str, stages: tuple[str, ...] | None = None) -> dict[str, bool]:
+    """The gates a component's /metrics reports (``kubernetes_feature_enabled``); only
+    those of these ``stages`` if given."""
+    gates = {}
+    for labels, value in _GATE_SAMPLE.findall(text):
+        named = dict(_LABEL.findall(labels))
+        if "name" in named and (stages is None or named.get("stage") in stages):
+            gates[named["name"]] = float(value) == 1.0
+    return gates
+
+
+async def cluster_gates(client: KubeClient) -> dict[str, bool] | None:
+    """The alpha and beta gates as the API server runs them, for a kubelet to be started
+    with, as a cluster's kubelets are configured with their control plane's gates (kind
+    passes its config's to every component). None when its /metrics cannot be read."""
+    try:
+        return gates_in_metrics(await client.get_text("/metrics"), SETTABLE_STAGES)
+    except Exception as exc:  # any failure: the caller keeps its defaults
+        log.info("cannot read the API server's feature gates (%s)", exc)
+        return None
 
 
 async def cluster_declared_features(client: KubeClient) -> list[str]:

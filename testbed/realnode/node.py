@@ -42,6 +42,7 @@ from testbed.controlplane.binaries import Binaries
 from testbed.errors import TestbedError
 from testbed.files import write_atomically
 from testbed.kubeapi import KubeClient, Obj, cluster_ca, default_credentials, path_for
+from testbed.kubelet.declared import cluster_gates
 from testbed.kubelet.node import NodeSpec, node_object
 from testbed.realnode import kubelet_api, sandbox
 from testbed.tasks import cancel_and_wait
@@ -93,12 +94,17 @@ class ContainerRef:
 
 
 def kubelet_config(
-    root: Path, taints: list[Obj], client_ca: Path | None = None, sync_frequency_s: float = KUBELET_SYNC_FREQUENCY_S
+    root: Path,
+    taints: list[Obj],
+    client_ca: Path | None = None,
+    sync_frequency_s: float = KUBELET_SYNC_FREQUENCY_S,
+    gates: Mapping[str, bool] | None = None,
 ) -> Obj:
     """A KubeletConfiguration that creates no host cgroups and listens on loopback only
     (of its namespace). Its API is guarded as kubeadm guards it: client certificates
     from ``client_ca`` (the cluster's) or tokens the API server vouches for, each request
-    authorized by the API server; nobody anonymous."""
+    authorized by the API server; nobody anonymous. ``gates``: the cluster's alpha and
+    beta gates (the testbed's default DRA gates when unknown)."""
     x509 = {"x509": {"clientCAFile": str(client_ca)}} if client_ca else {}
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
@@ -126,9 +132,10 @@ def kubelet_config(
         "evictionHard": {"memory.available": "1Ki", "nodefs.available": "0%", "imagefs.available": "0%"},
         "imageGCHighThresholdPercent": 100,
         "imageGCLowThresholdPercent": 99,
-        # The cluster's DRA gates, as kind sets them for every component: without them the
-        # kubelet refuses a PodGroup's claim the control plane made and reserved for it.
-        "featureGates": dict(BETA_DRA_GATES),
+        # The cluster's gates, as kind sets them for every component: without its DRA gates
+        # the kubelet refuses a PodGroup's claim the control plane made and reserved for
+        # it, and calls a driver for a device that needs no node operations.
+        "featureGates": dict(BETA_DRA_GATES if gates is None else gates),
     }
 
 
@@ -165,6 +172,8 @@ class ProcessNode:
         self.kubelet_kubeconfig = kubeconfig
         """The kubelet's credentials: a node identity's kubeconfig when the fleet issues one."""
         self.driver_kubeconfig = kubeconfig
+        self._gates: dict[str, bool] | None = None
+        """The alpha and beta gates the kubelet runs with: the API server's, read once."""
         """The driver's credentials: a kubeconfig with a token bound to the node's driver pod."""
         self.driver_env: dict[str, str] = {}
         """More of the built-in driver's settings, as its pod gives them (POD_UID, the
@@ -552,7 +561,13 @@ class ProcessNode:
         if (ca := cluster_ca(self.kubeconfig)) is not None:
             client_ca = self.root / "private" / "client-ca.crt"
             client_ca.write_bytes(ca)
-        settings = kubelet_config(self.root, list(self.spec.taints), client_ca, self.sync_frequency_s)
+        if self._gates is None:
+            client = KubeClient.from_kubeconfig(self.kubeconfig)
+            try:
+                self._gates = await cluster_gates(client) or dict(BETA_DRA_GATES)
+            finally:
+                await client.close()
+        settings = kubelet_config(self.root, list(self.spec.taints), client_ca, self.sync_frequency_s, self._gates)
         config.write_text(yaml.safe_dump(settings))
         labels = node_object(self.spec)["metadata"]["labels"]
         # Where a real node has it, as its sandbox mounts the node's kubelet directory: the

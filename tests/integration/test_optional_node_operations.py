@@ -1,12 +1,15 @@
-"""DRAOptionalNodeOperations (alpha in 1.37) on a fake-kubelet node, as on a real one:
-the kubelet declares the feature in its Node's status (the scheduler allocates a device
-of a ResourceSlice with ``skipNodeOperations`` only on such a node), and a claim whose
-devices skip every node call runs its pod without the driver being on the node at all.
-Until the fake kubelet declared its features, no such device could be allocated to a
-synthetic node."""
+"""DRAOptionalNodeOperations (alpha in 1.37) on a fake-kubelet node and on a real one,
+in a cluster started with ``--alpha``: the kubelet declares the feature in its Node's
+status (the scheduler allocates a device of a ResourceSlice with ``skipNodeOperations``
+only on such a node), and a claim whose devices skip every node call runs its pod
+without the driver being on the node at all. Until the fake kubelet declared its
+features, no such device could be allocated to a synthetic node; until the reference
+node's kubelet was started with the cluster's gates, it declared none of the alpha ones.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import subprocess
@@ -21,12 +24,14 @@ from kubernetes import config as kube_config
 
 from testbed import workloads
 from testbed.config import ControlPlaneConfig
+from testbed.realnode.node import unsupported_reason
 
 pytestmark = pytest.mark.controlplane
 
 DRIVER = "virtual.example.com"
 """A driver that runs nowhere: its devices need no node calls."""
-NODE = "node-000"
+NODE, REAL_NODE = "node-000", "real-000"
+REAL_NODES = not unsupported_reason()
 
 
 def _testbed(verb: str, config: ControlPlaneConfig, *args: str) -> None:
@@ -38,7 +43,8 @@ def _testbed(verb: str, config: ControlPlaneConfig, *args: str) -> None:
 @pytest.fixture(scope="module")
 def alpha_cluster() -> Iterator[k8s.ApiClient]:
     config = ControlPlaneConfig(name="alpha", state_dir=Path(tempfile.mkdtemp(prefix="tba-")) / "c")
-    _testbed("up", config, "--alpha", "--nodes", "1", "--profile", "tiny")
+    real = ["--real-nodes", "1"] if REAL_NODES else []
+    _testbed("up", config, "--alpha", "--nodes", "1", *real, "--profile", "tiny")
     try:
         api = kube_config.new_client_from_config(str(config.cluster_dir / "kubeconfig"))
         yield api
@@ -48,27 +54,39 @@ def alpha_cluster() -> Iterator[k8s.ApiClient]:
         shutil.rmtree(config.state_dir.parent, ignore_errors=True)
 
 
-def test_a_claim_whose_devices_skip_every_node_call_runs_without_its_driver(alpha_cluster: k8s.ApiClient) -> None:
+def _declared(api: k8s.ApiClient, node: str) -> list[str]:
+    read = json.loads(k8s.CoreV1Api(api).read_node(node, _preload_content=False).data)
+    return list(read["status"].get("declaredFeatures", []))
+
+
+@pytest.mark.parametrize(
+    "node",
+    [NODE, pytest.param(REAL_NODE, marks=pytest.mark.skipif(not REAL_NODES, reason=unsupported_reason() or ""))],
+)
+def test_a_claim_whose_devices_skip_every_node_call_runs_without_its_driver(
+    alpha_cluster: k8s.ApiClient, node: str
+) -> None:
     api = alpha_cluster
-    declared = json.loads(k8s.CoreV1Api(api).read_node(NODE, _preload_content=False).data)["status"].get(
-        "declaredFeatures", []
-    )
+    declared = _declared(api, node)
     assert "DRAOptionalNodeOperations" in declared and declared == sorted(declared), declared
+    if node == REAL_NODE:
+        assert declared == _declared(api, NODE), "both kinds of kubelet run with the cluster's gates"
 
     custom = k8s.CustomObjectsApi(api)
     selector = {"cel": {"expression": f'device.driver == "{DRIVER}"'}}
     device_class = {"metadata": {"name": DRIVER}, "spec": {"selectors": [selector]}}
-    custom.create_cluster_custom_object("resource.k8s.io", "v1", "deviceclasses", device_class)
+    with contextlib.suppress(k8s.ApiException):  # made by the other node's case
+        custom.create_cluster_custom_object("resource.k8s.io", "v1", "deviceclasses", device_class)
     custom.create_cluster_custom_object(
         "resource.k8s.io",
         "v1",
         "resourceslices",
         {
-            "metadata": {"name": f"{NODE}-virtual"},
+            "metadata": {"name": f"{node}-virtual"},
             "spec": {
                 "driver": DRIVER,
-                "nodeName": NODE,
-                "pool": {"name": NODE, "generation": 1, "resourceSliceCount": 1},
+                "nodeName": node,
+                "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
                 "skipNodeOperations": ["*"],
                 "devices": [{"name": "v0"}],
             },
@@ -77,7 +95,7 @@ def test_a_claim_whose_devices_skip_every_node_call_runs_without_its_driver(alph
     claim = workloads.unique("virt")
     workloads.create_claim(api, "default", claim, workloads.claim_spec(workloads.request("v", DRIVER)))
     name = workloads.unique("virt")
-    pod = workloads.pod(name, claims={"v": {"resourceClaimName": claim}})
+    pod = workloads.pod(name, claims={"v": {"resourceClaimName": claim}}, node=node)
     k8s.CoreV1Api(api).create_namespaced_pod("default", pod)
     workloads.wait_running(api, "default", name, timeout_s=60)
     allocated = custom.get_namespaced_custom_object("resource.k8s.io", "v1", "default", "resourceclaims", claim)
