@@ -92,6 +92,10 @@ GATE_APIS: dict[str, str] = {
 """Beta gates whose API version is off by default: the scheduler waits for its
 informers (PodGroup here) and never becomes ready unless the API is served."""
 
+POD_GRACE_S = 30
+"""A pod's terminationGracePeriodSeconds unless it says: a driver's time to exit after
+SIGTERM (a rollout, a drain, a liveness kill, `testbed down`) before SIGKILL."""
+
 KUBELET_SYNC_FREQUENCY_S = 60.0
 """The kubelet's default syncFrequency (KubeletConfiguration), for fake and real kubelets
 alike: each pod is synced this often (jittered by up to half of it) when nothing happens

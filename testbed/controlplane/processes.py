@@ -28,18 +28,23 @@ class ProcessRecord:
     start_ticks: int
     log: str
     command: list[str]
+    grace_s: float | None = None
+    """Its time to exit after SIGTERM, when it has one of its own (a driver's pod's
+    terminationGracePeriodSeconds); else the stopper's."""
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
 
     @classmethod
     def from_json(cls, data: dict[str, object]) -> ProcessRecord:
+        grace = data.get("grace_s")
         return cls(
             name=str(data["name"]),
             pid=int(data["pid"]),  # type: ignore[call-overload]
             start_ticks=int(data["start_ticks"]),  # type: ignore[call-overload]
             log=str(data["log"]),
             command=[str(part) for part in data["command"]],  # type: ignore[attr-defined]
+            grace_s=None if grace is None else float(grace),  # type: ignore[arg-type]
         )
 
     def alive(self) -> bool:
@@ -135,17 +140,23 @@ def start(
 
 
 def stop(records: list[ProcessRecord], timeout_s: float = 10.0) -> list[str]:
-    """SIGTERM each live process, wait, SIGKILL whatever is left. Returns names stopped."""
+    """SIGTERM each live process, wait, SIGKILL whatever is left once its time is over
+    (its record's ``grace_s``, else ``timeout_s``). Returns names stopped."""
     live = [r for r in records if r.alive()]
     for record in live:
         _signal(record.pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and any(r.alive() for r in live):
+    began = time.monotonic()
+    deadlines = {id(r): began + (timeout_s if r.grace_s is None else r.grace_s) for r in live}
+    waiting = list(live)
+    while waiting:
         _reap(live)
-        time.sleep(0.05)
-    for record in live:
-        if record.alive():
-            _signal(record.pid, signal.SIGKILL)
+        now = time.monotonic()
+        for record in [r for r in waiting if not r.alive() or now >= deadlines[id(r)]]:
+            waiting.remove(record)
+            if record.alive():
+                _signal(record.pid, signal.SIGKILL)
+        if waiting:
+            time.sleep(0.05)
     kill_deadline = time.monotonic() + 5.0
     while time.monotonic() < kill_deadline and any(r.alive() for r in live):
         _reap(live)

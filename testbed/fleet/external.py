@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from testbed.config import runtime_root
+from testbed.config import POD_GRACE_S, runtime_root
 from testbed.controlplane import processes
 from testbed.errors import TestbedError
 from testbed.files import private_dir, write_atomically
@@ -36,8 +36,6 @@ from testbed.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
-STOP_GRACE_S = 30.0
-"""A driver's time to exit after SIGTERM unless its spec says: a pod's default."""
 LIVENESS_PORT = "LIVENESS_PORT"
 """The variable that holds the port a driver's liveness endpoint is probed on: one per node,
 as every node's driver pod has the DaemonSet's port on an address of its own."""
@@ -52,7 +50,7 @@ class ExternalDriverSpec:
     liveness: LivenessSettings | None = None
     generation: int = 0
     """How often it was rolled out on its node: which driver pod its instance stands for."""
-    grace_s: float = STOP_GRACE_S
+    grace_s: float = float(POD_GRACE_S)
     """SIGTERM, then SIGKILL this long after (its pod's terminationGracePeriodSeconds)."""
 
     @classmethod
@@ -64,7 +62,7 @@ class ExternalDriverSpec:
             dict(entry["env"]),  # type: ignore[call-overload]
             LivenessSettings(**liveness) if isinstance(liveness, dict) else None,
             int(entry.get("generation", 0)),  # type: ignore[call-overload]
-            float(entry.get("grace_s", STOP_GRACE_S)),  # type: ignore[arg-type]
+            float(entry.get("grace_s", POD_GRACE_S)),  # type: ignore[arg-type]
         )
 
     def refers_to(self, variable: str) -> bool:
@@ -129,7 +127,8 @@ def recorded_drivers(nodes_dir: Path) -> dict[str, list[processes.ProcessRecord]
 
 def stop_recorded_drivers(nodes_dir: Path) -> list[str]:
     """Stop the external driver processes under a fleet's nodes dir, which outlive their
-    NodeHosts (SIGTERM, then SIGKILL); says which it stopped."""
+    NodeHosts (SIGTERM, then SIGKILL once each one's grace period is over); says which
+    it stopped."""
     drivers = [r for records in recorded_drivers(nodes_dir).values() for r in records]
     return [f"driver {name}" for name in processes.stop(drivers)]
 
@@ -476,7 +475,12 @@ class ExternalDriver:
         assert self.process is not None
         pid = self.process.pid
         record = processes.ProcessRecord(
-            self.spec.name, pid, processes.process_start_ticks(pid) or 0, str(self.log_path), list(self._command)
+            self.spec.name,
+            pid,
+            processes.process_start_ticks(pid) or 0,
+            str(self.log_path),
+            list(self._command),
+            self.spec.grace_s,
         )
         # In one step: a reader (a NodeHost taking over, a sanity sweep) that met the file
         # half-written would not know which process to stop, and two would serve the node.

@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_val
 
 from fake_devices.profiles import ProfileError
 from fake_devices.specfiles import SpecFileError, parse_yaml, validate
-from testbed.config import KUBELET_SYNC_FREQUENCY_S
+from testbed.config import KUBELET_SYNC_FREQUENCY_S, POD_GRACE_S
 from testbed.drivers import load_profile
 from testbed.keys import SYNTHETIC
 
@@ -127,7 +127,7 @@ class ExternalDriver(_Strict):
     env: dict[str, str] = Field(default_factory=dict)
     liveness_probe: LivenessProbe | None = Field(default=None, alias="livenessProbe")
     """Probed as a kubelet probes the DaemonSet's container, and restarted when it fails."""
-    grace_s: int = Field(default=30, alias="terminationGracePeriodSeconds", ge=0)
+    grace_s: int = Field(default=POD_GRACE_S, alias="terminationGracePeriodSeconds", ge=0)
     """How long it has to exit after SIGTERM (a rollout, a drain, a liveness kill) before
     SIGKILL: its DaemonSet pod's terminationGracePeriodSeconds, 30 s unless it says."""
     generation: int = Field(default=0, ge=0)

@@ -101,12 +101,13 @@ def test_an_external_driver_serves_its_node_and_is_restarted_and_drained(
 ) -> None:
     del fleet  # only for its Ray and DeviceClasses
     call_log = tmp_path / "calls.jsonl"
-    driver = {**STAND_IN, "env": {**STAND_IN["env"], "CALL_LOG": str(call_log)}}
+    driver = {**STAND_IN, "env": {**STAND_IN["env"], "CALL_LOG": str(call_log)}, "terminationGracePeriodSeconds": 12}
     own, where = _one_node_fleet(control_plane, "ext", driver)
     core, namespace = _namespace(kube_api, "ext")
     try:
         [record] = recorded_drivers(where)["ext-000"]
         assert record.alive() and record.name == GPU
+        assert record.grace_s == 12, "`testbed down` gives a driver left running its own grace period"
         environment = _environment_of(record.pid)
         driver_pod = core.read_namespaced_pod(f"{GPU}-ext-000", "dra-testbed")
         assert environment["NODE_NAME"] == "ext-000" and environment["POD_UID"] == driver_pod.metadata.uid

@@ -1,6 +1,7 @@
 import dataclasses
 import socket
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,8 @@ def test_records_survive_a_json_round_trip(tmp_path: Path) -> None:
     record = _sleeper(tmp_path)
     try:
         assert processes.ProcessRecord.from_json(record.to_json()) == record
+        with_grace = dataclasses.replace(record, grace_s=45.0)
+        assert processes.ProcessRecord.from_json(with_grace.to_json()) == with_grace
     finally:
         processes.stop([record], timeout_s=5)
 
@@ -106,3 +109,35 @@ def test_a_process_that_keeps_dying_waits_longer_each_time_and_one_that_ran_a_wh
 
 def test_an_exit_reads_as_a_container_runtime_says_it() -> None:
     assert [processes.exit_status(code) for code in (0, 3, -9, -15)] == [0, 3, 137, 143]
+
+
+def _slow_to_stop(tmp_path: Path, name: str, exits_after_s: float | None) -> processes.ProcessRecord:
+    """A process that, on SIGTERM, exits cleanly after ``exits_after_s`` (never if None)."""
+    on_term = "signal.SIG_IGN" if exits_after_s is None else f"lambda *_: (time.sleep({exits_after_s}), done())"
+    script = (
+        "import signal, sys, time\n"
+        "def done():\n    print('clean exit', flush=True); sys.exit(0)\n"
+        f"signal.signal(signal.SIGTERM, {on_term})\n"
+        "print('up', flush=True)\ntime.sleep(120)\n"
+    )
+    log = tmp_path / f"{name}.log"
+    _, record = processes.start(name, [sys.executable, "-c", script], log, cwd=tmp_path)
+    deadline = time.monotonic() + 10
+    while "up" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return record
+
+
+def test_each_process_gets_its_own_grace_period_when_its_record_has_one(tmp_path: Path) -> None:
+    """A driver's record carries its pod's terminationGracePeriodSeconds: one that needs
+    a while to clean up gets it though the stopper's own timeout is shorter, and one that
+    ignores SIGTERM is killed at its own grace, not the stopper's."""
+    patient = dataclasses.replace(_slow_to_stop(tmp_path, "patient", exits_after_s=1.0), grace_s=20.0)
+    stubborn = dataclasses.replace(_slow_to_stop(tmp_path, "stubborn", exits_after_s=None), grace_s=0.5)
+    assert sorted(processes.stop([patient, stubborn], timeout_s=0.2)) == ["patient", "stubborn"]
+    assert "clean exit" in (tmp_path / "patient.log").read_text(), "killed before its grace period was over"
+    assert not stubborn.alive()
+    started = _slow_to_stop(tmp_path, "stubborn-again", exits_after_s=None)
+    began = time.monotonic()
+    processes.stop([dataclasses.replace(started, grace_s=0.5)], timeout_s=60)
+    assert time.monotonic() - began < 30, "waited for the stopper's timeout, not the record's grace"
