@@ -89,6 +89,7 @@ from testbed.kubelet.node import NodeSpec, node_object
 from testbed.kubelet.plugins import PluginCallError, PluginManager, PreparedDevice
 from testbed.kubelet.podnetwork import AddressesExhausted, PodAddresses
 from testbed.kubelet.resync import ResyncSchedule
+from testbed.kubelet.statuswriter import StatusWriter
 from testbed.kubeletplugin import cdi
 from testbed.tasks import cancel_and_wait
 
@@ -209,6 +210,7 @@ class PodManager:
         self._status_tasks: set[asyncio.Task[None]] = set()
         self._events = EventRecorder(node.name)
         self._told = EventQueue(client, self._events)
+        self._statuses = StatusWriter(client)
         self._images = images or containerevents.ImageStore()
         self._running: dict[str, str] = {}
         """Pods whose containers run, by UID: when they started (RFC 3339)."""
@@ -301,6 +303,7 @@ class PodManager:
             self._task, self._resync_task, self._reconcile_task, *self._status_tasks, *self._workers.values()
         )
         await self._told.close()
+        await self._statuses.stop()
         self._workers.clear()
 
     async def _watch(self) -> None:
@@ -1181,19 +1184,9 @@ class PodManager:
         return address or self.node.internal_ip()
 
     async def _patch_status(self, pod: Obj, body: Obj) -> None:
-        """As the kubelet patches a pod's status (PatchPodStatus): with the pod's UID in the
-        patch, so a write meant for a pod deleted meanwhile never lands on a namesake created
-        since (a StatefulSet's next pod): the API server refuses to change a UID (422). To
-        the pod's worker a replaced pod is a deleted one (404)."""
-        meta = pod["metadata"]
-        body = {**body, "metadata": {**body.get("metadata", {}), "uid": meta["uid"]}}
-        path = path_for("v1", "pods", meta["name"], meta["namespace"], "status")
-        try:
-            await self.client.patch(path, body, "strategic")
-        except ApiError as exc:
-            if exc.status == 422 and "metadata.uid" in exc.message:
-                raise ApiError(404, "NotFound", f"pod {meta['name']} was replaced: {exc.message}") from None
-            raise
+        """Through the status writer (statuswriter.py): raises ApiError 404 if the pod is
+        gone or was replaced; what the API server cannot take now is written later."""
+        await self._statuses.patch(pod, body)
 
     def _running_container_statuses(self, pod: Obj, stamp: str) -> list[Obj]:
         uid = pod["metadata"]["uid"]
@@ -1597,17 +1590,8 @@ class PodManager:
         await self._terminate(uid)  # as the kubelet: the stopped containers' terminal status, then the delete
         pod = self._latest.get(uid)
         if pod is not None and not pod.get("_deleted"):
-            meta = pod["metadata"]
-            with contextlib.suppress(ApiError):
-                await self.client.delete(
-                    path_for("v1", "pods", meta["name"], meta["namespace"]),
-                    {
-                        "apiVersion": "v1",
-                        "kind": "DeleteOptions",
-                        "gracePeriodSeconds": 0,
-                        "preconditions": {"uid": uid},
-                    },
-                )
+            with contextlib.suppress(ApiError):  # gone already, or replaced
+                await self._statuses.delete(pod)
         if pod is None or pod.get("_deleted"):
             self._forget(uid)
         else:
@@ -1633,6 +1617,7 @@ class PodManager:
         self._resources_status.pop(uid, None)
         if not keep_terminated:
             self._terminated.discard(uid)
+            self._statuses.forget(uid)
         self._events.forget(uid)
 
 
