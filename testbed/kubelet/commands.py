@@ -74,25 +74,21 @@ def exit_code(container: Obj) -> int:
 
 def run_seconds(pod: Obj) -> float | None:
     """How long the pod's containers run before the pod ends (Succeeded, or Failed when
-    one exits non-zero under restartPolicy Never); None if it runs until deleted: under
-    restartPolicy Always, when a container never ends, or under OnFailure when one fails
-    (it is started again)."""
+    one exits non-zero); None if it runs until deleted: when a container never ends, or
+    is started again when it does (``should_restart``)."""
     annotation = pod["metadata"].get("annotations", {}).get(RUN_SECONDS_ANNOTATION)
     if annotation is not None:
         try:
             return max(0.0, float(annotation))
         except ValueError:
             return None
-    spec = pod["spec"]
-    policy = spec.get("restartPolicy", "Always")
-    if policy == "Always":
+    containers = pod["spec"].get("containers", [])
+    endings = [e for c in containers if (e := ending(c)) is not None]
+    if not endings or len(endings) < len(containers):
         return None
-    endings = [ending(c) for c in spec.get("containers", [])]
-    if not endings or any(e is None for e in endings):
+    if any(should_restart(pod, c, e.exit_code) for c, e in zip(containers, endings, strict=True)):
         return None
-    if policy == "OnFailure" and any(e.exit_code for e in endings if e is not None):
-        return None
-    return max(e.seconds for e in endings if e is not None)
+    return max(e.seconds for e in endings)
 
 
 def ending_first(pod: Obj) -> dict[str, Ending]:
@@ -109,18 +105,37 @@ def ending_first(pod: Obj) -> dict[str, Ending]:
 
 def restart_seconds(pod: Obj, container: Obj) -> float | None:
     """How long a container of a pod that does not end of itself (``run_seconds`` None)
-    runs before it exits, to be started again (restartPolicy Always, or OnFailure when it
-    exits non-zero) or to stay exited; None if it runs until the pod is deleted."""
-    if pod["spec"].get("restartPolicy", "Always") == "Never" or run_seconds(pod) is not None:
+    runs before it exits, to be started again (``restarts``) or to stay exited; None if
+    it runs until the pod is deleted."""
+    if run_seconds(pod) is not None:
         return None
     ended = ending(container)
     return None if ended is None else ended.seconds
 
 
 def restarts(pod: Obj, container: Obj) -> bool:
-    """Whether the kubelet starts the container again once it exited (restartPolicy)."""
-    policy = pod["spec"].get("restartPolicy", "Always")
-    return policy == "Always" or (policy == "OnFailure" and exit_code(container) != 0)
+    """Whether the kubelet starts the container again once its command exited."""
+    return should_restart(pod, container, exit_code(container))
+
+
+def should_restart(pod: Obj, container: Obj, code: int) -> bool:
+    """Whether the kubelet starts a container that exited with ``code`` again, as kubelet
+    v1.37 decides it (ContainerRestartRules, beta and on): by the first of the
+    container's ``restartPolicyRules`` whose exit codes match, if any; else by its own
+    ``restartPolicy``; else by the pod's. A rule's RestartAllContainers action restarts
+    too; that it restarts the pod's other containers with it is not modelled."""
+    own = container.get("restartPolicy")
+    if own is not None:
+        for rule in container.get("restartPolicyRules") or []:
+            codes = rule.get("exitCodes") or {}
+            listed = code in (codes.get("values") or [])
+            operator = codes.get("operator")
+            if (operator == "In" and listed) or (operator == "NotIn" and not listed):
+                if rule.get("action") in ("Restart", "RestartAllContainers"):
+                    return True
+                break  # an action this version does not know: the container's policy decides
+    policy = own or pod["spec"].get("restartPolicy", "Always")
+    return policy == "Always" or (policy == "OnFailure" and code != 0)
 
 
 def init_seconds(container: Obj) -> float | None:

@@ -22,9 +22,11 @@ As kubelet v1.37 does:
   other command ending at once), the pod Pending while one runs; a sidecar
   (restartPolicy Always) runs beside the pod's containers until they end; one that exits
   non-zero fails the pod under restartPolicy Never, else is started again as below;
-- in a pod whose restartPolicy is Always (or OnFailure, for a container that exits
-  non-zero), a container whose command ends is started again, at once the first time,
-  then after a back-off of 10 s doubling to 5 minutes; its claims stay prepared;
+- a container whose command ends is started again if its restart rules, its own
+  restartPolicy or the pod's say so (commands.should_restart: Always, or OnFailure for
+  one that exits non-zero), at once the first time, then after a back-off of 10 s
+  doubling to 5 minutes; its claims stay prepared. One that is not shows its exit while
+  the others run on;
 - a container with a readiness (or startup) probe is held unready (not started) until
   the probe would pass, the workload taken to answer it (``probe_plan``);
 - a container gets the CDI devices of the claim requests it names, matched EXACTLY
@@ -903,8 +905,9 @@ class PodManager:
         return False
 
     async def _retry_init(self, uid: str, container: Obj, code: int) -> podstatus.InitRun | None:
-        """An init container exited with ``code``: under restartPolicy Never, the run with
-        it failed; else, as the kubelet, it is started again, at once the first time, then
+        """An init container exited with ``code``: if it is not to be started again
+        (``commands.should_restart``: under restartPolicy Never, say), the run with it
+        failed; else, as the kubelet, it is started again, at once the first time, then
         after a back-off (``restart_delay``, ``back_off_syncs``; shown exited meanwhile),
         the pod Pending, until the pod is deleted (None). Its command ends alike each
         time, so it never gets further."""
@@ -918,7 +921,7 @@ class PodManager:
             ended = podstatus.Ended.exit_status(code, now_rfc3339())
             exited = podstatus.terminated_state(now.container_id, now.state["running"]["startedAt"], ended)
             run = self._inits[uid] = run.failed(podstatus.Restarted(now.count, now.container_id, exited, now.last))
-            if pod["spec"].get("restartPolicy", "Always") == "Never":
+            if not commands.should_restart(pod, container, code):
                 run = self._inits[uid] = run.ended(ended.at)
                 return run
             exited_at = time.monotonic()

@@ -1061,6 +1061,120 @@ def test_a_container_that_exits_non_zero_fails_its_pod_or_is_started_again_alike
     asyncio.run(scenario())
 
 
+def test_a_containers_own_restart_policy_and_rules_decide_whether_it_starts_again_alike(
+    control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
+) -> None:
+    """ContainerRestartRules (beta, on in 1.37): a container's own ``restartPolicy`` and
+    its ``restartPolicyRules`` decide whether it starts again, over the pod's. In a pod
+    that never restarts, a container whose rule says Restart on exit 42 is started again,
+    its claim left prepared; in a pod that always restarts, a container that says Never
+    stays exited beside one that runs, the pod Running; one that says Never and is the
+    pod's only container ends the pod, Succeeded, and its claim is unprepared. The fake
+    kubelet went by the pod's policy alone, and in a pod that never restarts it kept a
+    container whose command had ended running while another ran on."""
+
+    async def scenario() -> None:
+        async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
+
+            async def case(side: Side) -> dict[str, Any]:
+                await side.template("gpu", [request("gpu", GPU)])
+                since = time.time()
+                on_42 = [{"action": "Restart", "exitCodes": {"operator": "In", "values": [42]}}]
+                # An image per pod: which pod pulls a shared one first is a race.
+                retried = {
+                    "name": "main",
+                    "image": "registry.invalid/retried:v1",
+                    "command": ["sh", "-c", "sleep 1; exit 42"],
+                    "restartPolicy": "Never",
+                    "restartPolicyRules": on_42,
+                    "resources": {"claims": [{"name": "c"}]},
+                }
+                await side.create_pod(
+                    "by-rule",
+                    restartPolicy="Never",
+                    resourceClaims=[{"name": "c", "resourceClaimTemplateName": "gpu"}],
+                    containers=[retried],
+                )
+                image = "registry.invalid/beside:v1"
+                once = {
+                    "name": "once",
+                    "image": image,
+                    "command": ["sh", "-c", "sleep 1; exit 3"],
+                    "restartPolicy": "Never",
+                }
+                await side.create_pod(
+                    "beside", containers=[{"name": "main", "image": image, "command": ["sleep", "3600"]}, once]
+                )
+                alone = {
+                    "name": "main",
+                    "image": "registry.invalid/alone:v1",
+                    "command": ["sleep", "1"],
+                    "restartPolicy": "Never",
+                    "resources": {"claims": [{"name": "c"}]},
+                }
+                await side.create_pod(
+                    "alone", resourceClaims=[{"name": "c", "resourceClaimTemplateName": "gpu"}], containers=[alone]
+                )
+
+                image = "registry.invalid/open:v1"
+                server = {"name": "server", "image": image, "command": ["sleep", "3600"]}
+                job = {"name": "job", "image": image, "command": ["sleep", "1"]}
+                await side.create_pod("open", restartPolicy="Never", containers=[server, job])
+
+                async def restarted() -> Obj | None:
+                    pod = await side.read_pod("by-rule")
+                    exits = _exits(pod) if pod["status"].get("containerStatuses") else {}
+                    return pod if exits.get("main", (0,))[0] >= 1 else None
+
+                async def stayed_exited() -> Obj | None:
+                    pod = await side.read_pod("beside")
+                    exits = _exits(pod) if pod["status"].get("containerStatuses") else {}
+                    return pod if exits.get("once") == (0, 3, "Error") else None
+
+                async def job_done() -> Obj | None:
+                    pod = await side.read_pod("open")
+                    exits = _exits(pod) if pod["status"].get("containerStatuses") else {}
+                    return pod if exits.get("job") == (0, 0, "Completed") else None
+
+                by_rule = await until(restarted, 60, f"{side.kind}: by-rule's main started again")
+                beside = await until(stayed_exited, 60, f"{side.kind}: beside's once exited")
+                open_ended = await until(job_done, 60, f"{side.kind}: open's job completed")
+                alone_done = await until(lambda: side._phase("alone", "Succeeded"), 60, f"{side.kind}: alone ended")
+                by_rule_claim, alone_claim = await side.claim_name("by-rule"), await side.claim_name("alone")
+
+                async def alone_unprepared() -> dict[str, list[str]] | None:
+                    calls = side.calls_by_claim(since)
+                    return calls if calls.get(alone_claim, [])[-1:] == [UNPREPARE] else None
+
+                calls = await until(alone_unprepared, 60, f"{side.kind}: alone's claim unprepared")
+                found = {
+                    "by-rule": (by_rule["status"]["phase"], _exits(by_rule)["main"][1:]),
+                    "beside": _status_shape(beside),
+                    "beside exits": _exits(beside),
+                    "alone": _status_shape(alone_done),
+                    "open": _status_shape(open_ended),
+                    "calls": [calls.get(by_rule_claim), calls.get(alone_claim)],
+                }
+                for name in ("by-rule", "beside", "alone", "open"):
+                    await side.delete_pod(name)
+                for name in ("by-rule", "beside", "alone", "open"):
+                    await side.gone(name, 60)
+                return found
+
+            found = await both(sides, case)
+            for key in found["real"]:
+                assert found["fake"][key] == found["real"][key], key
+            fake = found["fake"]
+            assert fake["by-rule"] == ("Running", (42, "Error"))
+            assert fake["beside"]["phase"] == "Running"
+            assert fake["beside exits"] == {"main": (0, None, None), "once": (0, 3, "Error")}
+            assert fake["alone"]["phase"] == "Succeeded"
+            assert fake["open"]["phase"] == "Running", "a container of a Never pod that ends shows so, the pod runs on"
+            assert fake["calls"] == [[PREPARE], [PREPARE, UNPREPARE]]
+
+    asyncio.run(scenario())
+
+
 def test_a_pod_past_its_active_deadline_is_failed_and_its_claim_unprepared_alike(
     control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
 ) -> None:

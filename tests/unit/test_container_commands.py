@@ -18,6 +18,7 @@ from testbed.kubelet.commands import (
     restart_seconds,
     restarts,
     run_seconds,
+    should_restart,
 )
 
 
@@ -91,6 +92,30 @@ def test_only_a_container_of_a_pod_that_does_not_end_exits_to_be_started_again_o
     assert restarts(on_failure, failing) and not restarts(on_failure, sleeper), "a completed one stays so"
     assert restarts(pod(None, sleeper), sleeper)
     assert not restarts(pod("Never", failing), failing)
+
+
+def test_a_containers_own_policy_and_first_matching_rule_decide_over_the_pods() -> None:
+    """ContainerRestartRules (beta, on in kubelet v1.37)."""
+    on_42 = [{"action": "Restart", "exitCodes": {"operator": "In", "values": [42]}}]
+    ruled = {**container("sh", "-c", "sleep 1; exit 42"), "restartPolicy": "Never", "restartPolicyRules": on_42}
+    never = pod("Never", ruled)
+    assert should_restart(never, ruled, 42) and not should_restart(never, ruled, 1)
+    assert restarts(never, ruled) and run_seconds(never) is None and restart_seconds(never, ruled) == 1.0
+    not_in = [{"action": "Restart", "exitCodes": {"operator": "NotIn", "values": [0, 3]}}]
+    guarded = {**ruled, "restartPolicyRules": not_in}
+    assert [should_restart(never, guarded, code) for code in (0, 3, 7)] == [False, False, True]
+    unknown_first = [{"action": "Later", "exitCodes": {"operator": "In", "values": [42]}}, *on_42]
+    assert not should_restart(never, {**ruled, "restartPolicyRules": unknown_first}, 42), "the first match decides"
+    without_own = {"name": "x", "restartPolicyRules": on_42}
+    assert not should_restart(never, without_own, 42), "rules count only beside the container's own policy"
+    once = {**container("sh", "-c", "sleep 1; exit 3", name="once"), "restartPolicy": "Never"}
+    beside = pod(None, container("sleep", "infinity"), once)
+    assert not restarts(beside, once) and restart_seconds(beside, once) == 1.0, "exits and stays so, the pod runs on"
+    assert run_seconds(pod(None, {**container("sleep", "1"), "restartPolicy": "Never"})) == 1.0, "the pod ends"
+    on_failure = {**container("sh", "-c", "exit 2"), "restartPolicy": "OnFailure"}
+    assert restarts(pod("Never", on_failure), on_failure)
+    open_ended = pod("Never", container("sleep", "infinity", name="server"), container("sleep", "2", name="job"))
+    assert restart_seconds(open_ended, open_ended["spec"]["containers"][1]) == 2.0, "shown exited, not run on"
 
 
 @pytest.mark.parametrize(
