@@ -121,21 +121,47 @@ def restarts(pod: Obj, container: Obj) -> bool:
 def should_restart(pod: Obj, container: Obj, code: int) -> bool:
     """Whether the kubelet starts a container that exited with ``code`` again, as kubelet
     v1.37 decides it (ContainerRestartRules, beta and on): by the first of the
-    container's ``restartPolicyRules`` whose exit codes match, if any; else by its own
-    ``restartPolicy``; else by the pod's. A rule's RestartAllContainers action restarts
-    too; that it restarts the pod's other containers with it is not modelled."""
-    own = container.get("restartPolicy")
-    if own is not None:
-        for rule in container.get("restartPolicyRules") or []:
-            codes = rule.get("exitCodes") or {}
-            listed = code in (codes.get("values") or [])
-            operator = codes.get("operator")
-            if (operator == "In" and listed) or (operator == "NotIn" and not listed):
-                if rule.get("action") in ("Restart", "RestartAllContainers"):
-                    return True
-                break  # an action this version does not know: the container's policy decides
-    policy = own or pod["spec"].get("restartPolicy", "Always")
+    container's ``restartPolicyRules`` whose exit codes match, if any (Restart, or
+    RestartAllContainers: ``restarts_all``); else by its own ``restartPolicy``; else by
+    the pod's."""
+    action = _rule_action(container, code)
+    if action in ("Restart", "RestartAllContainers"):
+        return True
+    policy = container.get("restartPolicy") or pod["spec"].get("restartPolicy", "Always")
     return policy == "Always" or (policy == "OnFailure" and code != 0)
+
+
+def restarts_all(container: Obj, code: int) -> bool:
+    """Whether a container that exited with ``code`` makes the kubelet restart ALL of its
+    pod's containers in place (RestartAllContainersOnContainerExits, beta and on in
+    1.37): its first rule that matches says RestartAllContainers."""
+    return _rule_action(container, code) == "RestartAllContainers"
+
+
+def may_restart_all(pod: Obj) -> bool:
+    """Whether one of the pod's containers has a RestartAllContainers rule: the kubelet
+    then shows the pod's AllContainersRestarting condition, False until one fires."""
+    spec = pod["spec"]
+    return any(
+        rule.get("action") == "RestartAllContainers"
+        for c in [*(spec.get("initContainers") or []), *spec.get("containers", [])]
+        for rule in c.get("restartPolicyRules") or []
+    )
+
+
+def _rule_action(container: Obj, code: int) -> str | None:
+    """The action of the first of the container's rules whose exit codes match ``code``
+    (rules count only beside its own restartPolicy); None if none does. An action this
+    version does not know leaves the decision to the container's policy, as upstream."""
+    if container.get("restartPolicy") is None:
+        return None
+    for rule in container.get("restartPolicyRules") or []:
+        codes = rule.get("exitCodes") or {}
+        listed = code in (codes.get("values") or [])
+        operator = codes.get("operator")
+        if (operator == "In" and listed) or (operator == "NotIn" and not listed):
+            return str(rule.get("action"))
+    return None
 
 
 def init_seconds(container: Obj) -> float | None:

@@ -120,6 +120,12 @@ def stopping(container: Obj) -> Told:
     return Told("Normal", "Killing", f"Stopping container {container['name']}")
 
 
+def removed_in_place(container: Obj) -> Told:
+    """A running container killed to restart its pod in place (a RestartAllContainers
+    rule fired): the kubelet's word for it is its kill message, lower case."""
+    return Told("Normal", "Killing", "killing")
+
+
 def field_path(pod: Obj, name: str) -> str:
     """Where the container is in the pod's spec, as the kubelet's container reference
     names it: ``spec.containers{main}``, ``spec.initContainers{setup}``."""

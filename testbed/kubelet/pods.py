@@ -27,6 +27,9 @@ As kubelet v1.37 does:
   one that exits non-zero), at once the first time, then after a back-off of 10 s
   doubling to 5 minutes; its claims stay prepared. One that is not shows its exit while
   the others run on;
+- a container whose exit a RestartAllContainers rule of its names restarts the pod in
+  place: every container killed, shown waiting and counted once more, the init
+  containers run again, then the pod's own; its IP and claims stay (``_restart_in_place``);
 - a container with a readiness (or startup) probe is held unready (not started) until
   the probe would pass, the workload taken to answer it (``probe_plan``);
 - a container gets the CDI devices of the claim requests it names, matched EXACTLY
@@ -489,7 +492,9 @@ class PodManager:
             if started:
                 seconds = commands.run_seconds(self._pod(uid))
                 if seconds is None:
-                    await self._restart_exited(uid)
+                    while (source := await self._restart_exited(uid)) is not None:
+                        if not await self._restart_in_place(uid, source):
+                            break
                 elif await self._run_to_the_end(uid, seconds):
                     # Its containers ended, its sidecars are stopped. The kubelet
                     # unprepares after the containers stopped and before the pod's new
@@ -811,15 +816,18 @@ class PodManager:
                 raise StartFailed("Failed", f"Error: {refused[1]}", refused) from None
         return env
 
-    async def _initialize(self, pod: Obj) -> podstatus.InitRun | None:
+    async def _initialize(
+        self, pod: Obj, carried: Mapping[str, podstatus.Restarted] | None = None
+    ) -> podstatus.InitRun | None:
         """Run the pod's init containers in order before its own, as the kubelet does: each
         to its end (``sleep N``: N seconds; ``sleep infinity``: never; any other command at
         once), a sidecar (restartPolicy Always) started and left running. While one runs,
         the pod shows Pending with it running. One that exits non-zero (``exit N``) fails
         the pod under restartPolicy Never (returned ``failing``), else is started again
-        until the pod is deleted (``_retry_init``). None if the pod is deleted meanwhile."""
+        until the pod is deleted (``_retry_init``). None if the pod is deleted meanwhile.
+        ``carried``: they run again, the pod restarted in place (``InitRun.carried``)."""
         uid = pod["metadata"]["uid"]
-        run = podstatus.InitRun()
+        run = podstatus.InitRun(carried=carried or {})
         self._initializing.add(uid)
         try:
             for container in pod["spec"].get("initContainers") or []:
@@ -890,6 +898,7 @@ class PodManager:
             addresses,
             now_rfc3339(),
             self._probing.get(uid),
+            self._restarted.get(uid),
         )
         self._add_device_health(latest, status["containerStatuses"])  # its claims are prepared
         await self._patch_status(latest, {"status": status})
@@ -914,7 +923,8 @@ class PodManager:
         pod, name = self._pod(uid), container["name"]
         first_id = _container_ids(pod)[name]
         run = self._inits[uid]
-        now = podstatus.Restarted(0, first_id, {"running": {"startedAt": run.spans[-1][0]}}, {})
+        carried = run.carried.get(name) or podstatus.Restarted(0, first_id, {}, {})
+        now = carried.started_again(carried.container_id, run.spans[-1][0])
         back_off: tuple[float, float] | None = None
         seconds = commands.init_seconds(container)
         while True:
@@ -1071,7 +1081,7 @@ class PodManager:
             return
         self._waiting[uid] = refused
 
-    async def _restart_exited(self, uid: str) -> None:
+    async def _restart_exited(self, uid: str) -> str | None:
         """As the kubelet restarts the containers of a pod that does not end of itself
         (``commands.run_seconds`` None): a container whose command ends exits and, under
         restartPolicy Always or when it failed under OnFailure, is started again, at once
@@ -1080,8 +1090,9 @@ class PodManager:
         shown exited, and CrashLoopBackOff from the second sync it blocked on (each blocked
         sync tells BackOff), the pod Running throughout with that container not ready
         meanwhile, its claims left prepared (a container restart is no concern of the
-        drivers'); one that completed under OnFailure stays so. Returns once the pod is
-        ending (``_ending``)."""
+        drivers'); one that completed under OnFailure stays so. Returns the name of one
+        whose exit restarts all of the pod's containers (``_restart_in_place``), or None
+        once the pod is ending (``_ending``)."""
         pod = self._pod(uid)
         periods = {
             c["name"]: seconds
@@ -1111,6 +1122,8 @@ class PodManager:
                 ended = podstatus.Ended.exit_status(commands.exit_code(container), now_rfc3339())
                 exited = podstatus.terminated_state(again.container_id, again.state["running"]["startedAt"], ended)
                 restarted[name] = podstatus.Restarted(again.count, again.container_id, exited, again.last)
+                if commands.restarts_all(container, commands.exit_code(container)):
+                    return str(name)
                 if not commands.restarts(pod, container):
                     del periods[name], due[name]
                     await self._write_running(uid)
@@ -1139,6 +1152,56 @@ class PodManager:
             self._probe_again(uid, container, restarted[name].container_id)
             await self._write_running(uid)
             due[name] = time.monotonic() + periods[name]
+        return None
+
+    async def _restart_in_place(self, uid: str, source: str) -> bool:
+        """Container ``source`` exited as a RestartAllContainers rule of its says: as
+        kubelet v1.37 (RestartAllContainersOnContainerExits, beta and on), the pod shown
+        AllContainersRestarting, every container that runs killed at once (Killing
+        "killing": no preStop hook, no grace; the pod's own, then its sidecars), all
+        removed and shown waiting, each counted once more (``podstatus.restarting_status``);
+        then its init containers run again and its own start, with no back-off. Its
+        sandbox, IP and prepared claims stay: no driver is called. False if the pod is
+        ending first, or an init container fails it now."""
+        await self._write_running(uid)  # the source shown exited: AllContainersRestarting
+        pod, restarted = self._pod(uid), self._restarted.setdefault(uid, {})
+        running = self._running_containers(uid)
+        inits = [c for c in running if c in (pod["spec"].get("initContainers") or [])]
+        for container in [*(c for c in running if c not in inits), *reversed(inits)]:
+            self.tell(pod, containerevents.removed_in_place(container), container["name"])
+        before = podstatus.running_status(
+            pod, self._running[uid], _container_ids(pod), now_rfc3339(), self._inits[uid], restarted
+        )
+        status = podstatus.restarting_status(pod, before, now_rfc3339())
+        self._add_device_health(pod, status["containerStatuses"])
+        # Known from here on as removed: the pod's own to start again, the init containers
+        # to run again, each under a container ID of its own.
+        ids, counts = _container_ids(pod), {s["name"]: s for s in status.get("initContainerStatuses") or []}
+        for container in pod["spec"].get("containers", []):
+            restarted[container["name"]] = podstatus.Restarted.shown(status, container["name"])
+        carried = {
+            name: podstatus.Restarted(s["restartCount"], f"{ids[name]}-{s['restartCount']}", {}, s["lastState"])
+            for name, s in counts.items()
+        }
+        self._inits[uid] = podstatus.InitRun(carried=carried)
+        await self._patch_status(pod, {"status": status})
+        ran = await self._initialize(self._pod(uid), carried)
+        if ran is None:
+            return False  # deleted meanwhile
+        if ran.failing is not None:
+            await self._fail_initializing(uid)
+            return False
+        pod = self._pod(uid)
+        for container in pod["spec"].get("containers", []):
+            self._tell_started(pod, container)
+            hook_s = commands.hook_seconds(container, "postStart")
+            if hook_s and not await self._runs_for(uid, hook_s):
+                return False
+            now = restarted[container["name"]]
+            restarted[container["name"]] = now.started_again(f"{ids[container['name']]}-{now.count}", now_rfc3339())
+            self._probe_again(uid, container, restarted[container["name"]].container_id)
+        await self._write_running(uid)
+        return not self._ending(uid)
 
     async def _blocked_sync(self, uid: str, name: str, plan: _BackingOff) -> None:
         """A pod worker's sync that finds container ``name`` still backing off: BackOff

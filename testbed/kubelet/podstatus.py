@@ -32,9 +32,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from testbed.kubeapi import Obj
+from testbed.kubelet import commands
 
 KUBELET_CONDITIONS = ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodScheduled")
-"""Those the kubelet owns and writes, in the order it writes them."""
+"""Those the kubelet owns and writes, in the order it writes them; AllContainersRestarting
+after them for a pod one of whose containers has a RestartAllContainers rule."""
 SANDBOX_NOT_READY = "PodSandboxNotReady"
 SANDBOX_GONE_MESSAGE = "pod sandbox is not ready"
 NO_SANDBOX_MESSAGE = "no pod sandbox exists"
@@ -42,6 +44,13 @@ CONTAINER_NOT_FOUND = "The container could not be located when the pod was termi
 POD_INITIALIZING = "PodInitializing"
 STOPPED_EXIT_CODE = 143
 """A container stopped for its pod's deletion ends as one that exits on SIGTERM does."""
+ALL_RESTARTING = "AllContainersRestarting"
+RESTARTING_ALL = "RestartingAllContainers"
+RESTARTING_ALL_MESSAGE = "The container is removed because RestartAllContainers in place"
+RESTART_ALL_STARTED = "RestartAllContainersStarted"
+RESTART_ALL_STARTED_MESSAGE = "container exited with restart policy rule"
+"""The kubelet's words while a RestartAllContainers rule restarts a pod in place: its
+condition, then each container removed and waiting (the last one counted as ended so)."""
 
 
 @dataclass(frozen=True)
@@ -92,14 +101,17 @@ class InitRun:
     failing: Restarted | None = None
     """The last one started, once it exited non-zero: how often it was started again, its
     state now and the one before (its spans's times no longer count)."""
+    carried: Mapping[str, Restarted] = field(default_factory=dict)
+    """Those run again since the pod restarted in place (``restarted_in_place``): each
+    one's count, the container it is in this run and the one before (its state unused)."""
 
     def then(self, started: str, ended: str = "") -> InitRun:
-        return InitRun((*self.spans, (started, ended)))
+        return InitRun((*self.spans, (started, ended)), carried=self.carried)
 
     def ended(self, at: str) -> InitRun:
         """The one running now has ended (exit 0, unless it is ``failing``)."""
         *done, (started, _) = self.spans
-        return InitRun((*done, (started, at)), self.failing)
+        return InitRun((*done, (started, at)), self.failing, self.carried)
 
     def failed(self, now: Restarted) -> InitRun:
         """The last one started exited non-zero (``now``: as it is now)."""
@@ -122,8 +134,12 @@ class InitRun:
     def from_status(cls, pod: Obj) -> InitRun | None:
         """What the pod's status says ran (a kubelet restarted finds it there); None if it
         does not say every init container did."""
-        written = {
-            s.get("name"): s.get("state") or {} for s in pod.get("status", {}).get("initContainerStatuses") or []
+        statuses = {s.get("name"): s for s in pod.get("status", {}).get("initContainerStatuses") or []}
+        written = {name: s.get("state") or {} for name, s in statuses.items()}
+        carried = {
+            name: Restarted(s["restartCount"], s.get("containerID", ""), {}, s.get("lastState") or {})
+            for name, s in statuses.items()
+            if s.get("restartCount")
         }
         spans = []
         for container in pod["spec"].get("initContainers") or []:
@@ -134,7 +150,7 @@ class InitRun:
                 spans.append((state["terminated"].get("startedAt", ""), state["terminated"].get("finishedAt", "")))
             else:
                 return None
-        return cls(tuple(spans))
+        return cls(tuple(spans), carried=carried)
 
 
 NO_INITS = InitRun()
@@ -165,6 +181,27 @@ class Restarted:
             for s in pod.get("status", {}).get("containerStatuses") or []
             if s.get("restartCount") or "terminated" in (s.get("state") or {})
         }
+
+    @classmethod
+    def shown(cls, status: Obj, name: str) -> Restarted:
+        """Container ``name`` as ``status`` shows it."""
+        shown = next(s for s in status.get("containerStatuses") or [] if s["name"] == name)
+        return cls(shown["restartCount"], shown.get("containerID", ""), shown["state"], shown["lastState"])
+
+    def removed(self) -> Restarted:
+        """The container the kubelet removed to restart its pod in place (a
+        RestartAllContainers rule fired): waiting, counted once more, the one before
+        shown ended so; one waiting already (to be started again, or not started yet)
+        stays as it is."""
+        if "waiting" in self.state:
+            return self
+        words = {"reason": RESTARTING_ALL, "message": RESTARTING_ALL_MESSAGE}
+        ended = {"terminated": {"exitCode": 137, **words}}
+        return Restarted(self.count + 1, self.container_id, {"waiting": words}, ended)
+
+    def started_again(self, container_id: str, at: str) -> Restarted:
+        """Started again after the pod's restart in place, as ``container_id``."""
+        return Restarted(self.count, container_id, {"running": {"startedAt": at}}, self.last)
 
 
 def running_status(
@@ -230,18 +267,45 @@ def initializing_status(
     addresses: Obj,
     now: str,
     probing: Mapping[str, str] | None = None,
+    restarted: Mapping[str, Restarted] | None = None,
 ) -> Obj:
     """Pending while init containers run: those done terminated, the one running now
-    (the last of ``inits``), the rest and the pod's containers waiting (PodInitializing);
-    sidecars ``probing`` not ready (or not started) yet."""
-    waiting = {"waiting": {"reason": POD_INITIALIZING}}
-    mains = _by_name(_unstarted_status(c, waiting) for c in pod["spec"].get("containers", []))
+    (the last of ``inits``), the rest and the pod's containers waiting (PodInitializing;
+    with their counts when ``restarted`` in place); sidecars ``probing`` not ready (or
+    not started) yet."""
+    mains = _by_name(_waiting_for_inits(c, (restarted or {}).get(c["name"])) for c in pod["spec"].get("containers", []))
     init_statuses = _init_statuses(pod, container_ids, inits, probing=probing)
     return {
         **_status(pod, "Pending", init_statuses, mains, "ready", now),
         "startTime": started,
         **addresses,
     }
+
+
+def restarting_status(pod: Obj, before: Obj, now: str) -> Obj:
+    """What the kubelet writes once it removed every container of a pod to restart it in
+    place (a RestartAllContainers rule fired), from the status it wrote ``before``: each
+    container that was there waits, counted once more, the one before shown ended so (one
+    that had ended keeps what its status said of it, one that ran is known only by its
+    spec); one waiting already stays so. The pod stays Running, Initialized."""
+    status, spec = before, pod["spec"]
+    waiting = {"waiting": {"reason": POD_INITIALIZING if spec.get("initContainers") else "ContainerCreating"}}
+
+    def removed(container: Obj, old: Obj | None) -> Obj:
+        old = old or _unstarted_status(container, waiting)
+        state, count = old.get("state") or {}, old.get("restartCount", 0)
+        base = old if "terminated" in state else _unstarted_status(container, waiting)
+        if "waiting" in state:  # nothing to remove: as the spec says, its count kept
+            return {**base, "restartCount": count, "lastState": old.get("lastState") or {}}
+        now = Restarted(count, "", state, {}).removed()
+        return {**base, "state": now.state, "restartCount": now.count, "lastState": now.last}
+
+    def each(kind: str, key: str) -> list[Obj]:
+        written = {s.get("name"): s for s in status.get(key) or []}
+        return [removed(c, written.get(c["name"])) for c in pod["spec"].get(kind) or []]
+
+    inits = each("initContainers", "initContainerStatuses")
+    return _status(pod, "Running", inits, _by_name(each("containers", "containerStatuses")), "ready", now)
 
 
 def ended_status(
@@ -371,6 +435,15 @@ def _waiting_statuses(pod: Obj, failed: CreateFailed | None) -> tuple[list[Obj],
     return inits, _by_name(_unstarted_status(c, state(c)) for c in spec.get("containers", []))
 
 
+def _waiting_for_inits(container: Obj, before: Restarted | None) -> Obj:
+    """A container waiting for the init containers: as the spec says, with its count and
+    the one before when the pod restarted in place (``before``)."""
+    status = _unstarted_status(container, {"waiting": {"reason": POD_INITIALIZING}})
+    if before is not None:
+        status.update(restartCount=before.count, lastState=before.last)
+    return status
+
+
 def _init_statuses(
     pod: Obj,
     container_ids: Mapping[str, str],
@@ -383,8 +456,9 @@ def _init_statuses(
     sidecars ``probing`` not ready, or not started (``running_containers``)."""
     statuses = []
     for index, container in enumerate(pod["spec"].get("initContainers") or []):
+        carried = inits.carried.get(container["name"])
         if index >= len(inits.spans):
-            statuses.append(_unstarted_status(container, {"waiting": {"reason": POD_INITIALIZING}}))
+            statuses.append(_waiting_for_inits(container, carried))
             continue
         if inits.failing is not None and index == len(inits.spans) - 1:
             now = inits.failing
@@ -395,6 +469,8 @@ def _init_statuses(
             statuses.append({**status, "restartCount": now.count, "lastState": now.last})
             continue
         container_id, (started, ended) = container_ids[container["name"]], inits.spans[index]
+        if carried is not None:
+            container_id = carried.container_id
         if ended:
             state = terminated_state(container_id, started, Ended.completed(ended))
         elif stopped is not None:
@@ -407,6 +483,8 @@ def _init_statuses(
         waits_for = (probing or {}).get(container["name"]) if "running" in state and is_sidecar(container) else None
         if waits_for is not None:
             status.update(ready=False, started=waits_for != "starting")
+        if carried is not None:
+            status.update(restartCount=carried.count, lastState=carried.last)
         statuses.append(status)
     return statuses
 
@@ -545,27 +623,44 @@ def _conditions(pod: Obj, phase: str, sandbox: str, inits: list[Obj], mains: lis
         {"type": "PodScheduled", "status": "True"},
     ]
     before = {c.get("type"): c for c in pod.get("status", {}).get("conditions") or []}
+    if mine[1]["status"] == "False" and before.get("Initialized", {}).get("status") == "True":
+        # Once initialized, a pod stays so while its init containers run again (a
+        # restart in place), as the kubelet keeps it.
+        mine[1] = {"type": "Initialized", "status": "True"}
+    if commands.may_restart_all(pod):
+        mine.append({"type": ALL_RESTARTING, **_all_restarting(pod, phase, [*inits, *mains])})
+    kinds = [c["type"] for c in mine]
     conditions = []
     for condition in mine:
         previous = before.get(condition["type"], {})
         stays = previous.get("status") == condition["status"] and previous.get("lastTransitionTime")
         since = previous["lastTransitionTime"] if stays else now
-        # A strategic-merge patch keeps what it does not name: a reason or message gone is null.
-        cleared = {key: None for key in ("reason", "message") if previous.get(key) and key not in condition}
-        conditions.append(
-            {
-                **condition,
-                **cleared,
-                "observedGeneration": generation,
-                "lastProbeTime": None,
-                "lastTransitionTime": since,
-            }
-        )
-    others = [t for t in before if t not in KUBELET_CONDITIONS]
+        # A strategic-merge patch keeps what it does not name: a reason or message gone is
+        # null, even one the pod as last seen lacks (a write of ours not seen yet set it).
+        cleared = {key: None for key in ("reason", "message") if key not in condition}
+        # The kubelet gives the restart condition no generation.
+        observed = {} if condition["type"] == ALL_RESTARTING else {"observedGeneration": generation}
+        conditions.append({**condition, **cleared, **observed, "lastProbeTime": None, "lastTransitionTime": since})
+    others = [t for t in before if t not in kinds]
     return {
-        "$setElementOrder/conditions": [{"type": t} for t in [*others, *KUBELET_CONDITIONS]],
+        "$setElementOrder/conditions": [{"type": t} for t in [*others, *kinds]],
         "conditions": conditions,
     }
+
+
+def _all_restarting(pod: Obj, phase: str, statuses: list[Obj]) -> Obj:
+    """True from a container's exit that a RestartAllContainers rule matches until its
+    pod's containers are removed to start again (GenerateAllContainersRestartingCondition)."""
+    if phase in ("Succeeded", "Failed"):
+        return {"status": "False", "reason": "PodCompleted" if phase == "Succeeded" else "PodFailed"}
+    spec = pod["spec"]
+    by_name = {c["name"]: c for c in [*(spec.get("initContainers") or []), *spec.get("containers", [])]}
+    for status in statuses:
+        ended = (status.get("state") or {}).get("terminated")
+        container = by_name.get(status.get("name", ""))
+        if ended and container and commands.restarts_all(container, int(ended.get("exitCode", 0))):
+            return {"status": "True", "reason": RESTART_ALL_STARTED, "message": RESTART_ALL_STARTED_MESSAGE}
+    return {"status": "False"}
 
 
 def _none_left(names: list[str], reason: str, kind: str) -> Obj:

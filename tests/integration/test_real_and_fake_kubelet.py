@@ -1175,6 +1175,129 @@ def test_a_containers_own_restart_policy_and_rules_decide_whether_it_starts_agai
     asyncio.run(scenario())
 
 
+def _states(pod: Obj) -> dict[str, tuple[Any, ...]]:
+    """Each container's state, its reason, its restart count and the reason the one
+    before it ended, init containers first."""
+    status, states = pod.get("status", {}), {}
+    for c in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+        (kind, state), last = next(iter(c["state"].items())), c.get("lastState", {}).get("terminated") or {}
+        states[c["name"]] = (kind, (state or {}).get("reason"), c["restartCount"], last.get("reason"))
+    return states
+
+
+def test_a_restart_all_containers_rule_restarts_the_pod_in_place_alike(
+    control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
+) -> None:
+    """RestartAllContainersOnContainerExits (beta, on in 1.37): a container that exits
+    with a code its RestartAllContainers rule names restarts the whole pod in place. The
+    pod shows AllContainersRestarting; the containers that run are killed at once (no
+    preStop hook, though one takes 5 s; Killing "killing"); every container is shown
+    waiting, counted once more, the one before ended as RestartingAllContainers (137);
+    the init containers run again (the pod Pending, still Initialized), then the pod's
+    own, with no back-off; its claim stays prepared: the driver sees no call. The fake
+    kubelet restarted the one container alone, with its own exit as the one before."""
+
+    async def scenario() -> None:
+        async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
+
+            async def case(side: Side) -> dict[str, Any]:
+                await side.template("gpu", [request("gpu", GPU)])
+                versions: list[Obj] = []
+
+                async def follow() -> None:
+                    path = path_for("v1", "pods", namespace=side.namespace)
+                    async for _, pod in side.client.watch(path, {"fieldSelector": "metadata.name=all"}):
+                        versions.append(pod)
+
+                following = asyncio.create_task(follow())
+                rule = [{"action": "RestartAllContainers", "exitCodes": {"operator": "In", "values": [42]}}]
+                trigger = {
+                    "name": "trigger",
+                    "image": "registry.invalid/trigger:v1",
+                    "command": ["sh", "-c", "sleep 6; exit 42"],
+                    "restartPolicy": "Never",
+                    "restartPolicyRules": rule,
+                }
+                other = {
+                    "name": "other",
+                    "image": "registry.invalid/other:v1",
+                    "command": ["sleep", "3600"],
+                    "resources": {"claims": [{"name": "c"}]},
+                    "lifecycle": {"preStop": {"sleep": {"seconds": 5}}},
+                }
+                init = {"name": "init", "image": "registry.invalid/init:v1", "command": ["sleep", "1"]}
+                sidecar = {
+                    "name": "sidecar",
+                    "image": "registry.invalid/sidecar:v1",
+                    "command": ["sleep", "3600"],
+                    "restartPolicy": "Always",
+                }
+                since = time.time()
+                await side.create_pod(
+                    "all",
+                    restartPolicy="Never",
+                    terminationGracePeriodSeconds=20,
+                    resourceClaims=[{"name": "c", "resourceClaimTemplateName": "gpu"}],
+                    initContainers=[init, sidecar],
+                    containers=[trigger, other],
+                )
+
+                def again(states: dict[str, tuple[Any, ...]]) -> bool:
+                    running = all(states.get(n, ("",))[0] == "running" for n in ("sidecar", "trigger", "other"))
+                    return running and states["trigger"][2] == 1
+
+                def first(wanted: Callable[[dict[str, tuple[Any, ...]]], bool]) -> Obj | None:
+                    """The first status written (as watched) in which the containers' states are so."""
+                    shown = (v for v in versions if v.get("status", {}).get("containerStatuses"))
+                    return next((v for v in shown if wanted(_states(v))), None)
+
+                async def started_again() -> Obj | None:
+                    return first(again)
+
+                await until(started_again, 90, f"{side.kind}: all's containers started again")
+                following.cancel()
+                claim = await side.claim_name("all")
+
+                def shape(wanted: Callable[[dict[str, tuple[Any, ...]]], bool]) -> dict[str, Any] | None:
+                    pod = first(wanted)
+                    return None if pod is None else _status_shape(pod)
+
+                found = {
+                    "restarting": shape(lambda s: s["trigger"][0] == "terminated"),
+                    "removed": shape(lambda s: s["trigger"][1] == "RestartingAllContainers"),
+                    "init again": shape(lambda s: s["init"][0] == "running" and s["init"][2] == 1),
+                    "again": shape(again),
+                    "told": (await _told(side))["all"],
+                    "calls": side.calls_by_claim(since).get(claim),
+                }
+                await side.delete_pod("all")
+                await side.gone("all", 60)
+                found["calls after"] = side.calls_by_claim(since).get(claim)
+                return found
+
+            found = await both(sides, case)
+            for key in found["real"]:
+                if key in ("restarting", "removed") and found["real"][key] is None:
+                    # A moment's state: the real kubelet's status manager may write only the
+                    # state after it, when both come within one write's time.
+                    continue
+                assert found["fake"][key] == found["real"][key], key
+            fake = found["fake"]
+            conditions = {c[0]: c[1:3] for c in fake["restarting"]["conditions"]}
+            assert conditions["AllContainersRestarting"] == ("True", "RestartAllContainersStarted")
+            removed = {c["name"]: (c["state"], c["restartCount"]) for c in fake["removed"]["containers"]}
+            assert removed["trigger"] == ({"waiting": ["message", "reason"]}, 1)
+            assert fake["init again"]["phase"] == "Pending"
+            assert ("Initialized", "True", None) in [c[:3] for c in fake["init again"]["conditions"]]
+            assert fake["again"]["phase"] == "Running"
+            killed = [(e[0], e[3]) for e in fake["told"] if e[2] == "Killing"]
+            assert killed == [("spec.containers{other}", "killing"), ("spec.initContainers{sidecar}", "killing")]
+            assert fake["calls"] == [PREPARE], "the claim stays prepared through the restart in place"
+            assert fake["calls after"] == [PREPARE, UNPREPARE]
+
+    asyncio.run(scenario())
+
+
 def test_a_pod_past_its_active_deadline_is_failed_and_its_claim_unprepared_alike(
     control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
 ) -> None:

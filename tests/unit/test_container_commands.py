@@ -14,9 +14,11 @@ from testbed.kubelet.commands import (
     grace_seconds,
     hook_seconds,
     init_seconds,
+    may_restart_all,
     pre_stop_seconds,
     restart_seconds,
     restarts,
+    restarts_all,
     run_seconds,
     should_restart,
 )
@@ -116,6 +118,22 @@ def test_a_containers_own_policy_and_first_matching_rule_decide_over_the_pods() 
     assert restarts(pod("Never", on_failure), on_failure)
     open_ended = pod("Never", container("sleep", "infinity", name="server"), container("sleep", "2", name="job"))
     assert restart_seconds(open_ended, open_ended["spec"]["containers"][1]) == 2.0, "shown exited, not run on"
+
+
+def test_a_restart_all_containers_rule_restarts_its_container_and_with_it_the_whole_pod() -> None:
+    """RestartAllContainersOnContainerExits (beta, on in kubelet v1.37)."""
+    on_42 = [{"action": "RestartAllContainers", "exitCodes": {"operator": "In", "values": [42]}}]
+    trigger = {**container("sh", "-c", "sleep 6; exit 42"), "restartPolicy": "Never", "restartPolicyRules": on_42}
+    whole = pod("Never", trigger, container("sleep", "infinity", name="other"))
+    assert restarts_all(trigger, 42) and should_restart(whole, trigger, 42)
+    assert not restarts_all(trigger, 1) and not should_restart(whole, trigger, 1), "its own policy decides the rest"
+    assert run_seconds(whole) is None and restart_seconds(whole, trigger) == 6.0, "the pod never ends of itself"
+    assert may_restart_all(whole) and not may_restart_all(pod("Never", container("sleep", "1")))
+    without_own = {**trigger, "restartPolicy": None}
+    assert not restarts_all(without_own, 42), "rules count only beside the container's own policy"
+    in_init = pod("Never", container("sleep", "1"))
+    in_init["spec"]["initContainers"] = [trigger]
+    assert may_restart_all(in_init)
 
 
 @pytest.mark.parametrize(

@@ -110,7 +110,7 @@ def test_a_pod_stopped_for_its_deletion_failed_as_a_container_ending_on_sigterm(
     conditions = by_type(status)
     assert status["phase"] == "Failed" and status["observedGeneration"] == 2
     assert conditions["Ready"]["reason"] == conditions["ContainersReady"]["reason"] == "PodFailed"
-    assert "reason" not in conditions["Initialized"]
+    assert conditions["Initialized"].get("reason") is None  # null in the patch: none is kept
     assert status["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 143
 
 
@@ -180,6 +180,69 @@ def test_a_container_the_runtime_refused_waits_in_create_container_error_in_a_sa
     # Deleted so: its sandbox, made, is now gone (not "no pod sandbox exists").
     gone = podstatus.never_ran_status(pod(), LATER, sandbox_made=True)
     assert by_type(gone)["PodReadyToStartContainers"]["message"] == "pod sandbox is not ready"
+
+
+ON_42 = [{"action": "RestartAllContainers", "exitCodes": {"operator": "In", "values": [42]}}]
+
+
+def test_a_pod_that_may_restart_in_place_shows_all_containers_restarting_false_until_a_rule_fires() -> None:
+    spec = pod(restartPolicy="Never", restartPolicyRules=ON_42)
+    status = podstatus.running_status(spec, STARTED, IDS, NOW)
+    assert [e["type"] for e in status["$setElementOrder/conditions"]][-1] == "AllContainersRestarting"
+    restarting = by_type(status)["AllContainersRestarting"]
+    assert restarting["status"] == "False" and "observedGeneration" not in restarting, "the kubelet gives it none"
+    exited = podstatus.terminated_state(IDS["main"], STARTED, podstatus.Ended.exit_status(42, NOW))
+    fired = {"main": podstatus.Restarted(0, IDS["main"], exited, {})}
+    restarting = by_type(podstatus.running_status(spec, STARTED, IDS, NOW, restarted=fired))["AllContainersRestarting"]
+    assert (restarting["status"], restarting["reason"]) == ("True", "RestartAllContainersStarted")
+    exited_3 = podstatus.terminated_state(IDS["main"], STARTED, podstatus.Ended.exit_status(3, NOW))
+    other_exit = {"main": podstatus.Restarted(0, IDS["main"], exited_3, {})}
+    assert (
+        by_type(podstatus.running_status(spec, STARTED, IDS, NOW, restarted=other_exit))["AllContainersRestarting"][
+            "status"
+        ]
+        == "False"
+    )
+    ended = podstatus.ended_status(spec, STARTED, IDS, podstatus.Ended.stopped(LATER))
+    assert by_type(ended)["AllContainersRestarting"]["reason"] == "PodFailed"
+    assert "AllContainersRestarting" not in by_type(podstatus.running_status(pod(), STARTED, IDS, NOW))
+
+
+def test_restarted_in_place_every_container_waits_counted_once_more_the_one_before_ended_so() -> None:
+    spec = with_inits(CHECK, PROXY, containers=("main", "agent"))
+    spec["spec"]["containers"][0].update(restartPolicy="Never", restartPolicyRules=ON_42)
+    spec["status"]["conditions"].append({"type": "Initialized", "status": "True"})
+    inits = podstatus.InitRun().then(STARTED, STARTED).then(STARTED)
+    exited = podstatus.terminated_state(ALL_IDS["main"], STARTED, podstatus.Ended.exit_status(42, NOW))
+    fired = {"main": podstatus.Restarted(0, ALL_IDS["main"], exited, {})}
+    before = podstatus.running_status(spec, STARTED, ALL_IDS, NOW, inits, fired)
+    status = podstatus.restarting_status(spec, before, LATER)
+    statuses = {s["name"]: s for s in [*status["initContainerStatuses"], *status["containerStatuses"]]}
+    removed = {"reason": "RestartingAllContainers", "message": podstatus.RESTARTING_ALL_MESSAGE}
+    for name in ("check", "proxy", "main", "agent"):
+        assert statuses[name]["state"] == {"waiting": removed}, name
+        assert statuses[name]["lastState"] == {"terminated": {"exitCode": 137, **removed}}, name
+        assert statuses[name]["restartCount"] == 1, name
+    assert statuses["main"]["containerID"] == ALL_IDS["main"] and statuses["check"]["ready"], "ended: as it was shown"
+    assert "containerID" not in statuses["agent"] and statuses["agent"]["imageID"] == "", "it ran: known by its spec"
+    assert status["phase"] == "Running"
+    conditions = by_type(status)
+    assert conditions["Initialized"]["status"] == "True", "once initialized, it stays so"
+    assert conditions["AllContainersRestarting"]["status"] == "False"
+    assert conditions["AllContainersRestarting"]["reason"] is None, "null in the patch: the True one's words go"
+
+    # The init containers run again, each as a container of its own; the pod's own wait.
+    carried = {"check": podstatus.Restarted(1, "dra-testbed://u-check-1", {}, statuses["check"]["lastState"])}
+    again = podstatus.InitRun(carried=carried).then(LATER)
+    mains = {n: podstatus.Restarted.shown(status, n) for n in ("main", "agent")}
+    running = podstatus.initializing_status(spec, STARTED, ALL_IDS, again, ADDRESSES, LATER, restarted=mains)
+    check = running["initContainerStatuses"][0]
+    assert check["state"] == {"running": {"startedAt": LATER}} and check["restartCount"] == 1
+    assert check["containerID"] == "dra-testbed://u-check-1" and check["lastState"] == statuses["check"]["lastState"]
+    waiting = {s["name"]: s for s in running["containerStatuses"]}
+    assert waiting["main"]["state"] == {"waiting": {"reason": "PodInitializing"}}
+    assert (waiting["main"]["restartCount"], waiting["main"]["lastState"]) == (1, statuses["main"]["lastState"])
+    assert running["phase"] == "Pending" and by_type(running)["Initialized"]["status"] == "True"
 
 
 def with_inits(*inits: Obj, containers: tuple[str, ...] = ("main",)) -> Obj:
