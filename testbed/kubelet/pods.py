@@ -830,24 +830,51 @@ class PodManager:
         run = podstatus.InitRun(carried=carried or {})
         self._initializing.add(uid)
         try:
-            for container in pod["spec"].get("initContainers") or []:
-                self._tell_started(pod, container)
-                run = self._inits[uid] = run.then(now_rfc3339())
-                if podstatus.is_sidecar(container):
-                    if not await self._start_sidecar(uid, container):
-                        return None
-                    continue
-                seconds = commands.init_seconds(container)
-                if seconds != 0:
-                    await self._write_initializing(uid)
-                    if not await self._runs_for(uid, seconds):
-                        return None
-                if code := commands.exit_code(container):
-                    return await self._retry_init(uid, container, code)
-                run = self._inits[uid] = run.ended(now_rfc3339())
-            return run
+            while True:
+                for container in pod["spec"].get("initContainers") or []:
+                    self._tell_started(pod, container)
+                    run = self._inits[uid] = run.then(now_rfc3339())
+                    if podstatus.is_sidecar(container):
+                        if not await self._start_sidecar(uid, container):
+                            return None
+                        continue
+                    seconds = commands.init_seconds(container)
+                    if seconds != 0:
+                        await self._write_initializing(uid)
+                        if not await self._runs_for(uid, seconds):
+                            return None
+                    if code := commands.exit_code(container):
+                        if commands.restarts_all(container, code):
+                            break  # the pod restarts in place: from its first init container again
+                        return await self._retry_init(uid, container, code)
+                    run = self._inits[uid] = run.ended(now_rfc3339())
+                else:
+                    return run
+                if (again := await self._restart_initializing(uid, container, code)) is None:
+                    return None
+                run = again
         finally:
             self._initializing.discard(uid)
+
+    async def _restart_initializing(self, uid: str, source: Obj, code: int) -> podstatus.InitRun | None:
+        """Init container ``source`` exited with ``code``, as a RestartAllContainers rule
+        of its says: seen at the next PLEG relist and shown so (AllContainersRestarting),
+        the pod restarts in place (``_remove_all``); the run its init containers start
+        again with, None if the pod is ending first."""
+        if not await self._runs_for(uid, until_next_relist()):
+            return None
+        run, name = self._inits[uid], source["name"]
+        now = run.carried.get(name) or podstatus.Restarted(0, _container_ids(self._pod(uid))[name], {}, {})
+        ended = podstatus.Ended.exit_status(code, now_rfc3339())
+        exited = podstatus.terminated_state(now.container_id, run.spans[-1][0], ended)
+        self._inits[uid] = run.failed(podstatus.Restarted(now.count, now.container_id, exited, now.last))
+        await self._write_initializing(uid)
+        latest = self._pod(uid)
+        before = podstatus.initializing_status(
+            latest, _start_time(latest), _container_ids(latest), self._inits[uid], {}, now_rfc3339()
+        )
+        await self._remove_all(uid, before)
+        return self._inits[uid]
 
     async def _start_sidecar(self, uid: str, container: Obj) -> bool:
         """A sidecar is probed from its start, as the pod's containers are from theirs;
@@ -1163,28 +1190,18 @@ class PodManager:
         then its init containers run again and its own start, with no back-off. Its
         sandbox, IP and prepared claims stay: no driver is called. False if the pod is
         ending first, or an init container fails it now."""
+        if not await self._runs_for(uid, until_next_relist()):  # the exit, as the PLEG sees it
+            return False
         await self._write_running(uid)  # the source shown exited: AllContainersRestarting
         pod, restarted = self._pod(uid), self._restarted.setdefault(uid, {})
-        running = self._running_containers(uid)
-        inits = [c for c in running if c in (pod["spec"].get("initContainers") or [])]
-        for container in [*(c for c in running if c not in inits), *reversed(inits)]:
-            self.tell(pod, containerevents.removed_in_place(container), container["name"])
         before = podstatus.running_status(
             pod, self._running[uid], _container_ids(pod), now_rfc3339(), self._inits[uid], restarted
         )
-        status = podstatus.restarting_status(pod, before, now_rfc3339())
-        self._add_device_health(pod, status["containerStatuses"])
-        # Known from here on as removed: the pod's own to start again, the init containers
-        # to run again, each under a container ID of its own.
-        ids, counts = _container_ids(pod), {s["name"]: s for s in status.get("initContainerStatuses") or []}
+        status = await self._remove_all(uid, before)
+        # The pod's own are to start again, each under a container ID of its own.
         for container in pod["spec"].get("containers", []):
             restarted[container["name"]] = podstatus.Restarted.shown(status, container["name"])
-        carried = {
-            name: podstatus.Restarted(s["restartCount"], f"{ids[name]}-{s['restartCount']}", {}, s["lastState"])
-            for name, s in counts.items()
-        }
-        self._inits[uid] = podstatus.InitRun(carried=carried)
-        await self._patch_status(pod, {"status": status})
+        carried = self._inits[uid].carried
         ran = await self._initialize(self._pod(uid), carried)
         if ran is None:
             return False  # deleted meanwhile
@@ -1197,11 +1214,34 @@ class PodManager:
             hook_s = commands.hook_seconds(container, "postStart")
             if hook_s and not await self._runs_for(uid, hook_s):
                 return False
-            now = restarted[container["name"]]
+            now, ids = restarted[container["name"]], _container_ids(pod)
             restarted[container["name"]] = now.started_again(f"{ids[container['name']]}-{now.count}", now_rfc3339())
             self._probe_again(uid, container, restarted[container["name"]].container_id)
         await self._write_running(uid)
         return not self._ending(uid)
+
+    async def _remove_all(self, uid: str, before: Obj) -> Obj:
+        """Restarting the pod in place, as the kubelet: its running containers killed at
+        once (the pod's own, then its sidecars), and all removed; the status that shows
+        them so, worked out from the one written ``before``, written and returned. Its
+        init containers are to run again (``InitRun.carried``), each under a container ID
+        of its own."""
+        pod = self._pod(uid)
+        running = self._running_containers(uid)
+        inits = [c for c in running if c in (pod["spec"].get("initContainers") or [])]
+        for container in [*(c for c in running if c not in inits), *reversed(inits)]:
+            self.tell(pod, containerevents.removed_in_place(container), container["name"])
+        status = podstatus.restarting_status(pod, before, now_rfc3339())
+        self._add_device_health(pod, status["containerStatuses"])
+        ids, carried = _container_ids(pod), {}
+        for shown in status.get("initContainerStatuses") or []:
+            name, count = shown["name"], shown["restartCount"]
+            carried[name] = podstatus.Restarted(
+                count, f"{ids[name]}-{count}" if count else ids[name], {}, shown["lastState"]
+            )
+        self._inits[uid] = podstatus.InitRun(carried=carried)
+        await self._patch_status(pod, {"status": status})
+        return status
 
     async def _blocked_sync(self, uid: str, name: str, plan: _BackingOff) -> None:
         """A pod worker's sync that finds container ``name`` still backing off: BackOff

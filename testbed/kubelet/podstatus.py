@@ -287,7 +287,9 @@ def restarting_status(pod: Obj, before: Obj, now: str) -> Obj:
     place (a RestartAllContainers rule fired), from the status it wrote ``before``: each
     container that was there waits, counted once more, the one before shown ended so (one
     that had ended keeps what its status said of it, one that ran is known only by its
-    spec); one waiting already stays so. The pod stays Running, Initialized."""
+    spec); one waiting already stays so. The pod stays Running (Pending while one has
+    yet to run for the first time: an init container fired the rule) and, once so,
+    Initialized."""
     status, spec = before, pod["spec"]
     waiting = {"waiting": {"reason": POD_INITIALIZING if spec.get("initContainers") else "ContainerCreating"}}
 
@@ -304,8 +306,12 @@ def restarting_status(pod: Obj, before: Obj, now: str) -> Obj:
         written = {s.get("name"): s for s in status.get(key) or []}
         return [removed(c, written.get(c["name"])) for c in pod["spec"].get(kind) or []]
 
-    inits = each("initContainers", "initContainerStatuses")
-    return _status(pod, "Running", inits, _by_name(each("containers", "containerStatuses")), "ready", now)
+    inits, mains = each("initContainers", "initContainerStatuses"), each("containers", "containerStatuses")
+    # Pending while one of them has yet to run for the first time (an init container
+    # restarted it before the pod's own ran), as getPhase counts a waiting container
+    # that never ended; else Running: every one ran and is to start again.
+    never_ran = any("waiting" in s["state"] and not s["lastState"] for s in [*inits, *mains])
+    return _status(pod, "Pending" if never_ran else "Running", inits, _by_name(mains), "ready", now)
 
 
 def ended_status(

@@ -1185,6 +1185,9 @@ def _states(pod: Obj) -> dict[str, tuple[Any, ...]]:
     return states
 
 
+States = dict[str, tuple[Any, ...]]
+
+
 def test_a_restart_all_containers_rule_restarts_the_pod_in_place_alike(
     control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
 ) -> None:
@@ -1194,90 +1197,111 @@ def test_a_restart_all_containers_rule_restarts_the_pod_in_place_alike(
     preStop hook, though one takes 5 s; Killing "killing"); every container is shown
     waiting, counted once more, the one before ended as RestartingAllContainers (137);
     the init containers run again (the pod Pending, still Initialized), then the pod's
-    own, with no back-off; its claim stays prepared: the driver sees no call. The fake
-    kubelet restarted the one container alone, with its own exit as the one before."""
+    own, with no back-off; its claim stays prepared: the driver sees no call. An init
+    container's rule restarts the init containers that ran, the pod's own never started
+    (``early``). The fake kubelet restarted the one container alone, with its own exit
+    as the one before."""
 
     async def scenario() -> None:
         async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
 
             async def case(side: Side) -> dict[str, Any]:
                 await side.template("gpu", [request("gpu", GPU)])
-                versions: list[Obj] = []
+                versions: dict[str, list[Obj]] = {"all": [], "early": []}
 
                 async def follow() -> None:
                     path = path_for("v1", "pods", namespace=side.namespace)
-                    async for _, pod in side.client.watch(path, {"fieldSelector": "metadata.name=all"}):
-                        versions.append(pod)
+                    async for _, pod in side.client.watch(path):
+                        if pod["metadata"]["name"] in versions and pod.get("status", {}).get("containerStatuses"):
+                            versions[pod["metadata"]["name"]].append(pod)
+
+                def first(name: str, wanted: Callable[[States], bool]) -> Obj | None:
+                    """The first status of pod ``name`` written (as watched) in which its containers' states are so."""
+                    return next((v for v in versions[name] if wanted(_states(v))), None)
+
+                def shape(name: str, wanted: Callable[[States], bool]) -> dict[str, Any] | None:
+                    pod = first(name, wanted)
+                    return None if pod is None else _status_shape(pod)
 
                 following = asyncio.create_task(follow())
                 rule = [{"action": "RestartAllContainers", "exitCodes": {"operator": "In", "values": [42]}}]
-                trigger = {
-                    "name": "trigger",
-                    "image": "registry.invalid/trigger:v1",
-                    "command": ["sh", "-c", "sleep 6; exit 42"],
-                    "restartPolicy": "Never",
-                    "restartPolicyRules": rule,
-                }
-                other = {
-                    "name": "other",
-                    "image": "registry.invalid/other:v1",
-                    "command": ["sleep", "3600"],
-                    "resources": {"claims": [{"name": "c"}]},
-                    "lifecycle": {"preStop": {"sleep": {"seconds": 5}}},
-                }
-                init = {"name": "init", "image": "registry.invalid/init:v1", "command": ["sleep", "1"]}
-                sidecar = {
-                    "name": "sidecar",
-                    "image": "registry.invalid/sidecar:v1",
-                    "command": ["sleep", "3600"],
-                    "restartPolicy": "Always",
-                }
-                since = time.time()
-                await side.create_pod(
-                    "all",
-                    restartPolicy="Never",
-                    terminationGracePeriodSeconds=20,
-                    resourceClaims=[{"name": "c", "resourceClaimTemplateName": "gpu"}],
-                    initContainers=[init, sidecar],
-                    containers=[trigger, other],
-                )
 
-                def again(states: dict[str, tuple[Any, ...]]) -> bool:
+                def containers(pod: str, **spec: Any) -> Obj:
+                    """Its own images: which pod pulls a shared one first is a race."""
+                    return {**spec, "image": f"registry.invalid/{pod}-{spec['name']}:v1"}
+
+                def trigger(pod: str, seconds: int) -> Obj:
+                    command = ["sh", "-c", f"sleep {seconds}; exit 42"]
+                    return containers(
+                        pod, name="trigger", command=command, restartPolicy="Never", restartPolicyRules=rule
+                    )
+
+                def other(pod: str) -> Obj:
+                    return containers(
+                        pod,
+                        name="other",
+                        command=["sleep", "3600"],
+                        resources={"claims": [{"name": "c"}]},
+                        lifecycle={"preStop": {"sleep": {"seconds": 5}}},
+                    )
+
+                def inits(pod: str) -> list[Obj]:
+                    init = containers(pod, name="init", command=["sleep", "1"])
+                    return [init, containers(pod, name="sidecar", command=["sleep", "3600"], restartPolicy="Always")]
+
+                since = time.time()
+                # Each restarted once by the time both are seen so: "all" at about 6 s,
+                # "early" at about 7 s, neither again before 10 s.
+                for name, init_containers, pod_containers in (
+                    ("all", inits("all"), [trigger("all", 4), other("all")]),
+                    ("early", [*inits("early"), trigger("early", 5)], [other("early")]),
+                ):
+                    await side.create_pod(
+                        name,
+                        restartPolicy="Never",
+                        terminationGracePeriodSeconds=20,
+                        resourceClaims=[{"name": "c", "resourceClaimTemplateName": "gpu"}],
+                        initContainers=init_containers,
+                        containers=pod_containers,
+                    )
+
+                def again(states: States) -> bool:
                     running = all(states.get(n, ("",))[0] == "running" for n in ("sidecar", "trigger", "other"))
                     return running and states["trigger"][2] == 1
 
-                def first(wanted: Callable[[dict[str, tuple[Any, ...]]], bool]) -> Obj | None:
-                    """The first status written (as watched) in which the containers' states are so."""
-                    shown = (v for v in versions if v.get("status", {}).get("containerStatuses"))
-                    return next((v for v in shown if wanted(_states(v))), None)
+                def early_again(states: States) -> bool:
+                    running = all(states[n][0] == "running" for n in ("sidecar", "trigger"))
+                    return running and states["trigger"][2] == 1
 
-                async def started_again() -> Obj | None:
-                    return first(again)
+                async def started_again() -> bool:
+                    return first("all", again) is not None and first("early", early_again) is not None
 
-                await until(started_again, 90, f"{side.kind}: all's containers started again")
+                await until(started_again, 90, f"{side.kind}: the pods' containers started again")
                 following.cancel()
-                claim = await side.claim_name("all")
-
-                def shape(wanted: Callable[[dict[str, tuple[Any, ...]]], bool]) -> dict[str, Any] | None:
-                    pod = first(wanted)
-                    return None if pod is None else _status_shape(pod)
-
+                claims = {name: await side.claim_name(name) for name in versions}
+                told = await _told(side)
                 found = {
-                    "restarting": shape(lambda s: s["trigger"][0] == "terminated"),
-                    "removed": shape(lambda s: s["trigger"][1] == "RestartingAllContainers"),
-                    "init again": shape(lambda s: s["init"][0] == "running" and s["init"][2] == 1),
-                    "again": shape(again),
-                    "told": (await _told(side))["all"],
-                    "calls": side.calls_by_claim(since).get(claim),
+                    "restarting": shape("all", lambda s: s["trigger"][0] == "terminated"),
+                    "removed": shape("all", lambda s: s["trigger"][1] == "RestartingAllContainers"),
+                    "init again": shape("all", lambda s: s["init"][0] == "running" and s["init"][2] == 1),
+                    "again": shape("all", again),
+                    "told": told["all"],
+                    "early restarting": shape("early", lambda s: s["trigger"][0] == "terminated"),
+                    "early init again": shape("early", lambda s: s["init"][0] == "running" and s["init"][2] == 1),
+                    "early again": shape("early", early_again),
+                    "early told": told["early"],
+                    "calls": [side.calls_by_claim(since).get(claims[name]) for name in versions],
                 }
-                await side.delete_pod("all")
-                await side.gone("all", 60)
-                found["calls after"] = side.calls_by_claim(since).get(claim)
+                for name in versions:
+                    await side.delete_pod(name)
+                for name in versions:
+                    await side.gone(name, 60)
+                found["calls after"] = [side.calls_by_claim(since).get(claims[name]) for name in versions]
                 return found
 
             found = await both(sides, case)
             for key in found["real"]:
-                if key in ("restarting", "removed") and found["real"][key] is None:
+                if key in ("restarting", "removed", "early restarting") and found["real"][key] is None:
                     # A moment's state: the real kubelet's status manager may write only the
                     # state after it, when both come within one write's time.
                     continue
@@ -1292,8 +1316,9 @@ def test_a_restart_all_containers_rule_restarts_the_pod_in_place_alike(
             assert fake["again"]["phase"] == "Running"
             killed = [(e[0], e[3]) for e in fake["told"] if e[2] == "Killing"]
             assert killed == [("spec.containers{other}", "killing"), ("spec.initContainers{sidecar}", "killing")]
-            assert fake["calls"] == [PREPARE], "the claim stays prepared through the restart in place"
-            assert fake["calls after"] == [PREPARE, UNPREPARE]
+            assert [c["restartCount"] for c in fake["early again"]["containers"]] == [0], "never started"
+            assert fake["calls"] == [[PREPARE], [PREPARE]], "the claims stay prepared through the restarts in place"
+            assert fake["calls after"] == [[PREPARE, UNPREPARE], [PREPARE, UNPREPARE]]
 
     asyncio.run(scenario())
 

@@ -245,6 +245,19 @@ def test_restarted_in_place_every_container_waits_counted_once_more_the_one_befo
     assert running["phase"] == "Pending" and by_type(running)["Initialized"]["status"] == "True"
 
 
+def test_restarted_in_place_by_an_init_container_the_pod_waits_pending_its_own_never_started() -> None:
+    spec = with_inits(CHECK, {**CHECK, "name": "quick", "restartPolicy": "Never", "restartPolicyRules": ON_42})
+    exited = podstatus.terminated_state(ALL_IDS["quick"], NOW, podstatus.Ended.exit_status(42, NOW))
+    inits = podstatus.InitRun().then(STARTED, STARTED).then(NOW).failed(podstatus.Restarted(0, "", exited, {}))
+    before = podstatus.initializing_status(spec, STARTED, ALL_IDS, inits, ADDRESSES, NOW)
+    assert by_type(before)["AllContainersRestarting"]["status"] == "True"
+    status = podstatus.restarting_status(spec, before, LATER)
+    assert [s["restartCount"] for s in status["initContainerStatuses"]] == [1, 1]
+    [main] = status["containerStatuses"]
+    assert main["state"] == {"waiting": {"reason": "PodInitializing"}} and main["restartCount"] == 0
+    assert status["phase"] == "Pending" and by_type(status)["Initialized"]["status"] == "False"
+
+
 def with_inits(*inits: Obj, containers: tuple[str, ...] = ("main",)) -> Obj:
     spec = pod()
     spec["spec"]["initContainers"] = list(inits)
