@@ -143,6 +143,10 @@ KUBELET_KINDS = ("fake", "real")
 _CONNECTION_CHANGED = re.compile(
     r'"Connection changed" .*?driverName="([^"]+)" endpoint="([^"]*)" connected=(true|false)'
 )
+_STARTUP_WIPE = re.compile(r'"Deleted ResourceSlices" logger="DRA registration handler\.startup"')
+"""The kubelet's word (dra_plugin_manager.go, at -v=3) that it deleted the node's slices at
+its start: it does so once it finds its Node, retrying every 1, 2, 4... s until then, so it
+may come after a driver first published, which then publishes again."""
 RECORDS_FILE = "processes.json"
 
 
@@ -405,6 +409,9 @@ class ProcessNode:
         ready = [c for c in node.get("status", {}).get("conditions", []) if c["type"] == "Ready"]
         if not ready or ready[0]["status"] != "True":
             return "Node not Ready"
+        if self.kind == "real" and not _STARTUP_WIPE.search(self._kubelet_log()):
+            # Slices seen before it are about to go: a driver stopped then would leave none.
+            return "the kubelet has not deleted the node's ResourceSlices at its start yet"
         slices = await client.get(
             path_for("resource.k8s.io/v1", "resourceslices"), {"fieldSelector": f"spec.nodeName={self.name}"}
         )
@@ -422,16 +429,20 @@ class ProcessNode:
     def connections(self, since: int | None = None) -> dict[tuple[str, str], bool]:
         """(driver, endpoint) -> whether the kubelet's last word on that connection, after
         ``since`` (as connected_drivers), was that it is up."""
+        connected: dict[tuple[str, str], bool] = {}
+        for match in _CONNECTION_CHANGED.finditer(self._kubelet_log(since)):
+            connected[match.group(1), match.group(2)] = match.group(3) == "true"
+        return connected
+
+    def _kubelet_log(self, since: int | None = None) -> str:
+        """What the kubelet logged after ``since`` (a ``kubelet_log_size()``; default:
+        since it last started)."""
         try:
             with open(self.log("kubelet"), "rb") as handle:
                 handle.seek(self._kubelet_log_start if since is None else since)
-                text = handle.read().decode(errors="replace")
+                return handle.read().decode(errors="replace")
         except OSError:
-            return {}
-        connected: dict[tuple[str, str], bool] = {}
-        for match in _CONNECTION_CHANGED.finditer(text):
-            connected[match.group(1), match.group(2)] = match.group(3) == "true"
-        return connected
+            return ""
 
     def kubelet_log_size(self) -> int:
         try:
@@ -591,6 +602,7 @@ class ProcessNode:
                 f"{k}={v}" for k, v in labels.items() if not k.startswith(("kubernetes.io/", "beta.kubernetes.io/"))
             ),
             "--v=2",
+            "--vmodule=dra_plugin_manager=3",  # its start-up wipe of the node's slices
         ]
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         with ours, theirs:
