@@ -128,12 +128,15 @@ def removed_in_place(container: Obj) -> Told:
 
 def field_path(pod: Obj, name: str) -> str:
     """Where the container is in the pod's spec, as the kubelet's container reference
-    names it: ``spec.containers{main}``, ``spec.initContainers{setup}``."""
+    names it: ``spec.containers{main}``, ``spec.initContainers{setup}``,
+    ``spec.ephemeralContainers{debugger}``."""
     spec = pod["spec"]
     if any(c["name"] == name for c in spec.get("containers", [])):
         return f"spec.containers{{{name}}}"
     if any(c["name"] == name for c in spec.get("initContainers", [])):
         return f"spec.initContainers{{{name}}}"
+    if any(c["name"] == name for c in spec.get("ephemeralContainers", [])):
+        return f"spec.ephemeralContainers{{{name}}}"
     return f"implicitly required container {name}"
 
 

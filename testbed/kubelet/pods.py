@@ -27,6 +27,8 @@ As kubelet v1.37 does:
   one that exits non-zero), at once the first time, then after a back-off of 10 s
   doubling to 5 minutes; its claims stay prepared. One that is not shows its exit while
   the others run on;
+- an ephemeral container added to a running pod (``kubectl debug``) is started and
+  listed, and every spec change is observed on the status (``_observe_generation``);
 - a container whose exit a RestartAllContainers rule of its names restarts the pod in
   place: every container killed, shown waiting and counted once more, the init
   containers run again, then the pod's own; its IP and claims stay (``_restart_in_place``);
@@ -245,6 +247,10 @@ class PodManager:
         ran here (a NodeHost taking a node over restarts its driver before its kubelet
         has adopted the driver pod), told once it runs."""
         self._probing: dict[str, dict[str, str]] = {}
+        self._ephemeral: dict[str, dict[str, Obj]] = {}
+        """Ephemeral containers started (``kubectl debug``), by pod: each one's state."""
+        self._generation_syncs: dict[str, bool] = {}
+        """Pods whose spec change is being synced: whether another came meanwhile."""
         """By pod UID and container name: containers whose probes have not passed yet."""
         self._past_deadline: set[str] = set()
         """Pods past their activeDeadlineSeconds: their workers stop them (``_ending``)."""
@@ -329,6 +335,18 @@ class PodManager:
             # plugin's IPAM keeps it on disk, so that no pod new here gets it meanwhile.
             with contextlib.suppress(StartFailed):
                 self._pod_ip(pod)
+        if (
+            kind != "DELETED"
+            and before is not None
+            and uid in self._workers
+            and _generation(before) != _generation(pod)
+            and "observedGeneration" in pod.get("status", {})
+        ):
+            if uid in self._generation_syncs:
+                self._generation_syncs[uid] = True  # once more, when the one under way is done
+            else:
+                self._generation_syncs[uid] = False
+                self._in_background(self._observe_generation(uid), f"pod-generation-{uid}")
         if kind == "DELETED" or before is None or _differs_beyond_status(before, pod):
             self._changes[uid] = self._changes.get(uid, 0) + 1
             self._updated.setdefault(uid, asyncio.Event()).set()
@@ -1227,9 +1245,10 @@ class PodManager:
         init containers are to run again (``InitRun.carried``), each under a container ID
         of its own."""
         pod = self._pod(uid)
-        running = self._running_containers(uid)
+        running = self._running_containers(uid)  # ephemeral ones, not the pod's, run on
+        mains = [c for c in running if c in pod["spec"].get("containers", [])]
         inits = [c for c in running if c in (pod["spec"].get("initContainers") or [])]
-        for container in [*(c for c in running if c not in inits), *reversed(inits)]:
+        for container in [*mains, *reversed(inits)]:
             self.tell(pod, containerevents.removed_in_place(container), container["name"])
         status = podstatus.restarting_status(pod, before, now_rfc3339())
         self._add_device_health(pod, status["containerStatuses"])
@@ -1396,6 +1415,66 @@ class PodManager:
                 if uid in self._running:
                     self._resync_schedule.add(uid, time.monotonic())
 
+    async def _observe_generation(self, uid: str) -> None:
+        """The pod's spec changed: as the kubelet's next sync, its status says it observed
+        that generation, and an ephemeral container added to a running pod is started
+        (its Events as any container's) and shown running, never ready; it runs as its
+        command says, is never started again, and stops with the pod. One sync at a time
+        per pod, as its pod worker makes them, each from the pod as last seen."""
+        try:
+            while True:
+                await self._sync_generation(uid)
+                if not self._generation_syncs.get(uid):
+                    return
+                self._generation_syncs[uid] = False
+        finally:
+            self._generation_syncs.pop(uid, None)
+
+    async def _sync_generation(self, uid: str) -> None:
+        pod = self._latest.get(uid)
+        if pod is None or self._ending(uid):
+            return
+        status = podstatus.generation_update(pod)
+        started = self._ephemeral.setdefault(uid, {})
+        if uid in self._running and uid not in self._initializing:
+            for container in pod["spec"].get("ephemeralContainers") or []:
+                if container["name"] in started:
+                    continue
+                self._tell_started(pod, container)
+                started[container["name"]] = {"running": {"startedAt": now_rfc3339()}}
+                if (ends := commands.ending(container)) is not None:
+                    self._in_background(self._end_ephemeral(uid, container, ends), f"pod-debug-{uid}")
+        if started:
+            status["ephemeralContainerStatuses"] = self._ephemeral_statuses(pod)
+        with contextlib.suppress(ApiError):
+            await self._patch_status(pod, {"status": status})
+
+    async def _end_ephemeral(self, uid: str, container: Obj, ends: commands.Ending) -> None:
+        if not await self._runs_for(uid, ends.seconds):
+            return
+        started, pod = self._ephemeral[uid], self._pod(uid)
+        ended = podstatus.Ended.exit_status(ends.exit_code, now_rfc3339())
+        began = started[container["name"]]["running"]["startedAt"]
+        started[container["name"]] = podstatus.terminated_state(_ephemeral_id(pod, container), began, ended)
+        with contextlib.suppress(ApiError):
+            await self._patch_status(pod, {"status": {"ephemeralContainerStatuses": self._ephemeral_statuses(pod)}})
+
+    def _ephemeral_statuses(self, pod: Obj, stopped_at: str | None = None) -> list[Obj]:
+        """The statuses of the pod's ephemeral containers started so far, in the spec's
+        order; with ``stopped_at``, those running stopped then (the pod ended)."""
+        started, statuses = self._ephemeral.get(pod["metadata"]["uid"], {}), []
+        for container in pod["spec"].get("ephemeralContainers") or []:
+            state = started.get(container["name"])
+            if state is None:
+                continue
+            container_id = _ephemeral_id(pod, container)
+            if stopped_at is not None and "running" in state:
+                state = podstatus.terminated_state(
+                    container_id, state["running"]["startedAt"], podstatus.Ended.stopped(stopped_at)
+                )
+            statuses.append(podstatus.ephemeral_status(container, container_id, state))
+        return sorted(statuses, key=lambda status: str(status["name"]))  # as the kubelet lists them
+
     async def _sync_status(self, uid: str) -> None:
         """Write the running pod's container statuses again if their device health changed."""
         pod, stamp = self._latest.get(uid), self._running.get(uid)
@@ -1416,6 +1495,8 @@ class PodManager:
         pod = self._pod(uid)
         inits, restarted = self._inits.get(uid, podstatus.NO_INITS), self._restarted.get(uid)
         status = podstatus.ended_status(pod, started, _container_ids(pod), ended, inits, restarted)
+        if self._ephemeral.get(uid):
+            status["ephemeralContainerStatuses"] = self._ephemeral_statuses(pod, ended.at)
         await self._patch_status(pod, {"status": status})
 
     async def _release(self, pod_uid: str) -> None:
@@ -1644,6 +1725,8 @@ class PodManager:
                 for c in spec.get("containers", [])
                 if c["name"] not in restarted or "running" in restarted[c["name"]].state
             ]
+            ephemeral = self._ephemeral.get(uid, {})
+            running += [c for c in spec.get("ephemeralContainers") or [] if "running" in ephemeral.get(c["name"], {})]
         run = self._inits.get(uid, podstatus.NO_INITS)  # those started so far
         inits = enumerate((spec.get("initContainers") or [])[: len(run.spans)])
         running += reversed([c for index, c in inits if run.runs(index)])
@@ -1681,6 +1764,8 @@ class PodManager:
             inits, restarted = self._inits.get(uid, podstatus.NO_INITS), self._restarted.get(uid)
             ended = podstatus.Ended.stopped(now)
             status = podstatus.ended_status(pod, started, _container_ids(pod), ended, inits, restarted)
+            if self._ephemeral.get(uid):
+                status["ephemeralContainerStatuses"] = self._ephemeral_statuses(pod, now)
         elif uid in self._inits:
             inits = self._inits[uid]
             status = podstatus.stopped_initializing_status(pod, _container_ids(pod), inits, now, failed is not None)
@@ -1718,6 +1803,7 @@ class PodManager:
         self._inits.pop(uid, None)
         self._restarted.pop(uid, None)
         self._probing.pop(uid, None)
+        self._ephemeral.pop(uid, None)
         self._updated.pop(uid, None)
         self._changes.pop(uid, None)
         self._resources_status.pop(uid, None)
@@ -1855,6 +1941,14 @@ def _container_ids(pod: Obj) -> dict[str, str]:
     uid, spec = pod["metadata"]["uid"], pod["spec"]
     containers = [*spec.get("initContainers", []), *spec.get("containers", [])]
     return {c["name"]: f"dra-testbed://{uid}-{c['name']}" for c in containers}
+
+
+def _ephemeral_id(pod: Obj, container: Obj) -> str:
+    return f"dra-testbed://{pod['metadata']['uid']}-{container['name']}"
+
+
+def _generation(pod: Obj) -> int:
+    return int(pod["metadata"].get("generation") or 1)
 
 
 def _running_with_own_ip(pod: Obj) -> bool:

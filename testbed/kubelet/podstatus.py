@@ -562,6 +562,27 @@ def container_status(container: Obj, container_id: str, state: Obj, ready: bool)
     return status
 
 
+def ephemeral_status(container: Obj, container_id: str, state: Obj) -> Obj:
+    """An ephemeral container's (``kubectl debug``) as the kubelet lists it: never ready,
+    and with no started flag (the prober does not follow it)."""
+    status = container_status(container, container_id, state, ready=False)
+    del status["started"]
+    return status
+
+
+def generation_update(pod: Obj) -> Obj:
+    """What a kubelet's sync changes in the status of a pod whose spec changed (its
+    generation went up: an ephemeral container added, activeDeadlineSeconds set, its
+    deletion begun) and nothing else: the generation it observed, on the status and on
+    each of its conditions that carries one."""
+    generation = _generation(pod)
+    kinds = [c["type"] for c in pod.get("status", {}).get("conditions") or [] if c.get("type") in KUBELET_CONDITIONS]
+    return {
+        "observedGeneration": generation,
+        "conditions": [{"type": t, "observedGeneration": generation} for t in kinds],
+    }
+
+
 def _unstarted_status(container: Obj, state: Obj) -> Obj:
     """What the kubelet knows of a container the runtime never made: the spec's image as
     written, no image ID, no container ID."""

@@ -736,6 +736,7 @@ def _status_shape(pod: Obj) -> dict[str, Any]:
         "conditions": conditions,
         "containers": [container(c) for c in status.get("containerStatuses", [])],
         "init containers": [container(c) for c in status.get("initContainerStatuses", [])],
+        "ephemeral containers": [container(c) for c in status.get("ephemeralContainerStatuses", [])],
     }
 
 
@@ -1319,6 +1320,86 @@ def test_a_restart_all_containers_rule_restarts_the_pod_in_place_alike(
             assert [c["restartCount"] for c in fake["early again"]["containers"]] == [0], "never started"
             assert fake["calls"] == [[PREPARE], [PREPARE]], "the claims stay prepared through the restarts in place"
             assert fake["calls after"] == [[PREPARE, UNPREPARE], [PREPARE, UNPREPARE]]
+
+    asyncio.run(scenario())
+
+
+def test_an_ephemeral_container_runs_beside_the_pods_and_each_spec_change_is_observed_alike(
+    control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
+) -> None:
+    """`kubectl debug` adds an ephemeral container to a running pod: the kubelet starts
+    it (its image pulled, Created, Started, at spec.ephemeralContainers{debugger}) and
+    lists it running, never ready, with no started flag; one whose command ends is shown
+    terminated and never started again. Each spec change (the ephemeral container, an
+    activeDeadlineSeconds set) raises the pod's generation, and the kubelet's next sync
+    says it observed it, on the status and on its conditions. When the pod is deleted the
+    debugger is stopped after the pod's own container and its claim unprepared. The fake
+    kubelet ignored ephemeral containers and wrote no observed generation after the first."""
+
+    async def scenario() -> None:
+        async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
+
+            async def case(side: Side) -> dict[str, Any]:
+                await side.template("gpu", [request("gpu", GPU)])
+                since = time.time()
+                await side.pod("debugged", {"resourceClaimTemplateName": "gpu"})
+                await side.running("debugged")
+                debuggers = [
+                    {
+                        "name": "debugger",
+                        "image": "registry.invalid/debugger:v1",
+                        "command": ["sleep", "3600"],
+                        "targetContainerName": "main",
+                        "stdin": True,
+                        "tty": True,
+                    },
+                    {"name": "quick", "image": "registry.invalid/quick:v1", "command": ["sh", "-c", "exit 3"]},
+                ]
+                path = path_for("v1", "pods", "debugged", side.namespace)
+                for debugger in debuggers:
+                    body = {"spec": {"ephemeralContainers": [debugger]}}
+                    await side.client.patch(f"{path}/ephemeralcontainers", body, "strategic")
+
+                async def debugged() -> Obj | None:
+                    pod = await side.read_pod("debugged")
+                    states = [next(iter(c["state"])) for c in pod["status"].get("ephemeralContainerStatuses", [])]
+                    observed = pod["status"].get("observedGeneration") == pod["metadata"]["generation"]
+                    return pod if states == ["running", "terminated"] and observed else None
+
+                running = await until(debugged, 60, f"{side.kind}: the ephemeral containers started")
+                await side.client.patch(path, {"spec": {"activeDeadlineSeconds": 3000}}, "strategic")
+
+                async def observed() -> Obj | None:
+                    pod = await side.read_pod("debugged")
+                    generation = pod["metadata"]["generation"]
+                    conditions = [c.get("observedGeneration") for c in pod["status"]["conditions"]]
+                    seen = pod["status"].get("observedGeneration") == generation and set(conditions) == {generation}
+                    return pod if generation == 4 and seen else None
+
+                deadline_set = await until(observed, 60, f"{side.kind}: the new generation observed")
+                claim = await side.claim_name("debugged")
+                gone = await side.deleted("debugged")
+                return {
+                    "running": _status_shape(running),
+                    "deadline set": _status_shape(deadline_set),
+                    "gone": _status_shape(gone),
+                    "told": (await _told(side))["debugged"],
+                    "calls": side.calls_by_claim(since).get(claim),
+                }
+
+            found = await both(sides, case)
+            for key in found["real"]:
+                assert found["fake"][key] == found["real"][key], key
+            fake = found["fake"]
+            debugger, quick = fake["running"]["ephemeral containers"]
+            assert debugger["state"] == {"running": ["startedAt"]} and not debugger["ready"]
+            assert "started" not in debugger and quick["state"]["terminated"]
+            assert next(c["state"] for c in fake["gone"]["ephemeral containers"]) == {
+                "terminated": ["containerID", "exitCode", "finishedAt", "reason", "startedAt"]
+            }
+            killed = [e[0] for e in fake["told"] if e[2] == "Killing"]
+            assert killed == ["spec.containers{main}", "spec.ephemeralContainers{debugger}"]
+            assert fake["calls"] == [PREPARE, UNPREPARE]
 
     asyncio.run(scenario())
 

@@ -258,6 +258,21 @@ def test_restarted_in_place_by_an_init_container_the_pod_waits_pending_its_own_n
     assert status["phase"] == "Pending" and by_type(status)["Initialized"]["status"] == "False"
 
 
+def test_a_spec_change_is_observed_on_the_status_and_the_kubelets_own_conditions_only() -> None:
+    running = podstatus.running_status(pod(), STARTED, IDS, NOW)
+    changed = pod(generation=3, conditions=[{"type": "example.com/ready", "status": "True"}, *running["conditions"]])
+    update = podstatus.generation_update(changed)
+    assert update["observedGeneration"] == 3
+    assert update["conditions"] == [{"type": t, "observedGeneration": 3} for t in podstatus.KUBELET_CONDITIONS]
+
+
+def test_an_ephemeral_container_is_listed_never_ready_and_without_a_started_flag() -> None:
+    debugger = {"name": "debugger", "image": "registry.invalid/debug"}
+    status = podstatus.ephemeral_status(debugger, "dra-testbed://u-debugger", {"running": {"startedAt": NOW}})
+    assert "started" not in status and status["ready"] is False and status["resources"] == {}
+    assert status["image"] == "registry.invalid/debug:latest" and status["imageID"]
+
+
 def with_inits(*inits: Obj, containers: tuple[str, ...] = ("main",)) -> Obj:
     spec = pod()
     spec["spec"]["initContainers"] = list(inits)
