@@ -339,7 +339,7 @@ class PodManager:
             kind != "DELETED"
             and before is not None
             and uid in self._workers
-            and _generation(before) != _generation(pod)
+            and podstatus.generation(before) != podstatus.generation(pod)
             and "observedGeneration" in pod.get("status", {})
         ):
             if uid in self._generation_syncs:
@@ -1460,8 +1460,8 @@ class PodManager:
             await self._patch_status(pod, {"status": {"ephemeralContainerStatuses": self._ephemeral_statuses(pod)}})
 
     def _ephemeral_statuses(self, pod: Obj, stopped_at: str | None = None) -> list[Obj]:
-        """The statuses of the pod's ephemeral containers started so far, in the spec's
-        order; with ``stopped_at``, those running stopped then (the pod ended)."""
+        """The statuses of the pod's ephemeral containers started so far, by name as the
+        kubelet lists them; with ``stopped_at``, those running stopped then (the pod ended)."""
         started, statuses = self._ephemeral.get(pod["metadata"]["uid"], {}), []
         for container in pod["spec"].get("ephemeralContainers") or []:
             state = started.get(container["name"])
@@ -1473,7 +1473,7 @@ class PodManager:
                     container_id, state["running"]["startedAt"], podstatus.Ended.stopped(stopped_at)
                 )
             statuses.append(podstatus.ephemeral_status(container, container_id, state))
-        return sorted(statuses, key=lambda status: str(status["name"]))  # as the kubelet lists them
+        return sorted(statuses, key=lambda status: str(status["name"]))
 
     async def _sync_status(self, uid: str) -> None:
         """Write the running pod's container statuses again if their device health changed."""
@@ -1945,10 +1945,6 @@ def _container_ids(pod: Obj) -> dict[str, str]:
 
 def _ephemeral_id(pod: Obj, container: Obj) -> str:
     return f"dra-testbed://{pod['metadata']['uid']}-{container['name']}"
-
-
-def _generation(pod: Obj) -> int:
-    return int(pod["metadata"].get("generation") or 1)
 
 
 def _running_with_own_ip(pod: Obj) -> bool:

@@ -411,7 +411,7 @@ def rejected_status(pod: Obj, reason: str, message: str, now: str) -> Obj:
         "phase": "Failed",
         "reason": reason,
         "message": message,
-        "observedGeneration": _generation(pod),
+        "observedGeneration": generation(pod),
         "startTime": pod.get("status", {}).get("startTime") or now,
     }
 
@@ -515,7 +515,7 @@ def _status(
 ) -> Obj:
     status: Obj = {
         "phase": phase,
-        "observedGeneration": _generation(pod),
+        "observedGeneration": generation(pod),
         **_conditions(pod, conditions_phase or phase, sandbox, inits, mains, now),
         "containerStatuses": mains,
     }
@@ -575,11 +575,11 @@ def generation_update(pod: Obj) -> Obj:
     generation went up: an ephemeral container added, activeDeadlineSeconds set, its
     deletion begun) and nothing else: the generation it observed, on the status and on
     each of its conditions that carries one."""
-    generation = _generation(pod)
+    observed = generation(pod)
     kinds = [c["type"] for c in pod.get("status", {}).get("conditions") or [] if c.get("type") in KUBELET_CONDITIONS]
     return {
-        "observedGeneration": generation,
-        "conditions": [{"type": t, "observedGeneration": generation} for t in kinds],
+        "observedGeneration": observed,
+        "conditions": [{"type": t, "observedGeneration": observed} for t in kinds],
     }
 
 
@@ -626,7 +626,7 @@ def _mount_status(mount: Obj) -> Obj:
     return status
 
 
-def _generation(pod: Obj) -> int:
+def generation(pod: Obj) -> int:
     return int(pod["metadata"].get("generation") or 1)
 
 
@@ -635,7 +635,7 @@ def _conditions(pod: Obj, phase: str, sandbox: str, inits: list[Obj], mains: lis
     strategic-merge patch must keep, worked out as the kubelet does from the container
     statuses, the pod's ``phase`` and its ``sandbox``: "ready", "none" (never made) or
     "gone" (removed once the containers stopped)."""
-    generation = _generation(pod)
+    at_generation = generation(pod)
     sandbox_condition: Obj = {"status": "True"}
     if sandbox != "ready":
         message = NO_SANDBOX_MESSAGE if sandbox == "none" else SANDBOX_GONE_MESSAGE
@@ -666,7 +666,7 @@ def _conditions(pod: Obj, phase: str, sandbox: str, inits: list[Obj], mains: lis
         # null, even one the pod as last seen lacks (a write of ours not seen yet set it).
         cleared = {key: None for key in ("reason", "message") if key not in condition}
         # The kubelet gives the restart condition no generation.
-        observed = {} if condition["type"] == ALL_RESTARTING else {"observedGeneration": generation}
+        observed = {} if condition["type"] == ALL_RESTARTING else {"observedGeneration": at_generation}
         conditions.append({**condition, **cleared, **observed, "lastProbeTime": None, "lastTransitionTime": since})
     others = [t for t in before if t not in kinds]
     return {
