@@ -121,9 +121,9 @@ def test_run_with_up_starts_the_scenarios_cluster_and_stops_it(short_tmp_path: P
     base = [sys.executable, "-m", "testbed.cli"]
     where = ["--name", "runup", "--state-dir", str(state_dir)]
     knobs = ["--set", "cluster.percentageOfNodesToScore=50", "--set", "cluster.devicesPerSlice=1"]
-    junit = short_tmp_path / "junit.xml"
+    junit, out = short_tmp_path / "junit.xml", ["--output", str(short_tmp_path / "report")]  # not in $HOME
     proc = subprocess.run(
-        [*base, "run", "smoke", "--up", *where, *knobs, "--junit", str(junit)],
+        [*base, "run", "smoke", "--up", *where, *knobs, *out, "--junit", str(junit)],
         capture_output=True,
         text=True,
         timeout=600,
