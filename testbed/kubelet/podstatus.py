@@ -102,7 +102,7 @@ class InitRun:
     """The last one started, once it exited non-zero: how often it was started again, its
     state now and the one before (its spans's times no longer count)."""
     carried: Mapping[str, Restarted] = field(default_factory=dict)
-    """Those run again since the pod restarted in place (``restarted_in_place``): each
+    """Those run again since the pod restarted in place (``restarting_status``): each
     one's count, the container it is in this run and the one before (its state unused)."""
 
     def then(self, started: str, ended: str = "") -> InitRun:
@@ -290,7 +290,7 @@ def restarting_status(pod: Obj, before: Obj, now: str) -> Obj:
     spec); one waiting already stays so. The pod stays Running (Pending while one has
     yet to run for the first time: an init container fired the rule) and, once so,
     Initialized."""
-    status, spec = before, pod["spec"]
+    spec = pod["spec"]
     waiting = {"waiting": {"reason": POD_INITIALIZING if spec.get("initContainers") else "ContainerCreating"}}
 
     def removed(container: Obj, old: Obj | None) -> Obj:
@@ -303,8 +303,8 @@ def restarting_status(pod: Obj, before: Obj, now: str) -> Obj:
         return {**base, "state": now.state, "restartCount": now.count, "lastState": now.last}
 
     def each(kind: str, key: str) -> list[Obj]:
-        written = {s.get("name"): s for s in status.get(key) or []}
-        return [removed(c, written.get(c["name"])) for c in pod["spec"].get(kind) or []]
+        written = {s.get("name"): s for s in before.get(key) or []}
+        return [removed(c, written.get(c["name"])) for c in spec.get(kind) or []]
 
     inits, mains = each("initContainers", "initContainerStatuses"), each("containers", "containerStatuses")
     # Pending while one of them has yet to run for the first time (an init container
