@@ -91,16 +91,14 @@ def run_seconds(pod: Obj) -> float | None:
     return max(e.seconds for e in endings)
 
 
-def ending_first(pod: Obj) -> dict[str, Ending]:
-    """The containers of a pod that ends (``run_seconds``) that end before it does, each
-    after its own command's time, as a runtime ends each: the pod runs on, showing them
-    exited, until its last one ends. Empty when the run-seconds annotation gives the pod's
-    time (every container ends then)."""
-    seconds = run_seconds(pod)
-    if seconds is None or RUN_SECONDS_ANNOTATION in pod["metadata"].get("annotations", {}):
+def endings(pod: Obj) -> dict[str, Ending]:
+    """How each container of a pod that ends (``run_seconds``) ends, after its own
+    command's time, as a runtime ends each: the pod runs on, showing those that ended
+    before the last exited, until its last one ends. Empty when the run-seconds
+    annotation gives the pod's time (every container ends then)."""
+    if run_seconds(pod) is None or RUN_SECONDS_ANNOTATION in pod["metadata"].get("annotations", {}):
         return {}
-    endings = {c["name"]: ending(c) for c in pod["spec"].get("containers", [])}
-    return {name: e for name, e in endings.items() if e is not None and e.seconds < seconds}
+    return {c["name"]: e for c in pod["spec"].get("containers", []) if (e := ending(c)) is not None}
 
 
 def restart_seconds(pod: Obj, container: Obj) -> float | None:

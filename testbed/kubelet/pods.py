@@ -29,6 +29,9 @@ As kubelet v1.37 does:
   the others run on;
 - an ephemeral container added to a running pod (``kubectl debug``) is started and
   listed, and every spec change is observed on the status (``_observe_generation``);
+- a running container (or sidecar) whose image is changed is killed and started again
+  with the new one, whatever the restart policy, and one backing off starts at once
+  (``_start_redefined``); each container's status names the image it was made with;
 - a container whose exit a RestartAllContainers rule of its names restarts the pod in
   place: every container killed, shown waiting and counted once more, the init
   containers run again, then the pod's own; its IP and claims stay (``_restart_in_place``);
@@ -79,7 +82,7 @@ import math
 import random
 import re
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Collection, Coroutine, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -248,6 +251,9 @@ class PodManager:
         has adopted the driver pod), told once it runs."""
         self._probing: dict[str, dict[str, str]] = {}
         self._ephemeral: dict[str, dict[str, Obj]] = {}
+        self._ran_images: dict[str, dict[str, str]] = {}
+        """By pod UID and container name: the image each container was last created with
+        (the spec's may have changed since: ``_redefined``)."""
         """Ephemeral containers started (``kubectl debug``), by pod: each one's state."""
         self._generation_syncs: dict[str, bool] = {}
         """Pods whose spec change is being synced: whether another came meanwhile."""
@@ -342,11 +348,7 @@ class PodManager:
             and podstatus.generation(before) != podstatus.generation(pod)
             and "observedGeneration" in pod.get("status", {})
         ):
-            if uid in self._generation_syncs:
-                self._generation_syncs[uid] = True  # once more, when the one under way is done
-            else:
-                self._generation_syncs[uid] = False
-                self._in_background(self._observe_generation(uid), f"pod-generation-{uid}")
+            self._sync_spec(uid)
         if kind == "DELETED" or before is None or _differs_beyond_status(before, pod):
             self._changes[uid] = self._changes.get(uid, 0) + 1
             self._updated.setdefault(uid, asyncio.Event()).set()
@@ -426,6 +428,8 @@ class PodManager:
         self._told.tell(pod, told.kind, told.reason, told.message, where)
 
     def _tell_started(self, pod: Obj, container: Obj) -> None:
+        """A container is created and started: told so, and the image it runs noted."""
+        self._ran_images.setdefault(pod["metadata"]["uid"], {})[container["name"]] = container.get("image", "")
         for told in containerevents.started(self._images, container):
             self.tell(pod, told, container["name"])
 
@@ -545,20 +549,40 @@ class PodManager:
     async def _run_to_the_end(self, uid: str, seconds: float) -> bool:
         """The containers of a pod that ends run as their commands say: one that ends
         before the last is shown exited (with its status; the pod Running, not ready) at
-        its own time. True once the last one's time (``seconds``) is over, False if the
-        pod is being deleted first."""
+        its own time; one whose image changed is started again with it
+        (``_start_redefined``) and runs its command's time once more. True once the last
+        one ended (or the pod's run-seconds annotation's time is over), False if the pod
+        is being deleted first."""
         begin, pod = time.monotonic(), self._pod(uid)
         ids, restarted = _container_ids(pod), self._restarted.setdefault(uid, {})
-        for name, ends in sorted(commands.ending_first(pod).items(), key=lambda item: item[1].seconds):
-            if name in restarted:  # it had ended before this kubelet restarted
+        # Those that had ended before this kubelet restarted stay so.
+        ends = {name: begin + e.seconds for name, e in commands.endings(pod).items() if name not in restarted}
+        last = begin + seconds
+        while not self._ending(uid):
+            seen = self._changes.get(uid, 0)
+            for container in self._redefined(uid, ()):
+                if not await self._start_redefined(uid, container):
+                    return False
+                if (ends_now := commands.endings(self._pod(uid)).get(container["name"])) is not None:
+                    ends[container["name"]] = time.monotonic() + ends_now.seconds
+            last = max(ends.values(), default=last)
+            name = min(ends, key=ends.__getitem__, default=None)
+            at = last if name is None or ends[name] >= last else ends[name]  # the last ones end with the pod
+            if (left := at - time.monotonic()) > 0:
+                await self._pause(uid, left, seen)
                 continue
-            if not await self._runs_for(uid, begin + ends.seconds - time.monotonic()):
-                return False
-            ended = podstatus.Ended.exit_status(ends.exit_code, now_rfc3339())
-            exited = podstatus.terminated_state(ids[name], self._running[uid], ended)
-            restarted[name] = podstatus.Restarted(0, ids[name], exited, {})
+            if name is None or at == last:
+                return True
+            del ends[name]
+            again = restarted.get(name) or podstatus.Restarted(0, ids[name], {}, {})
+            began = again.state.get("running", {}).get("startedAt", self._running[uid])
+            code = commands.exit_code(next(c for c in self._pod(uid)["spec"]["containers"] if c["name"] == name))
+            exited = podstatus.terminated_state(
+                again.container_id, began, podstatus.Ended.exit_status(code, now_rfc3339())
+            )
+            restarted[name] = podstatus.Restarted(again.count, again.container_id, exited, again.last)
             await self._write_running(uid)
-        return await self._runs_for(uid, begin + seconds - time.monotonic())
+        return False
 
     async def _start(self, uid: str) -> bool:
         """As the kubelet's pod worker: a failed attempt is made again at the next sync
@@ -571,6 +595,7 @@ class PodManager:
                     env = await self._adopt(pod)
                     inits = podstatus.InitRun.from_status(pod) or podstatus.InitRun.complete(pod, now_rfc3339())
                     self._restarted[uid] = podstatus.Restarted.from_status(pod)
+                    self._ran_images[uid] = _images_shown(pod)  # the runtime's containers say it
                 else:
                     env = await self._creating_while(pod, self._prepare(pod))
                     ran = await self._initialize(pod)
@@ -847,6 +872,7 @@ class PodManager:
         uid = pod["metadata"]["uid"]
         run = podstatus.InitRun(carried=carried or {})
         self._initializing.add(uid)
+        self._sandbox_made(uid)
         try:
             while True:
                 for container in pod["spec"].get("initContainers") or []:
@@ -1016,6 +1042,7 @@ class PodManager:
         addresses = self._addresses_of(pod)
         self._running[meta["uid"]] = stamp
         self._inits[meta["uid"]] = inits
+        self._sandbox_made(meta["uid"])
         self._waiting.pop(meta["uid"], None)
         self._resync_schedule.add(meta["uid"], time.monotonic())
         self._resync_wake.set()
@@ -1135,9 +1162,10 @@ class PodManager:
         shown exited, and CrashLoopBackOff from the second sync it blocked on (each blocked
         sync tells BackOff), the pod Running throughout with that container not ready
         meanwhile, its claims left prepared (a container restart is no concern of the
-        drivers'); one that completed under OnFailure stays so. Returns the name of one
-        whose exit restarts all of the pod's containers (``_restart_in_place``), or None
-        once the pod is ending (``_ending``)."""
+        drivers'); one that completed under OnFailure stays so. A container (or sidecar)
+        whose image changed is started again with the new one at once (``_redefined``).
+        Returns the name of one whose exit restarts all of the pod's containers
+        (``_restart_in_place``), or None once the pod is ending (``_ending``)."""
         pod = self._pod(uid)
         periods = {
             c["name"]: seconds
@@ -1153,10 +1181,23 @@ class PodManager:
         back_off: dict[str, tuple[float, float]] = {}
         backed_off: dict[str, _BackingOff] = {}
         """Containers that exited, until started again."""
-        while periods and not self._ending(uid):
+        while not self._ending(uid):
+            seen = self._changes.get(uid, 0)
+            for container in self._redefined(uid, backed_off):
+                if not await self._start_redefined(uid, container):
+                    return None
+                name = container["name"]
+                # Its back-off was the old image's: the new one's starts now, as for a first start.
+                _, back_off[name] = restart_delay(None, time.monotonic())
+                backed_off.pop(name, None)
+                if name in periods:
+                    due[name] = time.monotonic() + periods[name]
+            if not due:
+                await self._pause(uid, 3600, seen)
+                continue
             name = min(due, key=due.__getitem__)
             if (left := due[name] - time.monotonic()) > 0:
-                await self._pause(uid, left)
+                await self._pause(uid, left, seen)
                 continue
             pod, again = self._pod(uid), restarted.get(name)
             if again is None:  # the first container of that name
@@ -1195,9 +1236,70 @@ class PodManager:
             before = again.last if "waiting" in again.state else again.state
             restarted[name] = podstatus.Restarted(count, f"{ids[name]}-{count}", running, before)
             self._probe_again(uid, container, restarted[name].container_id)
-            await self._write_running(uid)
+            if periods[name]:  # one that exits at once is gone before the next relist could show it running
+                await self._write_running(uid)
             due[name] = time.monotonic() + periods[name]
         return None
+
+    def _redefined(self, uid: str, to_start: Collection[str]) -> list[Obj]:
+        """The containers running (the pod's own and its sidecars) or to be started again
+        (``to_start``) whose spec names an image other than the one they were made with:
+        as the kubelet compares a container's hash (its name and image) with the spec's."""
+        pod, ran = self._pod(uid), self._ran_images.get(uid, {})
+        running = self._running_containers(uid)
+        ephemeral = pod["spec"].get("ephemeralContainers") or []
+        candidates = [c for c in running if c not in ephemeral]
+        candidates += [c for c in pod["spec"].get("containers", []) if c["name"] in to_start and c not in running]
+        return [
+            c
+            for c in candidates
+            if c["name"] in ran
+            and podstatus.image_reference(ran[c["name"]]) != podstatus.image_reference(c.get("image", ""))
+        ]
+
+    async def _start_redefined(self, uid: str, container: Obj) -> bool:
+        """As kubelet v1.37 handles a container whose image changed: one running is killed
+        (Killing "Container X definition changed, will be restarted", or "Init container
+        X definition changed" for a sidecar; its preStop hook run, cut short at the grace
+        period) and, whatever the restart policy, started again at once with the new
+        image, counted once more, the one before shown stopped; one waiting out a back-off
+        is started at once (its back-off was the old image's). The pod's status written;
+        its claims stay prepared. False if the pod is ending first."""
+        pod, name = self._pod(uid), container["name"]
+        index = next((i for i, c in enumerate(pod["spec"].get("initContainers") or []) if c["name"] == name), None)
+        running = any(c["name"] == name for c in self._running_containers(uid))
+        if running:
+            words = f"Init container {name} definition changed" if index is not None else None
+            words = words or f"Container {name} definition changed, will be restarted"
+            self.tell(pod, Told("Normal", "Killing", words), name)
+            hook_s = commands.pre_stop_seconds([container], commands.grace_seconds(pod))
+            if hook_s and not await self._runs_for(uid, hook_s):
+                return False
+        pod, first_id, now = self._pod(uid), _container_ids(pod)[name], now_rfc3339()
+        if index is not None:  # a sidecar: it runs in the init containers' run
+            run = self._inits[uid]
+            before = run.carried.get(name) or podstatus.Restarted(0, first_id, {}, {})
+            stopped = podstatus.terminated_state(before.container_id, run.spans[index][0], podstatus.Ended.stopped(now))
+            again = podstatus.Restarted(before.count + 1, f"{first_id}-{before.count + 1}", {}, stopped)
+            self._inits[uid] = run.started_again(index, name, again, now)
+        else:
+            restarted = self._restarted.setdefault(uid, {})
+            before = restarted.get(name) or podstatus.Restarted(
+                0, first_id, {"running": {"startedAt": self._running[uid]}}, {}
+            )
+            if running:
+                began = before.state["running"]["startedAt"]
+                ended = podstatus.terminated_state(before.container_id, began, podstatus.Ended.stopped(now))
+            else:
+                ended = before.state if "terminated" in before.state else before.last
+            count = before.count + 1
+            again = podstatus.Restarted(count, f"{first_id}-{count}", {"running": {"startedAt": now}}, ended)
+            restarted[name] = again
+        self._tell_started(pod, container)
+        self._probe_again(uid, container, again.container_id)
+        if (ends := commands.ending(container)) is None or ends.seconds:  # else gone before the next relist
+            await self._write_running(uid)
+        return not self._ending(uid)
 
     async def _restart_in_place(self, uid: str, source: str) -> bool:
         """Container ``source`` exited as a RestartAllContainers rule of its says: as
@@ -1310,7 +1412,16 @@ class PodManager:
 
     async def _patch_status(self, pod: Obj, body: Obj) -> None:
         """Through the status writer (statuswriter.py): raises ApiError 404 if the pod is
-        gone or was replaced; what the API server cannot take now is written later."""
+        gone or was replaced; what the API server cannot take now is written later. Each
+        container made is shown with the image it was made with, as the runtime reports
+        it, whatever the spec says now (a container not restarted for its new image: one
+        that completed, or one stopping to be restarted)."""
+        status, ran = body.get("status", {}), self._ran_images.get(pod["metadata"]["uid"], {})
+        for shown in [*status.get("containerStatuses", []), *status.get("initContainerStatuses", [])]:
+            image = ran.get(shown["name"])
+            if image is not None and shown.get("containerID"):
+                reference = podstatus.image_reference(image)
+                shown.update(image=reference, imageID=podstatus.image_id(reference))
         await self._statuses.patch(pod, body)
 
     def _running_container_statuses(self, pod: Obj, stamp: str) -> list[Obj]:
@@ -1415,6 +1526,22 @@ class PodManager:
                 if uid in self._running:
                     self._resync_schedule.add(uid, time.monotonic())
 
+    def _sync_spec(self, uid: str) -> None:
+        """Sync the pod's spec change (``_observe_generation``) now, or once more when
+        the sync under way is done."""
+        if uid in self._generation_syncs:
+            self._generation_syncs[uid] = True
+        else:
+            self._generation_syncs[uid] = False
+            self._in_background(self._observe_generation(uid), f"pod-generation-{uid}")
+
+    def _sandbox_made(self, uid: str) -> None:
+        """The pod's sandbox exists now (its init containers or its own start): ephemeral
+        containers added before are started, as the kubelet's next sync starts them."""
+        started = self._ephemeral.get(uid, {})
+        if any(c["name"] not in started for c in self._pod(uid)["spec"].get("ephemeralContainers") or []):
+            self._sync_spec(uid)
+
     async def _observe_generation(self, uid: str) -> None:
         """The pod's spec changed: as the kubelet's next sync, its status says it observed
         that generation, and an ephemeral container added to a running pod is started
@@ -1436,18 +1563,22 @@ class PodManager:
             return
         status = podstatus.generation_update(pod)
         started = self._ephemeral.setdefault(uid, {})
-        if uid in self._running and uid not in self._initializing:
-            for container in pod["spec"].get("ephemeralContainers") or []:
-                if container["name"] in started:
-                    continue
-                self._tell_started(pod, container)
-                started[container["name"]] = {"running": {"startedAt": now_rfc3339()}}
-                if (ends := commands.ending(container)) is not None:
-                    self._in_background(self._end_ephemeral(uid, container, ends), f"pod-debug-{uid}")
-        if started:
-            status["ephemeralContainerStatuses"] = self._ephemeral_statuses(pod)
+        new = []
+        if uid in self._running or uid in self._initializing:  # its sandbox exists
+            new = [c for c in pod["spec"].get("ephemeralContainers") or [] if c["name"] not in started]
+        if started or new:  # the sync's status: the new ones not made yet
+            status["ephemeralContainerStatuses"] = self._ephemeral_statuses(pod, unmade=new)
         with contextlib.suppress(ApiError):
             await self._patch_status(pod, {"status": status})
+        if not new:
+            return
+        for container in new:
+            self._tell_started(pod, container)
+            started[container["name"]] = {"running": {"startedAt": now_rfc3339()}}
+            if (ends := commands.ending(container)) is not None:
+                self._in_background(self._end_ephemeral(uid, container, ends), f"pod-debug-{uid}")
+        with contextlib.suppress(ApiError):  # as the relist after sees them
+            await self._patch_status(pod, {"status": {"ephemeralContainerStatuses": self._ephemeral_statuses(pod)}})
 
     async def _end_ephemeral(self, uid: str, container: Obj, ends: commands.Ending) -> None:
         if not await self._runs_for(uid, ends.seconds):
@@ -1459,10 +1590,14 @@ class PodManager:
         with contextlib.suppress(ApiError):
             await self._patch_status(pod, {"status": {"ephemeralContainerStatuses": self._ephemeral_statuses(pod)}})
 
-    def _ephemeral_statuses(self, pod: Obj, stopped_at: str | None = None) -> list[Obj]:
-        """The statuses of the pod's ephemeral containers started so far, by name as the
-        kubelet lists them; with ``stopped_at``, those running stopped then (the pod ended)."""
-        started, statuses = self._ephemeral.get(pod["metadata"]["uid"], {}), []
+    def _ephemeral_statuses(self, pod: Obj, stopped_at: str | None = None, unmade: Iterable[Obj] = ()) -> list[Obj]:
+        """The statuses of the pod's ephemeral containers started so far, and those
+        ``unmade`` yet (waiting), by name as the kubelet lists them; with ``stopped_at``,
+        those running stopped then (the pod ended)."""
+        started = self._ephemeral.get(pod["metadata"]["uid"], {})
+        statuses = [
+            podstatus.ephemeral_status(c, "", {"waiting": {"reason": podstatus.POD_INITIALIZING}}) for c in unmade
+        ]
         for container in pod["spec"].get("ephemeralContainers") or []:
             state = started.get(container["name"])
             if state is None:
@@ -1725,8 +1860,10 @@ class PodManager:
                 for c in spec.get("containers", [])
                 if c["name"] not in restarted or "running" in restarted[c["name"]].state
             ]
-            ephemeral = self._ephemeral.get(uid, {})
-            running += [c for c in spec.get("ephemeralContainers") or [] if "running" in ephemeral.get(c["name"], {})]
+        ephemeral = self._ephemeral.get(
+            uid, {}
+        )  # started once its sandbox was there, before its init containers ended maybe
+        running += [c for c in spec.get("ephemeralContainers") or [] if "running" in ephemeral.get(c["name"], {})]
         run = self._inits.get(uid, podstatus.NO_INITS)  # those started so far
         inits = enumerate((spec.get("initContainers") or [])[: len(run.spans)])
         running += reversed([c for index, c in inits if run.runs(index)])
@@ -1769,6 +1906,8 @@ class PodManager:
         elif uid in self._inits:
             inits = self._inits[uid]
             status = podstatus.stopped_initializing_status(pod, _container_ids(pod), inits, now, failed is not None)
+            if self._ephemeral.get(uid):
+                status["ephemeralContainerStatuses"] = self._ephemeral_statuses(pod, now)
         elif uid in self._waiting or failed is not None:
             status = podstatus.never_ran_status(pod, now, self._waiting.get(uid) is not None)
         if status is not None:
@@ -1804,6 +1943,7 @@ class PodManager:
         self._restarted.pop(uid, None)
         self._probing.pop(uid, None)
         self._ephemeral.pop(uid, None)
+        self._ran_images.pop(uid, None)
         self._updated.pop(uid, None)
         self._changes.pop(uid, None)
         self._resources_status.pop(uid, None)
@@ -1941,6 +2081,13 @@ def _container_ids(pod: Obj) -> dict[str, str]:
     uid, spec = pod["metadata"]["uid"], pod["spec"]
     containers = [*spec.get("initContainers", []), *spec.get("containers", [])]
     return {c["name"]: f"dra-testbed://{uid}-{c['name']}" for c in containers}
+
+
+def _images_shown(pod: Obj) -> dict[str, str]:
+    """By container name: the image each container made runs, as the pod's status shows it."""
+    status = pod.get("status", {})
+    shown = [*(status.get("containerStatuses") or []), *(status.get("initContainerStatuses") or [])]
+    return {s["name"]: s["image"] for s in shown if s.get("containerID") and s.get("image")}
 
 
 def _ephemeral_id(pod: Obj, container: Obj) -> str:

@@ -102,8 +102,9 @@ class InitRun:
     """The last one started, once it exited non-zero: how often it was started again, its
     state now and the one before (its spans's times no longer count)."""
     carried: Mapping[str, Restarted] = field(default_factory=dict)
-    """Those run again since the pod restarted in place (``restarting_status``): each
-    one's count, the container it is in this run and the one before (its state unused)."""
+    """Those run again since the pod restarted in place (``restarting_status``), or
+    sidecars started again (``started_again``): each one's count, the container it is in
+    this run and the one before (its state unused)."""
 
     def then(self, started: str, ended: str = "") -> InitRun:
         return InitRun((*self.spans, (started, ended)), carried=self.carried)
@@ -116,6 +117,12 @@ class InitRun:
     def failed(self, now: Restarted) -> InitRun:
         """The last one started exited non-zero (``now``: as it is now)."""
         return replace(self, failing=now)
+
+    def started_again(self, index: int, name: str, again: Restarted, at: str) -> InitRun:
+        """Sidecar ``name``, the init container at ``index``, started again ``at``, as
+        ``again`` (its image changed)."""
+        spans = (*self.spans[:index], (at, ""), *self.spans[index + 1 :])
+        return InitRun(spans, self.failing, {**self.carried, name: again})
 
     def runs(self, index: int) -> bool:
         """Whether the init container at ``index`` runs now."""
@@ -564,8 +571,12 @@ def container_status(container: Obj, container_id: str, state: Obj, ready: bool)
 
 def ephemeral_status(container: Obj, container_id: str, state: Obj) -> Obj:
     """An ephemeral container's (``kubectl debug``) as the kubelet lists it: never ready,
-    and with no started flag (the prober does not follow it)."""
-    status = container_status(container, container_id, state, ready=False)
+    and with no started flag (the prober does not follow it); as the spec says while the
+    runtime has not made it yet (no ``container_id``)."""
+    if container_id:
+        status = container_status(container, container_id, state, ready=False)
+    else:
+        status = _unstarted_status(container, state)
     del status["started"]
     return status
 

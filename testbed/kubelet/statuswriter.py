@@ -36,6 +36,10 @@ class StatusWriter:
         self._unwritten: dict[str, list[_Write]] = {}
         """By pod UID, in order: what waits for the API server."""
         self._retrying: asyncio.Task[None] | None = None
+        self._sending: dict[str, asyncio.Lock] = {}
+        """By pod UID: one write at a time, in the order they were made. Two requests in
+        flight at once may land in either order, and a status worked out earlier (an
+        older observedGeneration, say) would undo a later one."""
 
     async def patch(self, pod: Obj, body: Obj) -> None:
         """As the kubelet patches a pod's status (PatchPodStatus): with the pod's UID in the
@@ -52,6 +56,7 @@ class StatusWriter:
     def forget(self, uid: str) -> None:
         """The pod is gone from the API: nothing it waited for needs writing."""
         self._unwritten.pop(uid, None)
+        self._sending.pop(uid, None)
 
     def waiting(self, uid: str) -> int:
         """How many writes of this pod wait for the API server."""
@@ -62,18 +67,19 @@ class StatusWriter:
 
     async def _write(self, write: _Write) -> None:
         uid = write.pod["metadata"]["uid"]
-        if uid in self._unwritten:  # after those before it
-            self._unwritten[uid].append(write)
-            return
-        try:
-            await self._send(write)
-        except (ApiError, *TRANSIENT_ERRORS) as exc:
-            if not _transient(exc):
-                raise
-            log.warning("pod %s: status write failed, again in %gs: %s", _named(write.pod), self.sync_s, exc)
-            self._unwritten[uid] = [write]
-            if self._retrying is None or self._retrying.done():
-                self._retrying = asyncio.create_task(self._write_again(), name="pod-status-again")
+        async with self._sending.setdefault(uid, asyncio.Lock()):  # its waiters wake in turn
+            if uid in self._unwritten:  # after those before it
+                self._unwritten[uid].append(write)
+                return
+            try:
+                await self._send(write)
+            except (ApiError, *TRANSIENT_ERRORS) as exc:
+                if not _transient(exc):
+                    raise
+                log.warning("pod %s: status write failed, again in %gs: %s", _named(write.pod), self.sync_s, exc)
+                self._unwritten[uid] = [write]
+                if self._retrying is None or self._retrying.done():
+                    self._retrying = asyncio.create_task(self._write_again(), name="pod-status-again")
 
     async def _send(self, write: _Write) -> None:
         meta = write.pod["metadata"]

@@ -1404,6 +1404,179 @@ def test_an_ephemeral_container_runs_beside_the_pods_and_each_spec_change_is_obs
     asyncio.run(scenario())
 
 
+def _image(name: str, image: str, *command: str, **more: Any) -> Obj:
+    return {"name": name, "image": f"registry.invalid/{image}", "command": list(command), **more}
+
+
+def _runs(pod: Obj, name: str) -> tuple[str, int, str]:
+    """Container ``name``'s image (the tag), restart count and state."""
+    status = pod.get("status", {})
+    shown = [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
+    c = next((c for c in shown if c["name"] == name), None)
+    return ("", -1, "") if c is None else (c["image"].rsplit(":", 1)[-1], c["restartCount"], next(iter(c["state"])))
+
+
+def test_a_container_whose_image_changes_is_started_again_with_it_alike(
+    control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
+) -> None:
+    """A container's image is the one field of it a pod's spec lets change, and kubelet
+    v1.37 compares it (by the container's hash) at each sync: a running container whose
+    image changed is killed (Killing "Container main definition changed, will be
+    restarted"; its preStop hook run first) and started again with the new image,
+    whatever the restart policy, counted once more, the one before ended 143; a sidecar
+    alike ("Init container side definition changed"); one in CrashLoopBackOff starts at
+    once (its back-off was the old image's); one that completed, or an init container
+    that did, stays as it ran, its old image shown. Its claim stays prepared. And an
+    ephemeral container added while the init containers run is started then, not after.
+    The fake kubelet restarted none of them, showed the spec's new image on containers
+    that never ran it, and started no ephemeral container added during init."""
+
+    async def scenario() -> None:
+        async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
+
+            async def case(side: Side) -> dict[str, Any]:
+                await side.template("gpu", [request("gpu", GPU)])
+                since = time.time()
+                claimed = {"claims": [{"name": "c"}]}
+                stop_hook = {"preStop": {"sleep": {"seconds": 2}}}
+                await side.create_pod(
+                    "mains",
+                    resourceClaims=[{"name": "c", "resourceClaimTemplateName": "gpu"}],
+                    terminationGracePeriodSeconds=10,
+                    containers=[
+                        _image("main", "mains-main:v1", "sleep", "3600", resources=claimed),
+                        _image("other", "mains-other:v1", "sleep", "3600", lifecycle=stop_hook),
+                    ],
+                )
+                # Each pod runs before the next is made: a real kubelet pulls 10 images at
+                # once (registryBurst), then 5 a second, and fails the others (ErrImagePull
+                # "pull QPS exceeded"), which a pod that never restarts does not survive.
+                await side.running("mains")
+                await side.create_pod(
+                    "sidecar",
+                    initContainers=[
+                        _image("init", "sidecar-init:v1", "sh", "-c", "exit 0"),
+                        _image("side", "sidecar-side:v1", "sleep", "3600", restartPolicy="Always"),
+                    ],
+                    containers=[_image("main", "sidecar-main:v1", "sleep", "3600")],
+                )
+                await side.running("sidecar")
+                await side.create_pod("crash", containers=[_image("main", "crash-main:v1", "sh", "-c", "exit 1")])
+                await side.running("crash")
+                await side.create_pod(
+                    "never",
+                    restartPolicy="Never",
+                    containers=[
+                        _image("main", "never-main:v1", "sleep", "3600"),
+                        _image("done", "never-done:v1", "sh", "-c", "exit 0"),
+                        _image("server", "never-server:v1", "serve"),
+                    ],
+                )
+                await side.running("never")
+                await side.create_pod(
+                    "slow-init",
+                    initContainers=[_image("init", "slow-init-init:v1", "sleep", "8")],
+                    containers=[_image("main", "slow-init-main:v1", "sleep", "3600")],
+                )
+
+                async def shows(pod: str, **wanted: tuple[Any, ...]) -> Obj | None:
+                    """The pod once each container named shows as ``wanted`` (``_runs``) and its
+                    last spec change was observed."""
+                    found = await side.read_pod(pod)
+                    observed = found["status"].get("observedGeneration") == found["metadata"]["generation"]
+                    runs = all(_runs(found, name)[: len(shown)] == shown for name, shown in wanted.items())
+                    return found if observed and runs else None
+
+                async def settles(pod: str, timeout_s: float, **wanted: tuple[Any, ...]) -> Obj:
+                    try:
+                        return await until(lambda: shows(pod, **wanted), timeout_s, f"{side.kind}: {pod} {wanted}")
+                    except AssertionError as exc:
+                        found = await side.read_pod(pod)
+                        shown = {name: _runs(found, name) for name in wanted}
+                        observed = (found["status"].get("observedGeneration"), found["metadata"]["generation"])
+                        raise AssertionError(f"{exc}: shows {shown}, observed/generation {observed}") from None
+
+                async def change(pod: str, kind: str, **images: str) -> None:
+                    """One spec change of the pod: each container named gets that image, named
+                    in the spec's order (a strategic merge keeps the order of the patch's list)."""
+                    named = [{"name": name, "image": f"registry.invalid/{image}"} for name, image in images.items()]
+                    await side.client.patch(
+                        path_for("v1", "pods", pod, side.namespace), {"spec": {kind: named}}, "strategic"
+                    )
+
+                await settles("slow-init", 60, init=("v1", 0, "running"))
+                debugger = _image("debugger", "debugger:v1", "sleep", "3600")
+                path = path_for("v1", "pods", "slow-init", side.namespace)
+                await side.client.patch(f"{path}/ephemeralcontainers", {"spec": {"ephemeralContainers": [debugger]}})
+                debugged = await settles("slow-init", 5, init=("v1", 0, "running"))
+                debugging = await until(
+                    lambda: _debugger_runs(side), 30, f"{side.kind}: the debugger started during init"
+                )
+                await change("mains", "containers", main="mains-main:v2")
+                await change("sidecar", "initContainers", init="sidecar-init:v2", side="sidecar-side:v2")
+                await change("never", "containers", main="never-main:v2", done="never-done:v2")
+                done = {
+                    "mains": await settles("mains", 30, main=("v2", 1, "running"), other=("v1", 0)),
+                    "sidecar": await settles("sidecar", 30, side=("v2", 1, "running"), init=("v1", 0)),
+                    "never": await settles(
+                        "never", 30, main=("v2", 1, "running"), done=("v1", 0), server=("v1", 0, "running")
+                    ),
+                }
+                began = time.monotonic()
+                await change("mains", "containers", other="mains-other:v2")
+                done["mains"] = await settles("mains", 30, main=("v2", 1), other=("v2", 1, "running"))
+                stopping_s = time.monotonic() - began
+                await settles("crash", 60, main=("v1", 2))
+                await change("crash", "containers", main="crash-main:v2")
+                began = time.monotonic()
+                done["crash"] = await settles("crash", 20, main=("v2", 3))
+                crash_restart_s = time.monotonic() - began
+                done["slow-init"] = await side.running("slow-init")
+                told = await _told(side)
+                return {
+                    **{pod: _status_shape(found) for pod, found in done.items()},
+                    "phase when the debugger started": debugging["status"]["phase"],
+                    "debugged": _status_shape(debugged)["init containers"],
+                    "told": {pod: told[pod] for pod in ("mains", "sidecar", "never", "slow-init")},
+                    "crash told": sorted({fact[:4] for fact in told["crash"]}),
+                    "calls": side.calls_by_claim(since).get(await side.claim_name("mains")),
+                    "other stopped in 2 s or more": stopping_s >= 2,
+                    "crash started at once": crash_restart_s < 5,
+                }
+
+            found = await both(sides, case)
+            for key in found["real"]:
+                assert found["fake"][key] == found["real"][key], key
+            fake = found["fake"]
+            assert fake["phase when the debugger started"] == "Pending"
+            assert fake["other stopped in 2 s or more"] and fake["crash started at once"]
+            assert [(c["name"], c["image"]) for c in fake["never"]["containers"]] == [
+                ("done", "registry.invalid/never-done:v1"),
+                ("main", "registry.invalid/never-main:v2"),
+                ("server", "registry.invalid/never-server:v1"),
+            ], "the completed container is shown with the image it ran"
+            assert [c["image"] for c in fake["sidecar"]["init containers"]] == [
+                "registry.invalid/sidecar-init:v1",
+                "registry.invalid/sidecar-side:v2",
+            ]
+            main = next(c for c in fake["mains"]["containers"] if c["name"] == "main")
+            assert main["last"] == {"terminated": ["containerID", "exitCode", "finishedAt", "reason", "startedAt"]}
+            killed = [e[3] for e in fake["told"]["mains"] if e[2] == "Killing"]
+            assert killed == [
+                "Container main definition changed, will be restarted",
+                "Container other definition changed, will be restarted",
+            ]
+            assert fake["calls"] == [PREPARE], "the claim stays prepared"
+
+    asyncio.run(scenario())
+
+
+async def _debugger_runs(side: Side) -> Obj | None:
+    pod = await side.read_pod("slow-init")
+    states = [next(iter(c["state"])) for c in pod["status"].get("ephemeralContainerStatuses") or []]
+    return pod if states == ["running"] else None
+
+
 def test_a_pod_past_its_active_deadline_is_failed_and_its_claim_unprepared_alike(
     control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
 ) -> None:

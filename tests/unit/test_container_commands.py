@@ -10,7 +10,7 @@ from testbed.kubeapi import Obj
 from testbed.kubelet.commands import (
     Ending,
     ending,
-    ending_first,
+    endings,
     grace_seconds,
     hook_seconds,
     init_seconds,
@@ -75,11 +75,10 @@ def test_in_a_pod_that_ends_each_container_ends_at_its_own_time_the_pod_at_the_l
     long = container("sleep", "5", name="long")
     never = pod("Never", short, failing, long)
     assert run_seconds(never) == 5.0
-    assert ending_first(never) == {"short": Ending(1.0, 0), "check": Ending(3.0, 2)}, "shown exited, the pod Running"
-    assert ending_first(pod("Never", long, container("sleep", "5", name="twin"))) == {}, "they end together"
-    assert ending_first(pod(None, short, long)) == {}, "Always: restarted instead"
+    assert endings(never) == {"short": Ending(1.0, 0), "check": Ending(3.0, 2), "long": Ending(5.0, 0)}
+    assert endings(pod(None, short, long)) == {}, "Always: restarted instead"
     annotated = {**never, "metadata": {"annotations": {RUN_SECONDS_ANNOTATION: "2"}}}
-    assert run_seconds(annotated) == 2.0 and ending_first(annotated) == {}, "the annotation times them all"
+    assert run_seconds(annotated) == 2.0 and endings(annotated) == {}, "the annotation times them all"
 
 
 def test_only_a_container_of_a_pod_that_does_not_end_exits_to_be_started_again_or_stay_exited() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import cast
 
@@ -324,6 +325,32 @@ def test_init_containers_done_show_completed_and_a_sidecar_runs_beside_the_pods_
     assert done["initContainerStatuses"][1]["state"]["terminated"]["exitCode"] == podstatus.STOPPED_EXIT_CODE
 
 
+def test_a_sidecar_started_again_for_its_new_image_shows_its_count_and_the_one_stopped_before() -> None:
+    spec = with_inits(CHECK, PROXY)
+    run = podstatus.InitRun().then(STARTED).ended(NOW).then(NOW)
+    stopped = podstatus.terminated_state(ALL_IDS["proxy"], NOW, podstatus.Ended.stopped(LATER))
+    again = run.started_again(1, "proxy", podstatus.Restarted(1, "dra-testbed://u-proxy-1", {}, stopped), LATER)
+    check, proxy = podstatus.running_status(spec, NOW, ALL_IDS, LATER, again)["initContainerStatuses"]
+    assert check["state"]["terminated"]["finishedAt"] == NOW and check["restartCount"] == 0, "left as it ran"
+    assert proxy["state"] == {"running": {"startedAt": LATER}} and proxy["containerID"] == "dra-testbed://u-proxy-1"
+    assert proxy["restartCount"] == 1 and proxy["lastState"]["terminated"]["exitCode"] == podstatus.STOPPED_EXIT_CODE
+    assert again.runs(1) and not again.runs(0)
+
+
+def test_an_ephemeral_container_not_made_yet_waits_as_the_spec_names_it() -> None:
+    debugger = {"name": "debugger", "image": "registry.invalid/debug"}
+    status = podstatus.ephemeral_status(debugger, "", {"waiting": {"reason": "PodInitializing"}})
+    assert status == {
+        "name": "debugger",
+        "image": "registry.invalid/debug",
+        "imageID": "",
+        "ready": False,
+        "restartCount": 0,
+        "lastState": {},
+        "state": {"waiting": {"reason": "PodInitializing"}},
+    }
+
+
 def test_a_sidecar_whose_probes_have_not_passed_is_not_started_or_not_ready_and_holds_the_pod_unready() -> None:
     spec = with_inits(CHECK, PROXY)
     run = podstatus.InitRun().then(STARTED).ended(NOW).then(NOW)
@@ -434,6 +461,54 @@ def test_the_pod_manager_runs_init_containers_first_and_writes_each_state_once(t
     assert running["initContainerStatuses"][0]["state"]["terminated"]["reason"] == "Completed"
     assert done["containerStatuses"][0]["state"]["terminated"]["reason"] == "Completed"
     assert api.deletes == 1
+
+
+def test_the_pod_manager_starts_a_running_container_again_with_its_new_image_and_leaves_a_completed_one(
+    tmp_path: Path,
+) -> None:
+    api = StatusWrites()
+    manager = PodManager(cast(KubeClient, api), NodeSpec("node"), cast(PluginManager, None), tmp_path / "cdi")
+    meta = {"namespace": "ns", "name": "web", "uid": "u", "generation": 1}
+    main = {"name": "main", "image": "registry.invalid/work:v1", "command": ["sleep", "3600"]}
+    done = {"name": "done", "image": "registry.invalid/done:v1", "command": ["sh", "-c", "exit 0"]}
+    done["restartPolicy"] = "Never"
+    pod = {"metadata": meta, "spec": {"containers": [main, done]}, "status": {"phase": "Pending"}}
+
+    def shown(status: Obj) -> dict[str, tuple[str, int]]:
+        return {c["name"]: (c["image"], c["restartCount"]) for c in status.get("containerStatuses", [])}
+
+    async def until(check: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + 5
+        while not check() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+
+    async def scenario() -> None:
+        manager.observe("ADDED", pod)
+        await until(lambda: any("terminated" in c["state"] for s in api.statuses for c in s["containerStatuses"]))
+        images = {"main": "registry.invalid/work:v2", "done": "registry.invalid/done:v2"}
+        changed = {"containers": [{**c, "image": images[c["name"]]} for c in (main, done)]}
+        status = {"phase": "Running", "observedGeneration": 1}
+        manager.observe("MODIFIED", {"metadata": {**meta, "generation": 2}, "spec": changed, "status": status})
+        await until(lambda: shown(api.statuses[-1]).get("main", ("", 0))[1] == 1)
+        deleting = {**meta, "generation": 3, "deletionTimestamp": "2026-11-28T00:00:00Z"}
+        manager.observe("MODIFIED", {"metadata": deleting, "spec": changed, "status": status})
+        await asyncio.wait_for(asyncio.gather(*manager._workers.values()), 5)
+        await asyncio.wait_for(manager.events_sent(), 5)
+
+    asyncio.run(scenario())
+    restarted = next(s for s in api.statuses if shown(s).get("main", ("", 0))[1] == 1)
+    assert shown(restarted) == {"done": ("registry.invalid/done:v1", 0), "main": ("registry.invalid/work:v2", 1)}
+    main_status = next(c for c in restarted["containerStatuses"] if c["name"] == "main")
+    assert main_status["lastState"]["terminated"]["exitCode"] == podstatus.STOPPED_EXIT_CODE
+    assert "running" in main_status["state"] and main_status["containerID"].endswith("-main-1")
+    told = [
+        (e["reason"], e["message"]) for e in api.events if e["involvedObject"]["fieldPath"] == "spec.containers{main}"
+    ]
+    assert told[4:7] == [
+        ("Killing", "Container main definition changed, will be restarted"),
+        ("Pulling", 'Pulling image "registry.invalid/work:v2"'),
+        ("Pulled", told[6][1]),
+    ]
 
 
 def test_a_container_that_keeps_exiting_is_started_again_at_once_then_after_a_doubling_back_off() -> None:

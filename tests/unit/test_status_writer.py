@@ -75,6 +75,39 @@ def test_writes_the_api_server_could_not_take_land_later_in_the_order_meant() ->
     assert api.written == [("patch", {"phase": "Pending"}), ("patch", {"phase": "Running"}), ("delete", None)]
 
 
+class SlowFirst(Outage):
+    """An API server whose first answer takes a while: a request sent after it would land first."""
+
+    async def patch(self, path: str, body: Obj, kind: str) -> Obj:
+        if not self.tries:
+            self.tries += 1
+            await asyncio.sleep(0.05)
+        self.written.append(("patch", body["status"]))
+        return {}
+
+
+def test_writes_made_at_once_for_one_pod_land_one_after_the_other_in_the_order_made() -> None:
+    """The pod's worker and its spec-change sync write beside each other: the generation
+    observed later must not be undone by one observed before it that landed after."""
+    api = SlowFirst(failures=0)
+    writer = StatusWriter(cast(KubeClient, api), sync_s=0.05)
+    other = {"metadata": {**POD["metadata"], "uid": "u2", "name": "q"}}
+
+    async def scenario() -> None:
+        await asyncio.gather(
+            writer.patch(POD, {"status": {"observedGeneration": 2}}),
+            writer.patch(POD, {"status": {"observedGeneration": 3}}),
+            writer.patch(other, {"status": {"observedGeneration": 1}}),
+        )
+
+    asyncio.run(scenario())
+    assert api.written == [
+        ("patch", {"observedGeneration": 1}),  # another pod's write does not wait
+        ("patch", {"observedGeneration": 2}),
+        ("patch", {"observedGeneration": 3}),
+    ]
+
+
 def test_a_pod_gone_is_told_at_once_and_what_waited_for_it_is_dropped() -> None:
     async def gone_now() -> None:
         writer = StatusWriter(cast(KubeClient, Outage(failures=0, gone_after=0)), sync_s=0.05)
