@@ -273,10 +273,20 @@ class PodManager:
         self._started_before_restart: set[str] = set()
         """Pods whose claims were prepared when the checkpoint was written: those still
         Running kept their containers through this kubelet's restart."""
+        self._restarted_node = False
+        """Whether this kubelet's state (its checkpoint) was there when it started: then
+        its pods Running without claims kept their containers too, as a runtime keeps
+        them through a kubelet's restart."""
 
     def _load_checkpoint(self) -> None:
         if self.checkpoint is None:
             return
+        self._restarted_node = self.checkpoint.exists()
+        if not self._restarted_node:
+            # As the kubelet's DRA manager does at its first start: an empty checkpoint,
+            # whose presence tells a restart from a first start.
+            with contextlib.suppress(OSError):
+                claiminfo.write_checkpoint(self.checkpoint, {}, durable=self.durable)
         claims = claiminfo.read_checkpoint(self.checkpoint, self.node.name)
         for claim in claims.values():
             if claim.prepared:
@@ -596,6 +606,7 @@ class PodManager:
                     inits = podstatus.InitRun.from_status(pod) or podstatus.InitRun.complete(pod, now_rfc3339())
                     self._restarted[uid] = podstatus.Restarted.from_status(pod)
                     self._ran_images[uid] = _images_shown(pod)  # the runtime's containers say it
+                    self._ephemeral[uid] = _ephemeral_shown(pod)  # not to be started twice
                 else:
                     env = await self._creating_while(pod, self._prepare(pod))
                     ran = await self._initialize(pod)
@@ -713,8 +724,12 @@ class PodManager:
         raise AssertionError("unreachable")
 
     def _kept_running(self, pod: Obj) -> bool:
-        uid = pod["metadata"]["uid"]
-        return uid in self._started_before_restart and pod.get("status", {}).get("phase") == "Running"
+        """Whether the pod's containers ran through this kubelet's restart: it is Running,
+        and its claims were prepared here (the checkpoint says so) or it has none."""
+        if pod.get("status", {}).get("phase") != "Running":
+            return False
+        claimless = not pod["spec"].get("resourceClaims") and not pod["status"].get("extendedResourceClaimStatus")
+        return pod["metadata"]["uid"] in self._started_before_restart or (self._restarted_node and claimless)
 
     async def _adopt(self, pod: Obj) -> dict[str, dict[str, str]]:
         """A pod whose containers outlived this kubelet's restart: the kubelet prepares
@@ -1057,7 +1072,8 @@ class PodManager:
                     return
         probing, changes = probe_plan(pod) if probed else ({}, [])
         probing = self._probing[meta["uid"]] = {**self._probing.get(meta["uid"], {}), **probing}  # sidecars' kept
-        status = podstatus.running_status(pod, stamp, _container_ids(pod), now_rfc3339(), inits, probing=probing)
+        restarted = self._restarted.get(meta["uid"])  # a restarted kubelet's, read from the status
+        status = podstatus.running_status(pod, stamp, _container_ids(pod), now_rfc3339(), inits, restarted, probing)
         self._add_device_health(pod, status["containerStatuses"])
         status.update(startTime=_start_time(pod, stamp), **addresses)
         body: Obj = {"status": status}
@@ -1538,8 +1554,8 @@ class PodManager:
     def _sandbox_made(self, uid: str) -> None:
         """The pod's sandbox exists now (its init containers or its own start): ephemeral
         containers added before are started, as the kubelet's next sync starts them."""
-        started = self._ephemeral.get(uid, {})
-        if any(c["name"] not in started for c in self._pod(uid)["spec"].get("ephemeralContainers") or []):
+        pod, started = self._latest.get(uid), self._ephemeral.get(uid, {})
+        if pod is not None and any(c["name"] not in started for c in pod["spec"].get("ephemeralContainers") or []):
             self._sync_spec(uid)
 
     async def _observe_generation(self, uid: str) -> None:
@@ -1567,7 +1583,8 @@ class PodManager:
         if uid in self._running or uid in self._initializing:  # its sandbox exists
             new = [c for c in pod["spec"].get("ephemeralContainers") or [] if c["name"] not in started]
         if started or new:  # the sync's status: the new ones not made yet
-            status["ephemeralContainerStatuses"] = self._ephemeral_statuses(pod, unmade=new)
+            waiting = podstatus.POD_INITIALIZING if uid in self._initializing else podstatus.CONTAINER_CREATING
+            status["ephemeralContainerStatuses"] = self._ephemeral_statuses(pod, unmade=new, waiting=waiting)
         with contextlib.suppress(ApiError):
             await self._patch_status(pod, {"status": status})
         if not new:
@@ -1590,14 +1607,14 @@ class PodManager:
         with contextlib.suppress(ApiError):
             await self._patch_status(pod, {"status": {"ephemeralContainerStatuses": self._ephemeral_statuses(pod)}})
 
-    def _ephemeral_statuses(self, pod: Obj, stopped_at: str | None = None, unmade: Iterable[Obj] = ()) -> list[Obj]:
+    def _ephemeral_statuses(
+        self, pod: Obj, stopped_at: str | None = None, unmade: Iterable[Obj] = (), waiting: str = ""
+    ) -> list[Obj]:
         """The statuses of the pod's ephemeral containers started so far, and those
-        ``unmade`` yet (waiting), by name as the kubelet lists them; with ``stopped_at``,
-        those running stopped then (the pod ended)."""
+        ``unmade`` yet (``waiting`` for that reason), by name as the kubelet lists them;
+        with ``stopped_at``, those running stopped then (the pod ended)."""
         started = self._ephemeral.get(pod["metadata"]["uid"], {})
-        statuses = [
-            podstatus.ephemeral_status(c, "", {"waiting": {"reason": podstatus.POD_INITIALIZING}}) for c in unmade
-        ]
+        statuses = [podstatus.ephemeral_status(c, "", {"waiting": {"reason": waiting}}) for c in unmade]
         for container in pod["spec"].get("ephemeralContainers") or []:
             state = started.get(container["name"])
             if state is None:
@@ -2088,6 +2105,12 @@ def _images_shown(pod: Obj) -> dict[str, str]:
     status = pod.get("status", {})
     shown = [*(status.get("containerStatuses") or []), *(status.get("initContainerStatuses") or [])]
     return {s["name"]: s["image"] for s in shown if s.get("containerID") and s.get("image")}
+
+
+def _ephemeral_shown(pod: Obj) -> dict[str, Obj]:
+    """By name: the state of each ephemeral container made, as the pod's status shows it."""
+    shown = pod.get("status", {}).get("ephemeralContainerStatuses") or []
+    return {s["name"]: s.get("state") or {} for s in shown if s.get("containerID")}
 
 
 def _ephemeral_id(pod: Obj, container: Obj) -> str:

@@ -42,6 +42,7 @@ SANDBOX_GONE_MESSAGE = "pod sandbox is not ready"
 NO_SANDBOX_MESSAGE = "no pod sandbox exists"
 CONTAINER_NOT_FOUND = "The container could not be located when the pod was terminated"
 POD_INITIALIZING = "PodInitializing"
+CONTAINER_CREATING = "ContainerCreating"
 STOPPED_EXIT_CODE = 143
 """A container stopped for its pod's deletion ends as one that exits on SIGTERM does."""
 ALL_RESTARTING = "AllContainersRestarting"
@@ -298,7 +299,7 @@ def restarting_status(pod: Obj, before: Obj, now: str) -> Obj:
     yet to run for the first time: an init container fired the rule) and, once so,
     Initialized."""
     spec = pod["spec"]
-    waiting = {"waiting": {"reason": POD_INITIALIZING if spec.get("initContainers") else "ContainerCreating"}}
+    waiting = {"waiting": {"reason": POD_INITIALIZING if spec.get("initContainers") else CONTAINER_CREATING}}
 
     def removed(container: Obj, old: Obj | None) -> Obj:
         old = old or _unstarted_status(container, waiting)
@@ -437,7 +438,7 @@ def stopped_after_rejection(status: Obj) -> Obj:
 
 def _waiting_statuses(pod: Obj, failed: CreateFailed | None) -> tuple[list[Obj], list[Obj]]:
     spec = pod["spec"]
-    default = POD_INITIALIZING if spec.get("initContainers") else "ContainerCreating"
+    default = POD_INITIALIZING if spec.get("initContainers") else CONTAINER_CREATING
 
     def state(container: Obj) -> Obj:
         if failed is not None and container["name"] == failed.container:

@@ -1571,6 +1571,63 @@ def test_a_container_whose_image_changes_is_started_again_with_it_alike(
     asyncio.run(scenario())
 
 
+def test_a_kubelet_restart_leaves_a_pod_without_claims_running_as_it_was_alike(
+    control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
+) -> None:
+    """A runtime keeps its containers through the kubelet's restart, whether or not the
+    pod has claims: the restarted kubelet finds the pod's container (started again once
+    for its new image) and its debugger running, and changes nothing; it tells no Event
+    and starts nothing. The fake kubelet kept only pods its claim checkpoint named: a pod
+    without claims was started anew (Created, Started again, its restart count and the
+    container before it forgotten, its ephemeral container started a second time)."""
+
+    async def scenario() -> None:
+        async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
+
+            async def case(side: Side) -> dict[str, Any]:
+                await side.create_pod("plain", containers=[_image("main", "plain-main:v1", "sleep", "3600")])
+                await side.running("plain")
+                path = path_for("v1", "pods", "plain", side.namespace)
+                debugger = _image("debugger", "plain-debugger:v1", "sleep", "3600")
+                await side.client.patch(f"{path}/ephemeralcontainers", {"spec": {"ephemeralContainers": [debugger]}})
+                image = {"spec": {"containers": [{"name": "main", "image": "registry.invalid/plain-main:v2"}]}}
+                await side.client.patch(path, image, "strategic")
+
+                async def settled(generation: int) -> Obj | None:
+                    pod = await side.read_pod("plain")
+                    debugging = [next(iter(c["state"])) for c in pod["status"].get("ephemeralContainerStatuses") or []]
+                    observed = pod["status"].get("observedGeneration") == generation
+                    return (
+                        pod if observed and _runs(pod, "main")[:2] == ("v2", 1) and debugging == ["running"] else None
+                    )
+
+                before = await until(lambda: settled(3), 30, f"{side.kind}: main on v2, the debugger running")
+                told_before = await _told(side)
+                await side.node.stop_process("kubelet")
+                await side.node.start_kubelet()
+                await until(lambda: _ready(side), 60, f"{side.kind}: node Ready again")
+                # A spec change the restarted kubelet must observe: its sync of the pod is over.
+                await side.client.patch(path, {"spec": {"activeDeadlineSeconds": 3000}}, "strategic")
+                after = await until(lambda: settled(4), 30, f"{side.kind}: the pod synced after the restart")
+                return {
+                    "before": _status_shape(before),
+                    "after": _status_shape(after),
+                    "same containers": [(c["containerID"], c["state"]) for c in after["status"]["containerStatuses"]]
+                    == [(c["containerID"], c["state"]) for c in before["status"]["containerStatuses"]],
+                    "told since": len((await _told(side))["plain"]) - len(told_before["plain"]),
+                }
+
+            found = await both(sides, case)
+            for key in found["real"]:
+                assert found["fake"][key] == found["real"][key], key
+            fake = found["fake"]
+            assert fake["same containers"] and fake["told since"] == 0
+            main = fake["after"]["containers"][0]
+            assert (main["image"], main["restartCount"]) == ("registry.invalid/plain-main:v2", 1)
+
+    asyncio.run(scenario())
+
+
 async def _debugger_runs(side: Side) -> Obj | None:
     pod = await side.read_pod("slow-init")
     states = [next(iter(c["state"])) for c in pod["status"].get("ephemeralContainerStatuses") or []]
