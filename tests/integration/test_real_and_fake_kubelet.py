@@ -1361,8 +1361,11 @@ def test_an_ephemeral_container_runs_beside_the_pods_and_each_spec_change_is_obs
                     {"name": "quick", "image": "registry.invalid/quick:v1", "command": ["sh", "-c", "exit 3"]},
                 ]
                 path = path_for("v1", "pods", "debugged", side.namespace)
-                for debugger in debuggers:
-                    body = {"spec": {"ephemeralContainers": [debugger]}}
+                for added in range(1, len(debuggers) + 1):
+                    # As `kubectl debug` sends it: every ephemeral container so far, in order.
+                    # A patch naming the new one alone puts it FIRST in the spec, and the
+                    # kubelet starts them in spec order when one sync sees both.
+                    body = {"spec": {"ephemeralContainers": debuggers[:added]}}
                     await side.client.patch(f"{path}/ephemeralcontainers", body, "strategic")
 
                 async def debugged() -> Obj | None:
