@@ -66,6 +66,16 @@ def ending(container: Obj) -> Ending | None:
     return Ending(seconds or 0.0, code or 0)
 
 
+def exits_at_once(pod: Obj, container: Obj) -> bool:
+    """Whether the container's command ends as it starts (``exit 1``, ``sh -c "exit 0"``):
+    gone before the kubelet's next relist could see it running.
+    Not for a pod whose run-seconds annotation says how long its containers run."""
+    if RUN_SECONDS_ANNOTATION in pod["metadata"].get("annotations", {}):
+        return False
+    ended = ending(container)
+    return ended is not None and ended.seconds == 0
+
+
 def exit_code(container: Obj) -> int:
     """The status the container's command ends with (0 if it never ends of itself)."""
     ended = ending(container)

@@ -26,7 +26,8 @@ As kubelet v1.37 does:
   restartPolicy or the pod's say so (commands.should_restart: Always, or OnFailure for
   one that exits non-zero), at once the first time, then after a back-off of 10 s
   doubling to 5 minutes; its claims stay prepared. One that is not shows its exit while
-  the others run on;
+  the others run on. One whose command ends as it starts (``exit 1``) is shown exited
+  from the pod's first status, never running (``_exited_at_once``);
 - an ephemeral container added to a running pod (``kubectl debug``) is started and
   listed, and every spec change is observed on the status (``_observe_generation``);
 - a running container (or sidecar) whose image is changed is killed and started again
@@ -1071,9 +1072,16 @@ class PodManager:
                 if hook_s and not await self._runs_for(meta["uid"], hook_s):
                     return
         probing, changes = probe_plan(pod) if probed else ({}, [])
+        exited = self._exited_at_once(pod, stamp) if probed else set()
+        probing = {name: waits for name, waits in probing.items() if name not in exited}
+        changes = [change for change in changes if change[1] not in exited]
         probing = self._probing[meta["uid"]] = {**self._probing.get(meta["uid"], {}), **probing}  # sidecars' kept
         restarted = self._restarted.get(meta["uid"])  # a restarted kubelet's, read from the status
         status = podstatus.running_status(pod, stamp, _container_ids(pod), now_rfc3339(), inits, restarted, probing)
+        if exited and commands.run_seconds(pod) == 0:
+            # All exited and none restarts: the kubelet keeps the phase it wrote before
+            # until its pod worker has stopped the pod (then Succeeded or Failed).
+            status["phase"] = "Pending"
         self._add_device_health(pod, status["containerStatuses"])
         status.update(startTime=_start_time(pod, stamp), **addresses)
         body: Obj = {"status": status}
@@ -1090,6 +1098,22 @@ class PodManager:
         if changes:
             probed_ids = _container_ids(pod)
             self._in_background(self._follow_probes(meta["uid"], changes, probed_ids), f"pod-probes-{meta['uid']}")
+
+    def _exited_at_once(self, pod: Obj, started: str) -> set[str]:
+        """The pod's containers whose command ends as it starts, noted exited (restart
+        count 0): the kubelet's first status after their start comes from the PLEG relist
+        after it, which finds them exited already, so they never show running (or ready)."""
+        uid, ids, now = pod["metadata"]["uid"], _container_ids(pod), now_rfc3339()
+        restarted = self._restarted.setdefault(uid, {})
+        exited = set()
+        for container in pod["spec"].get("containers", []):
+            if commands.exits_at_once(pod, container):
+                name = container["name"]
+                ended = podstatus.Ended.exit_status(commands.exit_code(container), now)
+                state = podstatus.terminated_state(ids[name], started, ended)
+                restarted[name] = podstatus.Restarted(0, ids[name], state, {})
+                exited.add(name)
+        return exited
 
     def _probe_again(self, uid: str, container: Obj, container_id: str) -> None:
         """A container started again is probed as a new one (the prober resets its result
@@ -1195,6 +1219,9 @@ class PodManager:
                 periods.pop(container["name"], None)
         due = {name: time.monotonic() + seconds for name, seconds in periods.items()}
         back_off: dict[str, tuple[float, float]] = {}
+        for name in periods:  # shown exited at their first start (``_exited_at_once``): their restart at once is now
+            if (again := restarted.get(name)) is not None and again.count == 0 and "terminated" in again.state:
+                _, back_off[name] = restart_delay(None, time.monotonic())
         backed_off: dict[str, _BackingOff] = {}
         """Containers that exited, until started again."""
         while not self._ending(uid):

@@ -11,6 +11,7 @@ from testbed.kubelet.commands import (
     Ending,
     ending,
     endings,
+    exits_at_once,
     grace_seconds,
     hook_seconds,
     init_seconds,
@@ -79,6 +80,15 @@ def test_in_a_pod_that_ends_each_container_ends_at_its_own_time_the_pod_at_the_l
     assert endings(pod(None, short, long)) == {}, "Always: restarted instead"
     annotated = {**never, "metadata": {"annotations": {RUN_SECONDS_ANNOTATION: "2"}}}
     assert run_seconds(annotated) == 2.0 and endings(annotated) == {}, "the annotation times them all"
+
+
+def test_a_container_exits_at_once_when_its_command_ends_without_a_sleep() -> None:
+    quick, sleeper = container("sh", "-c", "exit 1"), container("sh", "-c", "sleep 1; exit 1")
+    assert exits_at_once(pod(None, quick), quick) and exits_at_once(pod("Never", quick), quick)
+    assert not exits_at_once(pod(None, sleeper), sleeper)
+    assert not exits_at_once(pod(None, container("run-until-deleted")), container("run-until-deleted"))
+    annotated = {**pod("Never", quick), "metadata": {"annotations": {RUN_SECONDS_ANNOTATION: "3"}}}
+    assert not exits_at_once(annotated, quick), "the annotation times the pod's containers"
 
 
 def test_only_a_container_of_a_pod_that_does_not_end_exits_to_be_started_again_or_stay_exited() -> None:

@@ -511,6 +511,51 @@ def test_the_pod_manager_starts_a_running_container_again_with_its_new_image_and
     ]
 
 
+def test_a_container_that_exits_at_once_is_shown_exited_from_its_first_status_never_running(tmp_path: Path) -> None:
+    """As the kubelet's first status after a start comes from the relist that finds such a
+    container gone: exited (then started again at once and exited, counted once), its pod
+    never Ready; a pod whose containers all exit so keeps its phase until it ends."""
+    api = StatusWrites()
+    manager = PodManager(cast(KubeClient, api), NodeSpec("node"), cast(PluginManager, None), tmp_path / "cdi")
+    main = {"name": "main", "image": "registry.invalid/work:v1", "command": ["sleep", "3600"]}
+    quick = {"name": "quick", "image": "registry.invalid/quick:v1", "command": ["sh", "-c", "exit 2"]}
+    beside = {"metadata": {"namespace": "ns", "name": "beside", "uid": "b", "generation": 1}}
+    beside |= {"spec": {"containers": [main, quick]}, "status": {"phase": "Pending"}}
+    fails = {"metadata": {"namespace": "ns", "name": "fails", "uid": "f", "generation": 1}}
+    fails |= {"spec": {"restartPolicy": "Never", "containers": [quick]}, "status": {"phase": "Pending"}}
+    written: dict[str, list[Obj]] = {"beside": [], "fails": []}
+
+    async def patch(path: str, body: Obj, kind: str) -> Obj:
+        written[path.split("/")[-2]].append(body["status"])
+        return {}
+
+    api.patch = patch  # type: ignore[method-assign]
+
+    def quick_shown(status: Obj) -> tuple[int, str]:
+        shown = next(c for c in status["containerStatuses"] if c["name"] == "quick")
+        return shown["restartCount"], next(iter(shown["state"]))
+
+    async def scenario() -> None:
+        manager.observe("ADDED", beside)
+        manager.observe("ADDED", fails)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and (
+            len(written["beside"]) < 2 or [s["phase"] for s in written["fails"]][-1:] != ["Failed"]
+        ):
+            await asyncio.sleep(0.01)
+        await manager.stop()
+
+    asyncio.run(scenario())
+    assert [quick_shown(s) for s in written["beside"]][:2] == [(0, "terminated"), (1, "terminated")]
+    assert all(s["phase"] == "Running" for s in written["beside"])
+    ready = [c["status"] for s in written["beside"] for c in s["conditions"] if c["type"] == "Ready"]
+    assert set(ready) == {"False"}, "never Ready: one of its containers is not"
+    assert [(s["phase"], quick_shown(s)) for s in written["fails"]] == [
+        ("Pending", (0, "terminated")),
+        ("Failed", (0, "terminated")),
+    ]
+
+
 def test_a_container_that_keeps_exiting_is_started_again_at_once_then_after_a_doubling_back_off() -> None:
     delays, back_off, at = [], None, 0.0
     for _ in range(8):
