@@ -1023,23 +1023,41 @@ class PodManager:
                 return run
             exited_at = time.monotonic()
             delay, back_off = restart_delay(back_off, exited_at)
-            if delay:  # shown exited meanwhile (started again at once, it never shows so)
-                await self._write_initializing(uid)
-            blocked, restart_at = back_off_syncs(delay)
-            for at in blocked:
+            # Shown exited by the sync that finds it so (started again at once, the kubelet's
+            # write of it may be overtaken by the next: its status manager sends the latest).
+            await self._write_initializing(uid)
+            blocked, restart_at = back_off_syncs(delay, resync_s=self.sync_frequency_s)
+            for synced, at in enumerate(blocked):
                 if not await self._runs_for(uid, exited_at + at - time.monotonic()):
                     return None
-                message = f"Back-off restarting failed container {name} in pod {_described(pod)}"
-                self.tell(pod, Told("Warning", "BackOff", message), name)
+                self.tell(pod, back_off_told(pod, name), name)
+                if synced:  # the sync before was blocked too
+                    run = await self._show_init_crash_loop(uid, name, delay)
             if not await self._runs_for(uid, exited_at + restart_at - time.monotonic()):
                 return None
+            if blocked:  # the sync that starts it shows first why the one before failed
+                run = await self._show_init_crash_loop(uid, name, delay)
             self._tell_started(pod, container)
             count = now.count + 1
             now = podstatus.Restarted(count, f"{first_id}-{count}", {"running": {"startedAt": now_rfc3339()}}, exited)
             run = self._inits[uid] = run.failed(now)
-            await self._write_initializing(uid)
+            if seconds != 0:  # one that ends at once is gone before the next relist could show it running
+                await self._write_initializing(uid)
             if not await self._runs_for(uid, seconds):
                 return None
+
+    async def _show_init_crash_loop(self, uid: str, name: str, delay: float) -> podstatus.InitRun:
+        """The failing init container ``name`` shown waiting in CrashLoopBackOff, as for the
+        pod's own containers (``_show_crash_loop``), if it does not show it yet."""
+        run = self._inits[uid]
+        failing = run.failing
+        if failing is not None and "terminated" in failing.state:
+            waiting = crash_loop_state(self._pod(uid), name, delay)
+            run = self._inits[uid] = run.failed(
+                podstatus.Restarted(failing.count, failing.container_id, waiting, failing.state)
+            )
+            await self._write_initializing(uid)
+        return run
 
     async def _set_running(
         self,
@@ -1198,9 +1216,10 @@ class PodManager:
         (``commands.run_seconds`` None): a container whose command ends exits and, under
         restartPolicy Always or when it failed under OnFailure, is started again, at once
         the first time, then after a back-off (``restart_delay``), by the first of the
-        pod worker's syncs (at the next relist, then every 10-15 s) that finds it over:
-        shown exited, and CrashLoopBackOff from the second sync it blocked on (each blocked
-        sync tells BackOff), the pod Running throughout with that container not ready
+        pod worker's syncs (``back_off_syncs``: at the next relist, then at the back-off's
+        end) that finds it over: shown exited, then CrashLoopBackOff once a sync was
+        blocked (each blocked sync tells BackOff; the one that starts it again shows
+        CrashLoopBackOff for a moment), the pod Running throughout with that container not ready
         meanwhile, its claims left prepared (a container restart is no concern of the
         drivers'); one that completed under OnFailure stays so. A container (or sidecar)
         whose image changed is started again with the new one at once (``_redefined``).
@@ -1259,9 +1278,10 @@ class PodManager:
                     continue
                 exited_at = time.monotonic()
                 delay, back_off[name] = restart_delay(back_off.get(name), exited_at)
-                if delay:  # shown exited (started again at once, it never shows so)
-                    await self._write_running(uid)
-                blocked, restart_at = back_off_syncs(delay, self._readiness_period(uid, container))
+                # Shown exited by the sync that finds it so, whether or not it starts it again.
+                await self._write_running(uid)
+                probed_every = self._readiness_period(uid, container)
+                blocked, restart_at = back_off_syncs(delay, probed_every, self.sync_frequency_s)
                 backed_off[name] = _BackingOff(delay, [exited_at + at for at in blocked], exited_at + restart_at)
                 due[name] = backed_off[name].next_sync()
                 continue
@@ -1272,6 +1292,8 @@ class PodManager:
                 backed_off[name] = plan
                 due[name] = plan.next_sync()
                 continue
+            if plan is not None:
+                await self._show_crash_loop(uid, name, plan)
             count = again.count + 1
             container = next(c for c in pod["spec"]["containers"] if c["name"] == name)
             self._tell_started(pod, container)
@@ -1409,19 +1431,22 @@ class PodManager:
 
     async def _blocked_sync(self, uid: str, name: str, plan: _BackingOff) -> None:
         """A pod worker's sync that finds container ``name`` still backing off: BackOff
-        told; from the second such sync on (the one before gave the reason), the container
-        shown waiting in CrashLoopBackOff."""
-        pod, restarted = self._pod(uid), self._restarted[uid]
+        told, and CrashLoopBackOff shown if a sync before was blocked too."""
+        self.tell(self._pod(uid), back_off_told(self._pod(uid), name), name)
+        await self._show_crash_loop(uid, name, plan)
+        plan.synced = True
+
+    async def _show_crash_loop(self, uid: str, name: str, plan: _BackingOff) -> None:
+        """Container ``name`` shown waiting in CrashLoopBackOff once a sync was blocked by
+        its back-off: the kubelet writes a pod's status at the start of each sync, with
+        the reason the sync before failed for, so the sync that starts it again shows it
+        too, for a moment (written only if the container does not show it yet)."""
+        restarted = self._restarted[uid]
         again = restarted[name]
-        message = f"Back-off restarting failed container {name} in pod {_described(pod)}"
-        self.tell(pod, Told("Warning", "BackOff", message), name)
         if plan.synced and "terminated" in again.state:
-            shown = _go_duration(plan.delay)
-            message = f"back-off {shown} restarting failed container={name} pod={_described(pod)}"
-            waiting = {"waiting": {"reason": "CrashLoopBackOff", "message": message}}
+            waiting = crash_loop_state(self._pod(uid), name, plan.delay)
             restarted[name] = podstatus.Restarted(again.count, again.container_id, waiting, again.state)
             await self._write_running(uid)
-        plan.synced = True
 
     async def _write_running(self, uid: str) -> None:
         """The status of a Running pod whose containers changed since it started."""
@@ -1820,8 +1845,8 @@ class PodManager:
         """After process_changed told an exit: until this kubelet starts that container
         again, as it does its own (``_restart_exited``): at once the first time, then
         after its back-off, telling BackOff at each sync that back-off blocks and showing
-        CrashLoopBackOff from the second. For a pod not running here (yet), the back-off
-        alone."""
+        CrashLoopBackOff once one was blocked. For a pod not running here (yet), the
+        back-off alone."""
         key, exited_at = (namespace, name, container), time.monotonic()
         delay, self._process_back_off[key] = restart_delay(self._process_back_off.get(key), exited_at)
         pod = self.known_pod(namespace, name)
@@ -1829,7 +1854,7 @@ class PodManager:
         if pod is None or uid not in self._running or container not in self._restarted.get(uid, {}):
             await asyncio.sleep(delay)
             return
-        blocked, restart_at = back_off_syncs(delay)
+        blocked, restart_at = back_off_syncs(delay, resync_s=self.sync_frequency_s)
         plan = _BackingOff(delay, [exited_at + at for at in blocked], exited_at + restart_at)
         while plan.blocked:
             await asyncio.sleep(max(0.0, plan.blocked.pop(0) - time.monotonic()))
@@ -1837,6 +1862,8 @@ class PodManager:
                 return
             await self._blocked_sync(uid, container, plan)
         await asyncio.sleep(max(0.0, plan.restart_at - time.monotonic()))
+        if not self._ending(uid):
+            await self._show_crash_loop(uid, container, plan)
 
     def prepared_drivers(self) -> list[list[str]]:
         """For each claim prepared here, the drivers it uses (for dra_resource_claims_in_use)."""
@@ -2075,21 +2102,40 @@ def restart_delay(back_off: tuple[float, float] | None, exited: float) -> tuple[
     return back_off[0], (min(back_off[0] * 2, CRASH_LOOP_MAX_S), exited)
 
 
-def back_off_syncs(delay: float, probed_every: float | None = None) -> tuple[list[float], float]:
+def back_off_syncs(
+    delay: float, probed_every: float | None = None, resync_s: float = KUBELET_SYNC_FREQUENCY_S
+) -> tuple[list[float], float]:
     """When, in seconds after a container exited into a back-off of ``delay``, the pod
     worker syncs the pod and finds it still backing off (each sync a BackOff Event), and
-    when the sync that starts it again comes: the first at the next relist, each after a
-    failed one 10-15 s later (the kubelet's backOffPeriod, jittered). ``probed_every``:
-    the container was ready by a readiness probe run that often, whose next run after the
-    relist finds it exited, turns it unready and so syncs the pod once more."""
-    blocked, at = [], until_next_relist()
-    if probed_every is not None and delay:
+    when the sync that starts it again comes, as kubelet v1.37 times them: the first at
+    the next relist; a blocked sync requeues the pod for the back-off's end (its error
+    carries it), jittered up to half of the time left later, and never more than a
+    ``resync_s`` (jittered alike) away, so only a back-off longer than that blocks more
+    than once. ``probed_every``: the container was ready by a readiness probe run that
+    often, whose next run after the relist finds it exited, turns it unready and so
+    syncs the pod once more."""
+    blocked: list[float] = []
+    at = until_next_relist()
+    if not delay:
+        return blocked, at
+    if probed_every is not None:
         blocked.append(at)
         at += probed_every * random.random()
     while at < delay:
         blocked.append(at)
-        at += jittered(SYNC_ERROR_BACKOFF_S)
+        at += jittered(min(delay - at, resync_s))
     return blocked, at
+
+
+def back_off_told(pod: Obj, name: str) -> Told:
+    """The Event of a sync that container ``name``'s back-off blocked."""
+    return Told("Warning", "BackOff", f"Back-off restarting failed container {name} in pod {_described(pod)}")
+
+
+def crash_loop_state(pod: Obj, name: str, delay: float) -> Obj:
+    """Container ``name`` waiting out a back-off of ``delay`` seconds, in the kubelet's words."""
+    message = f"back-off {_go_duration(delay)} restarting failed container={name} pod={_described(pod)}"
+    return {"waiting": {"reason": "CrashLoopBackOff", "message": message}}
 
 
 def _described(pod: Obj) -> str:

@@ -1713,7 +1713,16 @@ def test_a_kubelet_restart_leaves_a_pod_without_claims_running_as_it_was_alike(
                     )
 
                 before = await until(lambda: settled(3), 30, f"{side.kind}: main on v2, the debugger running")
-                told_before = await _told(side)
+
+                async def all_told() -> dict[str, list[tuple[Any, ...]]] | None:
+                    """The Events so far, once the starts shown are told: a kubelet writes
+                    them behind its status."""
+                    told = await _told(side)
+                    counts = {(e[0], e[2]): e[-1] for e in told.get("plain", [])}
+                    main, debugger = "spec.containers{main}", "spec.ephemeralContainers{debugger}"
+                    return told if counts.get((main, "Started")) == 2 and counts.get((debugger, "Started")) else None
+
+                told_before = await until(all_told, 30, f"{side.kind}: the starts told")
                 await side.node.stop_process("kubelet")
                 await side.node.start_kubelet()
                 await until(lambda: _ready(side), 60, f"{side.kind}: node Ready again")
@@ -2276,6 +2285,91 @@ def test_probes_hold_containers_unready_until_they_pass_alike_on_real_and_fake_k
             assert (containers["warm"]["ready"], containers["warm"]["started"]) == (False, False)
             for kind, seen in found.items():
                 assert 3 <= seen["after"] <= 12, f"{kind}: Ready {seen['after']} s after its containers started"
+
+
+def test_a_crash_looping_container_shows_each_exit_and_crash_loop_back_off_before_its_restart_alike(
+    control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
+) -> None:
+    """Every version of a crash-looping pod, watched on both nodes: kubelet v1.37 writes a
+    pod's status at the start of each sync, so each exit is shown (the one restarted at
+    once too), and the sync that starts a container again after a blocked one shows it in
+    CrashLoopBackOff first, for a moment, the reason the sync before failed for; the
+    blocked sync requeues the pod for the back-off's end, so a 10 s back-off blocks only
+    the sync at the next relist. An init container that exits at once is never shown running. The fake kubelet
+    skipped the first exit, showed no CrashLoopBackOff in a 10 s back-off, and showed the
+    init container running at each start."""
+
+    async def scenario() -> None:
+        async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
+
+            async def case(side: Side) -> dict[str, Any]:
+                states: dict[str, list[tuple[Any, ...]]] = {"loop": [], "init-loop": []}
+                done = asyncio.Event()
+
+                def note(pod: Obj) -> None:
+                    name, status = pod["metadata"]["name"], pod.get("status") or {}
+                    listed = status.get("containerStatuses" if name == "loop" else "initContainerStatuses") or []
+                    for shown in listed:
+                        [(state, detail)] = shown["state"].items()
+                        reason = detail.get("reason")
+                        if reason in ("ContainerCreating", "PodInitializing"):
+                            continue  # the real node's first statuses, which a quick fake start leaves out
+                        seen = (shown["restartCount"], state, reason)
+                        states[name] += [seen] if states[name][-1:] != [seen] else []
+                    if all(seen[-1:] and seen[-1][0] == 2 for seen in states.values()):
+                        done.set()
+
+                async def watch() -> None:
+                    async for _, pod in side.client.watch(path_for("v1", "pods", namespace=side.namespace), {}):
+                        note(pod)
+
+                watching = asyncio.create_task(watch())
+                try:
+                    await side.create_pod("loop", containers=[_image("main", "loop:v1", "sh", "-c", "sleep 1; exit 1")])
+                    await side.create_pod(
+                        "init-loop",
+                        initContainers=[_image("init", "init-loop:v1", "sh", "-c", "exit 1")],
+                        containers=[_image("main", "init-main:v1", "sleep", "3600")],
+                    )
+                    await asyncio.wait_for(done.wait(), 60)
+                finally:
+                    watching.cancel()
+                told = await _told(side)
+                for name in states:
+                    await side.delete_pod(name)
+                for name in states:
+                    await side.gone(name)
+                return {"states": states, "told": told}
+
+            found = await both(sides, case)
+            for seen in found.values():
+                # The init container's first exit is shown by the sync that starts it again at
+                # once; the real kubelet's status manager, still sending the status before,
+                # may send the next instead.
+                if seen["states"]["init-loop"][:1] == [(0, "terminated", "Error")]:
+                    seen["states"]["init-loop"].pop(0)
+            assert found["fake"]["states"] == found["real"]["states"]
+            assert found["fake"]["states"] == {
+                "loop": [
+                    (0, "running", None),
+                    (0, "terminated", "Error"),
+                    (1, "running", None),
+                    (1, "terminated", "Error"),
+                    (1, "waiting", "CrashLoopBackOff"),
+                    (2, "running", None),
+                ],
+                "init-loop": [
+                    (1, "terminated", "Error"),
+                    (1, "waiting", "CrashLoopBackOff"),
+                    (2, "terminated", "Error"),
+                ],
+            }
+            for kind, seen in found.items():
+                # How many the last exit's blocked sync adds by now is a matter of timing.
+                backing_off = {pod for pod, told in seen["told"].items() for e in told if e[2] == "BackOff"}
+                assert backing_off == {"loop", "init-loop"}, (kind, seen["told"])
+
+    asyncio.run(scenario())
 
 
 def test_a_restarted_container_is_probed_again_and_unready_meanwhile_alike(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -572,13 +573,17 @@ def test_a_back_off_is_over_at_the_first_pod_sync_after_it_each_sync_before_bloc
         blocked, restart = back_off_syncs(0.0)
         assert blocked == [] and 0 <= restart < 1, "started again at the relist that sees the exit"
         blocked, restart = back_off_syncs(10.0)
-        assert len(blocked) == 1 and blocked[0] < 1 and 10 <= restart < 16
+        assert len(blocked) == 1 and blocked[0] < 1 and 10 <= restart < 15.5, "requeued for the back-off's end"
         blocked, restart = back_off_syncs(20.0)
-        assert len(blocked) == 2 and 10 <= blocked[1] < 16 and 20 <= restart < 31
+        assert len(blocked) == 1 and 20 <= restart < 30.5
         # Ready by a readiness probe: its next run (every 2 s) finds it exited and syncs once more.
         blocked, restart = back_off_syncs(10.0, probed_every=2.0)
-        assert len(blocked) == 2 and blocked[0] <= blocked[1] < blocked[0] + 2 and 10 <= restart < 18
+        assert len(blocked) == 2 and blocked[0] <= blocked[1] < blocked[0] + 2 and 10 <= restart < 15.5
         assert back_off_syncs(0.0, probed_every=2.0)[0] == [], "started again at once: nothing to block"
+        # Longer than the pod's resync: blocked again every 60-90 s until it is over.
+        blocked, restart = back_off_syncs(300.0, resync_s=60.0)
+        gaps = [b - a for a, b in itertools.pairwise([*blocked, restart])]
+        assert 4 <= len(blocked) <= 6 and all(g <= 90 for g in gaps) and 300 <= restart < 390, (blocked, restart)
 
 
 def test_a_restarted_container_shows_its_count_its_state_and_the_container_before() -> None:
