@@ -1857,7 +1857,14 @@ def test_a_pod_bound_past_what_its_node_admits_is_refused_alike_and_never_prepar
                         mask(status["message"]),
                         bool(status.get("startTime")),
                     )
-                told = await _told(side)
+
+                async def all_told() -> dict[str, list[tuple[Any, ...]]] | None:
+                    """The Events, once each refusal is told: a kubelet writes them behind
+                    the pod's status (the fake's came late once in CI)."""
+                    told = await _told(side)
+                    return told if all(told.get(n) for n in ("too-big", "elsewhere", "port-taken")) else None
+
+                told = await until(all_told, 30, f"{side.kind}: the refusals told")
                 found["told"] = {
                     name: [(*fact[:3], mask(fact[3]), *fact[4:]) for fact in told.get(name, [])]
                     for name in ("too-big", "elsewhere", "port-taken")
