@@ -39,15 +39,97 @@ class Told:
     message: str
 
 
+REGISTRY_PULL_QPS = 5.0
+REGISTRY_BURST = 10
+"""The KubeletConfiguration's registryPullQPS and registryBurst defaults: a node pulls
+this many images at once, then this many a second, and fails the others at once."""
+IMAGE_BACK_OFF_S = 10.0
+MAX_IMAGE_BACK_OFF_S = 300.0
+"""After a failed pull the kubelet does not pull that image for that pod again for 10 s,
+doubling at each failure up to 300 s."""
+ERR_IMAGE_PULL = "ErrImagePull"
+IMAGE_PULL_BACK_OFF = "ImagePullBackOff"
+PULL_QPS_EXCEEDED = "pull QPS exceeded"
+
+
+class PullLimit:
+    """A token bucket, full at first: a pull takes a token or fails (no waiting), as the
+    kubelet's throttled image service does. ``qps`` 0: no limit."""
+
+    def __init__(
+        self, qps: float = REGISTRY_PULL_QPS, burst: int = REGISTRY_BURST, clock: Callable[[], float] = time.monotonic
+    ):
+        self.qps, self.burst, self._clock = qps, burst, clock
+        self._tokens, self._at = float(burst), clock()
+
+    def take(self) -> bool:
+        if self.qps <= 0:
+            return True
+        now = self._clock()
+        self._tokens = min(float(self.burst), self._tokens + (now - self._at) * self.qps)
+        self._at = now
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return True
+        return False
+
+
+@dataclass
+class _Failed:
+    at: float
+    back_off: float
+    why: str
+
+
+class PullBackOff:
+    """Per pod and image: no pull for the back-off since the last failed one (10 s,
+    doubled at each failure within 600 s of the one before, to 300 s)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self._clock = clock
+        self._failed: dict[tuple[str, str], _Failed] = {}
+
+    def blocked(self, pod_uid: str, image: str) -> str | None:
+        """The earlier failure's words while backing off, else None."""
+        failed = self._failed.get((pod_uid, image))
+        if failed is None or self._clock() - failed.at >= failed.back_off:
+            return None
+        return failed.why
+
+    def failed(self, pod_uid: str, image: str, why: str) -> None:
+        now, before = self._clock(), self._failed.get((pod_uid, image))
+        back_off = IMAGE_BACK_OFF_S
+        if before is not None and now - before.at <= 2 * MAX_IMAGE_BACK_OFF_S:
+            back_off = min(before.back_off * 2, MAX_IMAGE_BACK_OFF_S)
+        self._failed[(pod_uid, image)] = _Failed(now, back_off, why)
+
+    def forget(self, pod_uid: str) -> None:
+        for key in [key for key in self._failed if key[0] == pod_uid]:
+            del self._failed[key]
+
+
+@dataclass(frozen=True)
+class Pull:
+    """What making sure of a container's image told, and, if it failed, the container's
+    waiting reason and message (ErrImagePull or ImagePullBackOff)."""
+
+    told: list[Told]
+    failed: tuple[str, str] | None = None
+    started_told: bool = False
+    """Its Created and Started were told (the kubelet started it then)."""
+
+
 class ImageStore:
     """The images on this node, as its container runtime would keep them: across the
     kubelet's restarts (``path``, when given), so a restarted kubelet finds them present.
     ``on_change`` hears of each image added (the Node's status lists them). ``preloaded``:
     images the node was built with (a node image with its driver's baked in)."""
 
-    def __init__(self, path: Path | None = None, preloaded: Iterable[str] = ()):
+    def __init__(self, path: Path | None = None, preloaded: Iterable[str] = (), limit: PullLimit | None = None):
         self.path = path
         self.on_change: Callable[[], None] | None = None
+        self.limit = limit or PullLimit()
+        self.back_off = PullBackOff()
         self._present: set[str] = {pulled_name(image) for image in preloaded}
         if path is not None and path.exists():
             try:
@@ -71,23 +153,45 @@ class ImageStore:
         """What the kubelet's image manager records before the container is created,
         per the pull policy the API server set on it (Always for ``:latest``). An image
         never to be pulled is taken to be on the node (preloaded): the kubelet would
-        refuse the container if it were not (ErrImageNeverPull)."""
+        refuse the container if it were not (ErrImageNeverPull). A pull here takes its
+        token from the node's limit but never fails: only a pod's first start of its
+        containers is refused for want of one (``pull``)."""
+        return self.pull(container, "", refusable=False).told
+
+    def pull(self, container: Obj, pod_uid: str, refusable: bool = True) -> Pull:
+        """As ``ensure``, for a start that may fail: while the pod's back-off for the
+        image lasts, not pulled (ImagePullBackOff); without a token from the node's pull
+        limit, failed (ErrImagePull "pull QPS exceeded"), each with the kubelet's Events."""
         image, policy = container.get("image", ""), container.get("imagePullPolicy", "IfNotPresent")
+        quoted = json.dumps(image)
         if policy == "Never" or (policy != "Always" and image in self):
-            message = f"Container image {json.dumps(image)} already present on machine and can be accessed by the pod"
-            return [Told("Normal", "Pulled", message)]
+            message = f"Container image {quoted} already present on machine and can be accessed by the pod"
+            return Pull([Told("Normal", "Pulled", message)])
+        if refusable and (why := self.back_off.blocked(pod_uid, image)) is not None:
+            told = [
+                Told("Normal", "BackOff", f"Back-off pulling image {quoted}"),
+                Told("Warning", "Failed", f"Error: {IMAGE_PULL_BACK_OFF}"),
+            ]
+            return Pull(told, (IMAGE_PULL_BACK_OFF, f"Back-off pulling image {quoted}: {why}"))
+        pulling = Told("Normal", "Pulling", f"Pulling image {quoted}")
+        if not self.limit.take() and refusable:
+            self.back_off.failed(pod_uid, image, f"{ERR_IMAGE_PULL}: {PULL_QPS_EXCEEDED}")
+            told = [
+                pulling,
+                Told("Warning", "Failed", f"Failed to pull image {quoted}: {PULL_QPS_EXCEEDED}"),
+                Told("Warning", "Failed", f"Error: {ERR_IMAGE_PULL}"),
+            ]
+            return Pull(told, (ERR_IMAGE_PULL, PULL_QPS_EXCEEDED))
         started = time.monotonic()
         self._add(image)
         took = go_milliseconds(time.monotonic() - started)
-        return [
-            Told("Normal", "Pulling", f"Pulling image {json.dumps(image)}"),
-            Told(
-                "Normal",
-                "Pulled",
-                f"Successfully pulled image {json.dumps(image)} in {took} ({took} including waiting). "
-                f"Image size: {IMAGE_SIZE_BYTES} bytes.",
-            ),
-        ]
+        pulled = Told(
+            "Normal",
+            "Pulled",
+            f"Successfully pulled image {quoted} in {took} ({took} including waiting). "
+            f"Image size: {IMAGE_SIZE_BYTES} bytes.",
+        )
+        return Pull([pulling, pulled])
 
     def _add(self, image: str) -> None:
         if image in self:
@@ -105,11 +209,6 @@ class ImageStore:
 def pulled_name(image: str) -> str:
     """The reference the kubelet asks the runtime for: ``:latest`` if none is given."""
     return image if TAGGED.search(image.rsplit("/", 1)[-1]) else f"{image}:latest"
-
-
-def started(images: ImageStore, container: Obj) -> list[Told]:
-    """The Events of one container start: its image, then Created and Started."""
-    return [*images.ensure(container), CREATED, STARTED]
 
 
 CREATED = Told("Normal", "Created", "Container created")

@@ -128,6 +128,7 @@ PREPARE_FAILED = "FailedPrepareDynamicResources"
 PREPARE_FAILED_MESSAGE = "Failed to prepare dynamic resources: prepare dynamic resources"
 """The event's words and the kubelet's own wrapping of every PrepareResources error."""
 SANDBOX_FAILED = "FailedCreatePodSandBox"
+CREATE_CONTAINER_ERROR = "CreateContainerError"
 DEADLINE_EXCEEDED = "DeadlineExceeded"
 DEADLINE_MESSAGE = "Pod was active on the node longer than the specified deadline"
 """The kubelet's words (its active deadline handler) for a pod past activeDeadlineSeconds."""
@@ -236,7 +237,7 @@ class PodManager:
         says they are gone: their late events must not release them again."""
         self._resources_status: dict[str, object] = {}
         """By pod UID: the allocatedResourcesStatus last written, to write only changes."""
-        self._waiting: dict[str, tuple[str, str] | None] = {}
+        self._waiting: dict[str, dict[str, tuple[str, str]] | None] = {}
         """Pods shown Pending (podstatus.py), with the container the runtime refused."""
         self._inits: dict[str, podstatus.InitRun] = {}
         """Pods whose init containers ran or run: how far they got."""
@@ -438,11 +439,40 @@ class PodManager:
         where = containerevents.field_path(pod, container) if container else ""
         self._told.tell(pod, told.kind, told.reason, told.message, where)
 
-    def _tell_started(self, pod: Obj, container: Obj) -> None:
-        """A container is created and started: told so, and the image it runs noted."""
+    def _tell_started(self, pod: Obj, container: Obj, pull: containerevents.Pull | None = None) -> None:
+        """A container is created and started: told so, and the image it runs noted.
+        ``pull``: its image was made sure of already (``_pull_images``)."""
         self._ran_images.setdefault(pod["metadata"]["uid"], {})[container["name"]] = container.get("image", "")
-        for told in containerevents.started(self._images, container):
-            self.tell(pod, told, container["name"])
+        if pull is None:
+            pull = containerevents.Pull(self._images.ensure(container))
+        elif pull.started_told:
+            return
+        for each in [*pull.told, containerevents.CREATED, containerevents.STARTED]:
+            self.tell(pod, each, container["name"])
+
+    def _pull_images(self, pod: Obj, before: Mapping[str, containerevents.Pull]) -> dict[str, containerevents.Pull]:
+        """Make sure of the images of the pod's containers, in spec order, as the kubelet
+        does before it creates each: a pull may fail (the node's pull limit) or be backed
+        off (``ImageStore.pull``), which is told at once; then the pod waits for its next
+        sync. The kubelet starts the others then, and does not pull their images again;
+        here they are told started then (``before``), but all are shown running together."""
+        uid, pulls = pod["metadata"]["uid"], {}
+        for container in pod["spec"].get("containers", []):
+            name, earlier = container["name"], before.get(container["name"])
+            if earlier is not None and earlier.failed is None:
+                pulls[name] = earlier
+                continue
+            pulls[name] = self._images.pull(container, uid)
+        if any(pull.failed for pull in pulls.values()):
+            for name, pull in pulls.items():
+                if pull.failed is None and not pull.started_told:
+                    self._tell_started(pod, next(c for c in pod["spec"]["containers"] if c["name"] == name), pull)
+                    pulls[name] = containerevents.Pull([], None, started_told=True)
+                else:
+                    for told in pull.told:
+                        self.tell(pod, told, name)
+                    pulls[name] = containerevents.Pull([], pull.failed, pull.started_told)
+        return pulls
 
     async def events_sent(self) -> None:
         """Until every Event told so far was written."""
@@ -599,6 +629,8 @@ class PodManager:
         """As the kubelet's pod worker: a failed attempt is made again at the next sync
         (sooner if the pod's spec, labels, annotations or deletion change)."""
         sandbox = False  # the kubelet prepares claims before the runtime makes it, containers after
+        initialized: podstatus.InitRun | None = None  # its init containers, once done, run no more
+        pulls: dict[str, containerevents.Pull] = {}
         while not self._ending(uid):
             seen, pod = self._changes.get(uid, 0), self._pod(uid)
             try:
@@ -609,16 +641,34 @@ class PodManager:
                     self._ran_images[uid] = _images_shown(pod)  # the runtime's containers say it
                     self._ephemeral[uid] = _ephemeral_shown(pod)  # not to be started twice
                 else:
+                    waits = {name: pull.failed for name, pull in pulls.items() if pull.failed is not None}
+                    if waits:
+                        # The kubelet writes why the sync before failed as the next begins.
+                        await self._set_waiting(pod, waits, initialized)
                     env = await self._creating_while(pod, self._prepare(pod))
-                    ran = await self._initialize(pod)
-                    if ran is None:
-                        return False  # deleted while its init containers ran
-                    if ran.failing is not None:
-                        await self._fail_initializing(uid)
-                        return False
-                    inits = ran
+                    if initialized is None:
+                        ran = await self._initialize(pod)
+                        if ran is None:
+                            return False  # deleted while its init containers ran
+                        if ran.failing is not None:
+                            await self._fail_initializing(uid)
+                            return False
+                        initialized = ran
+                    inits = initialized
+                    pulled_before = {name for name, pull in pulls.items() if pull.failed is None}
+                    pulls = self._pull_images(self._pod(uid), pulls)
+                    if any(pull.failed for pull in pulls.values()):
+                        # A sync that made the sandbox, or started a container whose image it
+                        # pulled, is followed by the relist's; one that only failed to pull,
+                        # by the pod worker's back-off.
+                        pulled_now = {name for name, pull in pulls.items() if pull.failed is None} - pulled_before
+                        made = not (sandbox or inits.spans) or bool(pulled_now)
+                        next_sync = until_next_relist() if made else jittered(SYNC_ERROR_BACKOFF_S)
+                        sandbox = True
+                        await self._pause(uid, next_sync, seen)
+                        continue
                 # The pod as last seen: its status holds what the init containers' writes said.
-                await self._set_running(self._pod(uid), env, inits, probed=not self._kept_running(pod))
+                await self._set_running(self._pod(uid), env, inits, probed=not self._kept_running(pod), pulls=pulls)
                 return True
             except StartFailed as exc:
                 self._inits.pop(uid, None)
@@ -626,7 +676,8 @@ class PodManager:
                 if exc.reason in (PREPARE_FAILED, SANDBOX_FAILED):
                     await self._set_waiting(pod)
                 elif exc.created is not None:
-                    await self._set_waiting(pod, exc.created)
+                    name, message = exc.created
+                    await self._set_waiting(pod, {name: (CREATE_CONTAINER_ERROR, message)})
                 if exc.reason == PREPARE_FAILED:
                     next_sync = jittered(self.sync_frequency_s)
                 elif not sandbox:
@@ -1065,9 +1116,10 @@ class PodManager:
         env: Mapping[str, Mapping[str, str]],
         inits: podstatus.InitRun = podstatus.NO_INITS,
         probed: bool = True,
+        pulls: Mapping[str, containerevents.Pull] | None = None,
     ) -> None:
         """``probed``: its containers just started, so their probes have yet to pass (a
-        restarted kubelet finds them passed)."""
+        restarted kubelet finds them passed). ``pulls``: their images made sure of."""
         meta = pod["metadata"]
         # A restarted kubelet finds its pods running: their start time stays what it was.
         previous = pod.get("status", {})
@@ -1083,7 +1135,7 @@ class PodManager:
 
         if probed:  # they start now (a restarted kubelet finds them running)
             for container in pod["spec"].get("containers", []):
-                self._tell_started(pod, container)
+                self._tell_started(pod, container, (pulls or {}).get(container["name"]))
                 # The kubelet runs its postStart hook before it starts the next one, and
                 # writes the pod Running once all have started.
                 hook_s = commands.hook_seconds(container, "postStart")
@@ -1186,22 +1238,29 @@ class PodManager:
                 probing[name] = waits_for
             await (self._write_running(uid) if running else self._write_initializing(uid))
 
-    async def _set_waiting(self, pod: Obj, refused: tuple[str, str] | None = None) -> None:
+    async def _set_waiting(
+        self, pod: Obj, refused: Mapping[str, tuple[str, str]] | None = None, inits: podstatus.InitRun | None = None
+    ) -> None:
         """Pending with its containers ContainerCreating, as the kubelet shows a pod whose
-        sandbox it could not make yet, or with the container the runtime refused
-        (``refused``: its name, the runtime's words) in CreateContainerError: written when
-        that changes."""
+        sandbox it could not make yet, or with those that ``refused`` names waiting for
+        that reason and message (CreateContainerError in the runtime's words, or its image
+        not pulled): written when that changes. ``inits``: its init containers ran."""
         uid = pod["metadata"]["uid"]
         if uid in self._waiting and self._waiting[uid] == refused:
             return
-        failed = None
-        if refused is not None:  # the sandbox exists, with its IP
-            try:
-                pod_ip = self._sandbox_ip(pod)
-            except StartFailed:  # none left: the node's, as without a CIDR
-                pod_ip = self.node.internal_ip()
-            failed = podstatus.CreateFailed(pod_ip, *refused)
-        status = podstatus.waiting_status(pod, self.node.internal_ip(), now_rfc3339(), failed)
+        if inits is not None and inits.spans:
+            addresses = self._addresses_of(pod)
+            ids, now = _container_ids(pod), now_rfc3339()
+            status = podstatus.initializing_status(pod, _start_time(pod), ids, inits, addresses, now, waits=refused)
+        else:
+            failed = None
+            if refused is not None:  # the sandbox exists, with its IP
+                try:
+                    pod_ip = self._sandbox_ip(pod)
+                except StartFailed:  # none left: the node's, as without a CIDR
+                    pod_ip = self.node.internal_ip()
+                failed = podstatus.CreateFailed(pod_ip, dict(refused))
+            status = podstatus.waiting_status(pod, self.node.internal_ip(), now_rfc3339(), failed)
         try:
             await self._patch_status(pod, {"status": status})
         except ApiError as exc:
@@ -1209,7 +1268,7 @@ class PodManager:
                 raise
             log.debug("pod %s: status update failed: %s", pod["metadata"]["name"], exc)
             return
-        self._waiting[uid] = refused
+        self._waiting[uid] = dict(refused) if refused is not None else None
 
     async def _restart_exited(self, uid: str) -> str | None:
         """As the kubelet restarts the containers of a pod that does not end of itself
@@ -2015,6 +2074,7 @@ class PodManager:
         self._probing.pop(uid, None)
         self._ephemeral.pop(uid, None)
         self._ran_images.pop(uid, None)
+        self._images.back_off.forget(uid)
         self._updated.pop(uid, None)
         self._changes.pop(uid, None)
         self._resources_status.pop(uid, None)

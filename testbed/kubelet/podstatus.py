@@ -276,12 +276,17 @@ def initializing_status(
     now: str,
     probing: Mapping[str, str] | None = None,
     restarted: Mapping[str, Restarted] | None = None,
+    waits: Mapping[str, tuple[str, str]] | None = None,
 ) -> Obj:
     """Pending while init containers run: those done terminated, the one running now
     (the last of ``inits``), the rest and the pod's containers waiting (PodInitializing;
-    with their counts when ``restarted`` in place); sidecars ``probing`` not ready (or
-    not started) yet."""
+    with their counts when ``restarted`` in place; those in ``waits`` for its reason and
+    message, their image not pulled); sidecars ``probing`` not ready (or not started) yet."""
     mains = _by_name(_waiting_for_inits(c, (restarted or {}).get(c["name"])) for c in pod["spec"].get("containers", []))
+    for main in mains:
+        if main["name"] in (waits or {}):
+            reason, message = (waits or {})[main["name"]]
+            main["state"] = {"waiting": {"reason": reason, "message": message}}
     init_statuses = _init_statuses(pod, container_ids, inits, probing=probing)
     return {
         **_status(pod, "Pending", init_statuses, mains, "ready", now),
@@ -372,11 +377,11 @@ def failed_initializing_status(pod: Obj, container_ids: Mapping[str, str], inits
 
 @dataclass(frozen=True)
 class CreateFailed:
-    """The runtime made the pod's sandbox (with its IP) but not this container."""
+    """The runtime made the pod's sandbox (with its IP) but not these containers."""
 
     pod_ip: str
-    container: str
-    message: str
+    waits: Mapping[str, tuple[str, str]]
+    """Each container not created, with the reason and message it waits for."""
 
 
 def waiting_status(pod: Obj, host_ip: str, now: str, failed: CreateFailed | None = None) -> Obj:
@@ -441,8 +446,9 @@ def _waiting_statuses(pod: Obj, failed: CreateFailed | None) -> tuple[list[Obj],
     default = POD_INITIALIZING if spec.get("initContainers") else CONTAINER_CREATING
 
     def state(container: Obj) -> Obj:
-        if failed is not None and container["name"] == failed.container:
-            return {"waiting": {"reason": "CreateContainerError", "message": failed.message}}
+        if failed is not None and container["name"] in failed.waits:
+            reason, message = failed.waits[container["name"]]
+            return {"waiting": {"reason": reason, "message": message}}
         return {"waiting": {"reason": default}}
 
     inits = [_unstarted_status(c, state(c)) for c in spec.get("initContainers") or []]

@@ -8,23 +8,24 @@ from pathlib import Path
 from testbed.kubelet.containerevents import (
     IMAGE_SIZE_BYTES,
     ImageStore,
+    PullBackOff,
+    PullLimit,
     field_path,
     go_milliseconds,
     pulled_name,
-    started,
     stopping,
 )
 from testbed.kubelet.events import EventRecorder
 
 
 def reasons(images: ImageStore, container: dict[str, str]) -> list[str]:
-    return [told.reason for told in started(images, container)]
+    return [told.reason for told in images.ensure(container)]
 
 
 def test_an_image_is_pulled_once_unless_its_policy_says_always(tmp_path: Path) -> None:
     images = ImageStore(tmp_path / "images.json")
     tagged = {"name": "main", "image": "registry.invalid/work:v1", "imagePullPolicy": "IfNotPresent"}
-    assert reasons(images, tagged) == ["Pulling", "Pulled", "Created", "Started"]
+    assert reasons(images, tagged) == ["Pulling", "Pulled"]
     [present] = images.ensure(tagged)
     assert present.message == (
         'Container image "registry.invalid/work:v1" already present on machine and can be accessed by the pod'
@@ -38,8 +39,85 @@ def test_an_image_is_pulled_once_unless_its_policy_says_always(tmp_path: Path) -
             " Image size: 67108864 bytes."
         )
     never = {"name": "main", "image": "registry.invalid/preloaded:v1", "imagePullPolicy": "Never"}
-    assert reasons(images, never) == ["Pulled", "Created", "Started"], "taken to be preloaded"
+    assert reasons(images, never) == ["Pulled"], "taken to be preloaded"
     assert "registry.invalid/preloaded:v1" not in images
+
+
+class Clock:
+    """Time as the test sets it."""
+
+    now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_node_pulls_ten_images_at_once_then_five_a_second() -> None:
+    clock = Clock()
+    limit = PullLimit(clock=clock)
+    assert [limit.take() for _ in range(11)] == [True] * 10 + [False]
+    clock.now += 0.5
+    assert [limit.take() for _ in range(3)] == [True, True, False], "5 a second: 2.5 tokens in 0.5 s"
+    clock.now += 60
+    assert sum(limit.take() for _ in range(20)) == 10, "never more than the burst"
+    assert all(PullLimit(qps=0).take() for _ in range(100)), "registryPullQPS 0: no limit"
+
+
+def test_a_failed_pull_backs_off_per_pod_and_image_doubling_to_five_minutes() -> None:
+    clock = Clock()
+    back_off = PullBackOff(clock)
+    assert back_off.blocked("pod", "img") is None
+    waits = []
+    for _ in range(7):
+        back_off.failed("pod", "img", "ErrImagePull: pull QPS exceeded")
+        start = clock.now
+        while back_off.blocked("pod", "img") is not None:
+            clock.now += 1
+        waits.append(clock.now - start)
+    assert waits == [10, 20, 40, 80, 160, 300, 300]
+    assert back_off.blocked("other-pod", "img") is None, "each pod backs off on its own"
+    back_off.failed("pod", "img", "why")
+    clock.now += 901
+    back_off.failed("pod", "img", "why")
+    clock.now += 10
+    assert back_off.blocked("pod", "img") is None, "a failure 600 s after the back-off ended starts at 10 s again"
+    back_off.failed("pod", "img", "why")
+    back_off.forget("pod")
+    assert back_off.blocked("pod", "img") is None
+
+
+def test_a_pull_over_the_limit_fails_then_backs_off_with_the_kubelets_words() -> None:
+    clock = Clock()
+    images = ImageStore(limit=PullLimit(qps=5, burst=1, clock=clock))
+    images.back_off = PullBackOff(clock)
+    first = {"name": "a", "image": "registry.invalid/a", "imagePullPolicy": "Always"}
+    second = {"name": "b", "image": "registry.invalid/b", "imagePullPolicy": "Always"}
+    assert images.pull(first, "uid").failed is None
+    failed = images.pull(second, "uid")
+    assert failed.failed == ("ErrImagePull", "pull QPS exceeded")
+    assert [(t.kind, t.reason, t.message) for t in failed.told] == [
+        ("Normal", "Pulling", 'Pulling image "registry.invalid/b"'),
+        ("Warning", "Failed", 'Failed to pull image "registry.invalid/b": pull QPS exceeded'),
+        ("Warning", "Failed", "Error: ErrImagePull"),
+    ]
+    clock.now += 5  # tokens again, but the back-off holds
+    backing_off = images.pull(second, "uid")
+    assert backing_off.failed == (
+        "ImagePullBackOff",
+        'Back-off pulling image "registry.invalid/b": ErrImagePull: pull QPS exceeded',
+    )
+    assert [(t.kind, t.reason, t.message) for t in backing_off.told] == [
+        ("Normal", "BackOff", 'Back-off pulling image "registry.invalid/b"'),
+        ("Warning", "Failed", "Error: ImagePullBackOff"),
+    ]
+    assert images.pull(second, "other-uid").failed is None, "another pod's pull is not backed off"
+    clock.now += 5
+    assert [t.reason for t in images.pull(second, "uid").told] == ["Pulling", "Pulled"]
+    present = {"name": "c", "image": "registry.invalid/c:v1"}
+    clock.now += 0.2
+    assert images.pull(present, "uid").failed is None
+    assert [t.reason for t in images.pull(present, "uid").told] == ["Pulled"], "present: no token taken"
+    assert images.ensure(first) and images.ensure(first), "a start that may not fail pulls beyond the limit"
 
 
 def test_a_restarted_kubelet_finds_the_images_its_pods_pulled(tmp_path: Path) -> None:
@@ -70,11 +148,7 @@ def test_an_image_the_node_was_built_with_is_found_not_pulled(tmp_path: Path) ->
     ImageStore(path).ensure({"image": "registry.invalid/work:v1"})
     images = ImageStore(path, preloaded=["registry.invalid/driver:v1"])
     assert images.names() == ["registry.invalid/driver:v1", "registry.invalid/work:v1"]
-    assert reasons(images, {"name": "driver", "image": "registry.invalid/driver:v1"}) == [
-        "Pulled",
-        "Created",
-        "Started",
-    ]
+    assert reasons(images, {"name": "driver", "image": "registry.invalid/driver:v1"}) == ["Pulled"]
 
 
 def test_a_container_is_named_by_where_it_is_in_the_spec() -> None:

@@ -172,13 +172,14 @@ def test_a_pod_whose_sandbox_could_not_be_made_waits_in_container_creating_and_f
 
 
 def test_a_container_the_runtime_refused_waits_in_create_container_error_in_a_sandbox_that_exists() -> None:
-    refused = podstatus.CreateFailed("100.64.0.9", "main", "failed to inject CDI devices: unresolvable")
+    why = "failed to inject CDI devices: unresolvable"
+    refused = podstatus.CreateFailed("100.64.0.9", {"main": ("CreateContainerError", why)})
     status = podstatus.waiting_status(pod(), "10.100.0.2", NOW, refused)
     assert status["podIP"] == "100.64.0.9" and status["phase"] == "Pending"
     assert by_type(status)["PodReadyToStartContainers"]["status"] == "True"
     assert by_type(status)["ContainersReady"]["reason"] == "ContainersNotReady"
     waiting = status["containerStatuses"][0]["state"]["waiting"]
-    assert waiting == {"reason": "CreateContainerError", "message": refused.message}
+    assert waiting == {"reason": "CreateContainerError", "message": why}
     # Deleted so: its sandbox, made, is now gone (not "no pod sandbox exists").
     gone = podstatus.never_ran_status(pod(), LATER, sandbox_made=True)
     assert by_type(gone)["PodReadyToStartContainers"]["message"] == "pod sandbox is not ready"
