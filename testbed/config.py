@@ -102,6 +102,13 @@ alike: each pod is synced this often (jittered by up to half of it) when nothing
 to it. That is when a running pod's device health is worked out anew and when a pod whose
 claims could not be prepared is tried again. A pool's ``syncFrequencySeconds`` sets it."""
 
+REGISTRY_PULL_QPS = 5
+REGISTRY_BURST = 10
+"""The kubelet's default registryPullQPS and registryBurst (KubeletConfiguration), for fake
+and real kubelets alike: a node pulls this many images at once, then this many a second,
+and fails the pulls beyond at once (ErrImagePull "pull QPS exceeded"). A pool's
+``registryPullQPS`` (0: no limit) and ``registryBurst`` set them."""
+
 DEFAULT_CLUSTER_NAME = "testbed"
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")

@@ -127,6 +127,7 @@ def _recipe(fleet: FleetFile, pool: Pool, index: int) -> NodeRecipe:
         tuple(_external(d) for d in pool.external_drivers),
         fleet.node_address(pool, index),
         pool.sync_frequency_s,
+        (pool.registry_pull_qps, pool.registry_burst),
     )
 
 

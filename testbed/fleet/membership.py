@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from testbed.config import KUBELET_SYNC_FREQUENCY_S
+from testbed.config import KUBELET_SYNC_FREQUENCY_S, REGISTRY_BURST, REGISTRY_PULL_QPS
 from testbed.fleet.external import ExternalDriverSpec
 
 KV_NAMESPACE = "dra-testbed-fleet"
@@ -39,13 +39,17 @@ class NodeRecipe:
     """Its InternalIP (FleetFile.node_address); None: derived from its name."""
     sync_frequency_s: float = KUBELET_SYNC_FREQUENCY_S
     """Its kubelet's syncFrequency."""
+    pull_limit: tuple[int, int] = (REGISTRY_PULL_QPS, REGISTRY_BURST)
+    """Its kubelet's registryPullQPS and registryBurst."""
 
     @classmethod
     def from_json(cls, entry: dict[str, Any]) -> NodeRecipe:
         entry = dict(entry)
         drivers = entry.pop("drivers", None)
         external = tuple(ExternalDriverSpec.from_json(e) for e in entry.pop("external", []))
-        return cls(**entry, drivers=None if drivers is None else tuple(drivers), external=external)
+        qps, burst = entry.pop("pull_limit", (REGISTRY_PULL_QPS, REGISTRY_BURST))
+        drivers = None if drivers is None else tuple(drivers)
+        return cls(**entry, drivers=drivers, external=external, pull_limit=(qps, burst))
 
 
 def encode(recipes: Iterable[NodeRecipe]) -> bytes:

@@ -284,6 +284,7 @@ class NodeHost:
                 declared_features=self.declared_features,
                 address=recipe.address,
                 sync_frequency_s=recipe.sync_frequency_s,
+                pull_limit=recipe.pull_limit,
             )
             self.nodes[recipe.name] = node
             fresh.append(node)
@@ -377,6 +378,7 @@ class NodeHost:
         node = ProcessNode(spec, recipe.profile, built_in, root, self.kubeconfig, ensure_node_binaries(), "real")
         node.devices_per_slice = recipe.devices_per_slice
         node.sync_frequency_s = recipe.sync_frequency_s
+        node.pull_limit = recipe.pull_limit
         node.foreign_drivers = [e.name for e in recipe.external]
         self.process_hardware[recipe.name] = NodeHardware(recipe.name, profile, self.seed)
         PROCESS_CPU.watch(node)

@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_val
 
 from fake_devices.profiles import ProfileError
 from fake_devices.specfiles import SpecFileError, parse_yaml, validate
-from testbed.config import KUBELET_SYNC_FREQUENCY_S, POD_GRACE_S
+from testbed.config import KUBELET_SYNC_FREQUENCY_S, POD_GRACE_S, REGISTRY_BURST, REGISTRY_PULL_QPS
 from testbed.drivers import load_profile
 from testbed.keys import SYNTHETIC
 
@@ -210,6 +210,11 @@ class Pool(_Strict):
     when nothing happens to it, which is when a failed prepare is tried again. At most the
     kubelet's default: a scenario waits for a kubelet's retry (runner.KUBELET_RETRY_S)
     before it calls a phase stalled."""
+    registry_pull_qps: int = Field(default=REGISTRY_PULL_QPS, alias="registryPullQPS", ge=0, le=10_000)
+    """Its kubelets' registryPullQPS: image pulls a second beyond the burst (0: no limit)."""
+    registry_burst: int = Field(default=REGISTRY_BURST, alias="registryBurst", ge=1, le=10_000)
+    """Its kubelets' registryBurst: image pulls at once. A pull beyond the limit fails
+    (ErrImagePull), and the pod's back-off for that image delays its start 10-20 s."""
 
     @model_validator(mode="after")
     def _drivers_known_and_unique(self) -> Pool:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from fake_devices import sysfs
 from fake_devices.hardware import NodeHardware
 from fake_devices.profiles import HardwareProfile
-from testbed.config import KUBELET_SYNC_FREQUENCY_S
+from testbed.config import KUBELET_SYNC_FREQUENCY_S, REGISTRY_BURST, REGISTRY_PULL_QPS
 from testbed.drivers import driver_on_node, drivers_for
 from testbed.drivers.backend import LocalBackend
 from testbed.errors import TestbedError
@@ -79,6 +79,7 @@ class SyntheticNode:
         declared_features: list[str] | None = None,
         address: str | None = None,
         sync_frequency_s: float = KUBELET_SYNC_FREQUENCY_S,
+        pull_limit: tuple[int, int] = (REGISTRY_PULL_QPS, REGISTRY_BURST),
     ):
         """``client``: the kubelet's; ``claims``: where drivers read claims without a
         ``driver_client`` of their own; ``driver_client``: the drivers' (the kubelet's by
@@ -91,8 +92,8 @@ class SyntheticNode:
         ``node_watcher``: the host's watches of its nodes' slices and Nodes (default: each of this node's own).
         ``fence``: the node is one of a fleet's, which one NodeHost at a time serves.
         ``declared_features``: what its kubelet declares (declared.py); ``address``: its
-        InternalIP (default: derived from its name); ``sync_frequency_s``: its kubelet's
-        syncFrequency."""
+        InternalIP (default: derived from its name); ``sync_frequency_s``, ``pull_limit``:
+        its kubelet's syncFrequency, registryPullQPS and registryBurst."""
         self.name = name
         self.bind_drivers = bind_drivers
         self.root = root
@@ -115,6 +116,7 @@ class SyntheticNode:
             durable=False,  # as its drivers: a synthetic node's state is throw-away
             preloaded_images=(DRIVER_IMAGE,),
             sync_frequency_s=sync_frequency_s,
+            pull_limit=pull_limit,
         )
         self.drivers = [
             driver_on_node(

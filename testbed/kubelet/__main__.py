@@ -16,7 +16,7 @@ import signal
 import sys
 from pathlib import Path
 
-from testbed.config import KUBELET_SYNC_FREQUENCY_S
+from testbed.config import KUBELET_SYNC_FREQUENCY_S, REGISTRY_BURST, REGISTRY_PULL_QPS
 from testbed.errors import TestbedError
 from testbed.kubeapi import KubeClient, path_for
 from testbed.kubelet.declared import cluster_declared_features
@@ -35,6 +35,24 @@ def _seconds(text: str) -> float:
     return seconds
 
 
+def _count(text: str, least: int) -> int:
+    try:
+        count = int(text)
+    except ValueError:
+        count = least - 1
+    if count < least:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least {least}")
+    return count
+
+
+def _non_negative(text: str) -> int:
+    return _count(text, 0)
+
+
+def _positive(text: str) -> int:
+    return _count(text, 1)
+
+
 def _arguments(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m testbed.kubelet", description=__doc__.splitlines()[0])
     parser.add_argument("--node", required=True, help="the Node's name")
@@ -47,6 +65,18 @@ def _arguments(argv: list[str]) -> argparse.Namespace:
         type=_seconds,
         default=KUBELET_SYNC_FREQUENCY_S,
         help="seconds between a pod's periodic syncs, as the KubeletConfiguration's syncFrequency (default 60)",
+    )
+    parser.add_argument(
+        "--registry-pull-qps",
+        type=_non_negative,
+        default=REGISTRY_PULL_QPS,
+        help=f"image pulls a second beyond the burst, as registryPullQPS (default {REGISTRY_PULL_QPS}; 0: no limit)",
+    )
+    parser.add_argument(
+        "--registry-burst",
+        type=_positive,
+        default=REGISTRY_BURST,
+        help=f"image pulls at once, as registryBurst (default {REGISTRY_BURST})",
     )
     parser.add_argument("--delete-node", action="store_true", help="delete the Node on exit")
     parser.add_argument("--metrics-port", type=int, help="serve /metrics on 127.0.0.1:PORT (0: any free port)")
@@ -63,7 +93,14 @@ async def _run(args: argparse.Namespace) -> None:
         labels[key] = value
     client = KubeClient.from_kubeconfig(args.kubeconfig)
     spec = NodeSpec(args.node, labels=labels, declared_features=await cluster_declared_features(client))
-    kubelet = FakeKubelet(client, spec, args.root_dir, args.cdi_dir, sync_frequency_s=args.sync_frequency)
+    kubelet = FakeKubelet(
+        client,
+        spec,
+        args.root_dir,
+        args.cdi_dir,
+        sync_frequency_s=args.sync_frequency,
+        pull_limit=(args.registry_pull_qps, args.registry_burst),
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

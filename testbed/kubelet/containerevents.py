@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from testbed.config import REGISTRY_BURST, REGISTRY_PULL_QPS
 from testbed.kubeapi import Obj
 
 log = logging.getLogger(__name__)
@@ -39,10 +40,6 @@ class Told:
     message: str
 
 
-REGISTRY_PULL_QPS = 5.0
-REGISTRY_BURST = 10
-"""The KubeletConfiguration's registryPullQPS and registryBurst defaults: a node pulls
-this many images at once, then this many a second, and fails the others at once."""
 IMAGE_BACK_OFF_S = 10.0
 MAX_IMAGE_BACK_OFF_S = 300.0
 """After a failed pull the kubelet does not pull that image for that pod again for 10 s,

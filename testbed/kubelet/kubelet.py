@@ -10,11 +10,11 @@ from pathlib import Path
 
 import grpc
 
-from testbed.config import KUBELET_SYNC_FREQUENCY_S
+from testbed.config import KUBELET_SYNC_FREQUENCY_S, REGISTRY_BURST, REGISTRY_PULL_QPS
 from testbed.grpcapi import podresources_v1_pb2_grpc
 from testbed.kubeapi import ApiError, KubeClient, path_for
 from testbed.kubelet import podresources
-from testbed.kubelet.containerevents import ImageStore
+from testbed.kubelet.containerevents import ImageStore, PullLimit
 from testbed.kubelet.lease import LeaseFence
 from testbed.kubelet.node import NodeAgent, NodeSpec, NodeWatcher
 from testbed.kubelet.plugins import SCAN_INTERVAL_S, PluginManager
@@ -44,6 +44,7 @@ class FakeKubelet:
         node_watcher: NodeWatcher | None = None,
         preloaded_images: Sequence[str] = (),
         sync_frequency_s: float = KUBELET_SYNC_FREQUENCY_S,
+        pull_limit: tuple[int, int] = (REGISTRY_PULL_QPS, REGISTRY_BURST),
     ):
         """``registry_dir``: where plugins register (default ``kubelet_dir/plugins_registry``).
         ``watch_client``: what the pod watch holds its connection on (default ``client``).
@@ -51,7 +52,8 @@ class FakeKubelet:
         ``durable``: fsync its claim checkpoint, as a kubelet does (False: synthetic nodes).
         ``node_watcher``: a NodeHost's watch of its nodes (default: one of this Node alone).
         ``preloaded_images``: on the node from the start, as in a node image.
-        ``sync_frequency_s``: the KubeletConfiguration's syncFrequency (pods.py)."""
+        ``sync_frequency_s``: the KubeletConfiguration's syncFrequency (pods.py).
+        ``pull_limit``: its registryPullQPS and registryBurst (containerevents.py)."""
         self.client = client
         self.spec = spec
         self.kubelet_dir = kubelet_dir
@@ -65,7 +67,7 @@ class FakeKubelet:
             scan_interval_s=scan_interval_s,
             on_health_change=lambda driver, devices: self.pods.health_changed(driver, devices),
         )
-        images = ImageStore(kubelet_dir / IMAGES_FILE, preloaded_images)
+        images = ImageStore(kubelet_dir / IMAGES_FILE, preloaded_images, PullLimit(*pull_limit))
         self.node.report_images(images)
         self.pods = PodManager(
             client,

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import yaml
 
-from testbed.config import BETA_DRA_GATES, KUBELET_SYNC_FREQUENCY_S
+from testbed.config import BETA_DRA_GATES, KUBELET_SYNC_FREQUENCY_S, REGISTRY_BURST, REGISTRY_PULL_QPS
 from testbed.controlplane import processes
 from testbed.controlplane.binaries import Binaries
 from testbed.errors import TestbedError
@@ -99,6 +99,7 @@ def kubelet_config(
     client_ca: Path | None = None,
     sync_frequency_s: float = KUBELET_SYNC_FREQUENCY_S,
     gates: Mapping[str, bool] | None = None,
+    pull_limit: tuple[int, int] = (REGISTRY_PULL_QPS, REGISTRY_BURST),
 ) -> Obj:
     """A KubeletConfiguration that creates no host cgroups and listens on loopback only
     (of its namespace). Its API is guarded as kubeadm guards it: client certificates
@@ -127,6 +128,8 @@ def kubelet_config(
         "staticPodPath": "",
         "registerWithTaints": taints,
         "syncFrequency": f"{sync_frequency_s:g}s",
+        "registryPullQPS": pull_limit[0],
+        "registryBurst": pull_limit[1],
         "nodeStatusUpdateFrequency": f"{NODE_STATUS_UPDATE_S}s",
         "nodeStatusReportFrequency": f"{NODE_STATUS_REPORT_S}s",
         "evictionHard": {"memory.available": "1Ki", "nodefs.available": "0%", "imagefs.available": "0%"},
@@ -186,6 +189,8 @@ class ProcessNode:
         self.devices_per_slice: int | None = None
         self.sync_frequency_s = KUBELET_SYNC_FREQUENCY_S
         """Its kubelet's syncFrequency (either kind)."""
+        self.pull_limit = (REGISTRY_PULL_QPS, REGISTRY_BURST)
+        """Its kubelet's registryPullQPS and registryBurst (either kind)."""
         self.node_ip = spec.internal_ip()
         self.api_port = urllib.parse.urlsplit(default_credentials(kubeconfig).server).port or 443
         self.foreign_drivers: list[str] = []
@@ -563,6 +568,7 @@ class ProcessNode:
             ]
             command += [f"--root-dir={self.kubelet_dir}", f"--cdi-dir={self.cdi_dir}", *labels]
             command.append(f"--sync-frequency={self.sync_frequency_s:g}")
+            command += [f"--registry-pull-qps={self.pull_limit[0]}", f"--registry-burst={self.pull_limit[1]}"]
             command.append(f"--metrics-socket={self.root / kubelet_api.FAKE_METRICS_SOCKET}")
             await self._spawn("kubelet", command)
             return
@@ -578,7 +584,9 @@ class ProcessNode:
                 self._gates = await cluster_gates(client) or dict(BETA_DRA_GATES)
             finally:
                 await client.close()
-        settings = kubelet_config(self.root, list(self.spec.taints), client_ca, self.sync_frequency_s, self._gates)
+        settings = kubelet_config(
+            self.root, list(self.spec.taints), client_ca, self.sync_frequency_s, self._gates, self.pull_limit
+        )
         config.write_text(yaml.safe_dump(settings))
         labels = node_object(self.spec)["metadata"]["labels"]
         # Where a real node has it, as its sandbox mounts the node's kubelet directory: the

@@ -234,6 +234,7 @@ async def two_nodes(
     binaries: Binaries,
     profile: str = "tiny",
     sync_frequency_s: float = KUBELET_SYNC_FREQUENCY_S,
+    pull_limit: tuple[int, int] | None = None,
 ) -> AsyncIterator[dict[str, Side]]:
     client = KubeClient.from_kubeconfig(control_plane.kubeconfig)
     tag = uuid.uuid4().hex[:5]
@@ -245,6 +246,7 @@ async def two_nodes(
                 NodeSpec(name), profile, [GPU, NIC], root / kind, control_plane.kubeconfig, binaries, kubelet=kind
             )
             node.sync_frequency_s = sync_frequency_s
+            node.pull_limit = pull_limit or node.pull_limit
             await client.create(path_for("v1", "namespaces"), {"metadata": {"name": name}})
             sides[kind] = Side(kind, node, client, name)
             await node.start()
@@ -2588,15 +2590,17 @@ async def _told(side: Side, counted: bool = True) -> dict[str, list[tuple[Any, .
     return told
 
 
+@pytest.mark.parametrize("limited", [True, False], ids=["kubelet-defaults", "registryPullQPS-0"])
 def test_images_pulled_past_the_nodes_pull_limit_fail_and_back_off_alike(
-    control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
+    control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path, limited: bool
 ) -> None:
     """A kubelet pulls 10 images at once, then 5 a second, and fails the pulls beyond at
     once ("pull QPS exceeded"): such a container waits in ErrImagePull, then in
     ImagePullBackOff while the pod's back-off for its image lasts (10 s), and starts at
     the first sync after it, so its pod runs 10-20 s late. A pod of 13 containers, each
     with an image of its own pulled at every start (untagged), on both nodes. The fake
-    kubelet pulled without limit: the pod ran at once."""
+    kubelet pulled without limit: the pod ran at once. With registryPullQPS 0 (a pool's
+    setting, given to both kubelets) nothing is limited."""
 
     def image_state(container: Obj) -> str:
         state = container["state"]
@@ -2606,7 +2610,8 @@ def test_images_pulled_past_the_nodes_pull_limit_fail_and_back_off_alike(
         return re.sub(r'"registry\.invalid/wide-\d+"', "IMAGE", words)
 
     async def scenario() -> None:
-        async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
+        pull_limit = None if limited else (0, 10)
+        async with two_nodes(control_plane, short_tmp_path, node_binaries, pull_limit=pull_limit) as sides:
 
             async def case(side: Side) -> dict[str, Any]:
                 names = [f"c{i:02d}" for i in range(13)]
@@ -2658,6 +2663,11 @@ def test_images_pulled_past_the_nodes_pull_limit_fail_and_back_off_alike(
                 }
 
             found = await both(sides, case)
+            if not limited:
+                for kind, seen in found.items():
+                    assert seen["the last container's states"] == ["running"], (kind, seen)
+                    assert seen["why they waited"] == [] and seen["ran after"] < 9, (kind, seen)
+                return
             assert found["real"]["the last container's states"] == ["ErrImagePull", "ImagePullBackOff", "running"], (
                 found["real"]
             )

@@ -69,6 +69,14 @@ def test_untainted_nodes_carry_no_taint_in_either_pool() -> None:
             "pools: [{name: a, count: 1, syncFrequencySeconds: 120}]",
             r"pools\[0\]\.syncFrequencySeconds: Input should be less than or equal to 60",
         ),
+        (
+            "pools: [{name: a, count: 1, registryPullQPS: -1}]",
+            r"pools\[0\]\.registryPullQPS: Input should be greater than or equal to 0",
+        ),
+        (
+            "pools: [{name: a, count: 1, registryBurst: 0}]",
+            r"pools\[0\]\.registryBurst: Input should be greater than or equal to 1",
+        ),
     ],
 )
 def test_errors_name_the_field(text: str, message: str) -> None:
@@ -210,6 +218,31 @@ def test_a_pools_sync_frequency_reaches_its_kubelets_fake_and_real(tmp_path: Pat
     assert kubelet_config(tmp_path, [], sync_frequency_s=quick.sync_frequency_s)["syncFrequency"] == "15s"
     assert kubelet_config(tmp_path, [])["syncFrequency"] == "60s"
     assert spec.single_pool(1, "tiny", 1, sync_frequency_s=10).pools[0].sync_frequency_s == 10
+
+
+def test_a_pools_image_pull_limit_reaches_its_kubelets_fake_and_real(tmp_path: Path) -> None:
+    """registryPullQPS and registryBurst, as a pool sets them (the kubelet's 5 and 10
+    otherwise), kept across a NodeHost restart and written into a real kubelet's
+    configuration; a fake kubelet process takes them as flags."""
+    from testbed.fleet import membership
+    from testbed.fleet.fleet import _recipe
+    from testbed.kubelet.__main__ import _arguments
+    from testbed.realnode.node import kubelet_config
+
+    fleet = spec.parse(
+        "pools: [{name: eager, count: 1, registryPullQPS: 0, registryBurst: 50}, {name: usual, count: 1}]", "f.yaml"
+    )
+    eager, usual = (_recipe(fleet, pool, 0) for pool in fleet.pools)
+    assert (eager.pull_limit, usual.pull_limit) == ((0, 50), (5, 10))
+    assert membership.decode(membership.encode([eager]))["eager-000"].pull_limit == (0, 50)
+    written = kubelet_config(tmp_path, [], pull_limit=eager.pull_limit)
+    assert (written["registryPullQPS"], written["registryBurst"]) == (0, 50)
+    assert (kubelet_config(tmp_path, [])["registryPullQPS"], kubelet_config(tmp_path, [])["registryBurst"]) == (5, 10)
+    given = ["--node=n", "--kubeconfig=k", "--root-dir=r", "--cdi-dir=c"]
+    flags = _arguments([*given, "--registry-pull-qps=0", "--registry-burst=50"])
+    assert (flags.registry_pull_qps, flags.registry_burst) == (0, 50)
+    with pytest.raises(SystemExit):
+        _arguments([*given, "--registry-burst=0"])
 
 
 def test_no_two_nodes_of_a_fleet_share_an_internal_ip() -> None:
