@@ -943,7 +943,10 @@ class PodManager:
         try:
             while True:
                 for container in pod["spec"].get("initContainers") or []:
-                    self._tell_started(pod, container)
+                    pull = await self._pull_init_image(uid, container, run)
+                    if pull is None:
+                        return None
+                    self._tell_started(pod, container, pull)
                     run = self._inits[uid] = run.then(now_rfc3339())
                     if podstatus.is_sidecar(container):
                         if not await self._start_sidecar(uid, container):
@@ -966,6 +969,30 @@ class PodManager:
                 run = again
         finally:
             self._initializing.discard(uid)
+
+    async def _pull_init_image(self, uid: str, container: Obj, run: podstatus.InitRun) -> containerevents.Pull | None:
+        """Make sure of an init container's image before it starts: while the pull fails
+        (the node's pull limit, then the pod's back-off), the kubelet starts nothing more
+        of the pod and tries again at its next sync, whose start shows why the one before
+        failed (``Init:ErrImagePull``, then ``Init:ImagePullBackOff``). None if the pod is
+        ending first. A sidecar's failed pull holds the pod up too, where the kubelet goes
+        on with the next init container."""
+        made_sandbox = not run.spans
+        while True:
+            pull = self._images.pull(container, uid)
+            if pull.failed is None:
+                return pull
+            pod = self._pod(uid)
+            for told in pull.told:
+                self.tell(pod, told, container["name"])
+            # A sync that made the sandbox is followed by the relist's, another by the
+            # pod worker's back-off.
+            next_sync = until_next_relist() if made_sandbox else jittered(SYNC_ERROR_BACKOFF_S)
+            made_sandbox = False
+            if not await self._runs_for(uid, next_sync):
+                return None
+            self._inits[uid] = run
+            await self._write_initializing(uid, {container["name"]: pull.failed})
 
     async def _restart_initializing(self, uid: str, source: Obj, code: int) -> podstatus.InitRun | None:
         """Init container ``source`` exited with ``code``, as a RestartAllContainers rule
@@ -1025,7 +1052,8 @@ class PodManager:
         status = podstatus.failed_initializing_status(pod, _container_ids(pod), self._inits[uid], now_rfc3339())
         await self._patch_status(pod, {"status": status})
 
-    async def _write_initializing(self, uid: str) -> None:
+    async def _write_initializing(self, uid: str, waits: Mapping[str, tuple[str, str]] | None = None) -> None:
+        """``waits``: containers not started, with the reason and message they wait for."""
         latest = self._pod(uid)
         addresses = self._addresses_of(latest)
         status = podstatus.initializing_status(
@@ -1037,6 +1065,7 @@ class PodManager:
             now_rfc3339(),
             self._probing.get(uid),
             self._restarted.get(uid),
+            waits,
         )
         self._add_device_health(latest, status["containerStatuses"])  # its claims are prepared
         await self._patch_status(latest, {"status": status})

@@ -280,14 +280,15 @@ def initializing_status(
 ) -> Obj:
     """Pending while init containers run: those done terminated, the one running now
     (the last of ``inits``), the rest and the pod's containers waiting (PodInitializing;
-    with their counts when ``restarted`` in place; those in ``waits`` for its reason and
-    message, their image not pulled); sidecars ``probing`` not ready (or not started) yet."""
+    with their counts when ``restarted`` in place); those in ``waits`` (init containers
+    too) for its reason and message, their image not pulled; sidecars ``probing`` not
+    ready (or not started) yet."""
     mains = _by_name(_waiting_for_inits(c, (restarted or {}).get(c["name"])) for c in pod["spec"].get("containers", []))
-    for main in mains:
-        if main["name"] in (waits or {}):
-            reason, message = (waits or {})[main["name"]]
-            main["state"] = {"waiting": {"reason": reason, "message": message}}
     init_statuses = _init_statuses(pod, container_ids, inits, probing=probing)
+    for status in [*init_statuses, *mains]:
+        if status["name"] in (waits or {}) and "waiting" in status["state"]:
+            reason, message = (waits or {})[status["name"]]
+            status["state"] = {"waiting": {"reason": reason, "message": message}}
     return {
         **_status(pod, "Pending", init_statuses, mains, "ready", now),
         "startTime": started,

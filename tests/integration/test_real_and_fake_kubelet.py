@@ -2590,17 +2590,21 @@ async def _told(side: Side, counted: bool = True) -> dict[str, list[tuple[Any, .
     return told
 
 
-@pytest.mark.parametrize("limited", [True, False], ids=["kubelet-defaults", "registryPullQPS-0"])
+@pytest.mark.parametrize("case", ["containers", "init-containers", "registryPullQPS-0"])
 def test_images_pulled_past_the_nodes_pull_limit_fail_and_back_off_alike(
-    control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path, limited: bool
+    control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path, case: str
 ) -> None:
-    """A kubelet pulls 10 images at once, then 5 a second, and fails the pulls beyond at
-    once ("pull QPS exceeded"): such a container waits in ErrImagePull, then in
+    """A kubelet pulls 10 images at once (registryBurst), then registryPullQPS a second,
+    and fails the pulls beyond at once ("pull QPS exceeded"): such a container waits in ErrImagePull, then in
     ImagePullBackOff while the pod's back-off for its image lasts (10 s), and starts at
-    the first sync after it, so its pod runs 10-20 s late. A pod of 13 containers, each
-    with an image of its own pulled at every start (untagged), on both nodes. The fake
-    kubelet pulled without limit: the pod ran at once. With registryPullQPS 0 (a pool's
-    setting, given to both kubelets) nothing is limited."""
+    the first sync after it, so its pod runs 10-20 s late. On both nodes, a pod of 13
+    containers, each with an image of its own pulled at every start (untagged), or of 12
+    such init containers, the 11th of which waits while the others before it ran. The
+    fake kubelet pulled without limit: the pod ran at once. Both limits are a pool's
+    settings, given to both kubelets; with registryPullQPS 0 nothing is limited."""
+    inits = case == "init-containers"
+    names = [f"i{i:02d}" for i in range(12)] if inits else [f"c{i:02d}" for i in range(13)]
+    listed = "initContainerStatuses" if inits else "containerStatuses"
 
     def image_state(container: Obj) -> str:
         state = container["state"]
@@ -2610,11 +2614,12 @@ def test_images_pulled_past_the_nodes_pull_limit_fail_and_back_off_alike(
         return re.sub(r'"registry\.invalid/wide-\d+"', "IMAGE", words)
 
     async def scenario() -> None:
-        pull_limit = None if limited else (0, 10)
+        # One pull a second past the 10 at once (the kubelet's default is 5): the 11th
+        # pull fails however long the first ten take on a busy machine.
+        pull_limit = (0, 10) if case == "registryPullQPS-0" else (1, 10)
         async with two_nodes(control_plane, short_tmp_path, node_binaries, pull_limit=pull_limit) as sides:
 
-            async def case(side: Side) -> dict[str, Any]:
-                names = [f"c{i:02d}" for i in range(13)]
+            async def run(side: Side) -> dict[str, Any]:
                 versions: list[Obj] = []
                 done = asyncio.Event()
 
@@ -2630,8 +2635,14 @@ def test_images_pulled_past_the_nodes_pull_limit_fail_and_back_off_alike(
                 watching = asyncio.create_task(watch())
                 try:
                     began = time.monotonic()
-                    containers = [_image(name, f"wide-{i:02d}", "sleep", "3600") for i, name in enumerate(names)]
-                    await side.create_pod("wide", containers=containers)
+                    command = ("sh", "-c", "exit 0") if inits else ("sleep", "3600")
+                    wide = [_image(name, f"wide-{i:02d}", *command) for i, name in enumerate(names)]
+                    if inits:
+                        await side.create_pod(
+                            "wide", initContainers=wide, containers=[_image("main", "main:v1", "sleep", "3600")]
+                        )
+                    else:
+                        await side.create_pod("wide", containers=wide)
                     await asyncio.wait_for(done.wait(), 60)
                     ran_after_s = time.monotonic() - began
                 finally:
@@ -2639,22 +2650,21 @@ def test_images_pulled_past_the_nodes_pull_limit_fail_and_back_off_alike(
                 states: dict[str, list[str]] = {name: [] for name in names}
                 waits: set[tuple[str, str]] = set()
                 for status in versions:
-                    for container in status.get("containerStatuses") or []:
+                    for container in status.get(listed) or []:
                         shown = image_state(container)
-                        if shown in ("ErrImagePull", "ImagePullBackOff", "running"):
+                        if shown in ("ErrImagePull", "ImagePullBackOff", "running", "terminated"):
                             states[container["name"]].append(shown)
                         if shown in ("ErrImagePull", "ImagePullBackOff"):
                             waits.add((shown, unnamed(container["state"]["waiting"]["message"])))
                 waited = [name for name in names if "ErrImagePull" in states[name]]
-
                 # Read once the pod is gone: the Events are written behind the status.
                 await side.deleted("wide")
                 told = [fact for fact in (await _told(side, counted=False)).get("wide", []) if fact[2] != "Killing"]
                 return {
                     "phases": [phase for phase, _ in itertools.groupby(s.get("phase") for s in versions if s)],
-                    "the last container's states": [shown for shown, _ in itertools.groupby(states["c12"])],
-                    "the first ten pulled at once": not waited or waited[0] >= "c10",
-                    "those that waited, the last ones": waited == names[names.index(waited[0]) :] if waited else [],
+                    "the 11th's states": [shown for shown, _ in itertools.groupby(states[names[10]])],
+                    "the first ten pulled at once": not waited or waited[0] >= names[10],
+                    "those that waited": waited,
                     "why they waited": sorted(waits),
                     "late by 9-25 s": 9 <= ran_after_s <= 25,
                     "told": [(fact[0], fact[1], fact[2], unnamed(fact[3])) for fact in told],
@@ -2662,27 +2672,35 @@ def test_images_pulled_past_the_nodes_pull_limit_fail_and_back_off_alike(
                     "ran after": round(ran_after_s, 1),
                 }
 
-            found = await both(sides, case)
-            if not limited:
+            found = await both(sides, run)
+            if case == "registryPullQPS-0":
                 for kind, seen in found.items():
-                    assert seen["the last container's states"] == ["running"], (kind, seen)
                     assert seen["why they waited"] == [] and seen["ran after"] < 9, (kind, seen)
                 return
-            assert found["real"]["the last container's states"] == ["ErrImagePull", "ImagePullBackOff", "running"], (
-                found["real"]
-            )
             for key in found["real"]:
                 if key != "ran after":
                     assert found["fake"][key] == found["real"][key], (key, found["fake"][key], found["real"][key])
-            assert found["fake"]["why they waited"] == [
-                ("ErrImagePull", "pull QPS exceeded"),
-                ("ImagePullBackOff", "Back-off pulling image IMAGE: ErrImagePull: pull QPS exceeded"),
-            ]
-            assert found["fake"]["told why"] == [
-                "Error: ErrImagePull",
-                "Error: ImagePullBackOff",
-                "Failed to pull image IMAGE: pull QPS exceeded",
-            ]
+            fake = found["fake"]
+            shown_failing = ["ErrImagePull", "ImagePullBackOff"]
+            if inits:
+                # An init container's wait is shown by the sync that pulls it after all.
+                assert (fake["the 11th's states"], fake["those that waited"]) == (
+                    ["ErrImagePull", "terminated"],
+                    ["i10"],
+                )
+                shown_failing = shown_failing[:1]
+            else:
+                assert fake["the 11th's states"] == [*shown_failing, "running"]
+                assert fake["those that waited"] == names[10:]
+            assert (
+                fake["why they waited"]
+                == [
+                    ("ErrImagePull", "pull QPS exceeded"),
+                    ("ImagePullBackOff", "Back-off pulling image IMAGE: ErrImagePull: pull QPS exceeded"),
+                ][: len(shown_failing)]
+            )
+            failed_to_pull = ["Error: ErrImagePull", "Failed to pull image IMAGE: pull QPS exceeded"]
+            assert fake["told why"] == sorted(failed_to_pull + ([] if inits else ["Error: ImagePullBackOff"]))
 
     asyncio.run(scenario())
 

@@ -289,6 +289,30 @@ ALL_IDS = {n: f"dra-testbed://u-{n}" for n in ("check", "quick", "proxy", "main"
 ADDRESSES = {"podIP": "100.64.0.9"}
 
 
+def test_a_container_whose_image_was_not_pulled_waits_for_that_reason_init_or_not() -> None:
+    spec = with_inits(CHECK, {**CHECK, "name": "quick"}, containers=("main", "agent"))
+    pulled_not = ("ErrImagePull", "pull QPS exceeded")
+    done = podstatus.InitRun().then(NOW).ended(NOW)
+    held = podstatus.initializing_status(spec, STARTED, ALL_IDS, done, ADDRESSES, LATER, waits={"quick": pulled_not})
+    states = [c["state"] for c in held["initContainerStatuses"]]
+    assert "terminated" in states[0] and states[1] == {
+        "waiting": {"reason": "ErrImagePull", "message": "pull QPS exceeded"}
+    }
+    assert by_type(held)["Initialized"]["status"] == "False" and held["phase"] == "Pending"
+    both = podstatus.InitRun().then(NOW).ended(NOW).then(NOW).ended(NOW)
+    mains = podstatus.initializing_status(spec, STARTED, ALL_IDS, both, ADDRESSES, LATER, waits={"agent": pulled_not})
+    assert by_type(mains)["Initialized"]["status"] == "True" and mains["phase"] == "Pending"
+    agent, main = mains["containerStatuses"]
+    assert (
+        agent["state"]["waiting"]["reason"] == "ErrImagePull"
+        and main["state"]["waiting"]["reason"] == "PodInitializing"
+    )
+    waiting = podstatus.waiting_status(
+        pod(), "10.100.0.2", NOW, podstatus.CreateFailed("100.64.0.9", {"main": pulled_not})
+    )
+    assert waiting["containerStatuses"][0]["state"]["waiting"]["reason"] == "ErrImagePull"
+
+
 def test_while_an_init_container_runs_the_pod_is_pending_and_its_containers_wait_listed_by_name() -> None:
     spec = with_inits(CHECK, {**CHECK, "name": "quick"}, containers=("main", "agent"))
     status = podstatus.initializing_status(spec, STARTED, ALL_IDS, podstatus.InitRun().then(NOW), ADDRESSES, NOW)
