@@ -289,7 +289,15 @@ def pod_startup(state: cluster.ClusterState, pods: int) -> list[float]:
                         "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "gpu"}],
                         "tolerations": [SYNTHETIC_TOLERATION],
                         "terminationGracePeriodSeconds": 0,
-                        "containers": [{"name": "c", "image": "x", "resources": {"claims": [{"name": "gpu"}]}}],
+                        "containers": [
+                            # Tagged: pulled once per node (an untagged one is pulled at every
+                            # start, and a pod a few hundred ms would meet the pull limit).
+                            {
+                                "name": "c",
+                                "image": "registry.invalid/bench:v1",
+                                "resources": {"claims": [{"name": "gpu"}]},
+                            }
+                        ],
                     },
                 },
             )

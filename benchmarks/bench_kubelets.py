@@ -57,7 +57,7 @@ def pod(name: str, node: str) -> Obj:
             "containers": [
                 {
                     "name": "main",
-                    "image": "registry.invalid/bench",
+                    "image": "registry.invalid/bench:v1",  # tagged: pulled once, as a load test's
                     "command": ["sleep", "3600"],
                     "resources": {"claims": [{"name": "gpu"}]},
                 }
