@@ -53,6 +53,13 @@ ADMISSION_REJECTIONS = Counter(
     "Cumulative number pod admission rejections by the Kubelet.",
     ["reason"],
 )
+STARTED_CONTAINER_ERRORS = Counter(
+    "kubelet_started_containers_errors_total",
+    "Cumulative number of errors when starting containers",
+    ["container_type", "code"],
+)
+"""Counted for the starts the fake kubelet fails: images not pulled (ErrImagePull,
+ImagePullBackOff), by container type (container, init_container)."""
 ANY_DRIVER = "<any>"
 """The kubelet's driver_name for claims counted once, whatever drivers they use."""
 

@@ -471,6 +471,8 @@ class PodManager:
                 else:
                     for told in pull.told:
                         self.tell(pod, told, name)
+                    if pull.failed is not None:
+                        metrics.STARTED_CONTAINER_ERRORS.labels("container", pull.failed[0]).inc()
                     pulls[name] = containerevents.Pull([], pull.failed, pull.started_told)
         return pulls
 
@@ -985,6 +987,7 @@ class PodManager:
             pod = self._pod(uid)
             for told in pull.told:
                 self.tell(pod, told, container["name"])
+            metrics.STARTED_CONTAINER_ERRORS.labels("init_container", pull.failed[0]).inc()
             # A sync that made the sandbox is followed by the relist's, another by the
             # pod worker's back-off.
             next_sync = until_next_relist() if made_sandbox else jittered(SYNC_ERROR_BACKOFF_S)

@@ -2657,10 +2657,17 @@ def test_images_pulled_past_the_nodes_pull_limit_fail_and_back_off_alike(
                         if shown in ("ErrImagePull", "ImagePullBackOff"):
                             waits.add((shown, unnamed(container["state"]["waiting"]["message"])))
                 waited = [name for name in names if "ErrImagePull" in states[name]]
+                start_errors = {
+                    (sample.labels["container_type"], sample.labels["code"]): sample.value
+                    for family in text_string_to_metric_families(await side.node.kubelet_metrics())
+                    for sample in family.samples
+                    if sample.name == "kubelet_started_containers_errors_total"
+                }
                 # Read once the pod is gone: the Events are written behind the status.
                 await side.deleted("wide")
                 told = [fact for fact in (await _told(side, counted=False)).get("wide", []) if fact[2] != "Killing"]
                 return {
+                    "kubelet_started_containers_errors_total": start_errors,
                     "phases": [phase for phase, _ in itertools.groupby(s.get("phase") for s in versions if s)],
                     "the 11th's states": [shown for shown, _ in itertools.groupby(states[names[10]])],
                     "the first ten pulled at once": not waited or waited[0] >= names[10],
@@ -2677,11 +2684,20 @@ def test_images_pulled_past_the_nodes_pull_limit_fail_and_back_off_alike(
                 for kind, seen in found.items():
                     assert seen["why they waited"] == [] and seen["ran after"] < 9, (kind, seen)
                 return
+            # Each sync the back-off blocks counts a start error: the real kubelet's pod worker
+            # blocked one to three syncs in that time (a PLEG event may add one).
+            errors = {kind: seen.pop("kubelet_started_containers_errors_total") for kind, seen in found.items()}
+            assert errors["fake"].keys() == errors["real"].keys()
+            for (kind, code), count in errors["real"].items():
+                assert count >= 1 and (code != "ErrImagePull" or count == errors["fake"][(kind, code)]), errors
             for key in found["real"]:
                 if key != "ran after":
                     assert found["fake"][key] == found["real"][key], (key, found["fake"][key], found["real"][key])
             fake = found["fake"]
             shown_failing = ["ErrImagePull", "ImagePullBackOff"]
+            counted = {("init_container", "ErrImagePull"): 1.0}
+            counted = counted if inits else {("container", "ErrImagePull"): 3.0, ("container", "ImagePullBackOff"): 3.0}
+            assert errors["fake"] == counted
             if inits:
                 # An init container's wait is shown by the sync that pulls it after all.
                 assert (fake["the 11th's states"], fake["those that waited"]) == (
