@@ -20,6 +20,7 @@ from pathlib import Path
 
 from testbed.config import REGISTRY_BURST, REGISTRY_PULL_QPS
 from testbed.kubeapi import Obj
+from testbed.kubelet.ratelimit import TokenBucket
 
 log = logging.getLogger(__name__)
 
@@ -47,28 +48,6 @@ doubling at each failure up to 300 s."""
 ERR_IMAGE_PULL = "ErrImagePull"
 IMAGE_PULL_BACK_OFF = "ImagePullBackOff"
 PULL_QPS_EXCEEDED = "pull QPS exceeded"
-
-
-class PullLimit:
-    """A token bucket, full at first: a pull takes a token or fails (no waiting), as the
-    kubelet's throttled image service does. ``qps`` 0: no limit."""
-
-    def __init__(
-        self, qps: float = REGISTRY_PULL_QPS, burst: int = REGISTRY_BURST, clock: Callable[[], float] = time.monotonic
-    ):
-        self.qps, self.burst, self._clock = qps, burst, clock
-        self._tokens, self._at = float(burst), clock()
-
-    def take(self) -> bool:
-        if self.qps <= 0:
-            return True
-        now = self._clock()
-        self._tokens = min(float(self.burst), self._tokens + (now - self._at) * self.qps)
-        self._at = now
-        if self._tokens >= 1.0:
-            self._tokens -= 1.0
-            return True
-        return False
 
 
 @dataclass
@@ -122,10 +101,10 @@ class ImageStore:
     ``on_change`` hears of each image added (the Node's status lists them). ``preloaded``:
     images the node was built with (a node image with its driver's baked in)."""
 
-    def __init__(self, path: Path | None = None, preloaded: Iterable[str] = (), limit: PullLimit | None = None):
+    def __init__(self, path: Path | None = None, preloaded: Iterable[str] = (), limit: TokenBucket | None = None):
         self.path = path
         self.on_change: Callable[[], None] | None = None
-        self.limit = limit or PullLimit()
+        self.limit = limit or TokenBucket(REGISTRY_PULL_QPS, REGISTRY_BURST)
         self.back_off = PullBackOff()
         self._present: set[str] = {pulled_name(image) for image in preloaded}
         if path is not None and path.exists():

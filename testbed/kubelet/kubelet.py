@@ -14,11 +14,12 @@ from testbed.config import KUBELET_SYNC_FREQUENCY_S, REGISTRY_BURST, REGISTRY_PU
 from testbed.grpcapi import podresources_v1_pb2_grpc
 from testbed.kubeapi import ApiError, KubeClient, path_for
 from testbed.kubelet import podresources
-from testbed.kubelet.containerevents import ImageStore, PullLimit
+from testbed.kubelet.containerevents import ImageStore
 from testbed.kubelet.lease import LeaseFence
 from testbed.kubelet.node import NodeAgent, NodeSpec, NodeWatcher
 from testbed.kubelet.plugins import SCAN_INTERVAL_S, PluginManager
 from testbed.kubelet.pods import PodManager
+from testbed.kubelet.ratelimit import TokenBucket
 from testbed.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,7 @@ class FakeKubelet:
             scan_interval_s=scan_interval_s,
             on_health_change=lambda driver, devices: self.pods.health_changed(driver, devices),
         )
-        images = ImageStore(kubelet_dir / IMAGES_FILE, preloaded_images, PullLimit(*pull_limit))
+        images = ImageStore(kubelet_dir / IMAGES_FILE, preloaded_images, TokenBucket(*pull_limit))
         self.node.report_images(images)
         self.pods = PodManager(
             client,

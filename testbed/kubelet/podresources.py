@@ -19,8 +19,6 @@ podresources/server_v1.go and the container manager's GetDynamicResources):
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,29 +29,12 @@ from testbed.grpcapi import podresources_v1_pb2_grpc as pb2_grpc
 from testbed.kubeapi import Obj
 from testbed.kubelet.claiminfo import PreparedClaim
 from testbed.kubelet.pods import PodManager, StartFailed, pod_claim_name
+from testbed.kubelet.ratelimit import TokenBucket
 
 log = logging.getLogger(__name__)
 SOCKET = Path("pod-resources") / "kubelet.sock"
 """Under the kubelet's root directory, where the kubelet serves it."""
 QPS, BURST = 100.0, 10
-
-
-class TokenBucket:
-    """As the kubelet limits this API: ``rate`` tokens a second, at most ``burst`` saved."""
-
-    def __init__(self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic):
-        self.rate, self.burst, self.clock = rate, burst, clock
-        self.tokens = float(burst)
-        self.stamp = clock()
-
-    def take(self) -> bool:
-        now = self.clock()
-        self.tokens = min(float(self.burst), self.tokens + (now - self.stamp) * self.rate)
-        self.stamp = now
-        if self.tokens < 1:
-            return False
-        self.tokens -= 1
-        return True
 
 
 class PodResourcesService(pb2_grpc.PodResourcesListerServicer):

@@ -457,16 +457,16 @@ class PodManager:
         sync. The kubelet starts the others then, and does not pull their images again;
         here they are told started then (``before``), but all are shown running together."""
         uid, pulls = pod["metadata"]["uid"], {}
-        for container in pod["spec"].get("containers", []):
-            name, earlier = container["name"], before.get(container["name"])
-            if earlier is not None and earlier.failed is None:
-                pulls[name] = earlier
-                continue
-            pulls[name] = self._images.pull(container, uid)
+        containers = {container["name"]: container for container in pod["spec"].get("containers", [])}
+        for name, container in containers.items():
+            pull = before.get(name)
+            if pull is None or pull.failed is not None:
+                pull = self._images.pull(container, uid)
+            pulls[name] = pull
         if any(pull.failed for pull in pulls.values()):
             for name, pull in pulls.items():
                 if pull.failed is None and not pull.started_told:
-                    self._tell_started(pod, next(c for c in pod["spec"]["containers"] if c["name"] == name), pull)
+                    self._tell_started(pod, containers[name], pull)
                     pulls[name] = containerevents.Pull([], None, started_told=True)
                 else:
                     for told in pull.told:

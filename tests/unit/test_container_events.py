@@ -5,17 +5,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from testbed.config import REGISTRY_BURST, REGISTRY_PULL_QPS
 from testbed.kubelet.containerevents import (
     IMAGE_SIZE_BYTES,
     ImageStore,
     PullBackOff,
-    PullLimit,
     field_path,
     go_milliseconds,
     pulled_name,
     stopping,
 )
 from testbed.kubelet.events import EventRecorder
+from testbed.kubelet.ratelimit import TokenBucket
 
 
 def reasons(images: ImageStore, container: dict[str, str]) -> list[str]:
@@ -54,13 +55,13 @@ class Clock:
 
 def test_a_node_pulls_ten_images_at_once_then_five_a_second() -> None:
     clock = Clock()
-    limit = PullLimit(clock=clock)
+    limit = TokenBucket(REGISTRY_PULL_QPS, REGISTRY_BURST, clock=clock)
     assert [limit.take() for _ in range(11)] == [True] * 10 + [False]
     clock.now += 0.5
     assert [limit.take() for _ in range(3)] == [True, True, False], "5 a second: 2.5 tokens in 0.5 s"
     clock.now += 60
     assert sum(limit.take() for _ in range(20)) == 10, "never more than the burst"
-    assert all(PullLimit(qps=0).take() for _ in range(100)), "registryPullQPS 0: no limit"
+    assert all(TokenBucket(0, REGISTRY_BURST).take() for _ in range(100)), "registryPullQPS 0: no limit"
 
 
 def test_a_failed_pull_backs_off_per_pod_and_image_doubling_to_five_minutes() -> None:
@@ -88,7 +89,7 @@ def test_a_failed_pull_backs_off_per_pod_and_image_doubling_to_five_minutes() ->
 
 def test_a_pull_over_the_limit_fails_then_backs_off_with_the_kubelets_words() -> None:
     clock = Clock()
-    images = ImageStore(limit=PullLimit(qps=5, burst=1, clock=clock))
+    images = ImageStore(limit=TokenBucket(5, 1, clock=clock))
     images.back_off = PullBackOff(clock)
     first = {"name": "a", "image": "registry.invalid/a", "imagePullPolicy": "Always"}
     second = {"name": "b", "image": "registry.invalid/b", "imagePullPolicy": "Always"}

@@ -9,8 +9,9 @@ from testbed.kubeapi import KubeClient, Obj
 from testbed.kubelet.claiminfo import PreparedClaim
 from testbed.kubelet.node import NodeSpec
 from testbed.kubelet.plugins import PluginManager, PreparedDevice
-from testbed.kubelet.podresources import PodResourcesService, TokenBucket
+from testbed.kubelet.podresources import PodResourcesService
 from testbed.kubelet.pods import PodManager
+from testbed.kubelet.ratelimit import TokenBucket
 
 GPU, NIC = "gpu.dra-testbed.io", "nic.dra-testbed.io"
 
