@@ -67,8 +67,8 @@ class HardwareHost:
     async def inject(self, node: str, **faults: Any) -> None:
         self._node(node).inject(**faults)
 
-    async def set_health(self, node: str, device: str, healthy: bool, message: str = "") -> None:
-        self._node(node).set_health(device, Health.HEALTHY if healthy else Health.UNHEALTHY, message)
+    async def set_health(self, node: str, device: str, healthy: bool, message: str = "", fatal: bool = False) -> None:
+        self._node(node).set_health(device, Health.HEALTHY if healthy else Health.UNHEALTHY, message, fatal)
 
     async def lose_device(self, node: str, device: str) -> None:
         self._node(node).lose_device(device)

@@ -36,6 +36,9 @@ class DeviceHealth:
     health: Health
     message: str
     updated_unix: int
+    fatal: bool = False
+    """Unhealthy past running work (a GPU fallen off the bus): what ran on it is lost,
+    where a device merely unhealthy (too hot, say) still serves the work it has."""
 
 
 @dataclass(frozen=True)
@@ -145,7 +148,7 @@ class NodeHardware:
             if sick is None:
                 snapshot.append(DeviceHealth(device.name, Health.HEALTHY, "", now))
             else:
-                snapshot.append(DeviceHealth(device.name, sick.health, sick.message, sick.updated_unix))
+                snapshot.append(DeviceHealth(device.name, sick.health, sick.message, sick.updated_unix, sick.fatal))
         return snapshot
 
     def _bump(self) -> None:
@@ -180,12 +183,13 @@ class NodeHardware:
         if message is not None:
             self.faults.fail_message = message
 
-    def set_health(self, device: str, health: Health, message: str = "") -> None:
+    def set_health(self, device: str, health: Health, message: str = "", fatal: bool = False) -> None:
+        """``fatal``: the device cannot serve even the work it has (see DeviceHealth)."""
         self.device(device)
         if health is Health.HEALTHY:
             self._health.pop(device, None)
         else:
-            self._health[device] = DeviceHealth(device, health, message, int(time.time()))
+            self._health[device] = DeviceHealth(device, health, message, int(time.time()), fatal)
         self._bump()
 
     def set_busy(self, device: str, message: str | None) -> None:

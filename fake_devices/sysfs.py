@@ -12,7 +12,7 @@ inventory.json::
                   "attributes": {"uuid": "...", "pciBusID": "0000:20:00.0", ...},
                   "capacity": {"memory": 85899345920, ...},
                   "counterPool": "gpu-0-counters", "draws": {"memory": ..., ...},
-                  "health": "HEALTHY", "healthMessage": ""}, ...],
+                  "health": "HEALTHY", "healthMessage": "", "fatal": false}, ...],
      "counterPools": [{"name": "gpu-0-counters", "capacity": {...}}],
      "faults": {"failNextPrepares": 0, "latencySeconds": 0.0, "failureRate": 0.0}}
 """
@@ -49,6 +49,7 @@ def inventory(hardware: NodeHardware) -> dict[str, Any]:
                 "draws": dict(d.draws),
                 "health": health[d.name].health.value if d.name in health else Health.HEALTHY.value,
                 "healthMessage": health[d.name].message if d.name in health else "",
+                "fatal": health[d.name].fatal if d.name in health else False,
             }
             for d in hardware.devices()
         ],

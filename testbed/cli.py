@@ -1215,8 +1215,14 @@ COUNTED_FAULTS = {
 @click.argument("target")
 @cluster_options
 @click.option("--message", default="", help="What the driver reports for an unhealthy device (e.g. 'XID 79').")
+@click.option(
+    "--fatal",
+    is_flag=True,
+    help="With unhealthy: the device cannot serve even the work it has (fallen off the bus); built-in "
+    "drivers taint it NoExecute, so the controller-manager evicts the pods whose claims do not tolerate it.",
+)
 @reports_errors
-def fault(node: str, action: str, target: str, name: str, state_dir: Path | None, message: str) -> None:
+def fault(node: str, action: str, target: str, name: str, state_dir: Path | None, message: str, fatal: bool) -> None:
     """Break a synthetic node's emulated hardware: NODE unhealthy|healthy|lost DEVICE, or
     NODE fail-prepare N (the next N prepares fail), or NODE latency MS (every prepare), or
     NODE fail-attach N (the next N attaches of devices behind a fabric to NODE fail), or
@@ -1225,6 +1231,10 @@ def fault(node: str, action: str, target: str, name: str, state_dir: Path | None
     Built-in drivers act on it at once (slices, health stream, prepare); external drivers
     see health and lost devices in $HARDWARE_DIR/inventory.json."""
     _about(name, f"{action} {target} on node {node}")
+    if fatal and action != "unhealthy":
+        raise TestbedError(
+            f"--fatal is for unhealthy, not {action}", hint=f"testbed fault {node} unhealthy DEVICE --fatal"
+        )
     number = None
     if action in COUNTED_FAULTS:
         try:
@@ -1236,8 +1246,9 @@ def fault(node: str, action: str, target: str, name: str, state_dir: Path | None
     state = _running(name, state_dir)
     fleet = environment.attach_fleet(state)
 
-    run_coroutine(fleet.apply_fault(node, action, target if number is None else f"{number:g}", message))
-    stderr.print(f"node {node}: {action} {target}" + (f" ({message})" if message else ""), markup=False)
+    run_coroutine(fleet.apply_fault(node, action, target if number is None else f"{number:g}", message, fatal))
+    said = ", ".join(word for word in (message, "fatal" if fatal else "") if word)
+    stderr.print(f"node {node}: {action} {target}" + (f" ({said})" if said else ""), markup=False)
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})

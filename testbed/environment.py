@@ -226,7 +226,7 @@ def fault_injector(fleet: Fleet, cluster_root: Path | None = None) -> FaultInjec
             return await _roll_out(fleet, fault, cluster_root)
         nodes = fnmatch.filter(sorted(fleet.host_of), fault.nodes)
         for node in nodes:
-            await fleet.apply_fault(node, fault.action, fault.target, fault.message)
+            await fleet.apply_fault(node, fault.action, fault.target, fault.message, fault.fatal)
         return Injected(nodes)
 
     return inject

@@ -17,10 +17,11 @@ Configured from the environment, as a DaemonSet passes it:
     KUBECONFIG         a kubeconfig; without it, the pod's service account
     CALL_LOG           append every DRA call a kubelet makes to this file (JSON lines)
     FAULTS_FILE        a JSON file the driver follows: {"unhealthy": {"gpu-0": "XID 79"},
-                       "busy": {"gpu-1": "held by pid 4242"}, "latencyMs": 3000,
-                       "lost": ["gpu-2"], "failNextPrepares": 2, "failureRate": 0.1,
-                       "failMessage": "ECC error"}: the unhealthy devices with that
-                       message, the rest healthy; a busy device's claim cannot be
+                       "fatal": ["gpu-0"], "busy": {"gpu-1": "held by pid 4242"},
+                       "latencyMs": 3000, "lost": ["gpu-2"], "failNextPrepares": 2,
+                       "failureRate": 0.1, "failMessage": "ECC error"}: the unhealthy
+                       devices with that message (those listed fatal tainted NoExecute,
+                       evicting their pods), the rest healthy; a busy device's claim cannot be
                        unprepared (the call fails with the message) until freed; every
                        prepare and unprepare that much slower; lost devices gone from the
                        inventory until the driver restarts; each time the file is written
@@ -148,6 +149,7 @@ class _Applied:
     """What of a faults file the hardware shows now."""
 
     marked: dict[str, dict[str, str]]
+    fatal: frozenset[str] = frozenset()
     latency_ms: float = 0.0
     lost: frozenset[str] = frozenset()
     failure_rate: float = 0.0
@@ -178,6 +180,12 @@ def _apply_faults(document: dict[str, object], hardware: NodeHardware, applied: 
     if not isinstance(lost_listed, list):
         raise ValueError("lost must be a list of devices")
     lost = frozenset(str(d) for d in lost_listed)
+    fatal_listed = document.get("fatal", [])
+    if not isinstance(fatal_listed, list):
+        raise ValueError("fatal must be a list of devices")
+    fatal = frozenset(str(d) for d in fatal_listed)
+    if fatal - set(marked["unhealthy"]):
+        raise ValueError(f"fatal names {sorted(fatal - set(marked['unhealthy']))}, which unhealthy does not")
     latency_ms = _number(document, "latencyMs")
     failure_rate = _number(document, "failureRate", highest=1)
     fail_next = _number(document, "failNextPrepares")
@@ -198,8 +206,9 @@ def _apply_faults(document: dict[str, object], hardware: NodeHardware, applied: 
         if device in present:
             hardware.set_health(device, Health.HEALTHY)
     for device, message in marked["unhealthy"].items():
-        if device in present and applied.marked["unhealthy"].get(device) != message:
-            hardware.set_health(device, Health.UNHEALTHY, message)
+        was = (applied.marked["unhealthy"].get(device), device in applied.fatal)
+        if device in present and was != (message, device in fatal):
+            hardware.set_health(device, Health.UNHEALTHY, message, fatal=device in fatal)
     for device in set(applied.marked["busy"]) - set(marked["busy"]):
         if device in present:
             hardware.set_busy(device, None)
@@ -213,12 +222,13 @@ def _apply_faults(document: dict[str, object], hardware: NodeHardware, applied: 
         fail_next_prepares=int(fail_next) if "failNextPrepares" in document else None,
         message=message,
     )
-    now = _Applied(marked, latency_ms, lost | applied.lost, failure_rate, message)
+    now = _Applied(marked, fatal, latency_ms, lost | applied.lost, failure_rate, message)
     if now != applied or "failNextPrepares" in document:
         log.info(
-            "faults file applied: unhealthy %s, busy %s, lost %s, latency %g ms, failure rate %g, "
-            "next prepares to fail %d",
+            "faults file applied: unhealthy %s (fatal %s), busy %s, lost %s, latency %g ms, "
+            "failure rate %g, next prepares to fail %d",
             sorted(marked["unhealthy"]),
+            sorted(fatal),
             sorted(marked["busy"]),
             sorted(now.lost),
             latency_ms,
@@ -242,7 +252,8 @@ async def follow_faults(path: Path, hardware: NodeHardware) -> None:
                 applied = _apply_faults(document, hardware, applied)
         except (OSError, ValueError, TypeError, AttributeError, KeyError) as exc:
             log.warning(
-                'faults file %s: %s; fix it (want {"unhealthy": {DEVICE: MESSAGE}, "busy": {DEVICE: MESSAGE}, '
+                'faults file %s: %s; fix it (want {"unhealthy": {DEVICE: MESSAGE}, "fatal": [DEVICE], '
+                '"busy": {DEVICE: MESSAGE}, '
                 '"latencyMs": N, "lost": [DEVICE], "failNextPrepares": N, "failureRate": P, "failMessage": TEXT})',
                 path,
                 exc,

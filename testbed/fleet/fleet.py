@@ -745,13 +745,15 @@ class Fleet:
         claims: dict[str, list[str]] = self._call(node, "hardware_claims", node)
         return claims
 
-    def set_health(self, node: str, device: str, healthy: bool, message: str = "") -> None:
-        """Mark a device unhealthy (tainted in its slice, reported on the health stream) or healthy again."""
-        self._call(node, "set_health", node, device, healthy, message)
+    def set_health(self, node: str, device: str, healthy: bool, message: str = "", fatal: bool = False) -> None:
+        """Mark a device unhealthy (tainted in its slice, reported on the health stream) or
+        healthy again; ``fatal``: its taint evicts the pods using it."""
+        self._call(node, "set_health", node, device, healthy, message, fatal)
 
-    async def apply_fault(self, node: str, action: str, target: str, message: str = "") -> None:
+    async def apply_fault(self, node: str, action: str, target: str, message: str = "", fatal: bool = False) -> None:
         """One fault on one node's hardware (FAULT_ACTIONS): ``target`` is the device, or
-        the count of prepares to fail, or the latency in milliseconds."""
+        the count of prepares to fail, or the latency in milliseconds. ``fatal``: an
+        unhealthy device cannot serve even the work it has (its pods are evicted)."""
         if node not in self.host_of:
             raise TestbedError(f"no synthetic node {node!r} in this fleet")
         host = self.host(node)
@@ -762,7 +764,7 @@ class Fleet:
         elif action == "lost":
             call = host.lose_device.remote(node, target)
         elif action in ("healthy", "unhealthy"):
-            call = host.set_health.remote(node, target, action == "healthy", message)
+            call = host.set_health.remote(node, target, action == "healthy", message, fatal)
         elif action in ("fail-attach", "hang-attach"):
             if self.fabric is None:
                 raise TestbedError(

@@ -624,8 +624,8 @@ class NodeHost:
         self._hardware_of(node).inject(**faults)
         self._publish_hardware(node, fail_next_prepares=faults.get("fail_next_prepares"))
 
-    async def set_health(self, node: str, device: str, healthy: bool, message: str = "") -> None:
-        self._hardware_of(node).set_health(device, Health.HEALTHY if healthy else Health.UNHEALTHY, message)
+    async def set_health(self, node: str, device: str, healthy: bool, message: str = "", fatal: bool = False) -> None:
+        self._hardware_of(node).set_health(device, Health.HEALTHY if healthy else Health.UNHEALTHY, message, fatal)
         self._publish_hardware(node)
 
     async def lose_device(self, node: str, device: str) -> None:
@@ -650,8 +650,10 @@ class NodeHost:
             sysfs.write(hardware, process.root / "hardware")
         if process.drivers:
             faults, sick = hardware.faults, {h.device: h for h in hardware.health() if h.health is Health.UNHEALTHY}
+            named = {d: h for d, h in sick.items() if hardware.device(d).parent not in sick}
             process.set_faults(  # a partition is as sick as its GPU: the GPU alone is named
-                unhealthy={d: h.message for d, h in sick.items() if hardware.device(d).parent not in sick},
+                unhealthy={d: h.message for d, h in named.items()},
+                fatal=[d for d, h in named.items() if h.fatal],
                 latency_ms=faults.latency_s * 1000,
                 lost=hardware.lost(),
                 fail_next_prepares=fail_next_prepares,

@@ -67,7 +67,10 @@ def device_entry(device: Device, health: DeviceHealth | None) -> Obj:
             }
         ]
     if health is not None and health.health is Health.UNHEALTHY:
-        entry["taints"] = [{"key": UNHEALTHY_TAINT_KEY, "value": "true", "effect": "NoSchedule"}]
+        # NoSchedule keeps new claims off a sick device; NoExecute also has the
+        # controller-manager evict the pods of claims that do not tolerate it.
+        effect = "NoExecute" if health.fatal else "NoSchedule"
+        entry["taints"] = [{"key": UNHEALTHY_TAINT_KEY, "value": "true", "effect": effect}]
     return entry
 
 

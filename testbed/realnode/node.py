@@ -230,6 +230,7 @@ class ProcessNode:
     def set_faults(
         self,
         unhealthy: Mapping[str, str] | None = None,
+        fatal: Collection[str] = (),
         busy: Mapping[str, str] | None = None,
         latency_ms: float = 0.0,
         lost: Collection[str] = (),
@@ -237,12 +238,14 @@ class ProcessNode:
         failure_rate: float = 0.0,
         fail_message: str = "",
     ) -> None:
-        """These devices unhealthy, and these busy (device -> message); all others fine;
+        """These devices unhealthy, of which ``fatal`` past serving the work they have, and
+        these busy (device -> message); all others fine;
         every prepare and unprepare ``latency_ms`` slower; ``lost`` devices gone;
         ``fail_next_prepares``: that many next prepares fail (None: as many as before);
         each prepare fails with probability ``failure_rate``."""
         document: dict[str, object] = {
             "unhealthy": dict(unhealthy or {}),
+            "fatal": sorted(fatal),
             "busy": dict(busy or {}),
             "latencyMs": latency_ms,
             "lost": sorted(lost),

@@ -93,6 +93,7 @@ def build(data: RunData, leaks: dict[str, int], cluster: dict[str, Any]) -> dict
                 "pods_succeeded": result.pods_succeeded,
                 "pods_failed": result.pods_failed,
                 "pods_removed": result.pods_removed,
+                "pods_evicted": result.pods_evicted,
                 "unschedulable": result.unschedulable,
                 "pods_not_started": result.not_started,
                 "stalled": result.stalled,
@@ -272,7 +273,8 @@ def _fault_lines(report: dict[str, Any]) -> list[str]:
         nodes = f.get("nodes") or []
         shown = ", ".join(nodes[:5]) + (f" (+{len(nodes) - 5})" if len(nodes) > 5 else "")
         outcome = f"error: {f['error']}" if f.get("error") else f.get("outcome") or ""
-        lines.append(f"| {f['at_s']} s | {f['action']} {f['target']} | {shown or '-'} | {outcome} |")
+        fatal = " (fatal)" if f.get("fatal") else ""
+        lines.append(f"| {f['at_s']} s | {f['action']} {f['target']}{fatal} | {shown or '-'} | {outcome} |")
     return [*lines, ""]
 
 
@@ -339,7 +341,7 @@ def markdown(report: dict[str, Any]) -> str:
         lat = p["pod_startup_s"]
         lines.append(
             f"| {p['name']} | {p['jobs']} | {p['pods_expected']} | {p['pods_running']} | {p['pods_succeeded']} | "
-            f"{p.get('pods_failed', 0)} | {p.get('pods_removed', 0)} | {p['unschedulable']}"
+            f"{p.get('pods_failed', 0)}{_evicted(p)} | {p.get('pods_removed', 0)} | {p['unschedulable']}"
             + (f" (+{p['pods_not_started']} on a node, never started)" if p.get("pods_not_started") else "")
             + f" | {p['pods_per_s']} | {_fmt(lat['p50'])} | {_fmt(lat['p90'])} | {_fmt(lat['p99'])} | "
             f"{slo_text(p['slo_met'], p)} (<= {p['slo_p99_s']} s) |"
@@ -537,12 +539,17 @@ def write(report: dict[str, Any], data: RunData, directory: Path) -> Path:
     return directory
 
 
+def _evicted(p: dict[str, Any]) -> str:
+    return f" ({p['pods_evicted']} evicted)" if p.get("pods_evicted") else ""
+
+
 def phase_line(p: dict[str, Any]) -> str:
     lat = p["pod_startup_s"]
     return (
         f"{p['name']}: {p['pods_running']}/{p['pods_expected']} pods ran"
         + (f" ({p['pods_removed']} removed before finishing)" if p.get("pods_removed") else "")
         + (f", {p['pods_failed']} failed" if p.get("pods_failed") else "")
+        + _evicted(p)
         + f", {p['unschedulable']} unschedulable, "
         + (f"{p['pods_not_started']} on a node but never started, " if p.get("pods_not_started") else "")
         + f"startup p50 {_fmt(lat['p50'])} p99 {_fmt(lat['p99'])}, {p['pods_per_s']} pods/s, "

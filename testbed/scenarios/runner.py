@@ -60,7 +60,10 @@ class PodRecord:
     bound: float | None = None
     """When the scheduler's binding (``spec.nodeName``) was first seen."""
     failed: bool = False
-    """It finished Failed (its container exited non-zero)."""
+    """It finished Failed (its container exited non-zero, or it was evicted)."""
+    evicted: str = ""
+    """Why the control plane deleted it (its DisruptionTarget condition's reason, e.g.
+    DeletionByDeviceTaintManager for a device tainted NoExecute), if it did."""
 
 
 KUBELET_RETRY_S = 100.0
@@ -78,6 +81,23 @@ def stall_window(stall_seconds: float, waiting: list[PodRecord], retry_back_off_
     if waiting and all(p.bound is not None for p in waiting):
         return max(window, KUBELET_RETRY_S)
     return window
+
+
+def disrupted(pod: Obj) -> str:
+    """The reason of the pod's DisruptionTarget condition (set by whoever evicts it: the
+    device or node taint managers, preemption, the eviction API), or ""."""
+    for condition in pod.get("status", {}).get("conditions", []):
+        if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True":
+            return str(condition.get("reason") or "DisruptionTarget")
+    return ""
+
+
+def job_ended(job: Obj) -> bool:
+    """Complete or Failed: the Job controller makes no more pods for it."""
+    return any(
+        c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
+        for c in job.get("status", {}).get("conditions", [])
+    )
 
 
 def never_ran(pods: list[PodRecord]) -> tuple[int, int]:
@@ -98,6 +118,8 @@ class PhaseResult:
     pods_succeeded: int = 0
     pods_failed: int = 0
     pods_removed: int = 0
+    pods_evicted: int = 0
+    """Of the pods that failed or were removed, those the control plane evicted."""
     unschedulable: int = 0
     """Pods that never ran and were never bound to a node."""
     not_started: int = 0
@@ -165,6 +187,10 @@ class RunData:
     """What the run could not clean up, and how to do it by hand."""
     faults: list[dict[str, Any]] = field(default_factory=list)
     """The faults injected: when, on which nodes, and any error."""
+    jobs_ended: dict[str, set[str]] = field(default_factory=dict)
+    """Per phase, its Jobs that ended (Complete or Failed). A phase that waits for its
+    Jobs waits for these, not for a count of pods: a pod evicted from a failed device
+    is replaced by its Job, and its successor is the one to wait for."""
 
 
 def count_devices(slices: list[Obj], device_class: str) -> int:
@@ -365,7 +391,17 @@ class Runner:
                     record.running = now
             if kind == "DELETED" and record.finished is None:
                 record.removed = now
+            if not record.evicted:
+                record.evicted = disrupted(pod)
             self._changed.set()
+
+    async def _watch_jobs(self) -> None:
+        path = path_for("batch/v1", "jobs", namespace=self.data.namespace)
+        async for _, job in self.client.watch(path):
+            if job_ended(job):
+                phase = job["metadata"].get("labels", {}).get(PHASE_LABEL, "")
+                self.data.jobs_ended.setdefault(phase, set()).add(job["metadata"]["name"])
+                self._changed.set()
 
     async def _watch_claims(self) -> None:
         path = path_for("resource.k8s.io/v1", "resourceclaims", namespace=self.data.namespace)
@@ -444,6 +480,7 @@ class Runner:
                 "action": fault.action,
                 "target": fault.target,
                 "nodes_pattern": fault.nodes,
+                **({"fatal": True} if fault.fatal else {}),
             }
             try:
                 if self.injector is None:
@@ -454,7 +491,8 @@ class Runner:
             except Exception as exc:  # reported, not fatal: the run goes on
                 entry["error"] = f"{type(exc).__name__}: {exc}"
             self.data.faults.append(entry)
-            self._say(f"fault {fault.action} {fault.target} on {len(entry.get('nodes', []))} node(s)")
+            fatal = " (fatal)" if fault.fatal else ""
+            self._say(f"fault {fault.action} {fault.target}{fatal} on {len(entry.get('nodes', []))} node(s)")
 
     # --- phases --------------------------------------------------------------------
 
@@ -523,6 +561,7 @@ class Runner:
         result.pods_succeeded = sum(1 for p in mine if p.finished is not None and not p.failed)
         result.pods_failed = sum(1 for p in mine if p.failed)
         result.pods_removed = sum(1 for p in mine if p.removed is not None)
+        result.pods_evicted = sum(1 for p in mine if p.evicted)
         result.unschedulable, result.not_started = never_ran(mine)
 
     async def _wait(self, phase: Phase, jobs: int, result: PhaseResult) -> None:
@@ -530,20 +569,26 @@ class Runner:
             return
         want = jobs * phase.pods_per_job
         deadline = time.monotonic() + phase.timeout_seconds
-        last_progress, last_count = time.monotonic(), -1
+        last_progress, last_count = time.monotonic(), (-1, -1)
         while True:
             mine = [p for p in self.data.pods.values() if p.phase == phase.name]
-            done = (
-                sum(1 for p in mine if p.running is not None)
-                if phase.wait == "running"
-                else sum(1 for p in mine if p.finished is not None)
-            )
-            if done >= want:
-                return
-            if done != last_count:
-                last_progress, last_count = time.monotonic(), done
+            ended = len(self.data.jobs_ended.get(phase.name, ()))
+            if phase.wait == "running":
+                done = sum(1 for p in mine if p.running is not None)
+                if done >= want:
+                    return
+            else:
+                done = sum(1 for p in mine if p.finished is not None)
+                if ended >= jobs:
+                    return
+            if (done, ended) != last_count:
+                last_progress, last_count = time.monotonic(), (done, ended)
                 if self.progress is not None:
-                    self.progress.update(f"phase {phase.name}: {done}/{want} pods {phase.wait}")
+                    self.progress.update(
+                        f"phase {phase.name}: {done}/{want} pods running"
+                        if phase.wait == "running"
+                        else f"phase {phase.name}: {ended}/{jobs} Jobs done ({done} pods finished)"
+                    )
             now = time.monotonic()
             waiting = [
                 p for p in mine if p.removed is None and (p.running if phase.wait == "running" else p.finished) is None
@@ -608,7 +653,8 @@ class Runner:
         await self.client.create(path_for("v1", "namespaces"), {"metadata": metadata})
         async with aiohttp.ClientSession() as session:
             self.data.before = await self._scrape_all(session)
-            tasks = [asyncio.create_task(t) for t in (self._watch_pods(), self._watch_claims(), self._sample(session))]
+            watches = (self._watch_pods(), self._watch_jobs(), self._watch_claims(), self._sample(session))
+            tasks = [asyncio.create_task(t) for t in watches]
             if self.scenario.faults:
                 tasks.append(asyncio.create_task(self._inject_faults()))
             held = 0

@@ -149,6 +149,10 @@ class Fault(_Strict):
     """For rollout, one of them: nodes at a time, the new instance beside the old
     (maxSurge, the default: 1) or the old one stopped first (maxUnavailable)."""
     message: str = ""
+    fatal: bool = False
+    """For unhealthy: the device cannot serve even the work it has; built-in drivers taint
+    it NoExecute, and the controller-manager evicts the pods whose claims do not tolerate
+    that (their Jobs make new ones)."""
 
     @model_validator(mode="after")
     def _what_the_action_needs(self) -> Fault:
@@ -163,6 +167,8 @@ class Fault(_Strict):
         field, value = needs.get(self.action, ("device", self.device))
         if value is None:
             raise ValueError(f"action {self.action} needs {field}")
+        if self.fatal and self.action != "unhealthy":
+            raise ValueError(f"fatal is for action unhealthy, not {self.action}")
         if self.action == "rollout":
             if self.nodes != "*":
                 raise ValueError("a rollout covers every node that runs the driver: leave nodes out")

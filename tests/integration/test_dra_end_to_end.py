@@ -9,6 +9,7 @@ import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import ray
@@ -20,7 +21,9 @@ from fake_devices.actor import hardware_host_actor
 from fake_devices.hardware import HardwareError, Share
 from testbed.drivers import load_profile
 from testbed.drivers.backend import RayBackend
+from testbed.errors import run_coroutine
 from testbed.fleet.fleet import Fleet
+from testbed.keys import UNHEALTHY_TAINT_KEY
 from testbed.testing import wait_for
 from testbed.workloads import (
     GPU,
@@ -406,3 +409,100 @@ def test_an_unresolvable_cdi_device_fails_the_pod_start(kube_api: k8s.ApiClient,
         plugin.wait(10)
         resource.delete_device_class(driver)
         resource.delete_resource_slice(f"{node}-wrong-cdi")
+
+
+UNHEALTHY_TOLERATION = {"key": UNHEALTHY_TAINT_KEY, "operator": "Exists", "effect": "NoExecute"}
+
+
+def _device_of(kube_api: k8s.ApiClient, namespace: str, name: str) -> tuple[str, str, str]:
+    """(node, device, claim uid) of a running pod's one GPU."""
+    running = wait_running(kube_api, namespace, name)
+    claim = pod_claim_name(running, "gpu")
+    [device] = allocated_devices(kube_api, namespace, claim)
+    uid = k8s.ResourceV1Api(kube_api).read_namespaced_resource_claim(claim, namespace).metadata.uid
+    return running.spec.node_name, device.device, uid
+
+
+def _evicted(kube_api: k8s.ApiClient, namespace: str, name: str) -> bool:
+    return ("DeviceTaintManagerEviction", "Marking for deletion") in events(kube_api, namespace, name)
+
+
+def test_a_fatally_sick_device_evicts_the_pods_not_tolerating_it_and_takes_no_new_claim(
+    kube_api: k8s.ApiClient, fleet: Fleet, namespace: str
+) -> None:
+    """`testbed fault NODE unhealthy DEVICE --fatal`: the driver taints the device
+    NoExecute, the controller-manager evicts the pods whose claims do not tolerate that,
+    their node unprepares the claims, and the scheduler gives the device to no new claim."""
+    core = k8s.CoreV1Api(kube_api)
+    create_template(kube_api, namespace, "one-gpu", claim_spec(request("gpu", GPU)))
+    tolerant = request("gpu", GPU, tolerations=[UNHEALTHY_TOLERATION])
+    create_template(kube_api, namespace, "one-gpu-come-what-may", claim_spec(tolerant))
+    core.create_namespaced_pod(namespace, pod("plain", {"gpu": {"resourceClaimTemplateName": "one-gpu"}}))
+    core.create_namespaced_pod(
+        namespace, pod("tolerant", {"gpu": {"resourceClaimTemplateName": "one-gpu-come-what-may"}})
+    )
+    plain_node, plain_device, plain_claim = _device_of(kube_api, namespace, "plain")
+    tolerant_node, tolerant_device, _ = _device_of(kube_api, namespace, "tolerant")
+    sick = [(plain_node, plain_device), (tolerant_node, tolerant_device)]
+    try:
+        for node, device in sick:
+            run_coroutine(fleet.apply_fault(node, "unhealthy", device, "XID 79: fallen off the bus", fatal=True))
+        wait_gone(kube_api, namespace, "plain", timeout_s=60)
+        assert _evicted(kube_api, namespace, "plain"), events(kube_api, namespace, "plain")
+        wait_for(
+            lambda: plain_claim not in hardware_claims(fleet, plain_node), 60, "the evicted pod's claim unprepared"
+        )
+        still = core.read_namespaced_pod("tolerant", namespace)
+        assert still.status.phase == "Running" and still.metadata.deletion_timestamp is None
+        assert not _evicted(kube_api, namespace, "tolerant")
+
+        core.create_namespaced_pod(namespace, pod("next", {"gpu": {"resourceClaimTemplateName": "one-gpu"}}))
+        node, device, _ = _device_of(kube_api, namespace, "next")
+        assert (node, device) not in sick, "a device tainted NoExecute is given to no claim that does not tolerate it"
+    finally:
+        for node, device in sick:
+            run_coroutine(fleet.apply_fault(node, "healthy", device))
+
+
+def test_a_device_taint_rule_takes_a_device_out_of_service_evicting_its_pod(
+    kube_api: k8s.ApiClient, fleet: Fleet, namespace: str
+) -> None:
+    """The admin's way to drain one device (DeviceTaintRule, GA in 1.37), on a synthetic
+    node as on a real one: its pod evicted and its claim unprepared, the rule's status
+    saying so, and the device back in service once the rule is deleted."""
+    core, resource = k8s.CoreV1Api(kube_api), k8s.ResourceV1Api(kube_api)
+    create_template(kube_api, namespace, "one-gpu", claim_spec(request("gpu", GPU)))
+    core.create_namespaced_pod(namespace, pod("worker", {"gpu": {"resourceClaimTemplateName": "one-gpu"}}))
+    node, device, claim_uid = _device_of(kube_api, namespace, "worker")
+    rule = unique("maintenance")
+    resource.create_device_taint_rule(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceTaintRule",
+            "metadata": {"name": rule},
+            "spec": {
+                "deviceSelector": {"driver": GPU, "pool": node, "device": device},
+                "taint": {"key": "example.com/maintenance", "value": "true", "effect": "NoExecute"},
+            },
+        }
+    )
+    try:
+        wait_gone(kube_api, namespace, "worker", timeout_s=60)
+        assert _evicted(kube_api, namespace, "worker"), events(kube_api, namespace, "worker")
+        wait_for(lambda: claim_uid not in hardware_claims(fleet, node), 60, "the evicted pod's claim unprepared")
+
+        def completed() -> Any:
+            conditions = resource.read_device_taint_rule(rule).status.conditions or []
+            return next((c for c in conditions if c.type == "EvictionInProgress" and c.reason == "Completed"), None)
+
+        done = wait_for(completed, 60, "the rule's status to say the eviction completed")
+        assert done.status == "False" and "1 pod evicted" in done.message, done
+    finally:
+        resource.delete_device_taint_rule(rule)
+    # Back in service: a pod pinned to that device runs.
+    on_it = request("gpu", GPU, f"device.attributes['{GPU}'].index == {device.split('-')[-1]}")
+    create_claim(kube_api, namespace, "that-one", claim_spec(on_it))
+    core.create_namespaced_pod(namespace, pod("again", {"gpu": {"resourceClaimName": "that-one"}}, node=node))
+    wait_running(kube_api, namespace, "again")
+    [again] = allocated_devices(kube_api, namespace, "that-one")
+    assert (again.pool, again.device) == (node, device)

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from kubernetes import client as k8s
 
 from testbed.config import nodes_dir
@@ -40,7 +41,7 @@ def _kubectl(binaries: Binaries, control_plane: ClusterState, *args: str) -> str
 
 def test_every_example_is_covered() -> None:
     shipped = {p.name for p in EXAMPLES.glob("*.yaml")} - {"fleet.yaml"}
-    assert shipped == {*PODS, "gpu-job.yaml", "shared-nic.yaml"}
+    assert shipped == {*PODS, "gpu-job.yaml", "shared-nic.yaml", "device-maintenance.yaml"}
 
 
 @pytest.mark.parametrize("example", [*PODS, "gpu-job.yaml"])
@@ -69,6 +70,36 @@ def test_the_example_applies_and_runs(
         for pod in PODS.get(example, []):
             wait_gone(kube_api, namespace, pod)
     finally:
+        core.delete_namespace(namespace)
+
+
+def test_the_device_maintenance_example_evicts_the_pod_on_its_device(
+    kube_binaries: Binaries, control_plane: ClusterState, fleet: Fleet, kube_api: k8s.ApiClient
+) -> None:
+    """The DeviceTaintRule as shipped, its pool and device set to where gpu-pod.yaml's GPU
+    landed (as its comment tells the reader to do): the pod is evicted, its claim
+    unprepared; the rule deleted, the device serves again."""
+    core, resource = k8s.CoreV1Api(kube_api), k8s.ResourceV1Api(kube_api)
+    namespace = unique("example")
+    core.create_namespace({"metadata": {"name": namespace}})
+    rule = yaml.safe_load((EXAMPLES / "device-maintenance.yaml").read_text())
+    try:
+        _kubectl(kube_binaries, control_plane, "apply", "-n", namespace, "-f", str(EXAMPLES / "gpu-pod.yaml"))
+        wait_for(lambda: core.read_namespaced_pod("gpu-pod", namespace).status.phase == "Running", 180, "gpu-pod")
+        [claim] = resource.list_namespaced_resource_claim(namespace).items
+        [result] = claim.status.allocation.devices.results
+        node = core.read_namespaced_pod("gpu-pod", namespace).spec.node_name
+        assert fleet.hardware_claims(node).get(claim.metadata.uid) == [result.device]
+        rule["spec"]["deviceSelector"].update(pool=result.pool, device=result.device)
+        edited = Path(control_plane.root) / f"{namespace}-rule.yaml"
+        edited.write_text(yaml.safe_dump(rule))
+        _kubectl(kube_binaries, control_plane, "apply", "-f", str(edited))
+        wait_gone(kube_api, namespace, "gpu-pod", timeout_s=60)
+        wait_for(lambda: claim.metadata.uid not in fleet.hardware_claims(node), 60, "gpu-pod's claim unprepared")
+    finally:
+        _kubectl(
+            kube_binaries, control_plane, "delete", "devicetaintrule", rule["metadata"]["name"], "--ignore-not-found"
+        )
         core.delete_namespace(namespace)
 
 

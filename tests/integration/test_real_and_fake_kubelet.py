@@ -125,9 +125,15 @@ class Side:
         )
         await self.client.delete_if_exists(path_for("v1", "pods", name, self.namespace), options)
 
-    async def deleted(self, name: str, timeout_s: float = 60, grace_s: int | None = None) -> Obj:
-        """Delete the pod (with that grace period, if given); the pod as it was when it
-        went (its last status)."""
+    async def deleted(
+        self,
+        name: str,
+        timeout_s: float = 60,
+        grace_s: int | None = None,
+        cause: Callable[[], Awaitable[Any]] | None = None,
+    ) -> Obj:
+        """Delete the pod (with that grace period, if given), or do ``cause``, which gets
+        it deleted; the pod as it was when it went (its last status)."""
         last: dict[str, Obj] = {}
 
         async def follow() -> None:
@@ -140,7 +146,7 @@ class Side:
 
         following = asyncio.create_task(follow())
         try:
-            await self.delete_pod(name, grace_s)
+            await (cause() if cause is not None else self.delete_pod(name, grace_s))
             await until(gone, timeout_s, f"{self.kind}: {name} deleted")
         finally:
             following.cancel()
@@ -3620,5 +3626,64 @@ def test_a_device_behind_a_fabric_is_prepared_once_attached_alike(
             assert real["env"] == ["GPU_0_UUID"] or real["env"] == ["GPU_1_UUID"], real
             assert manager.attached == 2
             assert fake == real
+
+    asyncio.run(scenario())
+
+
+def test_a_pod_on_a_fatally_sick_device_is_evicted_stopped_and_unprepared_alike(
+    control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
+) -> None:
+    """`testbed fault NODE unhealthy DEVICE --fatal` as the standalone driver follows it
+    (its faults file): the device is tainted NoExecute in the node's slice, the
+    controller-manager marks the pod that uses it DisruptionTarget and deletes it, and
+    the kubelet stops it and unprepares its claim; the last status and Events read alike."""
+
+    async def scenario() -> None:
+        async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
+
+            async def case(side: Side) -> dict[str, Any]:
+                await side.template("gpu", [request("gpu", GPU)])
+                since = time.time()
+                await side.pod("doomed", {"resourceClaimTemplateName": "gpu"})
+                await side.running("doomed")
+                [result] = await side.allocation(await side.claim_name("doomed"))
+                device, tainted = result["device"], []
+
+                async def taints() -> list[Obj] | None:
+                    listing = await side.client.get(
+                        path_for(RESOURCE, "resourceslices"), {"fieldSelector": f"spec.nodeName={side.node.name}"}
+                    )
+                    found = [
+                        d.get("taints")
+                        for s in listing["items"]
+                        for d in s["spec"].get("devices", [])
+                        if d["name"] == device
+                    ]
+                    return found[0] if found and found[0] else None
+
+                async def fail_the_device() -> None:
+                    side.node.set_faults(unhealthy={device: "XID 79: fallen off the bus"}, fatal=[device])
+                    tainted.extend(await until(taints, 30, f"{side.kind}: {device} tainted"))
+
+                gone = await side.deleted("doomed", cause=fail_the_device)
+                calls = await _all_unprepared(side, since)
+                side.node.set_faults()
+                events = await side.events("doomed")
+                return {
+                    "taints": [(t["key"], t["effect"]) for t in tainted],
+                    "last status": _status_shape(gone),
+                    "exits": _exits(gone),
+                    "calls": list(calls.values()),
+                    "told": [t[2] for t in (await _told(side, counted=False)).get("doomed", [])],
+                    "evicted": ("DeviceTaintManagerEviction", "Marking for deletion") in events,
+                }
+
+            found = await both(sides, case)
+            for key in found["real"]:
+                assert found["fake"][key] == found["real"][key], key
+            assert found["fake"]["taints"] == [("dra-testbed.io/unhealthy", "NoExecute")]
+            assert found["fake"]["evicted"] and found["fake"]["calls"] == [[PREPARE, UNPREPARE]]
+            disruption = [c for c in found["fake"]["last status"]["conditions"] if c[0] == "DisruptionTarget"]
+            assert disruption and disruption[0][2] == "DeletionByDeviceTaintManager", found["fake"]["last status"]
 
     asyncio.run(scenario())

@@ -21,13 +21,15 @@ from testbed.scenarios import runner, spec
 pytestmark = pytest.mark.controlplane
 
 
-def _run(control_plane: ClusterState, fleet: Fleet, scenario: spec.Scenario) -> runner.RunData:
+def _run(control_plane: ClusterState, fleet: Fleet, scenario: spec.Scenario, faults: bool = False) -> runner.RunData:
+    """``faults``: the scenario's faults reach the fleet, as `testbed run` injects them."""
     endpoints = runner.Endpoints.local(control_plane.ports, fleet.metrics_texts)
+    inject = environment.fault_injector(fleet) if faults else None
 
     async def go() -> runner.RunData:
         client = KubeClient.from_kubeconfig(control_plane.kubeconfig)
         try:
-            return await runner.Runner(client, scenario, endpoints).run()
+            return await runner.Runner(client, scenario, endpoints, injector=inject).run()
         finally:
             await client.close()
 
@@ -119,17 +121,7 @@ def test_a_scenarios_faults_reach_the_fleet_at_their_time_and_the_report(
         }
     )
 
-    inject = environment.fault_injector(fleet)
-    endpoints = runner.Endpoints.local(control_plane.ports, fleet.metrics_texts)
-
-    async def go() -> runner.RunData:
-        client = KubeClient.from_kubeconfig(control_plane.kubeconfig)
-        try:
-            return await runner.Runner(client, scenario, endpoints, injector=inject).run()
-        finally:
-            await client.close()
-
-    data = asyncio.run(go())
+    data = _run(control_plane, fleet, scenario, faults=True)
     report = reporting.build(data, {"checkpoint_entries": 0, "cdi_specs": 0}, {})
     faults = report["faults"]
     assert [(f["action"], f["target"]) for f in faults] == [
@@ -172,3 +164,32 @@ def test_a_phase_whose_pods_fail_has_its_jobs_try_again_each_pod_with_a_claim_of
     assert report["leaks"]["ok"], report["leaks"]
     assert report["verdict"] == "PASS", report
     assert "4 failed" in reporting.phase_line(phase)
+
+
+def test_a_device_that_dies_mid_run_evicts_its_pod_and_the_phase_waits_for_its_successor(
+    control_plane: ClusterState, fleet: Fleet
+) -> None:
+    """A scenario's fatal fault on every GPU 0 while one-GPU Jobs run: the pods on them
+    are evicted (their claims unprepared), counted as evicted, and their Jobs' successors
+    run on the other GPUs; the phase ends once every Job has completed, not at the first
+    count of finished pods."""
+    scenario = spec.Scenario.model_validate(
+        {
+            "name": "dying",
+            "phases": [{"name": "gpus", "jobs": 4, "qps": 20, "runSeconds": 4, "backoffLimit": 1, "wait": "complete"}],
+            "faults": [
+                {"atSeconds": 2, "nodes": "tb-00*", "action": "unhealthy", "device": "gpu-0", "fatal": True},
+                {"atSeconds": 5, "nodes": "tb-00*", "action": "healthy", "device": "gpu-0"},
+            ],
+        }
+    )
+    data = _run(control_plane, fleet, scenario, faults=True)
+    leaks = runner.nodes_dir_leaks(nodes_dir(control_plane.root), data.namespace, set(data.claims))
+    report = reporting.build(data, leaks, {})
+    [phase] = report["phases"]
+    # Two nodes of two GPUs: the 4 Jobs' first pods fill them, the two on gpu-0 are evicted.
+    assert (phase["pods_failed"], phase["pods_evicted"]) == (2, 2), phase
+    assert (phase["pods_succeeded"], phase["pods_running"], phase["stalled"]) == (4, 6, False), phase
+    assert [f.get("fatal") for f in report["faults"]] == [True, None]
+    assert report["leaks"]["ok"], report["leaks"]
+    assert "2 failed (2 evicted)" in reporting.phase_line(phase)

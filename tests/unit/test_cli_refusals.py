@@ -66,6 +66,7 @@ from testbed import cli
         (["run", "smoke", "--set", "phases.0.qps.deeper=1"], "phases.0.qps is a value, not a mapping or list"),
         (["run", "smoke", "--set", "phases.0.qps=1"], "cluster 'refusals' is not running"),
         (["fault", "n1", "hang-attach", "x"], "hang-attach 'x': give a count of attaches, a number of at least 0"),
+        (["fault", "n1", "lost", "gpu-0", "--fatal"], "--fatal is for unhealthy, not lost"),
         (["sanity", "--check", "helth"], "--check: no check is named like 'helth'; the checks: registration;"),
         (["sanity", "--check", "health"], "give the driver's command (after --) or --node N"),
     ],

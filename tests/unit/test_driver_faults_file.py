@@ -80,3 +80,32 @@ def test_lost_devices_and_failing_prepares_follow_the_file_and_a_bad_one_applies
             following.cancel()
 
     asyncio.run(scenario())
+
+
+def test_a_device_listed_fatal_turns_fatally_sick_and_back_and_fatal_names_only_unhealthy_devices(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    hardware = NodeHardware("n", load_profile("tiny"))
+    faults = tmp_path / "faults.json"
+
+    def fatal() -> set[str]:
+        return {h.device for h in hardware.health() if h.fatal and h.device == "gpu-0"}
+
+    async def scenario() -> None:
+        following = asyncio.create_task(follow_faults(faults, hardware))
+        try:
+            _write(faults, {"unhealthy": {"gpu-0": "XID 79"}})
+            await _until(lambda: any(h.health is Health.UNHEALTHY for h in hardware.health()), "gpu-0 unhealthy")
+            assert not fatal()
+            _write(faults, {"unhealthy": {"gpu-0": "XID 79"}, "fatal": ["gpu-0"]})
+            await _until(lambda: fatal() == {"gpu-0"}, "the same fault made fatal")
+            _write(faults, {"unhealthy": {}, "fatal": ["gpu-0"]})
+            await _until(lambda: "fatal names ['gpu-0'], which unhealthy does not" in caplog.text, "the error named")
+            assert fatal() == {"gpu-0"}, "a bad file changes nothing"
+            _write(faults, {"unhealthy": {"gpu-0": "XID 79"}})
+            await _until(lambda: not fatal(), "no longer fatal")
+            assert any(h.health is Health.UNHEALTHY and h.device == "gpu-0" for h in hardware.health())
+        finally:
+            following.cancel()
+
+    asyncio.run(scenario())

@@ -110,6 +110,9 @@ def test_faults() -> None:
     }
     with pytest.raises(HardwareError, match="unhealthy: too hot"):
         run(hw.prepare("b", ["gpu-1"]))
+    assert not any(h.fatal for h in hw.health())
+    hw.set_health("gpu-1", Health.UNHEALTHY, "fell off the bus", fatal=True)
+    assert {h.device for h in hw.health() if h.fatal} == {h.device for h in hw.health() if h.health is Health.UNHEALTHY}
     hw.lose_device("gpu-1")
     assert not [d for d in hw.devices() if d.name.startswith("gpu-1")]
     with pytest.raises(HardwareError, match="no device 'gpu-1'"):

@@ -195,6 +195,11 @@ def test_faults_reach_a_real_kubelet_nodes_drivers_as_they_follow_them(tmp_path:
     asyncio.run(host.inject("r-000", latency_s=0.25))
     faults = follow()
     assert faults["unhealthy"] == {"gpu-1": "XID 79"} and faults["latencyMs"] == 250
+    assert faults["fatal"] == [] and not any(h.fatal for h in driver_side.health())
+    asyncio.run(host.set_health("r-000", "gpu-1", healthy=False, message="XID 79", fatal=True))
+    assert follow()["fatal"] == ["gpu-1"], "a GPU named alone, not its partitions"
+    partitions = {d.name for d in driver_side.devices() if d.parent == "gpu-1"}
+    assert partitions and {h.device for h in driver_side.health() if h.fatal} == {"gpu-1", *partitions}
     assert "failNextPrepares" not in faults, "nothing asked of the prepare count"
     asyncio.run(host.inject("r-000", fail_next_prepares=2, message="ECC error"))
     follow()
@@ -216,8 +221,11 @@ def test_faults_reach_a_real_kubelet_nodes_drivers_as_they_follow_them(tmp_path:
     asyncio.run(host.set_health("r-000", "gpu-1", healthy=False, message="XID 79"))
     asyncio.run(host.inject("r-000", fail_next_prepares=2))
     inventory = json.loads((tmp_path / "b" / "r-000" / "hardware" / "inventory.json").read_text())
-    health = {d["name"]: d["health"] for d in inventory["devices"]}
-    assert health["gpu-1"] == "UNHEALTHY" and health["gpu-0"] == "HEALTHY"
+    health = {d["name"]: (d["health"], d["fatal"]) for d in inventory["devices"]}
+    assert health["gpu-1"] == ("UNHEALTHY", False) and health["gpu-0"] == ("HEALTHY", False)
+    asyncio.run(host.set_health("r-000", "gpu-1", healthy=False, message="XID 79", fatal=True))
+    inventory = json.loads((tmp_path / "b" / "r-000" / "hardware" / "inventory.json").read_text())
+    assert {d["name"]: d["fatal"] for d in inventory["devices"]}["gpu-1"] is True
     assert inventory["faults"]["failNextPrepares"] == 2
 
 

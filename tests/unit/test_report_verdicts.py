@@ -105,3 +105,29 @@ def test_nodes_that_could_not_be_checked_are_not_clean() -> None:
     assert report["leaks"]["ok"] is False and report["verdict"] != "PASS"
     assert "Not checked: nodehost-x-1 (GetTimeoutError)." in reporting.markdown(report)
     assert reporting.build(data, {"checkpoint_entries": 0, "cdi_specs": 0}, {})["leaks"]["ok"] is True
+
+
+def test_pods_the_control_plane_evicted_are_told_apart_from_those_whose_command_failed() -> None:
+    """A load test that injects a fatal device fault sees its Job pods fail: the report
+    says how many of those were evicted (DisruptionTarget), not exits of their own."""
+    evicted = {"conditions": [{"type": "DisruptionTarget", "status": "True", "reason": "DeletionByDeviceTaintManager"}]}
+    assert runner.disrupted({"status": evicted}) == "DeletionByDeviceTaintManager"
+    assert runner.disrupted({"status": {"conditions": [{"type": "DisruptionTarget", "status": "False"}]}}) == ""
+    assert runner.disrupted({}) == ""
+    phase = PhaseResult("fill", jobs=3, pods_expected=3, started=0.0, ended=10.0, pods_running=3)
+    phase.pods_succeeded, phase.pods_failed, phase.pods_evicted = 1, 2, 1
+    data = RunData(spec.load("smoke"), "ns", 0.0, 0.0, ended=10.0)
+    data.phases.append(phase)
+    built = report.build(data, LEAKS, {})
+    assert ", 2 failed (1 evicted)," in "\n".join(report.summary_lines(built))
+    assert "| 2 (1 evicted) | 0 |" in report.markdown(built)
+
+
+def test_a_job_has_ended_once_complete_or_failed_not_while_it_may_still_make_pods() -> None:
+    def job(*conditions: tuple[str, str]) -> dict[str, object]:
+        return {"status": {"conditions": [{"type": t, "status": s} for t, s in conditions]}}
+
+    assert runner.job_ended(job(("SuccessCriteriaMet", "True"), ("Complete", "True")))
+    assert runner.job_ended(job(("FailureTarget", "True"), ("Failed", "True")))
+    assert not runner.job_ended(job(("SuccessCriteriaMet", "True")))  # its pods still being stopped
+    assert not runner.job_ended(job(("Suspended", "True"))) and not runner.job_ended({})

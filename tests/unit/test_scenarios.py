@@ -208,6 +208,7 @@ def test_a_fault_needs_what_its_action_acts_on() -> None:
         ({"action": "rollout", "driver": "a.example.com", "nodes": "n-00*"}, "covers every node"),
         ({"action": "rollout", "driver": "a.example.com", "maxSurge": 1, "maxUnavailable": 1}, "not both"),
         ({"action": "rollout", "driver": "a.example.com", "maxSurge": 0}, "greater than or equal to 1"),
+        ({"action": "healthy", "device": "gpu-0", "fatal": True}, "fatal is for action unhealthy"),
     ):
         with pytest.raises(ValueError, match=needs):
             Fault.model_validate({"atSeconds": 0, **broken})

@@ -48,10 +48,14 @@ def test_plain_gpus_fit_one_slice_and_a_driver_sees_only_its_devices() -> None:
     assert nics.devices == ()  # an empty pool is still published
 
 
-def test_an_unhealthy_device_carries_a_noschedule_taint() -> None:
-    sick = [DeviceHealth("gpu-2", Health.UNHEALTHY, "ECC errors", 0)]
+def test_an_unhealthy_device_carries_a_noschedule_taint_and_a_fatally_sick_one_noexecute() -> None:
+    sick = [
+        DeviceHealth("gpu-2", Health.UNHEALTHY, "ECC errors", 0),
+        DeviceHealth("gpu-3", Health.UNHEALTHY, "", 0, True),
+    ]
     devices = {d["name"]: d for s in _slices("gpu8", GPU, sick) for d in s.devices}
     assert devices["gpu-2"]["taints"] == [{"key": UNHEALTHY_TAINT_KEY, "value": "true", "effect": "NoSchedule"}]
+    assert devices["gpu-3"]["taints"] == [{"key": UNHEALTHY_TAINT_KEY, "value": "true", "effect": "NoExecute"}]
     assert "taints" not in devices["gpu-1"]
 
 
