@@ -64,6 +64,8 @@ class PodRecord:
     evicted: str = ""
     """Why the control plane deleted it (its DisruptionTarget condition's reason, e.g.
     DeletionByDeviceTaintManager for a device tainted NoExecute), if it did."""
+    job: str = ""
+    """The Job that made it."""
 
 
 KUBELET_RETRY_S = 100.0
@@ -90,6 +92,11 @@ def disrupted(pod: Obj) -> str:
         if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True":
             return str(condition.get("reason") or "DisruptionTarget")
     return ""
+
+
+def _job_of(pod: Obj) -> str:
+    labels = pod["metadata"].get("labels", {})
+    return str(labels.get("batch.kubernetes.io/job-name") or labels.get("job-name") or "")
 
 
 def job_ended(job: Obj) -> bool:
@@ -188,9 +195,9 @@ class RunData:
     faults: list[dict[str, Any]] = field(default_factory=list)
     """The faults injected: when, on which nodes, and any error."""
     jobs_ended: dict[str, set[str]] = field(default_factory=dict)
-    """Per phase, its Jobs that ended (Complete or Failed). A phase that waits for its
-    Jobs waits for these, not for a count of pods: a pod evicted from a failed device
-    is replaced by its Job, and its successor is the one to wait for."""
+    """Per phase, its Jobs that ended (Complete or Failed): a pod evicted from a failed
+    device is replaced by its Job, so a phase that waits for its Jobs waits for those
+    of its evicted pods to end, not for a count of pods alone."""
 
 
 def count_devices(slices: list[Obj], device_class: str) -> int:
@@ -377,7 +384,7 @@ class Runner:
             record = self.data.pods.get(uid)
             if record is None:
                 phase = pod["metadata"].get("labels", {}).get(PHASE_LABEL, "")
-                record = self.data.pods[uid] = PodRecord(phase, now)
+                record = self.data.pods[uid] = PodRecord(phase, now, job=_job_of(pod))
             if record.bound is None and pod["spec"].get("nodeName"):
                 record.bound = now
             status = pod.get("status", {}).get("phase")
@@ -578,8 +585,12 @@ class Runner:
                 if done >= want:
                     return
             else:
+                # Counting pods ends a phase as its last pod ends (a Job's own Complete
+                # comes up to a second later, its controller batching pod updates), but
+                # an evicted pod's successor is not counted: its Job is waited for.
                 done = sum(1 for p in mine if p.finished is not None)
-                if ended >= jobs:
+                evicted_jobs = {p.job for p in mine if p.evicted}
+                if ended >= jobs or (done >= want and evicted_jobs <= self.data.jobs_ended.get(phase.name, set())):
                     return
             if (done, ended) != last_count:
                 last_progress, last_count = time.monotonic(), (done, ended)
