@@ -125,6 +125,24 @@ class NodeHardware:
         """Devices that fell off the bus (their partitions, gone with them, unnamed)."""
         return frozenset(d for d in self._lost if self._devices[d].parent not in self._lost)
 
+    def faults_in_force(self) -> list[str]:
+        """What is broken now, in words (for a status): devices unhealthy, busy or lost
+        (a GPU named alone, not its partitions), and the prepare faults."""
+        said = [
+            f"{d} unhealthy{' (fatal)' if h.fatal else ''}" + (f": {h.message}" if h.message else "")
+            for d, h in sorted(self._health.items())
+            if d not in self._lost
+        ]
+        said += [f"{d} busy: {message}" for d, message in sorted(self._busy.items())]
+        said += [f"{d} lost" for d in sorted(self.lost())]
+        if self.faults.fail_next_prepares:
+            said.append(f"next {self.faults.fail_next_prepares} prepares fail: {self.faults.fail_message}")
+        if self.faults.latency_s:
+            said.append(f"prepares {self.faults.latency_s * 1000:g} ms slower")
+        if self.faults.failure_rate:
+            said.append(f"prepares fail at rate {self.faults.failure_rate:g}")
+        return said
+
     def built_with(self) -> frozenset[str]:
         """Every device the node was built with, lost ones too."""
         return frozenset(self._devices)

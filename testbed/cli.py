@@ -173,8 +173,27 @@ def _print_fleet(state: cluster.ClusterState, out: Console) -> bool:
         )
     out.print(table)
     out.print(_ray_hosts_table(hosts))
+    _print_faults(hosts, out)
     _print_fabric(attached, out)
     return complete
+
+
+FAULTY_NODES_SHOWN = 20
+
+
+def _print_faults(hosts: dict[str, dict[str, Any]], out: Console) -> None:
+    """The nodes whose emulated hardware has faults in force (`testbed fault`), if any."""
+    faulty = sorted((node, said) for host in hosts.values() for node, said in host.get("faults", {}).items())
+    if not faulty:
+        return
+    table = Table(title="faults in force (testbed fault NODE healthy DEVICE, fail-prepare 0, latency 0 undo them)")
+    for column in ("node", "faults"):
+        table.add_column(column)
+    for node, said in faulty[:FAULTY_NODES_SHOWN]:
+        table.add_row(node, escape("; ".join(said)))
+    if len(faulty) > FAULTY_NODES_SHOWN:
+        table.add_row("...", f"{len(faulty) - FAULTY_NODES_SHOWN} more nodes")
+    out.print(table)
 
 
 def _print_fabric(fleet: Fleet, out: Console) -> None:
@@ -1230,11 +1249,11 @@ def fault(node: str, action: str, target: str, name: str, state_dir: Path | None
 
     Built-in drivers act on it at once (slices, health stream, prepare); external drivers
     see health and lost devices in $HARDWARE_DIR/inventory.json."""
-    _about(name, f"{action} {target} on node {node}")
     if fatal and action != "unhealthy":
         raise TestbedError(
             f"--fatal is for unhealthy, not {action}", hint=f"testbed fault {node} unhealthy DEVICE --fatal"
         )
+    _about(name, f"{action} {target} on node {node}")
     number = None
     if action in COUNTED_FAULTS:
         try:

@@ -688,6 +688,7 @@ class NodeHost:
             "incarnation": self.server.incarnation,
             "restarted": _restarted_by_ray(),
             "code": code_version(),
+            "faults": {node: said for node in self._names() if (said := self._hardware_of(node).faults_in_force())},
         }
 
     async def node_dir(self, node: str) -> str:

@@ -361,7 +361,8 @@ def test_nodes_under_shared_credentials_run_pods_with_claims(
 
 
 def test_a_fleet_of_empty_pools_starts_and_scale_fills_it(short_tmp_path: Path) -> None:
-    """Start with no nodes (a fleet file whose pools are empty), add them later."""
+    """Start with no nodes (a fleet file whose pools are empty), add them later; `testbed
+    status` then lists the faults a node's hardware has, until they are undone."""
     fleet_file = short_tmp_path / "fleet.yaml"
     fleet_file.write_text("pools: [{name: later, count: 0, profile: tiny}]\n")
     where = ["--name", "emptyfleet", "--state-dir", str(short_tmp_path / "state")]
@@ -377,6 +378,12 @@ def test_a_fleet_of_empty_pools_starts_and_scale_fills_it(short_tmp_path: Path) 
         testbed("scale", "later", "2")
         status = testbed("status")
         assert "2 / 2" in status, status  # the pool's nodes Ready of those asked for
+        assert "faults in force" not in status, status
+        testbed("fault", "later-001", "unhealthy", "gpu-1", "--message", "XID 79", "--fatal")
+        status = testbed("status")
+        assert "later-001 │ gpu-1 unhealthy (fatal): XID 79" in status, status
+        testbed("fault", "later-001", "healthy", "gpu-1")
+        assert "faults in force" not in testbed("status")
     finally:
         subprocess.run([*base, "down", *where], capture_output=True, timeout=300)
 

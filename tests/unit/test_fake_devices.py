@@ -227,3 +227,25 @@ def test_a_claims_shares_go_with_its_driver_part_and_a_busy_share_stays() -> Non
 def test_a_shared_nic_profile_needs_virtual_functions() -> None:
     with pytest.raises(ProfileError, match="shared: true needs virtualFunctions >= 1"):
         PROFILES.parse("name: x\nnics: {count: 1, model: m, linkSpeedGbps: 10, shared: true}\n", "nic.yaml")
+
+
+def test_the_faults_in_force_are_said_in_words_and_none_once_undone() -> None:
+    hw = NodeHardware("n", load_profile("tiny"))
+    assert hw.faults_in_force() == []
+    hw.set_health("gpu-0", Health.UNHEALTHY, "XID 79", fatal=True)
+    hw.set_health("gpu-1", Health.UNHEALTHY)
+    hw.inject(fail_next_prepares=2, latency_s=0.25, message="ECC error")
+    hw.set_busy("nic-0", "held by pid 42")
+    assert hw.faults_in_force() == [
+        "gpu-0 unhealthy (fatal): XID 79",
+        "gpu-1 unhealthy",
+        "nic-0 busy: held by pid 42",
+        "next 2 prepares fail: ECC error",
+        "prepares 250 ms slower",
+    ]
+    hw.lose_device("gpu-1")
+    assert "gpu-1 lost" in hw.faults_in_force() and "gpu-1 unhealthy" not in hw.faults_in_force()
+    hw.set_health("gpu-0", Health.HEALTHY)
+    hw.set_busy("nic-0", None)
+    hw.inject(fail_next_prepares=0, latency_s=0)
+    assert hw.faults_in_force() == ["gpu-1 lost"], "a partition is not named beside its lost GPU"
