@@ -29,7 +29,7 @@ from testbed import config as cfg
 from testbed import environment
 from testbed.controlplane import binaries as binaries_module
 from testbed.controlplane import cluster, leftovers, processes
-from testbed.drivers import PROFILES, load_profile
+from testbed.drivers import load_profile
 from testbed.errors import TestbedError, interrupt_on_sigterm, run_coroutine
 from testbed.fingerprint import code_version
 from testbed.fleet import spec as fleet_spec
@@ -478,8 +478,9 @@ def up(
     try:  # a bad fleet or profile fails before anything starts
         if fleet_file is not None:
             fleet = fleet_spec.load(fleet_file)
-        elif nodes or real_nodes:
-            load_profile(profile)
+        else:
+            load_profile(profile)  # even for no nodes: a mistyped name is said, not ignored
+        if fleet_file is None and (nodes or real_nodes):
             drivers = _command_driver(driver_command, driver_name, driver_env, driver_liveness_probe)
             fleet = fleet_spec.single_pool(
                 nodes,
@@ -491,9 +492,7 @@ def up(
                 untainted=untainted,
             )
     except ProfileError as exc:
-        raise TestbedError(
-            str(exc), hint=f"pick a shipped profile ({', '.join(PROFILES.shipped())}) or a profile YAML file"
-        ) from None
+        raise TestbedError(str(exc), hint="give --profile one of those, or a path to a profile YAML file") from None
     except fleet_spec.FleetFileError as exc:
         raise TestbedError(str(exc), hint="fix the field it names; see examples/fleet.yaml") from None
     if fleet is not None and identities is not None:
@@ -904,7 +903,12 @@ def run_scenario(
     try:
         chosen = spec.load(scenario, values)
     except spec.ScenarioError as exc:
-        hint = "check your --set keys and values against the scenario file" if values else "fix the file"
+        if values:
+            hint = "check your --set keys and values against the scenario file"
+        elif Path(scenario).suffix and not Path(scenario).exists():
+            hint = "give a shipped scenario's name or the path of a scenario YAML file"
+        else:
+            hint = "fix the file"
         raise TestbedError(str(exc), hint=f"{hint}; see testbed/scenarios/shipped/ for examples") from None
     _check_writable(output, junit)
     config = cfg.ControlPlaneConfig(name=name, state_dir=state_dir)

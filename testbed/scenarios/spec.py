@@ -262,7 +262,7 @@ def load(name_or_path: str, overrides: dict[str, Any] | None = None) -> Scenario
         if not path.exists():
             raise ScenarioError(f"no scenario named {name_or_path!r}; shipped: {', '.join(shipped())}")
     elif not path.exists():
-        raise ScenarioError(f"scenario file {path} does not exist")
+        raise ScenarioError(f"scenario file {path} does not exist; shipped scenarios: {', '.join(shipped())}")
     try:
         data = parse_yaml(path.read_text(), str(path))
     except SpecFileError as exc:

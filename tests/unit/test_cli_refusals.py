@@ -67,6 +67,8 @@ from testbed import cli
         (["run", "smoke", "--set", "phases.0.qps=1"], "cluster 'refusals' is not running"),
         (["fault", "n1", "hang-attach", "x"], "hang-attach 'x': give a count of attaches, a number of at least 0"),
         (["fault", "n1", "lost", "gpu-0", "--fatal"], "--fatal is for unhealthy, not lost"),
+        (["up", "--profile", "h100"], "no hardware profile named 'h100'"),
+        (["run", "/nonexistent/my.yaml"], "does not exist; shipped scenarios: baseline, cl2-dra"),
         (["sanity", "--check", "helth"], "--check: no check is named like 'helth'; the checks: registration;"),
         (["sanity", "--check", "health"], "give the driver's command (after --) or --node N"),
     ],
