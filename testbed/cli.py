@@ -6,6 +6,7 @@ progress and diagnostics go to stderr.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import shlex
 import shutil
@@ -1250,6 +1251,7 @@ def fault(node: str, action: str, target: str, name: str, state_dir: Path | None
     NODE fail-prepare N (the next N prepares fail), or NODE latency MS (every prepare), or
     NODE fail-attach N (the next N attaches of devices behind a fabric to NODE fail), or
     NODE hang-attach N (they never end: the scheduler's binding timeout gives them up).
+    NODE may be a shell-style pattern ('node-00*'): every node it matches.
 
     Built-in drivers act on it at once (slices, health stream, prepare); external drivers
     see health and lost devices in $HARDWARE_DIR/inventory.json."""
@@ -1268,10 +1270,16 @@ def fault(node: str, action: str, target: str, name: str, state_dir: Path | None
             raise TestbedError(f"{action} {target!r}: give {COUNTED_FAULTS[action]}, a number of at least 0")
     state = _running(name, state_dir)
     fleet = environment.attach_fleet(state)
+    nodes = [node]
+    if any(c in node for c in "*?["):
+        nodes = fnmatch.filter(sorted(fleet.host_of), node)
+        if not nodes:
+            raise TestbedError(f"no synthetic node matches {node!r}", hint="`testbed status` lists the pools")
 
-    run_coroutine(fleet.apply_fault(node, action, target if number is None else f"{number:g}", message, fatal))
     said = ", ".join(word for word in (message, "fatal" if fatal else "") if word)
-    stderr.print(f"node {node}: {action} {target}" + (f" ({said})" if said else ""), markup=False)
+    for each in nodes:
+        run_coroutine(fleet.apply_fault(each, action, target if number is None else f"{number:g}", message, fatal))
+        stderr.print(f"node {each}: {action} {target}" + (f" ({said})" if said else ""), markup=False)
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})

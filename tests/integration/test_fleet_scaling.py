@@ -379,10 +379,11 @@ def test_a_fleet_of_empty_pools_starts_and_scale_fills_it(short_tmp_path: Path) 
         status = testbed("status")
         assert "2 / 2" in status, status  # the pool's nodes Ready of those asked for
         assert "faults in force" not in status, status
-        testbed("fault", "later-001", "unhealthy", "gpu-1", "--message", "XID 79", "--fatal")
+        testbed("fault", "later-*", "unhealthy", "gpu-1", "--message", "XID 79", "--fatal")
         status = testbed("status")
-        assert "later-001 │ gpu-1 unhealthy (fatal): XID 79" in status, status
-        testbed("fault", "later-001", "healthy", "gpu-1")
+        for node in ("later-000", "later-001"):
+            assert f"{node} │ gpu-1 unhealthy (fatal): XID 79" in status, status
+        testbed("fault", "later-00[01]", "healthy", "gpu-1")
         assert "faults in force" not in testbed("status")
     finally:
         subprocess.run([*base, "down", *where], capture_output=True, timeout=300)
