@@ -9,7 +9,6 @@ import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import ray
@@ -462,47 +461,3 @@ def test_a_fatally_sick_device_evicts_the_pods_not_tolerating_it_and_takes_no_ne
     finally:
         for node, device in sick:
             run_coroutine(fleet.apply_fault(node, "healthy", device))
-
-
-def test_a_device_taint_rule_takes_a_device_out_of_service_evicting_its_pod(
-    kube_api: k8s.ApiClient, fleet: Fleet, namespace: str
-) -> None:
-    """The admin's way to drain one device (DeviceTaintRule, GA in 1.37), on a synthetic
-    node as on a real one: its pod evicted and its claim unprepared, the rule's status
-    saying so, and the device back in service once the rule is deleted."""
-    core, resource = k8s.CoreV1Api(kube_api), k8s.ResourceV1Api(kube_api)
-    create_template(kube_api, namespace, "one-gpu", claim_spec(request("gpu", GPU)))
-    core.create_namespaced_pod(namespace, pod("worker", {"gpu": {"resourceClaimTemplateName": "one-gpu"}}))
-    node, device, claim_uid = _device_of(kube_api, namespace, "worker")
-    rule = unique("maintenance")
-    resource.create_device_taint_rule(
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "DeviceTaintRule",
-            "metadata": {"name": rule},
-            "spec": {
-                "deviceSelector": {"driver": GPU, "pool": node, "device": device},
-                "taint": {"key": "example.com/maintenance", "value": "true", "effect": "NoExecute"},
-            },
-        }
-    )
-    try:
-        wait_gone(kube_api, namespace, "worker", timeout_s=60)
-        assert _evicted(kube_api, namespace, "worker"), events(kube_api, namespace, "worker")
-        wait_for(lambda: claim_uid not in hardware_claims(fleet, node), 60, "the evicted pod's claim unprepared")
-
-        def completed() -> Any:
-            conditions = resource.read_device_taint_rule(rule).status.conditions or []
-            return next((c for c in conditions if c.type == "EvictionInProgress" and c.reason == "Completed"), None)
-
-        done = wait_for(completed, 60, "the rule's status to say the eviction completed")
-        assert done.status == "False" and "1 pod evicted" in done.message, done
-    finally:
-        resource.delete_device_taint_rule(rule)
-    # Back in service: a pod pinned to that device runs.
-    on_it = request("gpu", GPU, f"device.attributes['{GPU}'].index == {device.split('-')[-1]}")
-    create_claim(kube_api, namespace, "that-one", claim_spec(on_it))
-    core.create_namespaced_pod(namespace, pod("again", {"gpu": {"resourceClaimName": "that-one"}}, node=node))
-    wait_running(kube_api, namespace, "again")
-    [again] = allocated_devices(kube_api, namespace, "that-one")
-    assert (again.pool, again.device) == (node, device)

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -20,7 +21,17 @@ from testbed.fleet.fleet import Fleet
 from testbed.fleet.spec import FleetFile
 from testbed.keys import CONTAINER_ENV_ANNOTATION
 from testbed.testing import wait_for
-from testbed.workloads import unique, wait_gone
+from testbed.workloads import (
+    GPU,
+    allocated_devices,
+    claim_spec,
+    create_claim,
+    request,
+    unique,
+    wait_gone,
+    wait_running,
+)
+from testbed.workloads import pod as pod_manifest
 
 pytestmark = pytest.mark.controlplane
 EXAMPLES = Path(__file__).parents[2] / "examples"
@@ -76,9 +87,11 @@ def test_the_example_applies_and_runs(
 def test_the_device_maintenance_example_evicts_the_pod_on_its_device(
     kube_binaries: Binaries, control_plane: ClusterState, fleet: Fleet, kube_api: k8s.ApiClient
 ) -> None:
-    """The DeviceTaintRule as shipped, its pool and device set to where gpu-pod.yaml's GPU
-    landed (as its comment tells the reader to do): the pod is evicted, its claim
-    unprepared; the rule deleted, the device serves again."""
+    """The admin's way to drain one device (DeviceTaintRule, GA in 1.37), as shipped, its
+    pool and device set to where gpu-pod.yaml's GPU landed (as its comment tells the
+    reader to do): on a synthetic node as on a real one, the pod is evicted and its claim
+    unprepared, the rule's status says so, and once the rule is deleted the device serves
+    again."""
     core, resource = k8s.CoreV1Api(kube_api), k8s.ResourceV1Api(kube_api)
     namespace = unique("example")
     core.create_namespace({"metadata": {"name": namespace}})
@@ -95,7 +108,27 @@ def test_the_device_maintenance_example_evicts_the_pod_on_its_device(
         edited.write_text(yaml.safe_dump(rule))
         _kubectl(kube_binaries, control_plane, "apply", "-f", str(edited))
         wait_gone(kube_api, namespace, "gpu-pod", timeout_s=60)
+        events = [(e.reason, e.message) for e in core.list_namespaced_event(namespace).items]
+        assert ("DeviceTaintManagerEviction", "Marking for deletion") in events, events
         wait_for(lambda: claim.metadata.uid not in fleet.hardware_claims(node), 60, "gpu-pod's claim unprepared")
+
+        def completed() -> Any:
+            conditions = resource.read_device_taint_rule(rule["metadata"]["name"]).status.conditions or []
+            return next((c for c in conditions if c.type == "EvictionInProgress" and c.reason == "Completed"), None)
+
+        done = wait_for(completed, 60, "the rule's status to say the eviction completed")
+        assert done.status == "False" and "1 pod evicted" in done.message, done
+        _kubectl(kube_binaries, control_plane, "delete", "devicetaintrule", rule["metadata"]["name"])
+        # Back in service: a pod whose claim asks for that very device runs.
+        index = result.device.split("-")[-1]
+        on_it = request("gpu", GPU, f"device.attributes['{GPU}'].index == {index}")
+        create_claim(kube_api, namespace, "that-one", claim_spec(on_it))
+        core.create_namespaced_pod(
+            namespace, pod_manifest("again", {"gpu": {"resourceClaimName": "that-one"}}, node=node)
+        )
+        wait_running(kube_api, namespace, "again")
+        [again] = allocated_devices(kube_api, namespace, "that-one")
+        assert (again.pool, again.device) == (result.pool, result.device)
     finally:
         _kubectl(
             kube_binaries, control_plane, "delete", "devicetaintrule", rule["metadata"]["name"], "--ignore-not-found"
