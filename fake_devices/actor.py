@@ -55,8 +55,9 @@ class HardwareHost:
         settings: Mapping[str, Mapping[str, str]] | None,
         admin_access: bool,
         shares: list[Share] | None = None,
+        reassert: bool = False,
     ) -> list[PreparedDevice]:
-        return await self._node(node).prepare(claim_uid, devices, settings, admin_access, shares or ())
+        return await self._node(node).prepare(claim_uid, devices, settings, admin_access, shares or (), reassert)
 
     async def unprepare(self, node: str, claim_uid: str, kinds: list[str] | None = None) -> bool:
         return await self._node(node).unprepare(claim_uid, kinds)

@@ -14,15 +14,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
+import logging
 import random
 import re
 import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from pathlib import Path
+from typing import Any
 
+from fake_devices.atomic import replace_file
 from fake_devices.kinds import Device, NodeSlots, SharedPool
 from fake_devices.profiles import HardwareProfile
+
+log = logging.getLogger(__name__)
 
 
 class Health(StrEnum):
@@ -92,7 +99,11 @@ class Faults:
 class NodeHardware:
     """The hardware of one node. Async so latency faults cost no thread."""
 
-    def __init__(self, node: str, profile: HardwareProfile, seed: int = 0):
+    def __init__(self, node: str, profile: HardwareProfile, seed: int = 0, kept_in: Path | None = None):
+        """``kept_in``: a file the faults in force are kept in (see ``fault_record``), and
+        taken from when it exists: whoever runs this hardware again after a crash (a
+        NodeHost restarted by Ray) finds its devices as broken as they were, since a GPU
+        does not mend because its emulator died."""
         self.node = node
         self.profile = profile
         self.seed = seed
@@ -115,6 +126,9 @@ class NodeHardware:
         self.generation = 1
         """Bumped whenever the inventory or health changes."""
         self._changed = asyncio.Event()
+        self.kept_in = kept_in
+        if kept_in is not None and kept_in.exists():
+            self._take_record(kept_in)
 
     # --- inventory and health ------------------------------------------------------
 
@@ -184,6 +198,54 @@ class NodeHardware:
 
     # --- faults --------------------------------------------------------------------
 
+    def fault_record(self) -> dict[str, Any]:
+        """The faults in force, as JSON: what a crash must not lose."""
+        return {
+            "unhealthy": {
+                d: {"message": h.message, "fatal": h.fatal, "since": h.updated_unix}
+                for d, h in sorted(self._health.items())
+            },
+            "busy": dict(sorted(self._busy.items())),
+            "lost": sorted(self._lost),
+            "prepares": {
+                "failNext": self.faults.fail_next_prepares,
+                "failMessage": self.faults.fail_message,
+                "latencySeconds": self.faults.latency_s,
+                "failureRate": self.faults.failure_rate,
+            },
+        }
+
+    def _take_record(self, path: Path) -> None:
+        try:
+            record = json.loads(path.read_text())
+            sick, busy, lost = record.get("unhealthy", {}), record.get("busy", {}), record.get("lost", [])
+            unknown = {*sick, *busy, *lost} - set(self._devices)
+            if unknown:
+                raise ValueError(f"no device {sorted(unknown)} on this node")
+            health = {
+                d: DeviceHealth(d, Health.UNHEALTHY, str(h["message"]), int(h["since"]), bool(h["fatal"]))
+                for d, h in sick.items()
+            }
+            prepares, default = record.get("prepares", {}), Faults()
+            faults = Faults(
+                int(prepares.get("failNext", default.fail_next_prepares)),
+                str(prepares.get("failMessage", default.fail_message)),
+                float(prepares.get("latencySeconds", default.latency_s)),
+                float(prepares.get("failureRate", default.failure_rate)),
+            )
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+            log.warning("%s: faults kept in %s not taken (%r): it starts without faults", self.node, path, exc)
+            return
+        self._health, self._busy, self._lost, self.faults = health, {**busy}, {*lost}, faults
+
+    def _faults_changed(self) -> None:
+        if self.kept_in is None:
+            return
+        try:
+            replace_file(self.kept_in, json.dumps(self.fault_record(), indent=1) + "\n")
+        except OSError as exc:  # the faults hold in memory all the same
+            log.warning("%s: cannot keep the faults in %s: %s", self.node, self.kept_in, exc)
+
     def inject(
         self,
         *,
@@ -200,6 +262,7 @@ class NodeHardware:
             self.faults.failure_rate = failure_rate
         if message is not None:
             self.faults.fail_message = message
+        self._faults_changed()
 
     def set_health(self, device: str, health: Health, message: str = "", fatal: bool = False) -> None:
         """``fatal``: the device cannot serve even the work it has (see DeviceHealth)."""
@@ -208,6 +271,7 @@ class NodeHardware:
             self._health.pop(device, None)
         else:
             self._health[device] = DeviceHealth(device, health, message, int(time.time()), fatal)
+        self._faults_changed()
         self._bump()
 
     def set_busy(self, device: str, message: str | None) -> None:
@@ -218,12 +282,14 @@ class NodeHardware:
             self._busy.pop(device, None)
         else:
             self._busy[device] = message
+        self._faults_changed()
 
     def lose_device(self, device: str) -> None:
         """The device vanishes (fell off the bus): it and its partitions leave the inventory."""
         self.device(device)
         self._lost.add(device)
         self._lost.update(d.name for d in self._devices.values() if d.parent == device)
+        self._faults_changed()
         self._bump()
 
     # --- use -----------------------------------------------------------------------
@@ -298,26 +364,27 @@ class NodeHardware:
         settings: Mapping[str, Mapping[str, str]] | None = None,
         admin_access: bool = False,
         shares: Collection[Share] = (),
+        reassert: bool = False,
     ) -> list[PreparedDevice]:
         """Reserve ``names`` (whole devices) and ``shares`` (parts of shareable ones) for
         the claim and apply each device's settings (sharing strategy and the like).
         Idempotent: the same claim and devices again returns the same answer. A claim may
         be prepared in parts (one per driver whose devices it has, a GPU's and a NIC's):
-        it holds them all."""
+        it holds them all. ``reassert``: a restarted driver holds again what its claim held
+        before; nothing is set up, so the prepare faults and the devices' health do not
+        apply (a sick GPU still holds the work it has), only that the devices are there
+        and no other claim holds them."""
         settings = settings or {}
         held = self._claims.get(claim_uid, [])
         held_shares = self._shares.get(claim_uid, {})
         if set(names) <= set(held) and all(held_shares.get(share.id) == share for share in shares):
             return self._answer(names, shares, settings)
-        if self.faults.fail_next_prepares > 0:
-            self.faults.fail_next_prepares -= 1
-            raise HardwareError(f"{self.node}: {self.faults.fail_message}")
-        if self.faults.failure_rate and self._rng.random() < self.faults.failure_rate:
-            raise HardwareError(f"{self.node}: {self.faults.fail_message} (random)")
+        if not reassert:
+            self._fail_as_injected()
         for name in [*names, *(share.device for share in shares)]:
             self.device(name)
             sick = self._health.get(name)
-            if sick is not None:
+            if sick is not None and not reassert:
                 raise HardwareError(f"{self.node}: {name} is unhealthy: {sick.message}")
         merged = {**held_shares, **{share.id: share for share in shares}}
         if not admin_access:
@@ -329,9 +396,17 @@ class NodeHardware:
             self._shares[claim_uid] = merged
         for share in shares:
             self._take_slot(share)
-        if self.faults.latency_s:  # reserved, then slow to come up: a crash can land here
+        if self.faults.latency_s and not reassert:  # reserved, then slow to come up: a crash can land here
             await asyncio.sleep(self.faults.latency_s)
         return self._answer(names, shares, settings)
+
+    def _fail_as_injected(self) -> None:
+        if self.faults.fail_next_prepares > 0:
+            self.faults.fail_next_prepares -= 1
+            self._faults_changed()
+            raise HardwareError(f"{self.node}: {self.faults.fail_message}")
+        if self.faults.failure_rate and self._rng.random() < self.faults.failure_rate:
+            raise HardwareError(f"{self.node}: {self.faults.fail_message} (random)")
 
     def _take_slot(self, share: Share) -> None:
         if (share.device, share.id) in self._slots:

@@ -20,12 +20,11 @@ inventory.json::
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from fake_devices.atomic import replace_file
 from fake_devices.hardware import Health, NodeHardware
 from fake_devices.kinds import Device
 
@@ -95,14 +94,6 @@ def _net(device: Device, address: str, up: bool) -> dict[str, str]:
     }
 
 
-def _replace(path: Path, content: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    with os.fdopen(handle, "w") as out:
-        out.write(content)
-    os.replace(temporary, path)
-
-
 def write(hardware: NodeHardware, directory: Path) -> None:
     """Bring ``directory`` up to date: changed files replaced, files of devices that are
     gone removed, inventory.json last."""
@@ -110,9 +101,9 @@ def write(hardware: NodeHardware, directory: Path) -> None:
     for path, content in wanted.items():
         target = directory / path
         if not target.exists() or target.read_text() != content:
-            _replace(target, content)
+            replace_file(target, content)
     for top in ("bus/pci/devices", "class/net"):
         for entry in (directory / top).iterdir() if (directory / top).is_dir() else []:
             if not any(p.startswith(f"{top}/{entry.name}/") for p in wanted):
                 shutil.rmtree(entry, ignore_errors=True)
-    _replace(directory / "inventory.json", json.dumps(inventory(hardware), indent=1) + "\n")
+    replace_file(directory / "inventory.json", json.dumps(inventory(hardware), indent=1) + "\n")

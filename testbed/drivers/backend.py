@@ -30,6 +30,7 @@ class DeviceBackend(Protocol):
         settings: Mapping[str, Mapping[str, str]],
         admin_access: bool,
         shares: Collection[Share] = (),
+        reassert: bool = False,
     ) -> list[PreparedDevice]: ...
     async def unprepare(self, claim_uid: str, kinds: Collection[str] | None = None) -> bool: ...
     async def claims(self) -> dict[str, list[str]]: ...
@@ -57,8 +58,9 @@ class LocalBackend:
         settings: Mapping[str, Mapping[str, str]],
         admin_access: bool,
         shares: Collection[Share] = (),
+        reassert: bool = False,
     ) -> list[PreparedDevice]:
-        return await self.hardware.prepare(claim_uid, devices, settings, admin_access, shares)
+        return await self.hardware.prepare(claim_uid, devices, settings, admin_access, shares, reassert)
 
     async def unprepare(self, claim_uid: str, kinds: Collection[str] | None = None) -> bool:
         return await self.hardware.unprepare(claim_uid, kinds)
@@ -93,6 +95,7 @@ class RayBackend:
         settings: Mapping[str, Mapping[str, str]],
         admin_access: bool,
         shares: Collection[Share] = (),
+        reassert: bool = False,
     ) -> list[PreparedDevice]:
         try:
             result: list[PreparedDevice] = await self.actor.prepare.remote(
@@ -102,6 +105,7 @@ class RayBackend:
                 {k: dict(v) for k, v in settings.items()},
                 admin_access,
                 list(shares),
+                reassert,
             )
         except Exception as exc:  # a HardwareError arrives wrapped in a RayTaskError
             cause = getattr(exc, "cause", None)

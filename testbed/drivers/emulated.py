@@ -124,7 +124,9 @@ class EmulatedDriver:
         whole = [d.device for d in claim.devices if d.share_id is None]
         shares = [Share(d.device, d.share_id, d.consumed) for d in claim.devices if d.share_id is not None]
         try:
-            return await self.backend.prepare(claim.ref.uid, whole, settings, claim.admin_access, shares)
+            return await self.backend.prepare(
+                claim.ref.uid, whole, settings, claim.admin_access, shares, reassert=claim.repair
+            )
         except HardwareError as exc:
             raise ClaimFailed("DeviceError", str(exc)) from None
 

@@ -53,7 +53,7 @@ from testbed.fleet.instances import RolledOut, replace_instance, socket_inodes, 
 from testbed.fleet.loopwatch import LoopWatch
 from testbed.fleet.membership import Membership, NodeRecipe, in_ray
 from testbed.fleet.processcpu import PROCESS_CPU
-from testbed.fleet.synthetic_node import SyntheticNode
+from testbed.fleet.synthetic_node import HARDWARE_FAULTS, SyntheticNode
 from testbed.fleet.tlsmemory import small_tls_read_buffers
 from testbed.kubeapi import KubeClient, path_for
 from testbed.kubelet.declared import cluster_declared_features
@@ -380,7 +380,7 @@ class NodeHost:
         node.sync_frequency_s = recipe.sync_frequency_s
         node.pull_limit = recipe.pull_limit
         node.foreign_drivers = [e.name for e in recipe.external]
-        self.process_hardware[recipe.name] = NodeHardware(recipe.name, profile, self.seed)
+        self.process_hardware[recipe.name] = NodeHardware(recipe.name, profile, self.seed, root / HARDWARE_FAULTS)
         PROCESS_CPU.watch(node)
         return node
 

@@ -2,8 +2,10 @@
 
 Everything a real node has, laid out as on a real node under ``<root>``:
 ``kubelet/plugins_registry``, ``kubelet/plugins/<driver>/`` (sockets, checkpoint, lock)
-and ``cdi/``. The kubelet reaches the drivers only through those sockets: built-in
-drivers run in this process, external ones as processes of their own (external.py).
+and ``cdi/``; beside them the faults its hardware has (``hardware-faults.json``), which
+outlive the process that emulates it as the checkpoints do. The kubelet reaches the
+drivers only through those sockets: built-in drivers run in this process, external ones
+as processes of their own (external.py).
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from fake_devices import sysfs
 from fake_devices.hardware import NodeHardware
@@ -41,9 +42,6 @@ from testbed.kubeletplugin.prepare import DriverPaths
 from testbed.kubeletplugin.slices import SliceWatcher
 from testbed.tasks import cancel_and_wait
 
-if TYPE_CHECKING:
-    pass
-
 PLUGIN_SCAN_INTERVAL_S = 10.0
 """How often a kubelet polls its registry where inotify cannot be had (see dirwatch): a
 hundred nodes polling every second cost a NodeHost ~10% of its CPU."""
@@ -53,6 +51,9 @@ every 40 s, not every 10 s. Changes still go out at once, and a stream that ends
 every device Unknown at once; the timeout only bounds how long a hung driver's devices
 read as they last were. The heartbeats were 43% of an idle NodeHost's CPU (200 gpu8
 nodes: 0.072 core with them every 10 s, 0.041 without any)."""
+
+HARDWARE_FAULTS = "hardware-faults.json"
+"""In a node's root: the faults in force on its hardware (``NodeHardware.fault_record``)."""
 
 
 class SyntheticNode:
@@ -97,7 +98,7 @@ class SyntheticNode:
         self.name = name
         self.bind_drivers = bind_drivers
         self.root = root
-        self.hardware = NodeHardware(name, profile, seed)
+        self.hardware = NodeHardware(name, profile, seed, kept_in=root / HARDWARE_FAULTS)
         self.backend = LocalBackend(self.hardware)
         kubelet_dir, cdi_dir = root / "kubelet", root / "cdi"
         self.short_paths = ShortPaths.for_node(root) if external else None

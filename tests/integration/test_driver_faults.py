@@ -209,7 +209,8 @@ def test_a_crash_between_started_and_completed_is_repaired_on_restart(
     node = "drv-node-c"
     done = allocated_claim(kube_api, namespace, "done", node, device="gpu-0")
     interrupted = allocated_claim(kube_api, namespace, "interrupted", node, device="gpu-1")
-    hardware = NodeHardware(node, load_profile("tiny"))  # outlives the driver, as a Ray actor would
+    kept = short_tmp_path / "hardware-faults.json"
+    hardware = NodeHardware(node, load_profile("tiny"), kept_in=kept)  # outlives the driver, as a Ray actor would
 
     async def scenario() -> None:
         async with running(control_plane.kubeconfig, short_tmp_path, node, hardware=hardware) as h:
@@ -232,6 +233,14 @@ def test_a_crash_between_started_and_completed_is_repaired_on_restart(
             retry = await h.prepare((namespace, interrupted, "interrupted"))
             assert retry.claims[interrupted].error == ""
             assert hardware.claims() == {done: ["gpu-0"], interrupted: ["gpu-1"]}
+        # Now the emulator dies too (a NodeHost that Ray restarts), with gpu-0 sick and a
+        # prepare failure pending: its hardware is built again from the faults it kept.
+        hardware.set_health("gpu-0", Health.UNHEALTHY, "too hot")
+        hardware.inject(fail_next_prepares=1, message="ECC storm")
+        rebuilt = NodeHardware(node, load_profile("tiny"), kept_in=kept)
+        async with running(control_plane.kubeconfig, short_tmp_path, node, hardware=rebuilt) as h:
+            assert rebuilt.claims() == {done: ["gpu-0"], interrupted: ["gpu-1"]}, "held again, sick gpu-0 too"
+            assert rebuilt.faults_in_force() == ["gpu-0 unhealthy: too hot", "next 1 prepares fail: ECC storm"]
 
     run(scenario)
 

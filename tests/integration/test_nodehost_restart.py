@@ -1,4 +1,5 @@
-"""A NodeHost that dies is restarted by Ray; its nodes come back from their checkpoints."""
+"""A NodeHost that dies is restarted by Ray; its nodes come back from their checkpoints,
+their hardware with the faults it had."""
 
 from __future__ import annotations
 
@@ -29,6 +30,12 @@ from testbed.workloads import (
 pytestmark = pytest.mark.controlplane
 
 
+def tainted(kube_api: k8s.ApiClient, node: str) -> set[str]:
+    """The GPUs whose devices (it, its partitions) the node's slices show tainted."""
+    slices = k8s.ResourceV1Api(kube_api).list_resource_slice(field_selector=f"spec.nodeName={node}").items
+    return {"-".join(d.name.split("-")[:2]) for s in slices for d in (s.spec.devices or []) if d.taints}
+
+
 def test_a_killed_nodehost_comes_back_with_no_leaked_or_double_used_device(
     control_plane: ClusterState, fleet: Fleet, kube_api: k8s.ApiClient
 ) -> None:
@@ -49,6 +56,12 @@ def test_a_killed_nodehost_comes_back_with_no_leaked_or_double_used_device(
         wait_running(kube_api, namespace, "before")
         held = ray.get(host.hardware_claims.remote(node))
         assert list(held.values()) == [["gpu-0"]]
+        # The pod's GPU runs hot and a prepare failure is pending: faults a crash of the
+        # emulator must not mend, nor may they keep the claim from being held again.
+        ray.get(host.set_health.remote(node, "gpu-0", False, "too hot"))
+        ray.get(host.inject.remote(node, fail_next_prepares=1, message="ECC storm"))
+        faults = ["gpu-0 unhealthy: too hot", "next 1 prepares fail: ECC storm"]
+        assert ray.get(host.describe.remote())["faults"] == {node: faults}
         old_pid = ray.get(host.pid.remote())
 
         ray.kill(host, no_restart=False)  # the process dies; Ray starts it again
@@ -63,6 +76,11 @@ def test_a_killed_nodehost_comes_back_with_no_leaked_or_double_used_device(
         wait_for(new_pid, 120, "Ray to restart the NodeHost in a new process")
         assert ray.get(host.ready.remote(), timeout=120) == [node]
         assert ray.get(host.hardware_claims.remote(node)) == held, "re-asserted from the checkpoint"
+        assert ray.get(host.describe.remote())["faults"] == {node: faults}, "kept, none used up by the repair"
+        wait_for(lambda: tainted(kube_api, node) == {"gpu-0"}, 30, "the restarted node's slice to taint gpu-0")
+        ray.get(host.set_health.remote(node, "gpu-0", True))
+        ray.get(host.inject.remote(node, fail_next_prepares=0))
+        wait_for(lambda: not tainted(kube_api, node), 30, "gpu-0 back in service")
 
         # the freed-up device and the held one: a new pod may only get gpu-0 once the first is gone
         core.create_namespaced_pod(namespace, pod("after", {"g": {"resourceClaimTemplateName": "gpu0"}}, node=node))

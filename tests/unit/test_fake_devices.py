@@ -249,3 +249,58 @@ def test_the_faults_in_force_are_said_in_words_and_none_once_undone() -> None:
     hw.set_busy("nic-0", None)
     hw.inject(fail_next_prepares=0, latency_s=0)
     assert hw.faults_in_force() == ["gpu-1 lost"], "a partition is not named beside its lost GPU"
+
+
+def test_a_claim_held_before_a_crash_is_held_again_whatever_faults_are_in_force() -> None:
+    """A restarted driver re-asserts its claims: nothing is set up, so a prepare fault does
+    not fail it (nor is one used up: the next real prepare still fails) and a sick device
+    still holds its work; a lost device cannot, and a device another claim holds is refused."""
+    hw = NodeHardware("n", load_profile("tiny"))
+    hw.set_health("gpu-0", Health.UNHEALTHY, "too hot")
+    hw.inject(fail_next_prepares=1, latency_s=30, failure_rate=1.0, message="ECC storm")
+    assert [d.name for d in run(hw.prepare("a", ["gpu-0"], reassert=True))] == ["gpu-0"]
+    assert hw.claims() == {"a": ["gpu-0"]} and hw.faults.fail_next_prepares == 1
+    with pytest.raises(HardwareError, match="in use by claim"):
+        run(hw.prepare("b", ["gpu-0"], reassert=True))
+    hw.lose_device("gpu-1")
+    with pytest.raises(HardwareError, match="no device 'gpu-1'"):
+        run(hw.prepare("c", ["gpu-1"], reassert=True))
+    hw.inject(latency_s=0)
+    with pytest.raises(HardwareError, match="ECC storm"):
+        run(hw.prepare("d", ["nic-0"]))
+
+
+def test_the_faults_in_force_outlive_the_process_that_emulates_the_hardware(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With a file to keep them in, hardware built again (a NodeHost restarted after a
+    crash) has the faults it had, a countdown where it stood; a record it cannot read
+    is said and set aside rather than stopping the node."""
+    kept = tmp_path / "node" / "hardware-faults.json"
+    hw = NodeHardware("n", load_profile("tiny"), kept_in=kept)
+    hw.set_health("gpu-0", Health.UNHEALTHY, "XID 79", fatal=True)
+    hw.lose_device("gpu-1")
+    hw.set_busy("nic-0", "held by pid 42")
+    hw.inject(fail_next_prepares=2, latency_s=0.01, message="ECC error")
+    with pytest.raises(HardwareError, match="ECC error"):
+        run(hw.prepare("a", ["nic-1"]))
+    again = NodeHardware("n", load_profile("tiny"), kept_in=kept)
+    assert (
+        again.faults_in_force()
+        == hw.faults_in_force()
+        == [
+            "gpu-0 unhealthy (fatal): XID 79",
+            "nic-0 busy: held by pid 42",
+            "gpu-1 lost",
+            "next 1 prepares fail: ECC error",
+            "prepares 10 ms slower",
+        ]
+    )
+    assert again.health() == hw.health() and again.devices() == hw.devices()
+    hw.set_health("gpu-0", Health.HEALTHY)
+    assert "gpu-0" not in NodeHardware("n", load_profile("tiny"), kept_in=kept).fault_record()["unhealthy"]
+    assert NodeHardware("other", load_profile("tiny"), kept_in=tmp_path / "none.json").faults_in_force() == []
+
+    kept.write_text('{"unhealthy": {"gpu-7": {"message": "", "fatal": false, "since": 0}}}')
+    assert NodeHardware("n", load_profile("tiny"), kept_in=kept).faults_in_force() == []
+    assert f"faults kept in {kept} not taken (ValueError(\"no device ['gpu-7'] on this node\"))" in caplog.text
