@@ -245,21 +245,24 @@ class PodManager:
         """Pods whose init containers run now (``_initialize``)."""
         self._restarted: dict[str, dict[str, podstatus.Restarted]] = {}
         """By pod UID and container name: containers that exited and are started again."""
+        self._started_early: dict[str, dict[str, podstatus.Restarted]] = {}
+        """By pod UID and container name: containers started while others of their pod
+        wait for their image (``_pull_images``), as they are; the pod is not running yet."""
         self._process_changes: dict[tuple[str, str, str], list[int | None]] = {}
-        self._process_back_off: dict[tuple[str, str, str], tuple[float, float]] = {}
-        """Per container whose process runs beside this kubelet: its back-off (restart_delay)."""
         """By namespace, pod and container: ``process_changed`` calls made before the pod
         ran here (a NodeHost taking a node over restarts its driver before its kubelet
         has adopted the driver pod), told once it runs."""
+        self._process_back_off: dict[tuple[str, str, str], tuple[float, float]] = {}
+        """Per container whose process runs beside this kubelet: its back-off (restart_delay)."""
         self._probing: dict[str, dict[str, str]] = {}
+        """By pod UID and container name: containers whose probes have not passed yet."""
         self._ephemeral: dict[str, dict[str, Obj]] = {}
+        """Ephemeral containers started (``kubectl debug``), by pod: each one's state."""
         self._ran_images: dict[str, dict[str, str]] = {}
         """By pod UID and container name: the image each container was last created with
         (the spec's may have changed since: ``_redefined``)."""
-        """Ephemeral containers started (``kubectl debug``), by pod: each one's state."""
         self._generation_syncs: dict[str, bool] = {}
         """Pods whose spec change is being synced: whether another came meanwhile."""
-        """By pod UID and container name: containers whose probes have not passed yet."""
         self._past_deadline: set[str] = set()
         """Pods past their activeDeadlineSeconds: their workers stop them (``_ending``)."""
         self._deadline_timers: dict[str, asyncio.TimerHandle] = {}
@@ -454,8 +457,8 @@ class PodManager:
         """Make sure of the images of the pod's containers, in spec order, as the kubelet
         does before it creates each: a pull may fail (the node's pull limit) or be backed
         off (``ImageStore.pull``), which is told at once; then the pod waits for its next
-        sync. The kubelet starts the others then, and does not pull their images again;
-        here they are told started then (``before``), but all are shown running together."""
+        sync. The kubelet starts the others meanwhile, and does not pull their images
+        again (``before``): they run, and are shown so, while the pod stays Pending."""
         uid, pulls = pod["metadata"]["uid"], {}
         containers = {container["name"]: container for container in pod["spec"].get("containers", [])}
         for name, container in containers.items():
@@ -467,6 +470,7 @@ class PodManager:
             for name, pull in pulls.items():
                 if pull.failed is None and not pull.started_told:
                     self._tell_started(pod, containers[name], pull)
+                    self._started_early.setdefault(uid, {})[name] = _started_now(pod, containers[name])
                     pulls[name] = containerevents.Pull([], None, started_told=True)
                 else:
                     for told in pull.told:
@@ -1165,8 +1169,13 @@ class PodManager:
         self._resync_schedule.add(meta["uid"], time.monotonic())
         self._resync_wake.set()
 
+        early = self._started_early.pop(meta["uid"], {})
+        if early:  # as they are since, the rest start now
+            self._restarted[meta["uid"]] = {**early, **self._restarted.get(meta["uid"], {})}
         if probed:  # they start now (a restarted kubelet finds them running)
             for container in pod["spec"].get("containers", []):
+                if container["name"] in early:
+                    continue
                 self._tell_started(pod, container, (pulls or {}).get(container["name"]))
                 # The kubelet runs its postStart hook before it starts the next one, and
                 # writes the pod Running once all have started.
@@ -1174,7 +1183,7 @@ class PodManager:
                 if hook_s and not await self._runs_for(meta["uid"], hook_s):
                     return
         probing, changes = probe_plan(pod) if probed else ({}, [])
-        exited = self._exited_at_once(pod, stamp) if probed else set()
+        exited = self._exited_at_once(pod, stamp, besides=early) if probed else set()
         probing = {name: waits for name, waits in probing.items() if name not in exited}
         changes = [change for change in changes if change[1] not in exited]
         probing = self._probing[meta["uid"]] = {**self._probing.get(meta["uid"], {}), **probing}  # sidecars' kept
@@ -1201,19 +1210,20 @@ class PodManager:
             probed_ids = _container_ids(pod)
             self._in_background(self._follow_probes(meta["uid"], changes, probed_ids), f"pod-probes-{meta['uid']}")
 
-    def _exited_at_once(self, pod: Obj, started: str) -> set[str]:
+    def _exited_at_once(self, pod: Obj, started: str, besides: Collection[str] = ()) -> set[str]:
         """The pod's containers whose command ends as it starts, noted exited (restart
         count 0): the kubelet's first status after their start comes from the PLEG relist
-        after it, which finds them exited already, so they never show running (or ready)."""
-        uid, ids, now = pod["metadata"]["uid"], _container_ids(pod), now_rfc3339()
+        after it, which finds them exited already, so they never show running (or ready).
+        ``besides``: those started before (``_started_now`` noted them)."""
+        uid = pod["metadata"]["uid"]
         restarted = self._restarted.setdefault(uid, {})
         exited = set()
         for container in pod["spec"].get("containers", []):
-            if commands.exits_at_once(pod, container):
-                name = container["name"]
-                ended = podstatus.Ended.exit_status(commands.exit_code(container), now)
-                state = podstatus.terminated_state(ids[name], started, ended)
-                restarted[name] = podstatus.Restarted(0, ids[name], state, {})
+            name = container["name"]
+            if name in besides:
+                exited |= {name} if "terminated" in restarted[name].state else set()
+            elif commands.exits_at_once(pod, container):
+                restarted[name] = _started_now(pod, container, started)
                 exited.add(name)
         return exited
 
@@ -1279,11 +1289,15 @@ class PodManager:
         not pulled): written when that changes. ``inits``: its init containers ran."""
         uid = pod["metadata"]["uid"]
         if uid in self._waiting and self._waiting[uid] == refused:
-            return
+            return  # a container starts early only as its wait ends (``_pull_images``): shown
+        early = self._started_early.get(uid, {})
+        probing = probe_plan({"spec": {"containers": [c for c in pod["spec"]["containers"] if c["name"] in early]}})[0]
         if inits is not None and inits.spans:
             addresses = self._addresses_of(pod)
             ids, now = _container_ids(pod), now_rfc3339()
-            status = podstatus.initializing_status(pod, _start_time(pod), ids, inits, addresses, now, waits=refused)
+            status = podstatus.initializing_status(
+                pod, _start_time(pod), ids, inits, addresses, now, probing, waits=refused, started_early=early
+            )
         else:
             failed = None
             if refused is not None:  # the sandbox exists, with its IP
@@ -1292,7 +1306,7 @@ class PodManager:
                 except StartFailed:  # none left: the node's, as without a CIDR
                     pod_ip = self.node.internal_ip()
                 failed = podstatus.CreateFailed(pod_ip, dict(refused))
-            status = podstatus.waiting_status(pod, self.node.internal_ip(), now_rfc3339(), failed)
+            status = podstatus.waiting_status(pod, self.node.internal_ip(), now_rfc3339(), failed, early, probing)
         try:
             await self._patch_status(pod, {"status": status})
         except ApiError as exc:
@@ -2022,6 +2036,10 @@ class PodManager:
                 for c in spec.get("containers", [])
                 if c["name"] not in restarted or "running" in restarted[c["name"]].state
             ]
+        elif early := self._started_early.get(uid):
+            running = [
+                c for c in spec.get("containers", []) if c["name"] in early and "running" in early[c["name"]].state
+            ]
         ephemeral = self._ephemeral.get(
             uid, {}
         )  # started once its sandbox was there, before its init containers ended maybe
@@ -2071,7 +2089,8 @@ class PodManager:
             if self._ephemeral.get(uid):
                 status["ephemeralContainerStatuses"] = self._ephemeral_statuses(pod, now)
         elif uid in self._waiting or failed is not None:
-            status = podstatus.never_ran_status(pod, now, self._waiting.get(uid) is not None)
+            made = self._waiting.get(uid) is not None
+            status = podstatus.never_ran_status(pod, now, made, self._started_early.get(uid))
         if status is not None:
             if uid in self._rejected:
                 status = podstatus.stopped_after_rejection(status)
@@ -2103,6 +2122,7 @@ class PodManager:
         self._waiting.pop(uid, None)
         self._inits.pop(uid, None)
         self._restarted.pop(uid, None)
+        self._started_early.pop(uid, None)
         self._probing.pop(uid, None)
         self._ephemeral.pop(uid, None)
         self._ran_images.pop(uid, None)
@@ -2257,6 +2277,17 @@ def _start_time(pod: Obj, default: str | None = None) -> str:
 def _deadline(pod: Obj) -> float | None:
     seconds = pod["spec"].get("activeDeadlineSeconds")
     return None if seconds is None else float(seconds)
+
+
+def _started_now(pod: Obj, container: Obj, at: str | None = None) -> podstatus.Restarted:
+    """A container the runtime starts ``at`` (default: now), as the next relist finds it:
+    running, or exited already if its command ends as it starts."""
+    name, at = container["name"], at or now_rfc3339()
+    container_id = _container_ids(pod)[name]
+    if commands.exits_at_once(pod, container):
+        ended = podstatus.Ended.exit_status(commands.exit_code(container), now_rfc3339())
+        return podstatus.Restarted(0, container_id, podstatus.terminated_state(container_id, at, ended), {})
+    return podstatus.Restarted(0, container_id, {"running": {"startedAt": at}}, {})
 
 
 def _container_ids(pod: Obj) -> dict[str, str]:

@@ -247,15 +247,18 @@ def running_containers(
     """The statuses of a running pod's (regular) containers, sorted by name as the kubelet
     sorts them. ``probing``: those whose startup probe has not passed yet ("starting":
     neither started nor ready) or whose readiness probe has not ("unready")."""
-    statuses = []
-    for container in pod["spec"].get("containers", []):
-        now = _as_restarted(container, started, container_ids, restarted)
-        status = container_status(container, now.container_id, now.state, ready="running" in now.state)
-        waits_for = (probing or {}).get(container["name"]) if "running" in now.state else None
-        if waits_for is not None:
-            status.update(ready=False, started=waits_for != "starting")
-        statuses.append({**status, "restartCount": now.count, "lastState": now.last})
-    return _by_name(statuses)
+    containers = pod["spec"].get("containers", [])
+    return _by_name(_as_now(c, _as_restarted(c, started, container_ids, restarted), probing or {}) for c in containers)
+
+
+def _as_now(container: Obj, now: Restarted, probing: Mapping[str, str]) -> Obj:
+    """A container the runtime made, as it is ``now``; running and ``probing`` (see
+    ``running_containers``): not ready, or not started, yet."""
+    status = container_status(container, now.container_id, now.state, ready="running" in now.state)
+    waits_for = probing.get(container["name"]) if "running" in now.state else None
+    if waits_for is not None:
+        status.update(ready=False, started=waits_for != "starting")
+    return {**status, "restartCount": now.count, "lastState": now.last}
 
 
 def _as_restarted(
@@ -277,13 +280,21 @@ def initializing_status(
     probing: Mapping[str, str] | None = None,
     restarted: Mapping[str, Restarted] | None = None,
     waits: Mapping[str, tuple[str, str]] | None = None,
+    started_early: Mapping[str, Restarted] | None = None,
 ) -> Obj:
     """Pending while init containers run: those done terminated, the one running now
     (the last of ``inits``), the rest and the pod's containers waiting (PodInitializing;
     with their counts when ``restarted`` in place); those in ``waits`` (init containers
     too) for its reason and message, their image not pulled; sidecars ``probing`` not
-    ready (or not started) yet."""
-    mains = _by_name(_waiting_for_inits(c, (restarted or {}).get(c["name"])) for c in pod["spec"].get("containers", []))
+    ready (or not started) yet. Once they are done, the pod's containers ``started_early``
+    (see ``waiting_status``) as they are."""
+    early = started_early or {}
+    mains = _by_name(
+        _as_now(c, early[c["name"]], probing or {})
+        if c["name"] in early
+        else _waiting_for_inits(c, (restarted or {}).get(c["name"]))
+        for c in pod["spec"].get("containers", [])
+    )
     init_statuses = _init_statuses(pod, container_ids, inits, probing=probing)
     for status in [*init_statuses, *mains]:
         if status["name"] in (waits or {}) and "waiting" in status["state"]:
@@ -385,13 +396,27 @@ class CreateFailed:
     """Each container not created, with the reason and message it waits for."""
 
 
-def waiting_status(pod: Obj, host_ip: str, now: str, failed: CreateFailed | None = None) -> Obj:
+def waiting_status(
+    pod: Obj,
+    host_ip: str,
+    now: str,
+    failed: CreateFailed | None = None,
+    started_early: Mapping[str, Restarted] | None = None,
+    probing: Mapping[str, str] | None = None,
+) -> Obj:
     """The status of a pod whose containers are not running yet: Pending, its containers
     ContainerCreating (PodInitializing, with init containers); without ``failed``, its
     sandbox could not be made (its claims not prepared, its network not set up), with it
     the sandbox exists and the runtime refused that container (CreateContainerError, in
-    the runtime's words)."""
+    the runtime's words, or its image not pulled). ``started_early``: those the kubelet
+    started all the same (their images pulled), as they are now, ``probing`` as at
+    their start; the pod stays Pending until every container has started."""
     inits, mains = _waiting_statuses(pod, failed)
+    early = started_early or {}
+    mains = [
+        _as_now(c, early[c["name"]], probing or {}) if c["name"] in early else status
+        for c, status in zip(_sorted_containers(pod), mains, strict=True)
+    ]
     addresses = {} if failed is None else {"podIP": failed.pod_ip, "podIPs": [{"ip": failed.pod_ip}]}
     return {
         **_status(pod, "Pending", inits, mains, "none" if failed is None else "ready", now),
@@ -402,19 +427,28 @@ def waiting_status(pod: Obj, host_ip: str, now: str, failed: CreateFailed | None
     }
 
 
-def never_ran_status(pod: Obj, now: str, sandbox_made: bool = False) -> Obj:
+def never_ran_status(
+    pod: Obj, now: str, sandbox_made: bool = False, started_early: Mapping[str, Restarted] | None = None
+) -> Obj:
     """The terminal status of a pod deleted before its containers ever ran. As the kubelet
     marks it (TerminatePod), over the conditions of the Pending pod it was: containers not
     known to have run end ContainerStatusUnknown; with init containers, only the first of
     those (the pod never initialized: its containers stay waiting). ``sandbox_made``: the
-    runtime had made its sandbox (and refused a container), now removed."""
+    runtime had made its sandbox (and refused a container), now removed. Those
+    ``started_early`` (see ``waiting_status``) were stopped, those that ended stay so."""
+    early = started_early or {}
     inits, mains = _waiting_statuses(pod, None)
     unknown = {"terminated": {"exitCode": 137, "reason": "ContainerStatusUnknown", "message": CONTAINER_NOT_FOUND}}
+    mains = [
+        _stopped(c, early[c["name"]], now) if c["name"] in early else status
+        for c, status in zip(_sorted_containers(pod), mains, strict=True)
+    ]
     sandbox = "gone" if sandbox_made else "none"
     status = _status(pod, "Failed", inits, mains, sandbox, now, conditions_phase="Pending")
     ended = status["initContainerStatuses"][:1] if inits else status["containerStatuses"]
     for container in ended:
-        container["state"] = unknown
+        if container["name"] not in early:
+            container["state"] = unknown
     return status
 
 
@@ -453,7 +487,20 @@ def _waiting_statuses(pod: Obj, failed: CreateFailed | None) -> tuple[list[Obj],
         return {"waiting": {"reason": default}}
 
     inits = [_unstarted_status(c, state(c)) for c in spec.get("initContainers") or []]
-    return inits, _by_name(_unstarted_status(c, state(c)) for c in spec.get("containers", []))
+    return inits, [_unstarted_status(c, state(c)) for c in _sorted_containers(pod)]
+
+
+def _stopped(container: Obj, was: Restarted, at: str) -> Obj:
+    """A container the runtime made, stopped now if it ran (one that ended stays so)."""
+    state = was.state
+    if "running" in state:
+        state = terminated_state(was.container_id, state["running"]["startedAt"], Ended.stopped(at))
+    return {**container_status(container, was.container_id, state, ready=False), "restartCount": was.count}
+
+
+def _sorted_containers(pod: Obj) -> list[Obj]:
+    """The pod's own containers in the order the kubelet lists their statuses (by name)."""
+    return sorted(pod["spec"].get("containers", []), key=lambda c: str(c["name"]))
 
 
 def _waiting_for_inits(container: Obj, before: Restarted | None) -> Obj:

@@ -2606,13 +2606,15 @@ def test_images_pulled_past_the_nodes_pull_limit_fail_and_back_off_alike(
     control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path, case: str
 ) -> None:
     """A kubelet pulls 10 images at once (registryBurst), then registryPullQPS a second,
-    and fails the pulls beyond at once ("pull QPS exceeded"): such a container waits in ErrImagePull, then in
-    ImagePullBackOff while the pod's back-off for its image lasts (10 s), and starts at
-    the first sync after it, so its pod runs 10-20 s late. On both nodes, a pod of 13
-    containers, each with an image of its own pulled at every start (untagged), or of 12
-    such init containers, the 11th of which waits while the others before it ran. The
-    fake kubelet pulled without limit: the pod ran at once. Both limits are a pool's
-    settings, given to both kubelets; with registryPullQPS 0 nothing is limited."""
+    and fails the pulls beyond at once ("pull QPS exceeded"): such a container waits in
+    ErrImagePull, then in ImagePullBackOff while the pod's back-off for its image lasts
+    (10 s), and starts at the first sync after it, so its pod runs 10-20 s late; those
+    whose image it pulled run meanwhile, the pod Pending (10/13 ready). On both nodes, a
+    pod of 13 containers, each with an image of its own pulled at every start (untagged),
+    or of 12 such init containers, the 11th of which waits while the others before it
+    ran. The fake kubelet pulled without limit: the pod ran at once; then it showed the
+    first ten ContainerCreating while the real one showed them running. Both limits are
+    a pool's settings, given to both kubelets; with registryPullQPS 0 nothing is limited."""
     inits = case == "init-containers"
     names = [f"i{i:02d}" for i in range(12)] if inits else [f"c{i:02d}" for i in range(13)]
     listed = "initContainerStatuses" if inits else "containerStatuses"
@@ -2668,6 +2670,17 @@ def test_images_pulled_past_the_nodes_pull_limit_fail_and_back_off_alike(
                         if shown in ("ErrImagePull", "ImagePullBackOff"):
                             waits.add((shown, unnamed(container["state"]["waiting"]["message"])))
                 waited = [name for name in names if "ErrImagePull" in states[name]]
+                # What the pod showed while the 11th waited for its image: the others as they
+                # ran (the kubelet starts those whose image it has), and what was not ready.
+                beside: set[tuple[str, bool]] = set()
+                unready: set[str] = set()
+                for status in versions:
+                    shown_now = {c["name"]: c for c in status.get(listed) or []}
+                    eleventh = shown_now.get(names[10], {}).get("state", {})
+                    if eleventh.get("waiting", {}).get("reason") in ("ErrImagePull", "ImagePullBackOff"):
+                        beside |= {(image_state(shown_now[name]), shown_now[name]["ready"]) for name in names[:10]}
+                        ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+                        unready.add(f"{status['phase']}: {ready.get('message', '')}")
                 start_errors = {
                     (sample.labels["container_type"], sample.labels["code"]): sample.value
                     for family in text_string_to_metric_families(await side.node.kubelet_metrics())
@@ -2683,6 +2696,8 @@ def test_images_pulled_past_the_nodes_pull_limit_fail_and_back_off_alike(
                     "the 11th's states": [shown for shown, _ in itertools.groupby(states[names[10]])],
                     "the first ten pulled at once": not waited or waited[0] >= names[10],
                     "those that waited": waited,
+                    "the first ten meanwhile": sorted(beside),
+                    "not ready meanwhile": sorted(unready),
                     "why they waited": sorted(waits),
                     "late by 9-25 s": 9 <= ran_after_s <= 25,
                     "told": [(fact[0], fact[1], fact[2], unnamed(fact[3])) for fact in told],
@@ -2705,6 +2720,11 @@ def test_images_pulled_past_the_nodes_pull_limit_fail_and_back_off_alike(
                 if key != "ran after":
                     assert found["fake"][key] == found["real"][key], (key, found["fake"][key], found["real"][key])
             fake = found["fake"]
+            # The kubelet started what it could: the first ten ran, the pod Pending.
+            assert (fake["the first ten meanwhile"], fake["not ready meanwhile"]) == (
+                [("terminated", True)] if inits else [("running", True)],
+                [f"Pending: containers with unready status: [{'main' if inits else 'c10 c11 c12'}]"],
+            )
             shown_failing = ["ErrImagePull", "ImagePullBackOff"]
             counted = {("init_container", "ErrImagePull"): 1.0}
             counted = counted if inits else {("container", "ErrImagePull"): 3.0, ("container", "ImagePullBackOff"): 3.0}
@@ -2728,6 +2748,44 @@ def test_images_pulled_past_the_nodes_pull_limit_fail_and_back_off_alike(
             )
             failed_to_pull = ["Error: ErrImagePull", "Failed to pull image IMAGE: pull QPS exceeded"]
             assert fake["told why"] == sorted(failed_to_pull + ([] if inits else ["Error: ImagePullBackOff"]))
+
+    asyncio.run(scenario())
+
+
+def test_a_pod_deleted_while_a_container_waits_for_its_image_ends_alike(
+    control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
+) -> None:
+    """A pod of 13 containers on a node that pulls 10 images at once: deleted while the
+    last three wait for theirs, its last status shows the ten that ran stopped (exit 143)
+    and the three that never did ContainerStatusUnknown, not ready, its sandbox gone.
+    The fake kubelet showed all thirteen ContainerStatusUnknown, as if none had run."""
+    names = [f"c{i:02d}" for i in range(13)]
+
+    async def scenario() -> None:
+        async with two_nodes(control_plane, short_tmp_path, node_binaries, pull_limit=(1, 10)) as sides:
+
+            async def run(side: Side) -> dict[str, Any]:
+                wide = [_image(name, f"wide-{i:02d}", "sleep", "3600") for i, name in enumerate(names)]
+                await side.create_pod("wide", containers=wide)
+
+                async def waiting() -> bool:
+                    shown = (await side.read_pod("wide")).get("status", {}).get("containerStatuses") or []
+                    return any(c["name"] == names[10] and "ErrImagePull" in str(c["state"]) for c in shown)
+
+                await until(waiting, 60, f"{side.kind}: {names[10]} waiting for its image")
+                status = (await side.deleted("wide"))["status"]
+                ended = [
+                    (c["name"], c["state"]["terminated"]["reason"], c["state"]["terminated"]["exitCode"], c["ready"])
+                    for c in status["containerStatuses"]
+                ]
+                ran = [c["name"] for c in status["containerStatuses"] if c.get("containerID")]
+                conditions = sorted((c["type"], c["status"], c.get("message")) for c in status["conditions"])
+                return {"phase": status["phase"], "ended": ended, "ran": ran, "conditions": conditions}
+
+            found = await both(sides, run)
+            assert found["fake"] == found["real"]
+            assert found["fake"]["ran"] == names[:10]
+            assert {reason for _, reason, _, _ in found["fake"]["ended"]} == {"Error", "ContainerStatusUnknown"}
 
     asyncio.run(scenario())
 

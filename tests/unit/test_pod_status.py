@@ -313,6 +313,51 @@ def test_a_container_whose_image_was_not_pulled_waits_for_that_reason_init_or_no
     assert waiting["containerStatuses"][0]["state"]["waiting"]["reason"] == "ErrImagePull"
 
 
+def test_containers_started_while_another_waits_for_its_image_run_and_are_stopped_with_the_pod() -> None:
+    """The kubelet starts the containers whose image it has: they run (ready, unless a
+    probe holds them back) while the pod stays Pending for the one that waits; deleted
+    then, those that ran end stopped and the one that never ran ContainerStatusUnknown."""
+    spec = pod()
+    spec["spec"]["containers"] = [
+        {"name": n, "image": f"registry.invalid/{n}", **probes}
+        for n, probes in [
+            ("main", {}),
+            ("agent", {}),
+            ("probed", {"readinessProbe": {"exec": {"command": ["true"]}}}),
+            ("done", {}),
+        ]
+    ]
+    ids = {n: f"dra-testbed://u-{n}" for n in ("main", "agent", "probed", "done")}
+    running = {"running": {"startedAt": STARTED}}
+    ended = podstatus.terminated_state(ids["done"], STARTED, podstatus.Ended.completed(STARTED))
+    early = {n: podstatus.Restarted(0, ids[n], running, {}) for n in ("main", "probed")}
+    early["done"] = podstatus.Restarted(0, ids["done"], ended, {})
+    failed = podstatus.CreateFailed("100.64.0.9", {"agent": ("ErrImagePull", "pull QPS exceeded")})
+    status = podstatus.waiting_status(spec, "10.100.0.2", NOW, failed, early, {"probed": "unready"})
+    shown = {c["name"]: (next(iter(c["state"])), c["ready"], c["started"]) for c in status["containerStatuses"]}
+    assert shown == {
+        "agent": ("waiting", False, False),
+        "done": ("terminated", False, False),
+        "main": ("running", True, True),
+        "probed": ("running", False, True),
+    }
+    assert [c["name"] for c in status["containerStatuses"]] == ["agent", "done", "main", "probed"]
+    assert status["containerStatuses"][2]["containerID"] == ids["main"] and status["phase"] == "Pending"
+    conditions = by_type(status)
+    assert conditions["Initialized"]["status"] == "True"
+    assert conditions["Ready"]["message"] == "containers with unready status: [agent probed done]"
+
+    gone = podstatus.never_ran_status(spec, LATER, sandbox_made=True, started_early=early)
+    states = {c["name"]: c["state"]["terminated"] for c in gone["containerStatuses"]}
+    assert states["agent"]["reason"] == "ContainerStatusUnknown" and states["done"]["reason"] == "Completed"
+    assert (states["main"]["exitCode"], states["main"]["startedAt"], states["main"]["finishedAt"]) == (
+        podstatus.STOPPED_EXIT_CODE,
+        STARTED,
+        LATER,
+    )
+    assert gone["phase"] == "Failed" and not any(c["ready"] for c in gone["containerStatuses"])
+
+
 def test_while_an_init_container_runs_the_pod_is_pending_and_its_containers_wait_listed_by_name() -> None:
     spec = with_inits(CHECK, {**CHECK, "name": "quick"}, containers=("main", "agent"))
     status = podstatus.initializing_status(spec, STARTED, ALL_IDS, podstatus.InitRun().then(NOW), ADDRESSES, NOW)
