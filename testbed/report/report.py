@@ -202,6 +202,7 @@ def build(data: RunData, leaks: dict[str, int], cluster: dict[str, Any]) -> dict
         "error": data.error,
         "left_behind": data.left_behind,
         "faults": data.faults,
+        "faults_undone": data.faults_undone,
         "phases": phases,
         "claim_allocation_s": _percentiles(claims),
         "metrics": metrics,
@@ -275,6 +276,12 @@ def _fault_lines(report: dict[str, Any]) -> list[str]:
         outcome = f"error: {f['error']}" if f.get("error") else f.get("outcome") or ""
         fatal = " (fatal)" if f.get("fatal") else ""
         lines.append(f"| {f['at_s']} s | {f['action']} {f['target']}{fatal} | {shown or '-'} | {outcome} |")
+    undone = [
+        f"{f['action']} {f['target']} on {f['nodes_pattern']}" + (f" (error: {f['error']})" if f["error"] else "")
+        for f in report.get("faults_undone") or []
+    ]
+    if undone:
+        lines += ["", f"Undone as the run ended, so the next run finds the fleet as this one did: {'; '.join(undone)}."]
     return [*lines, ""]
 
 

@@ -37,7 +37,7 @@ from testbed.kubelet.node import SYNTHETIC_TOLERATION
 from testbed.kubeletplugin.leftovers import prepared_state
 from testbed.report.breakdown import NODEHOSTS, ONLY, Snapshot, machine_cpu
 from testbed.report.metrics import Scrape, fleet_increase, scrape
-from testbed.scenarios.spec import Fault, Phase, Scenario
+from testbed.scenarios.spec import Fault, Phase, Scenario, faults_to_undo
 
 CLEANUP_TIMEOUT_S = 30.0
 """How long a run that lost its control plane tries to delete its namespace."""
@@ -194,6 +194,8 @@ class RunData:
     """What the run could not clean up, and how to do it by hand."""
     faults: list[dict[str, Any]] = field(default_factory=list)
     """The faults injected: when, on which nodes, and any error."""
+    faults_undone: list[dict[str, Any]] = field(default_factory=list)
+    """What the run did as it ended to undo the faults it left in force (faults_to_undo)."""
     jobs_ended: dict[str, set[str]] = field(default_factory=dict)
     """Per phase, its Jobs that ended (Complete or Failed): a pod evicted from a failed
     device is replaced by its Job, so a phase that waits for its Jobs waits for those
@@ -368,6 +370,8 @@ class Runner:
         self.data = RunData(scenario, f"run-{scenario.name}-{run_id}", time.time(), time.monotonic())
         self._changed = asyncio.Event()
         self.injector = injector
+        self._injected: list[Fault] = []
+        """Faults that reached nodes (or were under way when the run ended), in order."""
         self._profiles: Counter[str] = Counter()
 
     def _say(self, message: str) -> None:
@@ -489,6 +493,7 @@ class Runner:
                 "nodes_pattern": fault.nodes,
                 **({"fatal": True} if fault.fatal else {}),
             }
+            self._injected.append(fault)  # one cut short by the run's end may have reached some nodes
             try:
                 if self.injector is None:
                     raise RuntimeError("this cluster has no fleet of the testbed's to inject faults into")
@@ -497,9 +502,28 @@ class Runner:
                 entry["error"] = "" if injected.nodes else f"no node matches {fault.nodes!r}"
             except Exception as exc:  # reported, not fatal: the run goes on
                 entry["error"] = f"{type(exc).__name__}: {exc}"
+            if not entry.get("nodes"):
+                self._injected.remove(fault)
             self.data.faults.append(entry)
             fatal = " (fatal)" if fault.fatal else ""
             self._say(f"fault {fault.action} {fault.target}{fatal} on {len(entry.get('nodes', []))} node(s)")
+
+    async def _undo_faults(self) -> None:
+        """Put the nodes back as the run found them (faults_to_undo), so that the next run
+        starts from the same fleet; bounded, since a fleet gone would not answer."""
+        undo = faults_to_undo(self._injected)
+        if self.injector is None or not undo:
+            return
+        self._say(f"undoing {len(undo)} fault(s) left in force")
+        deadline = asyncio.get_running_loop().time() + CLEANUP_TIMEOUT_S
+        for fault in undo:
+            entry: dict[str, Any] = {"action": fault.action, "target": fault.target, "nodes_pattern": fault.nodes}
+            try:
+                async with asyncio.timeout_at(deadline):
+                    entry["nodes"], entry["error"] = (await self.injector(fault)).nodes, ""
+            except Exception as exc:
+                entry["error"] = f"{type(exc).__name__}: {exc}"
+            self.data.faults_undone.append(entry)
 
     # --- phases --------------------------------------------------------------------
 
@@ -687,6 +711,7 @@ class Runner:
                 for task in tasks:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
+                await self._undo_faults()
                 self._say(f"cleaning up namespace {self.data.namespace}")
                 try:
                     # Bounded: with the API server gone, retries would go on for minutes.

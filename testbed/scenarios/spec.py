@@ -193,6 +193,26 @@ class Fault(_Strict):
         return str(self.device)
 
 
+def faults_to_undo(injected: list[Fault]) -> list[Fault]:
+    """What puts the nodes back as a run found them: for each fault it left in force (a
+    later one of the same kind on the same nodes may have undone it already), its
+    opposite, in the order they came. A lost device stays lost, a rollout done."""
+    last: dict[tuple[str, str, str], Fault] = {}
+    for fault in injected:
+        if fault.action not in ("lost", "rollout"):
+            kind = "health" if fault.action in ("healthy", "unhealthy") else fault.action
+            last[(fault.nodes, kind, fault.device or "")] = fault
+    undo = []
+    for fault in last.values():
+        if fault.action == "unhealthy":
+            undo.append(fault.model_copy(update={"action": "healthy", "fatal": False, "message": ""}))
+        elif fault.action == "latency" and fault.latency_ms:
+            undo.append(fault.model_copy(update={"latency_ms": 0.0}))
+        elif fault.action in ("fail-prepare", "fail-attach", "hang-attach") and fault.count:
+            undo.append(fault.model_copy(update={"count": 0}))
+    return undo
+
+
 class Cluster(_Strict):
     """What `testbed run` starts when no cluster of that name is running."""
 

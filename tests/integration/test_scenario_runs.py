@@ -172,24 +172,29 @@ def test_a_device_that_dies_mid_run_evicts_its_pod_and_the_phase_waits_for_its_s
     """A scenario's fatal fault on every GPU 0 while one-GPU Jobs run: the pods on them
     are evicted (their claims unprepared), counted as evicted, and their Jobs' successors
     run on the other GPUs; the phase ends once every Job has completed, not at the first
-    count of finished pods."""
+    count of finished pods. The run ends by making the GPUs healthy again, so that the
+    next run finds the fleet as this one did."""
     scenario = spec.Scenario.model_validate(
         {
             "name": "dying",
             "phases": [{"name": "gpus", "jobs": 4, "qps": 20, "runSeconds": 4, "backoffLimit": 1, "wait": "complete"}],
-            "faults": [
-                {"atSeconds": 2, "nodes": "tb-00*", "action": "unhealthy", "device": "gpu-0", "fatal": True},
-                {"atSeconds": 5, "nodes": "tb-00*", "action": "healthy", "device": "gpu-0"},
-            ],
+            "faults": [{"atSeconds": 2, "nodes": "tb-00*", "action": "unhealthy", "device": "gpu-0", "fatal": True}],
         }
     )
     data = _run(control_plane, fleet, scenario, faults=True)
+    assert data.faults_undone == [
+        {"action": "healthy", "target": "gpu-0", "nodes_pattern": "tb-00*", "nodes": ["tb-000", "tb-001"], "error": ""}
+    ]
+    assert not any(host.get("faults", "?") for host in fleet.describe().values()), "no fault left in force"
     leaks = runner.nodes_dir_leaks(nodes_dir(control_plane.root), data.namespace, set(data.claims))
     report = reporting.build(data, leaks, {})
     [phase] = report["phases"]
     # Two nodes of two GPUs: the 4 Jobs' first pods fill them, the two on gpu-0 are evicted.
     assert (phase["pods_failed"], phase["pods_evicted"]) == (2, 2), phase
     assert (phase["pods_succeeded"], phase["pods_running"], phase["stalled"]) == (4, 6, False), phase
-    assert [f.get("fatal") for f in report["faults"]] == [True, None]
+    assert [f.get("fatal") for f in report["faults"]] == [True]
     assert report["leaks"]["ok"], report["leaks"]
     assert "2 failed (2 evicted)" in reporting.phase_line(phase)
+    assert "Undone as the run ended, so the next run finds the fleet as this one did: healthy gpu-0 on tb-00*." in (
+        reporting.markdown(report)
+    )

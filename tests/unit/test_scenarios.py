@@ -223,6 +223,35 @@ def test_a_rollout_fault_surges_one_node_at_a_time_unless_told_otherwise() -> No
     assert (batch(), batch(maxSurge=3), batch(maxUnavailable=2)) == ((1, 0), (3, 0), (0, 2))
 
 
+def test_a_run_undoes_the_faults_it_left_in_force_and_no_other() -> None:
+    """Each fault still in force as the run ends gets its opposite, on the same nodes; one
+    a later fault undid already, a lost device and a rollout get none."""
+
+    def fault(at: float, action: str, nodes: str = "n-*", **more: object) -> spec.Fault:
+        return spec.Fault.model_validate({"atSeconds": at, "action": action, "nodes": nodes, **more})
+
+    injected = [
+        fault(0, "unhealthy", device="gpu-0", fatal=True, message="XID 79"),
+        fault(1, "unhealthy", device="gpu-1"),
+        fault(2, "healthy", device="gpu-1"),
+        fault(2, "unhealthy", "n-000", device="gpu-1"),
+        fault(3, "latency", latencyMs=250),
+        fault(4, "fail-prepare", count=2),
+        fault(5, "fail-prepare", count=0),
+        fault(5, "hang-attach", count=1),
+        fault(6, "lost", device="nic-0"),
+        fault(7, "rollout", "*", driver="gpu.example.com"),
+    ]
+    undo = spec.faults_to_undo(injected)
+    assert [(f.action, f.target, f.nodes, f.fatal, f.message) for f in undo] == [
+        ("healthy", "gpu-0", "n-*", False, ""),
+        ("healthy", "gpu-1", "n-000", False, ""),
+        ("latency", "0", "n-*", False, ""),
+        ("hang-attach", "0", "n-*", False, ""),
+    ]
+    assert spec.faults_to_undo(undo) == [], "nothing left to undo once undone"
+
+
 def test_a_class_no_device_serves_is_named_with_the_phases_asking_and_the_profiles_that_have_it() -> None:
     from testbed.scenarios.runner import profiles_with, unserved, unserved_error
 
