@@ -25,8 +25,10 @@ PHASE_LABEL = "dra-testbed.io/phase"
 """On a scenario's Jobs and pods: the run and the phase they belong to (the run's also on
 its namespace)."""
 RUNNER_ANNOTATION = "dra-testbed.io/runner"
-"""On a scenario run's namespace: the `testbed run` process (host, pid, start ticks), so a
-later run can tell a namespace a killed run left from one a run still uses."""
+"""On a scenario run's namespace (and DeviceTaintRules): the `testbed run` process (host,
+pid, start ticks), so a later run can tell what a killed run left from what a run uses."""
+MAINTENANCE_TAINT = "dra-testbed.io/maintenance"
+"""The key of the device taint a scenario's ``taint-rule`` fault puts on (value: the run)."""
 SERVED_BY_ANNOTATION = "dra-testbed.io/served-by"
 """On a synthetic node's Lease: the NodeHost run that serves the node (see fleet/fencing.py)."""
 FABRIC_ATTACHED = "dra-testbed.io/FabricAttached"

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fnmatch
+import itertools
 import json
 import math
 import os
@@ -31,7 +33,7 @@ from testbed.controlplane.components import Ports
 from testbed.controlplane.processes import process_start_ticks
 from testbed.drivers import PROFILES, class_kinds, load_profile
 from testbed.errors import TestbedError
-from testbed.keys import PHASE_LABEL, PROFILE_LABEL, RUN_LABEL, RUNNER_ANNOTATION
+from testbed.keys import MAINTENANCE_TAINT, PHASE_LABEL, PROFILE_LABEL, RUN_LABEL, RUNNER_ANNOTATION
 from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
 from testbed.kubelet.node import SYNTHETIC_TOLERATION
 from testbed.kubeletplugin.leftovers import prepared_state
@@ -351,6 +353,16 @@ FaultInjector = Callable[[Fault], Awaitable[Injected]]
 """Applies one fault to every node its pattern names."""
 
 
+async def _nodes_reached(injecting: Awaitable[Injected]) -> list[str]:
+    return (await injecting).nodes
+
+
+def _node_of(resource_slice: Obj) -> str:
+    """The node a slice's devices are on: its node, or for a pool of its own, the pool's
+    name (a synthetic node's pools are named after it)."""
+    return str(resource_slice["spec"].get("nodeName") or resource_slice["spec"]["pool"]["name"])
+
+
 class Runner:
     def __init__(
         self,
@@ -372,6 +384,9 @@ class Runner:
         self.injector = injector
         self._injected: list[Fault] = []
         """Faults that reached nodes (or were under way when the run ended), in order."""
+        self._taint_rules: list[tuple[Fault, list[str]]] = []
+        """The DeviceTaintRules each ``taint-rule`` fault made, deleted as the run ends."""
+        self._rule_numbers = itertools.count()
         self._profiles: Counter[str] = Counter()
 
     def _say(self, message: str) -> None:
@@ -495,9 +510,12 @@ class Runner:
             }
             self._injected.append(fault)  # one cut short by the run's end may have reached some nodes
             try:
-                if self.injector is None:
+                if fault.action == "taint-rule":
+                    injected = await self._taint(fault)
+                elif self.injector is None:
                     raise RuntimeError("this cluster has no fleet of the testbed's to inject faults into")
-                injected = await self.injector(fault)
+                else:
+                    injected = await self.injector(fault)
                 entry["nodes"], entry["outcome"] = injected.nodes, injected.outcome
                 entry["error"] = "" if injected.nodes else f"no node matches {fault.nodes!r}"
             except Exception as exc:  # reported, not fatal: the run goes on
@@ -508,22 +526,65 @@ class Runner:
             fatal = " (fatal)" if fault.fatal else ""
             self._say(f"fault {fault.action} {fault.target}{fatal} on {len(entry.get('nodes', []))} node(s)")
 
+    async def _taint(self, fault: Fault) -> Injected:
+        """As an admin takes a device out of service: a DeviceTaintRule for it in the pool
+        of each node the pattern names whose slices have it (a synthetic node's pool is
+        named after it), marked as this run's so that a later run can delete what a killed
+        one left (``_reclaim_abandoned``)."""
+        exact = not any(c in fault.nodes for c in "*?[")
+        query = {"fieldSelector": f"spec.nodeName={fault.nodes}"} if exact else {}
+        slices = (await self.client.get(path_for("resource.k8s.io/v1", "resourceslices"), query))["items"]
+        targets = sorted(
+            {
+                (_node_of(item), item["spec"]["driver"], item["spec"]["pool"]["name"])
+                for item in slices
+                if fnmatch.fnmatchcase(_node_of(item), fault.nodes)
+                and any(device["name"] == fault.device for device in item["spec"].get("devices", []))
+            }
+        )
+        if not targets:
+            raise ValueError(f"no ResourceSlice of a node matching {fault.nodes!r} has a device {fault.device!r}")
+        made: list[str] = []
+        self._taint_rules.append((fault, made))
+        for _, driver, pool in targets:
+            name = f"{self.data.namespace}-{next(self._rule_numbers)}"
+            meta = {
+                "name": name,
+                "labels": {RUN_LABEL: self.run_id},
+                "annotations": {RUNNER_ANNOTATION: json.dumps(runner_identity())},
+            }
+            taint = {"key": MAINTENANCE_TAINT, "value": self.run_id, "effect": fault.effect or "NoExecute"}
+            selector = {"driver": driver, "pool": pool, "device": fault.device}
+            rule = {"metadata": meta, "spec": {"deviceSelector": selector, "taint": taint}}
+            await self.client.create(path_for("resource.k8s.io/v1", "devicetaintrules"), rule)
+            made.append(name)
+        return Injected([node for node, _, _ in targets], f"{len(made)} DeviceTaintRule(s), {taint['effect']}")
+
     async def _undo_faults(self) -> None:
-        """Put the nodes back as the run found them (faults_to_undo), so that the next run
-        starts from the same fleet; bounded, since a fleet gone would not answer."""
-        undo = faults_to_undo(self._injected)
-        if self.injector is None or not undo:
+        """Put the nodes back as the run found them (faults_to_undo; its DeviceTaintRules
+        deleted), so that the next run starts from the same fleet; bounded, since a fleet
+        or an API server gone would not answer."""
+        work: list[tuple[Fault, str, Awaitable[list[str]]]] = []
+        if self.injector is not None:
+            work += [(f, f.action, _nodes_reached(self.injector(f))) for f in faults_to_undo(self._injected)]
+        work += [(f, "deleted taint-rule", self._delete_taint_rules(rules)) for f, rules in self._taint_rules]
+        if not work:
             return
-        self._say(f"undoing {len(undo)} fault(s) left in force")
+        self._say(f"undoing {len(work)} fault(s) left in force")
         deadline = asyncio.get_running_loop().time() + CLEANUP_TIMEOUT_S
-        for fault in undo:
-            entry: dict[str, Any] = {"action": fault.action, "target": fault.target, "nodes_pattern": fault.nodes}
+        for fault, action, undoing in work:
+            entry: dict[str, Any] = {"action": action, "target": fault.target, "nodes_pattern": fault.nodes}
             try:
                 async with asyncio.timeout_at(deadline):
-                    entry["nodes"], entry["error"] = (await self.injector(fault)).nodes, ""
+                    entry["nodes"], entry["error"] = await undoing, ""
             except Exception as exc:
                 entry["error"] = f"{type(exc).__name__}: {exc}"
             self.data.faults_undone.append(entry)
+
+    async def _delete_taint_rules(self, names: list[str]) -> list[str]:
+        for name in names:
+            await self.client.delete_if_exists(path_for("resource.k8s.io/v1", "devicetaintrules", name))
+        return names
 
     # --- phases --------------------------------------------------------------------
 
@@ -655,6 +716,18 @@ class Runner:
             else:
                 where = "" if runner is None else f" (pid {runner.get('pid')} on {runner.get('host')})"
                 self._say(f"warning: namespace {meta['name']} of another run{where} is still there; its pods compete")
+        rules: Obj = {}
+        with contextlib.suppress(ApiError):  # a cluster without DeviceTaintRules has none of ours
+            rules = await self.client.get(
+                path_for("resource.k8s.io/v1", "devicetaintrules"), {"labelSelector": RUN_LABEL}
+            )
+        for rule in rules.get("items", []):
+            runner = _runner_of(rule["metadata"])
+            if runner is not None and abandoned(runner):
+                self._say(f"deleting DeviceTaintRule {rule['metadata']['name']}, left by a run that was killed")
+                await self.client.delete_if_exists(
+                    path_for("resource.k8s.io/v1", "devicetaintrules", rule["metadata"]["name"])
+                )
         for name in deleted:  # their pods hold devices until they are gone
             if not await self._gone(name):
                 self._say(f"warning: namespace {name} is still being deleted; its pods may hold devices")

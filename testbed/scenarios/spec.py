@@ -126,16 +126,19 @@ class Phase(_Strict):
 
 class Fault(_Strict):
     """A fault the run injects at a moment, on the nodes a pattern names: one of their
-    hardware, or a rollout of a command-line driver (the seamless-upgrade practice, tried
-    while the phases' pods come and go)."""
+    hardware, a rollout of a command-line driver (the seamless-upgrade practice, tried
+    while the phases' pods come and go), or an admin's DeviceTaintRule taking a device
+    out of service (``taint-rule``: one per node's pool whose slices have the device)."""
 
     at_seconds: float = Field(alias="atSeconds", ge=0)
     """Seconds after the run starts."""
     nodes: str = "*"
     """A shell-style pattern over node names, e.g. node-00*."""
-    action: Literal["unhealthy", "healthy", "lost", "fail-prepare", "latency", "fail-attach", "hang-attach", "rollout"]
+    action: Literal[
+        "unhealthy", "healthy", "lost", "fail-prepare", "latency", "fail-attach", "hang-attach", "rollout", "taint-rule"
+    ]
     device: str | None = None
-    """For unhealthy, healthy and lost."""
+    """For unhealthy, healthy, lost and taint-rule."""
     count: int | None = Field(default=None, ge=0)
     """For fail-prepare: how many prepares fail; fail-attach, hang-attach: how many attaches
     of devices behind a fabric."""
@@ -153,6 +156,9 @@ class Fault(_Strict):
     """For unhealthy: the device cannot serve even the work it has; built-in drivers taint
     it NoExecute, and the controller-manager evicts the pods whose claims do not tolerate
     that (their Jobs make new ones)."""
+    effect: Literal["NoSchedule", "NoExecute"] | None = None
+    """For taint-rule: the taint's effect (default NoExecute: its pods are evicted;
+    NoSchedule only keeps new claims off the device)."""
 
     @model_validator(mode="after")
     def _what_the_action_needs(self) -> Fault:
@@ -169,6 +175,8 @@ class Fault(_Strict):
             raise ValueError(f"action {self.action} needs {field}")
         if self.fatal and self.action != "unhealthy":
             raise ValueError(f"fatal is for action unhealthy, not {self.action}")
+        if self.effect and self.action != "taint-rule":
+            raise ValueError(f"effect is for action taint-rule, not {self.action}")
         if self.action == "rollout":
             if self.nodes != "*":
                 raise ValueError("a rollout covers every node that runs the driver: leave nodes out")
@@ -194,12 +202,13 @@ class Fault(_Strict):
 
 
 def faults_to_undo(injected: list[Fault]) -> list[Fault]:
-    """What puts the nodes back as a run found them: for each fault it left in force (a
-    later one of the same kind on the same nodes may have undone it already), its
-    opposite, in the order they came. A lost device stays lost, a rollout done."""
+    """What puts the nodes' hardware back as a run found them: for each fault it left in
+    force (a later one of the same kind on the same nodes may have undone it already),
+    its opposite, in the order they came. A lost device stays lost, a rollout done; a
+    taint-rule's DeviceTaintRules are the runner's to delete."""
     last: dict[tuple[str, str, str], Fault] = {}
     for fault in injected:
-        if fault.action not in ("lost", "rollout"):
+        if fault.action not in ("lost", "rollout", "taint-rule"):
             kind = "health" if fault.action in ("healthy", "unhealthy") else fault.action
             last[(fault.nodes, kind, fault.device or "")] = fault
     undo = []

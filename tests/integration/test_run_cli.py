@@ -17,7 +17,9 @@ from fake_devices.hardware import build_inventory
 from testbed.controlplane.cluster import ClusterState
 from testbed.drivers import KINDS, drivers_for, load_profile
 from testbed.fleet.fleet import Fleet
+from testbed.keys import RUN_LABEL
 from testbed.kubeletplugin.slices import desired_slices
+from testbed.scenarios.spec import SHIPPED_DIR
 from testbed.testing import wait_for
 from tests.integration.subprocesses import interrupt, killed_if_left
 
@@ -90,20 +92,32 @@ def _running_pods(core: k8s.CoreV1Api) -> int:
 def test_a_run_killed_outright_leaves_its_namespace_to_the_next_run_which_deletes_it(
     control_plane: ClusterState, fleet: Fleet, kube_api: k8s.ApiClient, tmp_path: Path
 ) -> None:
-    """kill -9 (an OOM kill, a CI runner gone): no clean-up, its pods hold devices on."""
-    killed = _run(control_plane, "steady-churn", "--set", "phases.0.jobs=500", "--set", "phases.0.qps=2")
-    core = k8s.CoreV1Api(kube_api)
+    """kill -9 (an OOM kill, a CI runner gone): no clean-up, its pods hold devices on, and
+    the DeviceTaintRule of its `taint-rule` fault stays."""
+    scenario = tmp_path / "churn-drained.yaml"
+    scenario.write_text(
+        (SHIPPED_DIR / "steady-churn.yaml").read_text()
+        + "faults: [{atSeconds: 0, nodes: tb-001, action: taint-rule, device: gpu-1, effect: NoSchedule}]\n"
+    )
+    killed = _run(control_plane, str(scenario), "--set", "phases.0.jobs=500", "--set", "phases.0.qps=2")
+    core, resource = k8s.CoreV1Api(kube_api), k8s.ResourceV1Api(kube_api)
+
+    def rules() -> list[str]:
+        return [r.metadata.name for r in resource.list_device_taint_rule(label_selector=RUN_LABEL).items]
+
     with killed_if_left(killed):
-        wait_for(lambda: _running_pods(core) >= 1, 180, "the run's pods to be running")
+        wait_for(lambda: _running_pods(core) >= 1 and rules(), 180, "the run's pods to be running, its rule made")
         killed.kill()
         killed.communicate(timeout=30)
     [left] = _churn_namespaces(core)
+    [rule] = rules()
     then = _run(control_plane, "steady-churn", "--set", "phases.0.jobs=2", "--output", str(tmp_path / "next"))
     with killed_if_left(then):
         _, err = then.communicate(timeout=300)
     assert f"deleting namespace {left}, left by a run that was killed (pid {killed.pid})" in err, err
+    assert f"deleting DeviceTaintRule {rule}, left by a run that was killed" in err, err
     assert then.returncode == 0, err
-    assert _churn_namespaces(core) == []
+    assert _churn_namespaces(core) == [] and rules() == []
 
 
 def test_a_scenario_error_names_the_field(control_plane: ClusterState) -> None:

@@ -138,6 +138,39 @@ def test_a_scenarios_faults_reach_the_fleet_at_their_time_and_the_report(
     assert report["phases"][0]["pods_succeeded"] == 1, "the run went on"
 
 
+def test_a_scenarios_device_taint_rules_keep_new_claims_off_the_devices_and_go_with_the_run(
+    control_plane: ClusterState, fleet: Fleet, kube_api: k8s.ApiClient
+) -> None:
+    """`taint-rule` faults: an admin's DeviceTaintRules take both GPUs of tb-000 out of
+    service, so the pods that come after wait for tb-001's; the run deletes its rules as it ends."""
+    scenario = spec.Scenario.model_validate(
+        {
+            "name": "drained",
+            "phases": [
+                {"name": "before", "jobs": 1, "runSeconds": 1, "wait": "complete"},
+                {"name": "after", "jobs": 4, "qps": 20, "runSeconds": 1, "wait": "complete"},
+            ],
+            "faults": [
+                {"atSeconds": 0.2, "nodes": "tb-000", "action": "taint-rule", "device": gpu, "effect": "NoSchedule"}
+                for gpu in ("gpu-0", "gpu-1")
+            ],
+        }
+    )
+    data = _run(control_plane, fleet, scenario)  # no fleet needed: the rules are the API's
+    assert [(f["nodes"], f["outcome"], f["error"]) for f in data.faults] == [
+        (["tb-000"], "1 DeviceTaintRule(s), NoSchedule", "")
+    ] * 2
+    # Four pods at once for the four GPUs: the two of tb-001 took them two by two.
+    after = [pod.node for pod in data.pods.values() if pod.phase == "after"]
+    assert after == ["tb-001"] * 4, data.pods
+    assert [(f["action"], f["target"], f["error"]) for f in data.faults_undone] == [
+        ("deleted taint-rule", "gpu-0", ""),
+        ("deleted taint-rule", "gpu-1", ""),
+    ]
+    rules = k8s.ResourceV1Api(kube_api).list_device_taint_rule(label_selector="dra-testbed.io/run").items
+    assert rules == [], "the run took its rules with it"
+
+
 def test_a_phase_whose_pods_fail_has_its_jobs_try_again_each_pod_with_a_claim_of_its_own(
     control_plane: ClusterState, fleet: Fleet
 ) -> None:

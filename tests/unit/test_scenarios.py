@@ -209,6 +209,9 @@ def test_a_fault_needs_what_its_action_acts_on() -> None:
         ({"action": "rollout", "driver": "a.example.com", "maxSurge": 1, "maxUnavailable": 1}, "not both"),
         ({"action": "rollout", "driver": "a.example.com", "maxSurge": 0}, "greater than or equal to 1"),
         ({"action": "healthy", "device": "gpu-0", "fatal": True}, "fatal is for action unhealthy"),
+        ({"action": "taint-rule"}, "needs device"),
+        ({"action": "unhealthy", "device": "gpu-0", "effect": "NoExecute"}, "effect is for action taint-rule"),
+        ({"action": "taint-rule", "device": "gpu-0", "effect": "PreferNoSchedule"}, "NoSchedule' or 'NoExecute"),
     ):
         with pytest.raises(ValueError, match=needs):
             Fault.model_validate({"atSeconds": 0, **broken})
@@ -225,7 +228,8 @@ def test_a_rollout_fault_surges_one_node_at_a_time_unless_told_otherwise() -> No
 
 def test_a_run_undoes_the_faults_it_left_in_force_and_no_other() -> None:
     """Each fault still in force as the run ends gets its opposite, on the same nodes; one
-    a later fault undid already, a lost device and a rollout get none."""
+    a later fault undid already, a lost device and a rollout get none; a taint-rule's
+    DeviceTaintRules are the runner's to delete."""
 
     def fault(at: float, action: str, nodes: str = "n-*", **more: object) -> spec.Fault:
         return spec.Fault.model_validate({"atSeconds": at, "action": action, "nodes": nodes, **more})
@@ -241,6 +245,7 @@ def test_a_run_undoes_the_faults_it_left_in_force_and_no_other() -> None:
         fault(5, "hang-attach", count=1),
         fault(6, "lost", device="nic-0"),
         fault(7, "rollout", "*", driver="gpu.example.com"),
+        fault(8, "taint-rule", device="gpu-2"),
     ]
     undo = spec.faults_to_undo(injected)
     assert [(f.action, f.target, f.nodes, f.fatal, f.message) for f in undo] == [
