@@ -664,7 +664,8 @@ class Runner:
         last_progress, last_count = time.monotonic(), (-1, -1)
         while True:
             mine = [p for p in self.data.pods.values() if p.phase == phase.name]
-            ended = len(self.data.jobs_ended.get(phase.name, ()))
+            jobs_ended = self.data.jobs_ended.get(phase.name, set())
+            ended = len(jobs_ended)
             if phase.wait == "running":
                 done = sum(1 for p in mine if p.running is not None)
                 if done >= want:
@@ -675,7 +676,7 @@ class Runner:
                 # an evicted pod's successor is not counted: its Job is waited for.
                 done = sum(1 for p in mine if p.finished is not None)
                 evicted_jobs = {p.job for p in mine if p.evicted}
-                if ended >= jobs or (done >= want and evicted_jobs <= self.data.jobs_ended.get(phase.name, set())):
+                if ended >= jobs or (done >= want and evicted_jobs <= jobs_ended):
                     return
             if (done, ended) != last_count:
                 last_progress, last_count = time.monotonic(), (done, ended)
