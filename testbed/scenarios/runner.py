@@ -384,8 +384,9 @@ class Runner:
         self.injector = injector
         self._injected: list[Fault] = []
         """Faults that reached nodes (or were under way when the run ended), in order."""
-        self._taint_rules: list[tuple[Fault, list[str]]] = []
-        """The DeviceTaintRules each ``taint-rule`` fault made, deleted as the run ends."""
+        self._taint_rules: list[tuple[Fault, dict[str, str]]] = []
+        """The DeviceTaintRules each ``taint-rule`` fault made (each one's node), deleted as
+        the run ends."""
         self._rule_numbers = itertools.count()
         self._profiles: Counter[str] = Counter()
 
@@ -544,9 +545,9 @@ class Runner:
         )
         if not targets:
             raise ValueError(f"no ResourceSlice of a node matching {fault.nodes!r} has a device {fault.device!r}")
-        made: list[str] = []
+        made: dict[str, str] = {}
         self._taint_rules.append((fault, made))
-        for _, driver, pool in targets:
+        for node, driver, pool in targets:
             name = f"{self.data.namespace}-{next(self._rule_numbers)}"
             meta = {
                 "name": name,
@@ -557,8 +558,8 @@ class Runner:
             selector = {"driver": driver, "pool": pool, "device": fault.device}
             rule = {"metadata": meta, "spec": {"deviceSelector": selector, "taint": taint}}
             await self.client.create(path_for("resource.k8s.io/v1", "devicetaintrules"), rule)
-            made.append(name)
-        return Injected([node for node, _, _ in targets], f"{len(made)} DeviceTaintRule(s), {taint['effect']}")
+            made[name] = node
+        return Injected(list(made.values()), f"{len(made)} DeviceTaintRule(s), {taint['effect']}")
 
     async def _undo_faults(self) -> None:
         """Put the nodes back as the run found them (faults_to_undo; its DeviceTaintRules
@@ -581,10 +582,11 @@ class Runner:
                 entry["error"] = f"{type(exc).__name__}: {exc}"
             self.data.faults_undone.append(entry)
 
-    async def _delete_taint_rules(self, names: list[str]) -> list[str]:
-        for name in names:
+    async def _delete_taint_rules(self, rules: dict[str, str]) -> list[str]:
+        """Delete them; the nodes they were for."""
+        for name in rules:
             await self.client.delete_if_exists(path_for("resource.k8s.io/v1", "devicetaintrules", name))
-        return names
+        return list(rules.values())
 
     # --- phases --------------------------------------------------------------------
 

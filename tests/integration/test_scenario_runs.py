@@ -163,9 +163,9 @@ def test_a_scenarios_device_taint_rules_keep_new_claims_off_the_devices_and_go_w
     # Four pods at once for the four GPUs: the two of tb-001 took them two by two.
     after = [pod.node for pod in data.pods.values() if pod.phase == "after"]
     assert after == ["tb-001"] * 4, data.pods
-    assert [(f["action"], f["target"], f["error"]) for f in data.faults_undone] == [
-        ("deleted taint-rule", "gpu-0", ""),
-        ("deleted taint-rule", "gpu-1", ""),
+    assert [(f["action"], f["target"], f["nodes"], f["error"]) for f in data.faults_undone] == [
+        ("deleted taint-rule", "gpu-0", ["tb-000"], ""),
+        ("deleted taint-rule", "gpu-1", ["tb-000"], ""),
     ]
     rules = k8s.ResourceV1Api(kube_api).list_device_taint_rule(label_selector="dra-testbed.io/run").items
     assert rules == [], "the run took its rules with it"
