@@ -284,6 +284,15 @@ class NodeHardware:
             self._busy[device] = message
         self._faults_changed()
 
+    def clear_faults(self) -> None:
+        """Every device healthy and free to release again, no prepare failing or slower;
+        a lost device stays lost (it is not on the node any more)."""
+        self._health.clear()
+        self._busy.clear()
+        self.faults = Faults()
+        self._faults_changed()
+        self._bump()
+
     def lose_device(self, device: str) -> None:
         """The device vanishes (fell off the bus): it and its partitions leave the inventory."""
         self.device(device)

@@ -187,7 +187,7 @@ def _print_faults(hosts: dict[str, dict[str, Any]], out: Console) -> None:
     faulty = sorted((node, said) for host in hosts.values() for node, said in host.get("faults", {}).items())
     if not faulty:
         return
-    table = Table(title="faults in force (testbed fault NODE healthy DEVICE, fail-prepare 0, latency 0 undo them)")
+    table = Table(title="faults in force (testbed fault NODE clear undoes them)")
     for column in ("node", "faults"):
         table.add_column(column)
     for node, said in faulty[:FAULTY_NODES_SHOWN]:
@@ -1236,7 +1236,7 @@ COUNTED_FAULTS = {
 @main.command()
 @click.argument("node")
 @click.argument("action", type=click.Choice(FAULT_ACTIONS))
-@click.argument("target")
+@click.argument("target", required=False, default="")
 @cluster_options
 @click.option("--message", default="", help="What the driver reports for an unhealthy device (e.g. 'XID 79').")
 @click.option(
@@ -1250,7 +1250,8 @@ def fault(node: str, action: str, target: str, name: str, state_dir: Path | None
     """Break a synthetic node's emulated hardware: NODE unhealthy|healthy|lost DEVICE, or
     NODE fail-prepare N (the next N prepares fail), or NODE latency MS (every prepare), or
     NODE fail-attach N (the next N attaches of devices behind a fabric to NODE fail), or
-    NODE hang-attach N (they never end: the scheduler's binding timeout gives them up).
+    NODE hang-attach N (they never end: the scheduler's binding timeout gives them up);
+    NODE clear undoes them all (a lost device stays lost).
     NODE may be a shell-style pattern ('node-00*'): every node it matches.
 
     Built-in drivers act on it at once (slices, health stream, prepare); external drivers
@@ -1259,7 +1260,13 @@ def fault(node: str, action: str, target: str, name: str, state_dir: Path | None
         raise TestbedError(
             f"--fatal is for unhealthy, not {action}", hint=f"testbed fault {node} unhealthy DEVICE --fatal"
         )
-    _about(name, f"{action} {target} on node {node}")
+    if action == "clear" and target:
+        raise TestbedError(f"clear takes no target, not {target!r}", hint=f"testbed fault {node} clear")
+    if action != "clear" and not target:
+        wanted, example = (COUNTED_FAULTS[action], "3") if action in COUNTED_FAULTS else ("a device", "gpu-0")
+        raise TestbedError(f"{action} needs {wanted}", hint=f"testbed fault {node} {action} {example}")
+    what = f"{action} {target}".strip()
+    _about(name, f"{what} on node {node}")
     number = None
     if action in COUNTED_FAULTS:
         try:
@@ -1279,7 +1286,7 @@ def fault(node: str, action: str, target: str, name: str, state_dir: Path | None
     said = ", ".join(word for word in (message, "fatal" if fatal else "") if word)
     for each in nodes:
         run_coroutine(fleet.apply_fault(each, action, target if number is None else f"{number:g}", message, fatal))
-        stderr.print(f"node {each}: {action} {target}" + (f" ({said})" if said else ""), markup=False)
+        stderr.print(f"node {each}: {what}" + (f" ({said})" if said else ""), markup=False)
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})

@@ -29,7 +29,7 @@ from testbed.kubelet.declared import cluster_declared_features
 from testbed.progress import Progress, SilentProgress
 
 T = TypeVar("T")
-FAULT_ACTIONS = ("unhealthy", "healthy", "lost", "fail-prepare", "latency", "fail-attach", "hang-attach")
+FAULT_ACTIONS = ("unhealthy", "healthy", "lost", "fail-prepare", "latency", "fail-attach", "hang-attach", "clear")
 RAY_BUILT_IN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
 RAY_LABELS = ("node:", "accelerator_type:")
 """Resources Ray gives every node by itself: not what a placement would ask for."""
@@ -752,8 +752,9 @@ class Fleet:
 
     async def apply_fault(self, node: str, action: str, target: str, message: str = "", fatal: bool = False) -> None:
         """One fault on one node's hardware (FAULT_ACTIONS): ``target`` is the device, or
-        the count of prepares to fail, or the latency in milliseconds. ``fatal``: an
-        unhealthy device cannot serve even the work it has (its pods are evicted)."""
+        the count of prepares to fail, or the latency in milliseconds (none for clear:
+        every fault on the node undone, a lost device aside). ``fatal``: an unhealthy
+        device cannot serve even the work it has (its pods are evicted)."""
         if node not in self.host_of:
             raise TestbedError(f"no synthetic node {node!r} in this fleet")
         host = self.host(node)
@@ -765,6 +766,10 @@ class Fleet:
             call = host.lose_device.remote(node, target)
         elif action in ("healthy", "unhealthy"):
             call = host.set_health.remote(node, target, action == "healthy", message, fatal)
+        elif action == "clear":
+            if self.fabric is not None:
+                await asyncio.gather(self.fabric.fail_attach.remote(node, 0), self.fabric.hang_attach.remote(node, 0))
+            call = host.clear_faults.remote(node)
         elif action in ("fail-attach", "hang-attach"):
             if self.fabric is None:
                 raise TestbedError(

@@ -628,6 +628,10 @@ class NodeHost:
         self._hardware_of(node).set_health(device, Health.HEALTHY if healthy else Health.UNHEALTHY, message, fatal)
         self._publish_hardware(node)
 
+    async def clear_faults(self, node: str) -> None:
+        self._hardware_of(node).clear_faults()
+        self._publish_hardware(node, fail_next_prepares=0)
+
     async def lose_device(self, node: str, device: str) -> None:
         self._hardware_of(node).lose_device(device)
         self._publish_hardware(node)

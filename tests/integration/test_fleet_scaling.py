@@ -383,7 +383,11 @@ def test_a_fleet_of_empty_pools_starts_and_scale_fills_it(short_tmp_path: Path) 
         status = testbed("status")
         for node in ("later-000", "later-001"):
             assert f"{node} │ gpu-1 unhealthy (fatal): XID 79" in status, status
-        testbed("fault", "later-00[01]", "healthy", "gpu-1")
+        testbed("fault", "later-000", "healthy", "gpu-1")
+        testbed("fault", "later-*", "latency", "250")
+        status = testbed("status")
+        assert "later-000 │ prepares 250 ms slower" in status and "later-001 │ gpu-1 unhealthy" in status, status
+        testbed("fault", "later-00[01]", "clear")
         assert "faults in force" not in testbed("status")
     finally:
         subprocess.run([*base, "down", *where], capture_output=True, timeout=300)

@@ -249,6 +249,13 @@ def test_the_faults_in_force_are_said_in_words_and_none_once_undone() -> None:
     hw.set_busy("nic-0", None)
     hw.inject(fail_next_prepares=0, latency_s=0)
     assert hw.faults_in_force() == ["gpu-1 lost"], "a partition is not named beside its lost GPU"
+    hw.set_health("gpu-0", Health.UNHEALTHY, "XID 79", fatal=True)
+    hw.set_busy("nic-0", "held by pid 42")
+    hw.inject(fail_next_prepares=2, latency_s=0.25, failure_rate=0.5)
+    generation = hw.generation
+    hw.clear_faults()
+    assert hw.faults_in_force() == ["gpu-1 lost"], "cleared: a lost device is not on the node to mend"
+    assert hw.generation > generation, "the drivers publish the change"
 
 
 def test_a_claim_held_before_a_crash_is_held_again_whatever_faults_are_in_force() -> None:
