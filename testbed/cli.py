@@ -6,6 +6,7 @@ progress and diagnostics go to stderr.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import os
 import shlex
@@ -174,7 +175,7 @@ def _print_fleet(state: cluster.ClusterState, out: Console) -> bool:
         )
     out.print(table)
     out.print(_ray_hosts_table(hosts))
-    _print_faults(hosts, out)
+    _print_faults(hosts, attached, out)
     _print_fabric(attached, out)
     return complete
 
@@ -182,9 +183,17 @@ def _print_fleet(state: cluster.ClusterState, out: Console) -> bool:
 FAULTY_NODES_SHOWN = 20
 
 
-def _print_faults(hosts: dict[str, dict[str, Any]], out: Console) -> None:
-    """The nodes whose emulated hardware has faults in force (`testbed fault`), if any."""
-    faulty = sorted((node, said) for host in hosts.values() for node, said in host.get("faults", {}).items())
+def _print_faults(hosts: dict[str, dict[str, Any]], fleet: Fleet, out: Console) -> None:
+    """The nodes whose emulated hardware, or the fabric to them, has faults in force
+    (`testbed fault`), if any."""
+    by_node: dict[str, list[str]] = {}
+    for host in hosts.values():
+        for node, said in host.get("faults", {}).items():
+            by_node.setdefault(node, []).extend(said)
+    with contextlib.suppress(Exception):  # a fabric manager that does not answer: said below
+        for node, said in fleet.fabric_faults().items():
+            by_node.setdefault(node, []).extend(said)
+    faulty = sorted(by_node.items())
     if not faulty:
         return
     table = Table(title="faults in force (testbed fault NODE clear undoes them)")

@@ -242,6 +242,17 @@ class FabricManager:
     def hang_attach(self, node: str, count: int) -> None:
         self._hanging[node] = count
 
+    def faults_in_force(self) -> dict[str, list[str]]:
+        """By node, the attaches still to fail or hang (`testbed fault`), in words."""
+        said: dict[str, list[str]] = {}
+        for node, count in self._failing.items():
+            if count:
+                said.setdefault(node, []).append(f"next {count} attaches fail")
+        for node, count in self._hanging.items():
+            if count:
+                said.setdefault(node, []).append(f"next {count} attaches hang")
+        return said
+
     def figures(self) -> dict[str, Any]:
         under_way = len(self._working)
         return {"attached": self.attached, "failed": self.failed, "hung": self.hung, "under way": under_way}

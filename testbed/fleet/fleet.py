@@ -294,6 +294,12 @@ class Fleet:
 
         return None if self.fabric is None else dict(ray.get(self.fabric.figures.remote(), timeout=30))
 
+    def fabric_faults(self) -> dict[str, list[str]]:
+        """By node, the attach faults in force ({} without a fabric manager)."""
+        import ray
+
+        return {} if self.fabric is None else dict(ray.get(self.fabric.faults_in_force.remote(), timeout=30))
+
     def _declared_features(self) -> list[str]:
         """Read once: the API server's /metrics is megabytes, too much to ask per host."""
         if self._declared is None:

@@ -85,6 +85,7 @@ def test_a_pod_is_bound_once_its_gpu_is_attached_and_an_attach_that_fails_is_all
         assert own.fabric_figures() == {"attached": 1, "failed": 0, "hung": 0, "under way": 0}
 
         run_coroutine(own.apply_fault(node, "fail-attach", "1"))
+        assert own.fabric_faults() == {node: ["next 1 attaches fail"]}, "what `testbed status` lists"
         core.create_namespaced_pod(namespace, pod("second", {"gpu": {"resourceClaimTemplateName": "gpu"}}, node=node))
         wait_running(kube_api, namespace, "second", 180)
         # The failed attach was written, the scheduler gave that allocation up (clearing the
@@ -96,6 +97,11 @@ def test_a_pod_is_bound_once_its_gpu_is_attached_and_an_attach_that_fails_is_all
         assert FABRIC_ATTACH_FAILED not in conditions and conditions[FABRIC_ATTACHED][0] == "True", conditions
         said = " ".join(message for _, message in events(kube_api, namespace, "second"))
         assert "binding" in said.lower(), said
+
+        run_coroutine(own.apply_fault(node, "hang-attach", "2"))
+        run_coroutine(own.apply_fault(node, "fail-attach", "1"))
+        run_coroutine(own.apply_fault(node, "clear", ""))
+        assert own.fabric_faults() == {}, "`testbed fault NODE clear` takes the attach faults off too"
     finally:
         core.delete_namespace(namespace)
 

@@ -146,12 +146,13 @@ def test_a_refused_status_write_is_tried_again_until_it_is_written(tmp_path: Pat
 
 
 def test_a_hung_attach_writes_nothing_and_a_failing_one_says_so(tmp_path: Path) -> None:
-    manager, written = _until(tmp_path, [], lambda m: m.hung == 1, hang_attach=1)
+    manager, written = _until(tmp_path, [], lambda m: m.hung == 1, hang_attach=2)
     assert written == [] and manager.figures() == {"attached": 0, "failed": 0, "hung": 1, "under way": 0}
+    assert manager.faults_in_force() == {"n7": ["next 1 attaches hang"]}, "what `testbed status` lists"
     manager, written = _until(tmp_path, [], lambda m: m.failed == 1, fail_attach=1)
     [condition] = written[0]["status"]["devices"][0]["conditions"]
     assert condition["type"] == FABRIC_ATTACH_FAILED and "testbed fault n7 fail-attach" in condition["message"]
-    assert manager.attached == 0
+    assert manager.attached == 0 and manager.faults_in_force() == {}
 
 
 def _kubeconfig(tmp_path: Path, server: str) -> Path:
