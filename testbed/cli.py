@@ -7,7 +7,6 @@ progress and diagnostics go to stderr.
 from __future__ import annotations
 
 import contextlib
-import fnmatch
 import os
 import shlex
 import shutil
@@ -1239,6 +1238,7 @@ COUNTED_FAULTS = {
     "fail-attach": "a count of attaches",
     "hang-attach": "a count of attaches",
 }
+UNTARGETED_FAULTS = ("clear", "restart-kubelet")
 """The faults whose target is a number, and what it counts."""
 
 
@@ -1260,7 +1260,9 @@ def fault(node: str, action: str, target: str, name: str, state_dir: Path | None
     NODE fail-prepare N (the next N prepares fail), or NODE latency MS (every prepare), or
     NODE fail-attach N (the next N attaches of devices behind a fabric to NODE fail), or
     NODE hang-attach N (they never end: the scheduler's binding timeout gives them up);
-    NODE clear undoes them all (a lost device stays lost).
+    NODE clear undoes them all (a lost device stays lost). NODE restart-kubelet restarts
+    the node's kubelet in place, its pods and drivers running on: the new kubelet deletes
+    the node's slices, registers the drivers again and finds its pods as they were.
     NODE may be a shell-style pattern ('node-00*'): every node it matches.
 
     Built-in drivers act on it at once (slices, health stream, prepare); external drivers
@@ -1269,9 +1271,9 @@ def fault(node: str, action: str, target: str, name: str, state_dir: Path | None
         raise TestbedError(
             f"--fatal is for unhealthy, not {action}", hint=f"testbed fault {node} unhealthy DEVICE --fatal"
         )
-    if action == "clear" and target:
-        raise TestbedError(f"clear takes no target, not {target!r}", hint=f"testbed fault {node} clear")
-    if action != "clear" and not target:
+    if action in UNTARGETED_FAULTS and target:
+        raise TestbedError(f"{action} takes no target, not {target!r}", hint=f"testbed fault {node} {action}")
+    if action not in UNTARGETED_FAULTS and not target:
         wanted, example = (COUNTED_FAULTS[action], "3") if action in COUNTED_FAULTS else ("a device", "gpu-0")
         raise TestbedError(f"{action} needs {wanted}", hint=f"testbed fault {node} {action} {example}")
     what = f"{action} {target}".strip()
@@ -1288,7 +1290,7 @@ def fault(node: str, action: str, target: str, name: str, state_dir: Path | None
     fleet = environment.attach_fleet(state)
     nodes = [node]
     if any(c in node for c in "*?["):
-        nodes = fnmatch.filter(sorted(fleet.host_of), node)
+        nodes = fleet.nodes_matching(node)
         if not nodes:
             raise TestbedError(f"no synthetic node matches {node!r}", hint="`testbed status` lists the pools")
 

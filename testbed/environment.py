@@ -8,7 +8,6 @@ The fleet's NodeHost actors are detached and live in a Ray head that the cluster
 from __future__ import annotations
 
 import contextlib
-import fnmatch
 import logging
 import os
 import shutil
@@ -224,7 +223,7 @@ def fault_injector(fleet: Fleet, cluster_root: Path | None = None) -> FaultInjec
     async def inject(fault: Fault) -> Injected:
         if fault.action == "rollout":
             return await _roll_out(fleet, fault, cluster_root)
-        nodes = fnmatch.filter(sorted(fleet.host_of), fault.nodes)
+        nodes = fleet.nodes_matching(fault.nodes)
         for node in nodes:
             await fleet.apply_fault(node, fault.action, fault.target, fault.message, fault.fatal)
         return Injected(nodes)

@@ -223,9 +223,13 @@ def parse_rfc3339(stamp: str) -> float:
 def now_rfc3339(micro: bool = False) -> str:
     """UTC now, as the API wants it. Formatted by hand: every lease renewal asks, and
     datetime.strftime showed up in a NodeHost's profile."""
-    now = time.time()
-    seconds = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now))
-    return f"{seconds}.{int(now % 1 * 1_000_000):06d}Z" if micro else f"{seconds}Z"
+    return rfc3339(time.time(), micro)
+
+
+def rfc3339(at: float, micro: bool = False) -> str:
+    """Seconds since the epoch as an API timestamp (``parse_rfc3339``'s inverse)."""
+    seconds = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at))
+    return f"{seconds}.{int(at % 1 * 1_000_000):06d}Z" if micro else f"{seconds}Z"
 
 
 @dataclass

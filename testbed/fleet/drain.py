@@ -109,8 +109,8 @@ async def _delete_driver_pods(client: KubeClient, node: str) -> None:
 
 async def drain(client: KubeClient, node: SyntheticNode, timeout_s: float = 300.0) -> DrainResult:
     """Empty the node and remove it from the cluster; raise if a claim stays prepared."""
-    prepared_before = len(node.kubelet.pods.claims)
-    evicted = await _empty(client, node.name, timeout_s, lambda: len(node.kubelet.pods.claims))
+    prepared_before = len(node.kubelet.pods.dra.claims)
+    evicted = await _empty(client, node.name, timeout_s, lambda: len(node.kubelet.pods.dra.claims))
     for driver in node.drivers:
         await driver.stop()
         await node.kubelet.wipe_slices(driver.name)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fnmatch
 import statistics
 import time
 import uuid
@@ -29,7 +30,17 @@ from testbed.kubelet.declared import cluster_declared_features
 from testbed.progress import Progress, SilentProgress
 
 T = TypeVar("T")
-FAULT_ACTIONS = ("unhealthy", "healthy", "lost", "fail-prepare", "latency", "fail-attach", "hang-attach", "clear")
+FAULT_ACTIONS = (
+    "unhealthy",
+    "healthy",
+    "lost",
+    "fail-prepare",
+    "latency",
+    "fail-attach",
+    "hang-attach",
+    "clear",
+    "restart-kubelet",
+)
 RAY_BUILT_IN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
 RAY_LABELS = ("node:", "accelerator_type:")
 """Resources Ray gives every node by itself: not what a placement would ask for."""
@@ -756,11 +767,16 @@ class Fleet:
         healthy again; ``fatal``: its taint evicts the pods using it."""
         self._call(node, "set_health", node, device, healthy, message, fatal)
 
+    def nodes_matching(self, pattern: str) -> list[str]:
+        """The fleet's nodes whose name matches the shell-style ``pattern`` (``gpu-*``), sorted."""
+        return fnmatch.filter(sorted(self.host_of), pattern)
+
     async def apply_fault(self, node: str, action: str, target: str, message: str = "", fatal: bool = False) -> None:
         """One fault on one node's hardware (FAULT_ACTIONS): ``target`` is the device, or
         the count of prepares to fail, or the latency in milliseconds (none for clear:
-        every fault on the node undone, a lost device aside). ``fatal``: an unhealthy
-        device cannot serve even the work it has (its pods are evicted)."""
+        every fault on the node undone, a lost device aside; none for restart-kubelet:
+        the node's kubelet restarted in place). ``fatal``: an unhealthy device cannot
+        serve even the work it has (its pods are evicted)."""
         if node not in self.host_of:
             raise TestbedError(f"no synthetic node {node!r} in this fleet")
         host = self.host(node)
@@ -772,6 +788,8 @@ class Fleet:
             call = host.lose_device.remote(node, target)
         elif action in ("healthy", "unhealthy"):
             call = host.set_health.remote(node, target, action == "healthy", message, fatal)
+        elif action == "restart-kubelet":
+            call = host.restart_kubelet.remote(node)
         elif action == "clear":
             if self.fabric is not None:
                 await asyncio.gather(self.fabric.fail_attach.remote(node, 0), self.fabric.hang_attach.remote(node, 0))

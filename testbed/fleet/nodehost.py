@@ -632,6 +632,16 @@ class NodeHost:
         self._hardware_of(node).clear_faults()
         self._publish_hardware(node, fail_next_prepares=0)
 
+    async def restart_kubelet(self, node: str) -> None:
+        """The node's kubelet restarted in place (``SyntheticNode.restart_kubelet``; the
+        real kubelet's process on a real-kubelet node), its pods and drivers running on."""
+        if node in self.process_nodes:
+            process = self.process_nodes[node]
+            await process.stop_process("kubelet")
+            await process.start_kubelet()
+            return
+        await self._node(node).restart_kubelet()
+
     async def lose_device(self, node: str, device: str) -> None:
         self._hardware_of(node).lose_device(device)
         self._publish_hardware(node)

@@ -104,21 +104,27 @@ class SyntheticNode:
         self.short_paths = ShortPaths.for_node(root) if external else None
         if self.short_paths is not None:
             self.short_paths.link(kubelet_dir)
-        self.kubelet = FakeKubelet(
-            client,
-            self.node_spec(name, profile.name, labels, taints, declared_features, address),
-            kubelet_dir,
-            cdi_dir,
-            scan_interval_s=PLUGIN_SCAN_INTERVAL_S,
-            registry_dir=None if self.short_paths is None else self.short_paths.registry,
-            watch_client=watch_client,
-            fence=fence,
-            node_watcher=node_watcher,
-            durable=False,  # as its drivers: a synthetic node's state is throw-away
-            preloaded_images=(DRIVER_IMAGE,),
-            sync_frequency_s=sync_frequency_s,
-            pull_limit=pull_limit,
-        )
+        spec = self.node_spec(name, profile.name, labels, taints, declared_features, address)
+
+        def make_kubelet() -> FakeKubelet:
+            return FakeKubelet(
+                client,
+                spec,
+                kubelet_dir,
+                cdi_dir,
+                scan_interval_s=PLUGIN_SCAN_INTERVAL_S,
+                registry_dir=None if self.short_paths is None else self.short_paths.registry,
+                watch_client=watch_client,
+                fence=fence,
+                node_watcher=node_watcher,
+                durable=False,  # as its drivers: a synthetic node's state is throw-away
+                preloaded_images=(DRIVER_IMAGE,),
+                sync_frequency_s=sync_frequency_s,
+                pull_limit=pull_limit,
+            )
+
+        self._make_kubelet = make_kubelet
+        self.kubelet = make_kubelet()
         self.drivers = [
             driver_on_node(
                 driver,
@@ -244,6 +250,17 @@ class SyntheticNode:
             await wait_registered(self.kubelet.plugins, new, timeout_s, known)
 
         return await replace_instance(self.external, new, environment, surge, registered, started)
+
+    async def restart_kubelet(self) -> None:
+        """The node's kubelet restarted in place (an upgrade, a crash), everything else
+        running on: its pods' containers and its drivers. As a kubelet starting on a node
+        it ran on before, the new one deletes the node's slices (the drivers publish them
+        again), registers the drivers anew from their sockets, admits its pods again and
+        finds them as the runtime kept them, from its checkpoint."""
+        await self.kubelet.stop()
+        self.kubelet = self._make_kubelet()
+        await self.kubelet.start()
+        await self.kubelet.plugins.scan()
 
     async def wait_ready(self, timeout_s: float) -> None:
         """Every driver registered with the kubelet; the built-in ones' slices published

@@ -28,7 +28,8 @@ from testbed.grpcapi import podresources_v1_pb2 as pb2
 from testbed.grpcapi import podresources_v1_pb2_grpc as pb2_grpc
 from testbed.kubeapi import Obj
 from testbed.kubelet.claiminfo import PreparedClaim
-from testbed.kubelet.pods import PodManager, StartFailed, pod_claim_name
+from testbed.kubelet.dra import StartFailed, pod_claim_name
+from testbed.kubelet.pods import PodManager
 from testbed.kubelet.ratelimit import TokenBucket
 
 log = logging.getLogger(__name__)
@@ -119,7 +120,7 @@ class PodResourcesService(pb2_grpc.PodResourcesListerServicer):
             names.append(extended["resourceClaimName"])
         claims = []
         for name in names:
-            claim = self.pods.claim_named(meta["namespace"], name)
+            claim = self.pods.dra.claim_named(meta["namespace"], name)
             if claim is None:
                 log.debug("pod-resources: no information for ResourceClaim %s/%s", meta["namespace"], name)
                 return None

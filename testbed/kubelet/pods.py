@@ -1,13 +1,13 @@
-"""Pods bound to this node: prepare their claims, "run" them, unprepare, remove them.
+"""Pods bound to this node, as the kubelet's pod workers take them: admit them, have
+their claims prepared, "run" them, have the claims unprepared, remove them.
 
-For each pod: wait until every claim is allocated and reserved for it; call
-NodePrepareResources once per driver for the claims not yet prepared on this node
-(claims shared by several pods are prepared once and unprepared when the last user is
-gone); resolve each container's CDI device IDs against the spec files as a runtime
-would (an unknown ID fails the start); set the pod Running, with its IP from the Node's
-pod CIDR (podnetwork.py) and the environment a container would see (the runtime's
-report) in the ``dra-testbed.io/container-env`` annotation of that same status write. A
-container's command says how it ends (commands.py: after ``sleep N``, with ``exit N``'s
+For each pod: its claims prepared by the DRA manager (dra.py: each allocated and
+reserved for it, NodePrepareResources once per driver for those not yet prepared on
+this node, each container's CDI device IDs resolved against the spec files as a
+runtime would: an unknown ID fails the start); set the pod Running, with its IP from
+the Node's pod CIDR (podnetwork.py) and the environment a container would see (the
+runtime's report) in the ``dra-testbed.io/container-env`` annotation of that same status
+write. A container's command says how it ends (commands.py: after ``sleep N``, with ``exit N``'s
 status); a pod whose containers all end and are not started again ends then (Succeeded,
 or Failed if one exited non-zero), as does one that carries ``dra-testbed.io/run-seconds``.
 As kubelet v1.37 does:
@@ -37,9 +37,7 @@ As kubelet v1.37 does:
   place: every container killed, shown waiting and counted once more, the init
   containers run again, then the pod's own; its IP and claims stay (``_restart_in_place``);
 - a container with a readiness (or startup) probe is held unready (not started) until
-  the probe would pass, the workload taken to answer it (``probe_plan``);
-- a container gets the CDI devices of the claim requests it names, matched EXACTLY
-  against the ``request_names`` the driver returned (a device with none goes to all);
+  the probe would pass, the workload taken to answer it (``probes.probe_plan``);
 - each status PATCH carries the pod's UID (PatchPodStatus), so a write meant for a pod
   deleted meanwhile is refused instead of landing on a namesake created since; the status
   itself is the kubelet's (podstatus.py): its conditions at the pod's generation, Ready
@@ -59,14 +57,6 @@ As kubelet v1.37 does:
 - when a pod's containers end, its claims are unprepared BEFORE the new status is
   written, and a failed unprepare is retried until it succeeds (once more at the next
   PLEG relist, then every 10-15 s); a deleted pod is removed for good only after that;
-- prepared claims are checkpointed (``<kubelet dir>/dra_manager_state.json``), so a
-  restarted kubelet does not prepare again what its running pods already have;
-- extended resources backed by DRA: the claim the scheduler made for them
-  (``status.extendedResourceClaimStatus``) is prepared with the pod's own claims, and
-  each container gets the devices of the requests mapped to the resources it asks for;
-- a claim is known by namespace and name: while one is being unprepared, no new pod
-  gets it, nor a new claim made under its name; every 60 s, claims held only by pods
-  that are gone (force-deleted, or deleted while this kubelet was down) are unprepared;
 - ``status.containerStatuses[].allocatedResourcesStatus`` shows each claimed device's
   health from the drivers' health streams, updated when health changes, when the pod
   changes beyond its status and on every periodic pod sync, each pod's own 60-90 s
@@ -79,44 +69,38 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
-import random
-import re
 import time
 from collections.abc import Callable, Collection, Coroutine, Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 from testbed.config import KUBELET_SYNC_FREQUENCY_S
 from testbed.http11 import TransportError
 from testbed.keys import CONTAINER_ENV_ANNOTATION
-from testbed.kubeapi import ApiError, ClaimRef, KubeClient, Obj, WatchPosition, now_rfc3339, parse_rfc3339, path_for
-from testbed.kubelet import admission, claiminfo, commands, containerevents, metrics, podstatus, skips
-from testbed.kubelet.claiminfo import PreparedClaim
+from testbed.kubeapi import (
+    ApiError,
+    KubeClient,
+    Obj,
+    WatchPosition,
+    now_rfc3339,
+    parse_rfc3339,
+    path_for,
+    rfc3339,
+)
+from testbed.kubelet import admission, backoff, commands, containerevents, metrics, podstatus, probes
 from testbed.kubelet.containerevents import Told
+from testbed.kubelet.dra import PREPARE_FAILED, DRAManager, StartFailed
 from testbed.kubelet.events import EventQueue, EventRecorder
 from testbed.kubelet.node import NodeSpec, node_object
-from testbed.kubelet.plugins import PluginCallError, PluginManager, PreparedDevice
+from testbed.kubelet.plugins import PluginManager
 from testbed.kubelet.podnetwork import AddressesExhausted, PodAddresses
 from testbed.kubelet.resync import ResyncSchedule
 from testbed.kubelet.statuswriter import StatusWriter
-from testbed.kubeletplugin import cdi
 from testbed.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-CRASH_LOOP_INITIAL_S, CRASH_LOOP_MAX_S = 10.0, 300.0
-"""The kubelet's back-off before it starts again a container that exited."""
-SYNC_ERROR_BACKOFF_S = 10.0
-"""The kubelet's backOffPeriod: a pod whose sync failed (a container the runtime could not
-create, an unprepare the driver refused) is synced again this long later."""
-PLEG_RELIST_S = 1.0
-"""How often the kubelet's PLEG lists containers: a pod whose containers just stopped is
-synced again at its next relist, whatever the last sync's outcome."""
-JITTER = 0.5
-"""The kubelet's pod workers requeue after ``d`` plus up to half of ``d`` more."""
 RECONCILE_S = 60.0
 """How often claims of pods that are gone are looked for, as the kubelet's DRA manager does."""
 CREATING_SHOWN_AFTER_S = 1.0
@@ -124,53 +108,11 @@ CREATING_SHOWN_AFTER_S = 1.0
 containers ContainerCreating, as the kubelet's status at the start of its sync does; a
 quicker one goes straight to Running (the kubelet's ContainerCreating then lasts a
 fraction of a second), saving one status write per pod."""
-PREPARE_FAILED = "FailedPrepareDynamicResources"
-PREPARE_FAILED_MESSAGE = "Failed to prepare dynamic resources: prepare dynamic resources"
-"""The event's words and the kubelet's own wrapping of every PrepareResources error."""
 SANDBOX_FAILED = "FailedCreatePodSandBox"
 CREATE_CONTAINER_ERROR = "CreateContainerError"
 DEADLINE_EXCEEDED = "DeadlineExceeded"
 DEADLINE_MESSAGE = "Pod was active on the node longer than the specified deadline"
 """The kubelet's words (its active deadline handler) for a pod past activeDeadlineSeconds."""
-NO_RELATIONSHIP = "no relationship found between node"
-"""The node authorizer's refusal of an object it does not (yet) link to the node."""
-AUTHORIZER_CATCH_UP_S = (0.005, 0.01, 0.02, 0.04, 0.08)
-POD_GROUP_API = "scheduling.k8s.io"
-EXTENDED_RESOURCES = ":extended-resources"
-"""Stands for the pod's extended-resource claim among its claim names (no pod claim can be
-named so: those are DNS labels)."""
-
-
-@dataclass
-class _BackingOff:
-    """A container that exited, until the pod worker's sync that starts it again: the
-    syncs before that its back-off blocks (``back_off_syncs``, as monotonic times)."""
-
-    delay: float
-    blocked: list[float]
-    restart_at: float
-    synced: bool = False
-    """Whether a sync was blocked already (the next shows CrashLoopBackOff)."""
-
-    def next_sync(self) -> float:
-        return self.blocked[0] if self.blocked else self.restart_at
-
-
-@dataclass
-class LinkWait:
-    """How long a pod start waited for the node authorizer to link its claims to the node."""
-
-    seconds: float = 0.0
-
-
-class StartFailed(Exception):
-    def __init__(self, reason: str, message: str, created: tuple[str, str] | None = None):
-        """``created``: the runtime made the sandbox, and this container (its name) it
-        refused, in these words (the runtime's); the Event is then about that container."""
-        super().__init__(message)
-        self.reason = reason
-        self.created = created
-        self.container = created[0] if created else ""
 
 
 class PodManager:
@@ -198,17 +140,12 @@ class PodManager:
         self.client = client
         self.node_seen = node_seen
         self.watch_client = watch_client or client
-        self.checkpoint = checkpoint
-        self.durable = durable
-        self._checkpoint_behind = False
-        """The last checkpoint write failed: the claims in memory are the truth until one succeeds."""
         self.node = node
         self.plugins = plugins
-        self.cdi_dir = cdi_dir
+        self.dra = DRAManager(client, node.name, plugins, cdi_dir, checkpoint, durable)
         self.watch_pods = watch_pods
         self.pod_cidr = pod_cidr
         self._addresses = PodAddresses()
-        self.claims: dict[str, PreparedClaim] = {}
         self._workers: dict[str, asyncio.Task[None]] = {}
         self._latest: dict[str, Obj] = {}
         self._updated: dict[str, asyncio.Event] = {}
@@ -227,11 +164,9 @@ class PodManager:
         self._running: dict[str, str] = {}
         """Pods whose containers run, by UID: when they started (RFC 3339)."""
         self.sync_frequency_s = sync_frequency_s
-        self._resync_schedule = ResyncSchedule(sync_frequency_s, JITTER)
+        self._resync_schedule = ResyncSchedule(sync_frequency_s, backoff.JITTER)
         self._resync_wake = asyncio.Event()
         """Set when a pod starts running: it may be due before the one slept for."""
-        self._claim_uids: dict[str, dict[str, str]] = {}
-        """By pod UID: the pod's claim name -> ResourceClaim UID."""
         self._terminated: set[str] = set()
         """Pods whose claims were released after their containers stopped, until the API
         says they are gone: their late events must not release them again."""
@@ -253,7 +188,7 @@ class PodManager:
         ran here (a NodeHost taking a node over restarts its driver before its kubelet
         has adopted the driver pod), told once it runs."""
         self._process_back_off: dict[tuple[str, str, str], tuple[float, float]] = {}
-        """Per container whose process runs beside this kubelet: its back-off (restart_delay)."""
+        """Per container whose process runs beside this kubelet: its back-off (backoff.restart_delay)."""
         self._probing: dict[str, dict[str, str]] = {}
         """By pod UID and container name: containers whose probes have not passed yet."""
         self._ephemeral: dict[str, dict[str, Obj]] = {}
@@ -275,62 +210,17 @@ class PodManager:
         """Pods seen and not admitted yet: those that came in together are admitted
         together, oldest first (``_admission``)."""
         self._verdicts: dict[str, admission.Refusal | None] = {}
-        self._started_before_restart: set[str] = set()
-        """Pods whose claims were prepared when the checkpoint was written: those still
-        Running kept their containers through this kubelet's restart."""
-        self._restarted_node = False
-        """Whether this kubelet's state (its checkpoint) was there when it started: then
-        its pods Running without claims kept their containers too, as a runtime keeps
-        them through a kubelet's restart."""
-
-    def _load_checkpoint(self) -> None:
-        if self.checkpoint is None:
-            return
-        self._restarted_node = self.checkpoint.exists()
-        if not self._restarted_node:
-            # As the kubelet's DRA manager does at its first start: an empty checkpoint,
-            # whose presence tells a restart from a first start.
-            with contextlib.suppress(OSError):
-                claiminfo.write_checkpoint(self.checkpoint, {}, durable=self.durable)
-        claims = claiminfo.read_checkpoint(self.checkpoint, self.node.name)
-        for claim in claims.values():
-            if claim.prepared:
-                self._started_before_restart |= claim.users
-            # As the kubelet restores its claim info: not prepared until a driver says so
-            # again, so a pod that starts now (one more user of a shared claim, or a pod
-            # made again after a reboot) asks the driver once more.
-            claim.prepared = False
-        self.claims = claims
-
-    def _save_checkpoint(self) -> None:
-        """Raises OSError (a full disk, say). As the kubelet's claim info cache, what is
-        in memory stays the truth and the next write that succeeds records all of it."""
-        if self.checkpoint is None:
-            return
-        try:
-            claiminfo.write_checkpoint(self.checkpoint, self.claims, durable=self.durable)
-        except OSError:
-            self._checkpoint_behind = True
-            raise
-        self._checkpoint_behind = False
-
-    def _checkpoint_for_start(self, what: str) -> None:
-        """A failed write fails the pod's start in the kubelet's words (its next sync tries again)."""
-        try:
-            self._save_checkpoint()
-        except OSError as exc:
-            raise StartFailed(PREPARE_FAILED, f"{PREPARE_FAILED_MESSAGE}: {what}: {go_path_error(exc)}") from None
 
     def start(self) -> None:
-        self._load_checkpoint()
-        metrics.CLAIMS_IN_USE.books.add(self)
+        self.dra.load_checkpoint()
+        metrics.CLAIMS_IN_USE.books.add(self.dra)
         if self.watch_pods:
             self._task = asyncio.create_task(self._watch(), name=f"pods-{self.node.name}")
         self._resync_task = asyncio.create_task(self._resync(), name=f"pod-sync-{self.node.name}")
         self._reconcile_task = asyncio.create_task(self._reconcile(), name=f"claim-reconcile-{self.node.name}")
 
     async def stop(self) -> None:
-        metrics.CLAIMS_IN_USE.books.discard(self)
+        metrics.CLAIMS_IN_USE.books.discard(self.dra)
         await cancel_and_wait(
             self._task, self._resync_task, self._reconcile_task, *self._status_tasks, *self._workers.values()
         )
@@ -351,8 +241,8 @@ class PodManager:
         uid = pod["metadata"]["uid"]
         before = self._latest.get(uid)
         self._latest[uid] = dict(pod, _deleted=kind == "DELETED")
-        if before is None and _running_with_own_ip(pod):
-            # Running before this kubelet started: its IP is held from now on, as a network
+        if before is None and _sandbox_with_own_ip(pod):
+            # Its sandbox made before this kubelet started: its IP is held from now on, as a network
             # plugin's IPAM keeps it on disk, so that no pod new here gets it meanwhile.
             with contextlib.suppress(StartFailed):
                 self._pod_ip(pod)
@@ -372,7 +262,7 @@ class PodManager:
                 # (a device whose health went stale turns Unknown), and the next
                 # periodic sync comes a syncFrequency after this one.
                 self._resync_schedule.add(uid, time.monotonic())
-                if self._claim_uids.get(uid):
+                if self.dra.has_claims(uid):
                     self._in_background(self._sync_status(uid), f"pod-status-{uid}")
         elif uid in self._running and pod["spec"].get("readinessGates"):
             self._follow_readiness_gates(pod)
@@ -546,6 +436,15 @@ class PodManager:
             self._restarted[uid] = podstatus.Restarted.from_status(pod)
             await self._terminate(uid, {"reason": refused.reason, "message": message})
             return True
+        if (resumed := self._sandbox_kept(pod)) is not None:
+            # Still starting, its sandbox kept through the restart: stopped as well.
+            if podstatus.InitRun.from_status(pod) is None:
+                self._inits[uid] = resumed
+            else:
+                self._resume_started_early(pod)
+                self._waiting[uid] = {}
+            await self._terminate(uid, {"reason": refused.reason, "message": message})
+            return True
         status = podstatus.rejected_status(pod, refused.reason, message, now_rfc3339())
         await self._patch_status(pod, {"status": status})
         return True
@@ -631,17 +530,52 @@ class PodManager:
             await self._write_running(uid)
         return False
 
+    def _kept_running(self, pod: Obj) -> bool:
+        """Whether the pod's containers ran through this kubelet's restart: it is Running,
+        and its claims were prepared here before or it has none."""
+        return pod.get("status", {}).get("phase") == "Running" and self.dra.prepared_before_restart(pod)
+
+    def _sandbox_kept(self, pod: Obj) -> podstatus.InitRun | None:
+        """A pod still starting when this kubelet restarted, its sandbox made (its claims
+        prepared): what its init containers did, as its status shows it. As the kubelet,
+        which prepares claims only for a sandbox it creates, its claims are not prepared
+        again, the init containers that ran stay done, the one running ends at its own
+        time, and the containers started meanwhile (``_started_early``) run on. None: a
+        pod to start from the beginning."""
+        status = pod.get("status", {})
+        if status.get("phase") != "Pending" or not _sandbox_shown(pod) or not self.dra.prepared_before_restart(pod):
+            return None
+        return podstatus.InitRun.so_far(pod)
+
+    def _resume_started_early(self, pod: Obj) -> dict[str, containerevents.Pull]:
+        """The pod's containers its status shows started (while others waited for their
+        image, before this kubelet restarted): kept as they are, their images not pulled
+        again."""
+        uid, early = pod["metadata"]["uid"], {}
+        for shown in pod.get("status", {}).get("containerStatuses") or []:
+            state = shown.get("state") or {}
+            if shown.get("containerID") and ("running" in state or "terminated" in state):
+                count, last = shown.get("restartCount", 0), shown.get("lastState") or {}
+                early[shown["name"]] = podstatus.Restarted(count, shown["containerID"], state, last)
+        if early:
+            self._started_early[uid] = early
+        return {name: containerevents.Pull([], None, started_told=True) for name in early}
+
     async def _start(self, uid: str) -> bool:
         """As the kubelet's pod worker: a failed attempt is made again at the next sync
         (sooner if the pod's spec, labels, annotations or deletion change)."""
         sandbox = False  # the kubelet prepares claims before the runtime makes it, containers after
         initialized: podstatus.InitRun | None = None  # its init containers, once done, run no more
         pulls: dict[str, containerevents.Pull] = {}
+        resumed = self._sandbox_kept(self._pod(uid))
+        if resumed is not None:
+            sandbox = True
+            pulls = self._resume_started_early(self._pod(uid))
         while not self._ending(uid):
             seen, pod = self._changes.get(uid, 0), self._pod(uid)
             try:
                 if self._kept_running(pod):
-                    env = await self._adopt(pod)
+                    env = await self.dra.adopt(pod)
                     inits = podstatus.InitRun.from_status(pod) or podstatus.InitRun.complete(pod, now_rfc3339())
                     self._restarted[uid] = podstatus.Restarted.from_status(pod)
                     self._ran_images[uid] = _images_shown(pod)  # the runtime's containers say it
@@ -651,9 +585,12 @@ class PodManager:
                     if waits:
                         # The kubelet writes why the sync before failed as the next begins.
                         await self._set_waiting(pod, waits, initialized)
-                    env = await self._creating_while(pod, self._prepare(pod))
+                    if resumed is not None:  # no sandbox made, so nothing prepared
+                        env = await self.dra.adopt(pod)
+                    else:
+                        env = await self._creating_while(pod, self.dra.prepare(pod))
                     if initialized is None:
-                        ran = await self._initialize(pod)
+                        ran = await self._initialize(pod, resumed=resumed)
                         if ran is None:
                             return False  # deleted while its init containers ran
                         if ran.failing is not None:
@@ -669,7 +606,9 @@ class PodManager:
                         # by the pod worker's back-off.
                         pulled_now = {name for name, pull in pulls.items() if pull.failed is None} - pulled_before
                         made = not (sandbox or inits.spans) or bool(pulled_now)
-                        next_sync = until_next_relist() if made else jittered(SYNC_ERROR_BACKOFF_S)
+                        next_sync = (
+                            backoff.until_next_relist() if made else backoff.jittered(backoff.SYNC_ERROR_BACKOFF_S)
+                        )
                         sandbox = True
                         await self._pause(uid, next_sync, seen)
                         continue
@@ -685,14 +624,14 @@ class PodManager:
                     name, message = exc.created
                     await self._set_waiting(pod, {name: (CREATE_CONTAINER_ERROR, message)})
                 if exc.reason == PREPARE_FAILED:
-                    next_sync = jittered(self.sync_frequency_s)
+                    next_sync = backoff.jittered(self.sync_frequency_s)
                 elif not sandbox:
                     # The sandbox the failed attempt left is new to the PLEG, whose next
                     # relist syncs the pod once more.
                     sandbox = True
-                    next_sync = until_next_relist()
+                    next_sync = backoff.until_next_relist()
                 else:
-                    next_sync = jittered(SYNC_ERROR_BACKOFF_S)
+                    next_sync = backoff.jittered(backoff.SYNC_ERROR_BACKOFF_S)
             await self._pause(uid, next_sync, seen)
         return False
 
@@ -716,224 +655,11 @@ class PodManager:
             raise
         return await task
 
-    async def _pod_claims(self, pod: Obj, link_wait: LinkWait | None = None) -> list[Obj]:
-        """The pod's ResourceClaims, each allocated and reserved for it (and, made from a
-        template, owned by it). Failures read as the kubelet's (FailedPrepareDynamicResources)."""
-        link_wait = link_wait or LinkWait()
-        meta = pod["metadata"]
-        claims = []
-        entries = list(pod["spec"].get("resourceClaims", []))
-        extended = pod.get("status", {}).get("extendedResourceClaimStatus")
-        if extended:  # the claim the scheduler made for the pod's extended resources
-            entries.append({"name": EXTENDED_RESOURCES, "resourceClaimName": extended["resourceClaimName"]})
-        for entry in entries:
-            name, generated = pod_claim_name(pod, entry)
-            if name is None:
-                continue  # no claim was needed: the entry is ignored
-            try:
-                claim = await self._read_claim(
-                    path_for("resource.k8s.io/v1", "resourceclaims", name, meta["namespace"]), link_wait
-                )
-            except ApiError as exc:
-                raise StartFailed(
-                    PREPARE_FAILED, f"{PREPARE_FAILED_MESSAGE}: fetch ResourceClaim {name}: {exc.message}"
-                ) from None
-            except (TransportError, TimeoutError) as exc:
-                raise StartFailed(
-                    PREPARE_FAILED, f"{PREPARE_FAILED_MESSAGE}: fetch ResourceClaim {name}: {exc or 'timed out'}"
-                ) from None
-            if generated and (not_ours := _not_made_for(pod, claim)):
-                raise StartFailed(PREPARE_FAILED, f"{PREPARE_FAILED_MESSAGE}: {not_ours}")
-            status = claim.get("status", {})
-            if not _reserved_for(pod, claim):
-                raise StartFailed(
-                    PREPARE_FAILED,
-                    f"{PREPARE_FAILED_MESSAGE}: pod {meta['name']} ({meta['uid']}) is not allowed to use "
-                    f"ResourceClaim {name} ({claim['metadata']['uid']})",
-                )
-            if not status.get("allocation"):
-                raise StartFailed(PREPARE_FAILED, f"{PREPARE_FAILED_MESSAGE}: ResourceClaim {name}: not allocated")
-            claims.append(dict(claim, _pod_claim_name=entry["name"]))
-        return claims
-
-    async def _read_claim(self, path: str, link_wait: LinkWait) -> Obj:
-        """The kubelet reads a claim only after it mounted the pod's volumes (at least its
-        service-account token, by a reconciler that runs every 100 ms); by then the API
-        server's node authorizer has linked the newly bound pod's claims to the node. This
-        kubelet mounts nothing and asks at once, and so can ask before that link exists:
-        it then asks again, for up to ~0.15 s, rather than fail a start the real kubelet
-        would not have failed (its next attempt comes at the pod's next sync, 60-90 s
-        later). The time refused is added to ``link_wait``: it stands in for the mount."""
-        first_asked = asked = time.perf_counter()
-        try:
-            for delay in (*AUTHORIZER_CATCH_UP_S, None):
-                try:
-                    # As the kubelet's client-go: an API server that refuses the
-                    # connection (restarting, say) fails the read, and so the start.
-                    return await self.client.get(path, retry_unreachable=False)
-                except ApiError as exc:
-                    if delay is None or not (exc.status == 403 and NO_RELATIONSHIP in exc.message):
-                        raise
-                    metrics.CLAIM_READ_RETRIES.inc()
-                await asyncio.sleep(delay)
-                asked = time.perf_counter()
-        finally:
-            link_wait.seconds += asked - first_asked
-        raise AssertionError("unreachable")
-
-    def _kept_running(self, pod: Obj) -> bool:
-        """Whether the pod's containers ran through this kubelet's restart: it is Running,
-        and its claims were prepared here (the checkpoint says so) or it has none."""
-        if pod.get("status", {}).get("phase") != "Running":
-            return False
-        claimless = not pod["spec"].get("resourceClaims") and not pod["status"].get("extendedResourceClaimStatus")
-        return pod["metadata"]["uid"] in self._started_before_restart or (self._restarted_node and claimless)
-
-    async def _adopt(self, pod: Obj) -> dict[str, dict[str, str]]:
-        """A pod whose containers outlived this kubelet's restart: the kubelet prepares
-        resources only for a pod sandbox it creates, so no driver is asked; the
-        containers' devices are those the checkpoint recorded."""
-        claims = await self._pod_claims(pod)
-        return self._container_env(pod, claims) if claims else {}
-
-    async def _prepare(self, pod: Obj) -> dict[str, dict[str, str]]:
-        """The timed part is what a kubelet times as PrepareResources: reading the pod's
-        claims from the API server and the NodePrepareResources calls, for every pod
-        start (claim-less pods too). Not timed: resolving CDI IDs (the runtime's work),
-        and the reads the node authorizer refused while it caught up (they stand in for
-        the volume mount a kubelet waits for before it prepares anything)."""
-        uid = pod["metadata"]["uid"]
-        started = time.perf_counter()
-        link_wait = LinkWait()
-        failed = True
-        try:
-            claims = await self._pod_claims(pod, link_wait)
-            if claims:
-                await self._prepare_claims(uid, claims)
-            failed = False
-        finally:
-            metrics.OPERATIONS.labels("PrepareResources", str(failed).lower()).observe(
-                time.perf_counter() - started - link_wait.seconds
-            )
-            if link_wait.seconds:
-                metrics.LINK_WAITS.observe(link_wait.seconds)
-        return self._container_env(pod, claims) if claims else {}
-
-    async def _prepare_claims(self, pod_uid: str, claims: list[Obj]) -> None:
-        """As the kubelet does, a claim is recorded (and checkpointed) with its pod BEFORE
-        the driver is asked: a claim whose prepare failed is still unprepared when the
-        pod goes. A claim counts as prepared once every driver it uses prepared it; the
-        others are asked again on the next attempt (prepare is idempotent).
-
-        As in the kubelet, only the bookkeeping is one step (here: no await within it);
-        the drivers are called while other pods' claims are prepared and unprepared, so a
-        driver gets concurrent calls, as from a real kubelet's parallel pod workers."""
-        by_driver: dict[str, list[Obj]] = {}
-        for claim in claims:
-            spared = skips.skipped_calls(claim)
-            for driver in _drivers(claim):
-                # Before any claim is recorded, as the kubelet checks: a pod that never
-                # reached a driver leaves nothing to unprepare. A driver it does not call
-                # need not be there.
-                if skips.PREPARE not in spared.get(driver, ()) and self.plugins.plugin_for(driver) is None:
-                    raise StartFailed(
-                        PREPARE_FAILED, f"{PREPARE_FAILED_MESSAGE}: DRA driver {driver} is not registered"
-                    )
-        try:
-            for claim in claims:
-                known = self._record_user(pod_uid, claim)
-                if not known.prepared:
-                    for driver in known.drivers:
-                        if known.calls(driver, skips.PREPARE):
-                            by_driver.setdefault(driver, []).append(claim)
-                        else:
-                            metrics.PREPARE_SKIPS.labels(driver).inc()
-        except BaseException:
-            with contextlib.suppress(OSError):  # the claims recorded before the refused one
-                self._save_checkpoint()
-            raise
-        self._checkpoint_for_start("checkpoint ResourceClaim cache")
-        answered: dict[str, set[str]] = {}
-        devices: dict[str, list[PreparedDevice]] = {}
-        for driver, driver_claims in by_driver.items():
-            refs = [
-                ClaimRef(c["metadata"]["namespace"], c["metadata"]["uid"], c["metadata"]["name"]) for c in driver_claims
-            ]
-            try:
-                results = await self.plugins.prepare(driver, refs)
-            except PluginCallError as exc:
-                # As the kubelet: the first failure ends the attempt; drivers that did
-                # prepare are asked again next time (prepare is idempotent). Nothing to
-                # save: the claims were checkpointed with their pod above.
-                raise StartFailed(PREPARE_FAILED, f"{PREPARE_FAILED_MESSAGE}: {exc}") from None
-            for claim_uid, prepared in results.items():
-                answered.setdefault(claim_uid, set()).add(driver)
-                devices.setdefault(claim_uid, []).extend(prepared)
-        for claim in claims:
-            held = self.claims.get(claim["metadata"]["uid"])
-            if held is None:  # as the kubelet words it; the pod's user record prevents it
-                meta = claim["metadata"]
-                raise StartFailed(
-                    PREPARE_FAILED,
-                    f"{PREPARE_FAILED_MESSAGE}: internal error: unable to get claim info for ResourceClaim "
-                    f"{meta['name']} in namespace {meta['namespace']}",
-                )
-            called = {d for d in held.drivers if held.calls(d, skips.PREPARE)}
-            if not held.prepared and answered.get(held.uid, set()) == called:
-                held.devices, held.prepared = devices.get(held.uid, []), True
-        self._checkpoint_for_start("checkpoint ResourceClaim state")
-
-    def _record_user(self, pod_uid: str, claim: Obj) -> PreparedClaim:
-        """The claim, known from now on to be used by this pod. As the kubelet keeps its
-        claim info by namespace and name: a claim that a pod force-deleted earlier still
-        holds under the same name, or whose unprepare has begun, is not for a new pod
-        until its unprepare succeeded (the claims before it stay recorded, as there)."""
-        meta = claim["metadata"]
-        name, uid = meta["name"], meta["uid"]
-        known = self.claim_named(meta["namespace"], name)
-        if known is None:
-            known = self.claims[uid] = PreparedClaim(
-                meta["namespace"], name, uid, _drivers(claim), skipped=skips.skipped_calls(claim)
-            )
-        elif known.uid != uid:
-            raise StartFailed(
-                PREPARE_FAILED,
-                f"{PREPARE_FAILED_MESSAGE}: old ResourceClaim with same name {name} and different UID "
-                f"{known.uid} still exists (previous pod force-deleted?!)",
-            )
-        elif known.unpreparing:
-            raise StartFailed(PREPARE_FAILED, f"{PREPARE_FAILED_MESSAGE}: ResourceClaim {name} is being unprepared")
-        known.users.add(pod_uid)
-        return known
-
-    def _container_env(self, pod: Obj, claims: list[Obj]) -> dict[str, dict[str, str]]:
-        self._claim_uids[pod["metadata"]["uid"]] = {c["_pod_claim_name"]: c["metadata"]["uid"] for c in claims}
-        by_pod_name = {c["_pod_claim_name"]: self.claims[c["metadata"]["uid"]] for c in claims}
-        env: dict[str, dict[str, str]] = {}
-        spec = pod["spec"]
-        # Init containers too: the runtime gives each its devices when it starts.
-        for container in [*spec.get("initContainers", []), *spec.get("containers", [])]:
-            wanted = [(ref["name"], ref.get("request")) for ref in container.get("resources", {}).get("claims", [])]
-            wanted += [(EXTENDED_RESOURCES, request) for request in _extended_requests(pod, container)]
-            ids: list[str] = []
-            for claim_name, request in wanted:
-                prepared = by_pod_name.get(claim_name)
-                if prepared is None:
-                    continue
-                for device in prepared.devices:
-                    # Exactly as the kubelet matches (ClaimInfo.cdiDevicesAsList): a driver
-                    # that returns "req/sub" instead of "req" leaves the container without it.
-                    if not request or not device.request_names or request in device.request_names:
-                        ids.extend(device.cdi_device_ids)
-            try:
-                env[container["name"]] = cdi.resolve(self.cdi_dir, ids)
-            except cdi.CdiResolutionError as exc:
-                refused = (container["name"], f"failed to inject CDI devices: {exc}")
-                raise StartFailed("Failed", f"Error: {refused[1]}", refused) from None
-        return env
-
     async def _initialize(
-        self, pod: Obj, carried: Mapping[str, podstatus.Restarted] | None = None
+        self,
+        pod: Obj,
+        carried: Mapping[str, podstatus.Restarted] | None = None,
+        resumed: podstatus.InitRun | None = None,
     ) -> podstatus.InitRun | None:
         """Run the pod's init containers in order before its own, as the kubelet does: each
         to its end (``sleep N``: N seconds; ``sleep infinity``: never; any other command at
@@ -941,24 +667,36 @@ class PodManager:
         the pod shows Pending with it running. One that exits non-zero (``exit N``) fails
         the pod under restartPolicy Never (returned ``failing``), else is started again
         until the pod is deleted (``_retry_init``). None if the pod is deleted meanwhile.
-        ``carried``: they run again, the pod restarted in place (``InitRun.carried``)."""
+        ``carried``: they run again, the pod restarted in place (``InitRun.carried``).
+        ``resumed``: how far they got before this kubelet restarted (``_sandbox_kept``)."""
         uid = pod["metadata"]["uid"]
-        run = podstatus.InitRun(carried=carried or {})
+        run = resumed or podstatus.InitRun(carried=carried or {})
+        ran_before = len(run.spans) if resumed else 0
+        if resumed:
+            self._inits[uid] = run
         self._initializing.add(uid)
         self._sandbox_made(uid)
         try:
             while True:
-                for container in pod["spec"].get("initContainers") or []:
-                    pull = await self._pull_init_image(uid, container, run)
-                    if pull is None:
-                        return None
-                    self._tell_started(pod, container, pull)
-                    run = self._inits[uid] = run.then(now_rfc3339())
-                    if podstatus.is_sidecar(container):
-                        if not await self._start_sidecar(uid, container):
+                for index, container in enumerate(pod["spec"].get("initContainers") or []):
+                    seconds, ends_at = commands.init_seconds(container), None
+                    if index < ran_before:
+                        began, ended = run.spans[index]
+                        if ended or podstatus.is_sidecar(container):
+                            continue  # done, or running on, through this kubelet's restart
+                        if seconds is not None:  # the one running then ends at its own time
+                            ends_at = parse_rfc3339(began) + seconds
+                            seconds = max(0.0, ends_at - time.time())
+                    else:
+                        pull = await self._pull_init_image(uid, container, run)
+                        if pull is None:
                             return None
-                        continue
-                    seconds = commands.init_seconds(container)
+                        self._tell_started(pod, container, pull)
+                        run = self._inits[uid] = run.then(now_rfc3339())
+                        if podstatus.is_sidecar(container):
+                            if not await self._start_sidecar(uid, container):
+                                return None
+                            continue
                     if seconds != 0:
                         await self._write_initializing(uid)
                         if not await self._runs_for(uid, seconds):
@@ -967,12 +705,12 @@ class PodManager:
                         if commands.restarts_all(container, code):
                             break  # the pod restarts in place: from its first init container again
                         return await self._retry_init(uid, container, code)
-                    run = self._inits[uid] = run.ended(now_rfc3339())
+                    run = self._inits[uid] = run.ended(now_rfc3339() if ends_at is None else rfc3339(ends_at))
                 else:
                     return run
                 if (again := await self._restart_initializing(uid, container, code)) is None:
                     return None
-                run = again
+                run, ran_before = again, 0
         finally:
             self._initializing.discard(uid)
 
@@ -994,7 +732,7 @@ class PodManager:
             metrics.STARTED_CONTAINER_ERRORS.labels("init_container", pull.failed[0]).inc()
             # A sync that made the sandbox is followed by the relist's, another by the
             # pod worker's back-off.
-            next_sync = until_next_relist() if made_sandbox else jittered(SYNC_ERROR_BACKOFF_S)
+            next_sync = backoff.until_next_relist() if made_sandbox else backoff.jittered(backoff.SYNC_ERROR_BACKOFF_S)
             made_sandbox = False
             if not await self._runs_for(uid, next_sync):
                 return None
@@ -1006,7 +744,7 @@ class PodManager:
         of its says: seen at the next PLEG relist and shown so (AllContainersRestarting),
         the pod restarts in place (``_remove_all``); the run its init containers start
         again with, None if the pod is ending first."""
-        if not await self._runs_for(uid, until_next_relist()):
+        if not await self._runs_for(uid, backoff.until_next_relist()):
             return None
         run, name = self._inits[uid], source["name"]
         now = run.carried.get(name) or podstatus.Restarted(0, _container_ids(self._pod(uid))[name], {}, {})
@@ -1041,7 +779,7 @@ class PodManager:
             # The probe's result syncs the pod: shown started, and the next container,
             # started by that sync, shown running from the relist after.
             await self._write_initializing(uid)
-            if not await self._runs_for(uid, until_next_relist()):
+            if not await self._runs_for(uid, backoff.until_next_relist()):
                 return False
         if changes:
             probed = {name: _container_ids(self._pod(uid))[name]}
@@ -1091,7 +829,7 @@ class PodManager:
         """An init container exited with ``code``: if it is not to be started again
         (``commands.should_restart``: under restartPolicy Never, say), the run with it
         failed; else, as the kubelet, it is started again, at once the first time, then
-        after a back-off (``restart_delay``, ``back_off_syncs``; shown exited meanwhile),
+        after a back-off (``backoff.restart_delay``, ``backoff.back_off_syncs``; shown exited meanwhile),
         the pod Pending, until the pod is deleted (None). Its command ends alike each
         time, so it never gets further."""
         pod, name = self._pod(uid), container["name"]
@@ -1109,15 +847,15 @@ class PodManager:
                 run = self._inits[uid] = run.ended(ended.at)
                 return run
             exited_at = time.monotonic()
-            delay, back_off = restart_delay(back_off, exited_at)
+            delay, back_off = backoff.restart_delay(back_off, exited_at)
             # Shown exited by the sync that finds it so (started again at once, the kubelet's
             # write of it may be overtaken by the next: its status manager sends the latest).
             await self._write_initializing(uid)
-            blocked, restart_at = back_off_syncs(delay, resync_s=self.sync_frequency_s)
+            blocked, restart_at = backoff.back_off_syncs(delay, resync_s=self.sync_frequency_s)
             for synced, at in enumerate(blocked):
                 if not await self._runs_for(uid, exited_at + at - time.monotonic()):
                     return None
-                self.tell(pod, back_off_told(pod, name), name)
+                self.tell(pod, backoff.back_off_told(pod, name), name)
                 if synced:  # the sync before was blocked too
                     run = await self._show_init_crash_loop(uid, name, delay)
             if not await self._runs_for(uid, exited_at + restart_at - time.monotonic()):
@@ -1139,7 +877,7 @@ class PodManager:
         run = self._inits[uid]
         failing = run.failing
         if failing is not None and "terminated" in failing.state:
-            waiting = crash_loop_state(self._pod(uid), name, delay)
+            waiting = backoff.crash_loop_state(self._pod(uid), name, delay)
             run = self._inits[uid] = run.failed(
                 podstatus.Restarted(failing.count, failing.container_id, waiting, failing.state)
             )
@@ -1182,7 +920,7 @@ class PodManager:
                 hook_s = commands.hook_seconds(container, "postStart")
                 if hook_s and not await self._runs_for(meta["uid"], hook_s):
                     return
-        probing, changes = probe_plan(pod) if probed else ({}, [])
+        probing, changes = probes.probe_plan(pod) if probed else ({}, [])
         exited = self._exited_at_once(pod, stamp, besides=early) if probed else set()
         probing = {name: waits for name, waits in probing.items() if name not in exited}
         changes = [change for change in changes if change[1] not in exited]
@@ -1237,8 +975,8 @@ class PodManager:
 
     def _probed_from_start(self, uid: str, container: Obj) -> list[tuple[float, str, str | None]]:
         """A container starting now: what it waits for first noted in ``_probing``; the
-        changes to come, in seconds from now (``probe_plan``)."""
-        waiting, changes = probe_plan({"spec": {"containers": [container]}})
+        changes to come, in seconds from now (``probes.probe_plan``)."""
+        waiting, changes = probes.probe_plan({"spec": {"containers": [container]}})
         probing = self._probing.setdefault(uid, {})
         probing.pop(container["name"], None)
         probing.update(waiting)
@@ -1291,7 +1029,9 @@ class PodManager:
         if uid in self._waiting and self._waiting[uid] == refused:
             return  # a container starts early only as its wait ends (``_pull_images``): shown
         early = self._started_early.get(uid, {})
-        probing = probe_plan({"spec": {"containers": [c for c in pod["spec"]["containers"] if c["name"] in early]}})[0]
+        probing = probes.probe_plan(
+            {"spec": {"containers": [c for c in pod["spec"]["containers"] if c["name"] in early]}}
+        )[0]
         if inits is not None and inits.spans:
             addresses = self._addresses_of(pod)
             ids, now = _container_ids(pod), now_rfc3339()
@@ -1320,8 +1060,8 @@ class PodManager:
         """As the kubelet restarts the containers of a pod that does not end of itself
         (``commands.run_seconds`` None): a container whose command ends exits and, under
         restartPolicy Always or when it failed under OnFailure, is started again, at once
-        the first time, then after a back-off (``restart_delay``), by the first of the
-        pod worker's syncs (``back_off_syncs``: at the next relist, then at the back-off's
+        the first time, then after a back-off (``backoff.restart_delay``), by the first of the
+        pod worker's syncs (``backoff.back_off_syncs``: at the next relist, then at the back-off's
         end) that finds it over: shown exited, then CrashLoopBackOff once a sync was
         blocked (each blocked sync tells BackOff; the one that starts it again shows
         CrashLoopBackOff for a moment), the pod Running throughout with that container not ready
@@ -1345,8 +1085,8 @@ class PodManager:
         back_off: dict[str, tuple[float, float]] = {}
         for name in periods:  # shown exited at their first start (``_exited_at_once``): their restart at once is now
             if (again := restarted.get(name)) is not None and again.count == 0 and "terminated" in again.state:
-                _, back_off[name] = restart_delay(None, time.monotonic())
-        backed_off: dict[str, _BackingOff] = {}
+                _, back_off[name] = backoff.restart_delay(None, time.monotonic())
+        backed_off: dict[str, backoff.BackingOff] = {}
         """Containers that exited, until started again."""
         while not self._ending(uid):
             seen = self._changes.get(uid, 0)
@@ -1355,7 +1095,7 @@ class PodManager:
                     return None
                 name = container["name"]
                 # Its back-off was the old image's: the new one's starts now, as for a first start.
-                _, back_off[name] = restart_delay(None, time.monotonic())
+                _, back_off[name] = backoff.restart_delay(None, time.monotonic())
                 backed_off.pop(name, None)
                 if name in periods:
                     due[name] = time.monotonic() + periods[name]
@@ -1382,15 +1122,15 @@ class PodManager:
                     await self._write_running(uid)
                     continue
                 exited_at = time.monotonic()
-                delay, back_off[name] = restart_delay(back_off.get(name), exited_at)
+                delay, back_off[name] = backoff.restart_delay(back_off.get(name), exited_at)
                 # Shown exited by the sync that finds it so, whether or not it starts it again.
                 await self._write_running(uid)
                 probed_every = self._readiness_period(uid, container)
-                blocked, restart_at = back_off_syncs(delay, probed_every, self.sync_frequency_s)
-                backed_off[name] = _BackingOff(delay, [exited_at + at for at in blocked], exited_at + restart_at)
+                blocked, restart_at = backoff.back_off_syncs(delay, probed_every, self.sync_frequency_s)
+                backed_off[name] = backoff.BackingOff(delay, [exited_at + at for at in blocked], exited_at + restart_at)
                 due[name] = backed_off[name].next_sync()
                 continue
-            plan: _BackingOff | None = backed_off.pop(name, None)  # None: found so by a restarted kubelet
+            plan: backoff.BackingOff | None = backed_off.pop(name, None)  # None: found so by a restarted kubelet
             if plan is not None and plan.blocked:  # a sync its back-off blocks
                 plan.blocked.pop(0)
                 await self._blocked_sync(uid, name, plan)
@@ -1480,7 +1220,7 @@ class PodManager:
         then its init containers run again and its own start, with no back-off. Its
         sandbox, IP and prepared claims stay: no driver is called. False if the pod is
         ending first, or an init container fails it now."""
-        if not await self._runs_for(uid, until_next_relist()):  # the exit, as the PLEG sees it
+        if not await self._runs_for(uid, backoff.until_next_relist()):  # the exit, as the PLEG sees it
             return False
         await self._write_running(uid)  # the source shown exited: AllContainersRestarting
         pod, restarted = self._pod(uid), self._restarted.setdefault(uid, {})
@@ -1534,14 +1274,14 @@ class PodManager:
         await self._patch_status(pod, {"status": status})
         return status
 
-    async def _blocked_sync(self, uid: str, name: str, plan: _BackingOff) -> None:
+    async def _blocked_sync(self, uid: str, name: str, plan: backoff.BackingOff) -> None:
         """A pod worker's sync that finds container ``name`` still backing off: BackOff
         told, and CrashLoopBackOff shown if a sync before was blocked too."""
-        self.tell(self._pod(uid), back_off_told(self._pod(uid), name), name)
+        self.tell(self._pod(uid), backoff.back_off_told(self._pod(uid), name), name)
         await self._show_crash_loop(uid, name, plan)
         plan.synced = True
 
-    async def _show_crash_loop(self, uid: str, name: str, plan: _BackingOff) -> None:
+    async def _show_crash_loop(self, uid: str, name: str, plan: backoff.BackingOff) -> None:
         """Container ``name`` shown waiting in CrashLoopBackOff once a sync was blocked by
         its back-off: the kubelet writes a pod's status at the start of each sync, with
         the reason the sync before failed for, so the sync that starts it again shows it
@@ -1549,7 +1289,7 @@ class PodManager:
         restarted = self._restarted[uid]
         again = restarted[name]
         if plan.synced and "terminated" in again.state:
-            waiting = crash_loop_state(self._pod(uid), name, plan.delay)
+            waiting = backoff.crash_loop_state(self._pod(uid), name, plan.delay)
             restarted[name] = podstatus.Restarted(again.count, again.container_id, waiting, again.state)
             await self._write_running(uid)
 
@@ -1576,7 +1316,7 @@ class PodManager:
     def _pod_ip(self, pod: Obj) -> str:
         """From the Node's pod CIDR (the node's IP without one); a pod running when this
         kubelet started (its sandbox outlived a restart) keeps the IP it had."""
-        kept = pod["status"]["podIP"] if _running_with_own_ip(pod) else None
+        kept = pod["status"]["podIP"] if _sandbox_with_own_ip(pod) else None
         try:
             address = self._addresses.address(pod["metadata"]["uid"], self.pod_cidr(), kept)
         except AddressesExhausted as exc:
@@ -1609,46 +1349,10 @@ class PodManager:
         uid = pod["metadata"]["uid"]
         containers = {c["name"]: c for c in pod["spec"].get("containers", [])}
         for status in statuses:
-            resources = self._allocated_resources_status(uid, containers[status["name"]])
+            resources = self.dra.allocated_resources_status(uid, containers[status["name"]])
             if resources:
                 status["allocatedResourcesStatus"] = resources
         self._resources_status[uid] = [s.get("allocatedResourcesStatus") for s in statuses]
-
-    def _allocated_resources_status(self, pod_uid: str, container: Obj) -> list[Obj]:
-        """As the kubelet builds it (dra Manager.UpdateAllocatedResourcesStatus): one entry
-        per claim reference of the container, named ``claim:<name>[/<request>]``, with the
-        health of each device of that request, identified by its first CDI ID."""
-        claim_uids = self._claim_uids.get(pod_uid, {})
-        now = time.monotonic()
-        result = []
-        for ref in container.get("resources", {}).get("claims", []):
-            prepared = self.claims.get(claim_uids.get(ref["name"], ""))
-            if prepared is None:
-                continue
-            request = ref.get("request") or ""
-            base = request.split("/", 1)[0]
-            resources: list[Obj] = []
-            seen = set()
-            for device in prepared.devices:
-                if request and device.request_names and base not in device.request_names:
-                    continue
-                resource_id = (
-                    device.cdi_device_ids[0]
-                    if device.cdi_device_ids
-                    else f"{device.driver}/{device.pool}/{device.device}"
-                )
-                if resource_id in seen:
-                    continue
-                seen.add(resource_id)
-                health, message = self.plugins.health.get(device.driver, device.pool, device.device, now)
-                entry: Obj = {"resourceID": resource_id, "health": health.value}
-                if message:
-                    entry["message"] = message
-                resources.append(entry)
-            if resources:
-                name = f"claim:{ref['name']}" + (f"/{request}" if request else "")
-                result.append({"name": name, "resources": resources})
-        return result
 
     def _follow_readiness_gates(self, pod: Obj) -> None:
         """A running pod's gate conditions changed (someone else writes them): Ready
@@ -1674,13 +1378,7 @@ class PodManager:
         """A driver's health stream changed these (pool, device): resync the pods using them."""
         changed = set(devices)
         for uid in list(self._running):
-            claim_uids = self._claim_uids.get(uid, {}).values()
-            if any(
-                d.driver == driver and (d.pool, d.device) in changed
-                for claim_uid in claim_uids
-                if (claim := self.claims.get(claim_uid)) is not None
-                for d in claim.devices
-            ):
+            if self.dra.uses_devices(uid, driver, changed):
                 self._in_background(self._sync_status(uid), f"pod-status-{uid}")
 
     async def _resync(self) -> None:
@@ -1694,7 +1392,7 @@ class PodManager:
             for uid in self._resync_schedule.due(time.monotonic()):
                 if uid not in self._running:
                     continue
-                if self._claim_uids.get(uid):
+                if self.dra.has_claims(uid):
                     await self._sync_status(uid)
                 if uid in self._running:
                     self._resync_schedule.add(uid, time.monotonic())
@@ -1816,73 +1514,15 @@ class PodManager:
         it is deleted later, as in the kubelet."""
         if pod_uid in self._terminated:
             return
-        retry_in = until_next_relist()  # the containers' exit, seen at the next relist, syncs the pod once more
+        retry_in = backoff.until_next_relist()  # the containers' exit, seen at the next relist, syncs the pod once more
         while True:
             seen = self._changes.get(pod_uid, 0)
-            if await self._release_once(pod_uid):
+            if await self.dra.release(pod_uid):
                 break
             await self._pause(pod_uid, retry_in, seen)
-            retry_in = jittered(SYNC_ERROR_BACKOFF_S)
-        self._claim_uids.pop(pod_uid, None)
+            retry_in = backoff.jittered(backoff.SYNC_ERROR_BACKOFF_S)
+        self.dra.forget(pod_uid)
         self._terminated.add(pod_uid)
-
-    async def _release_once(self, pod_uid: str) -> bool:
-        """True once nothing is left to unprepare for this pod. As the kubelet: a claim
-        other pods still use only loses this user; a claim this pod was the last user of
-        keeps it as its user until every driver unprepared it, and is then forgotten.
-        Every attempt is timed as the kubelet's UnprepareResources, for every pod (those
-        without claims, or sharing them, too)."""
-        started = time.perf_counter()
-        done = False
-        try:
-            last: list[PreparedClaim] = []
-            changed = False
-            for claim in self.claims.values():
-                if pod_uid in claim.users:
-                    changed = True
-                    if len(claim.users) > 1:
-                        claim.users.discard(pod_uid)
-                    else:
-                        last.append(claim)
-            done = await self._unprepare(last)
-            if changed or self._checkpoint_behind:
-                try:
-                    self._save_checkpoint()
-                except OSError as exc:  # as the kubelet: this attempt failed, the next writes it
-                    log.warning("unprepare on %s: checkpoint ResourceClaim state: %s", self.node.name, exc)
-                    done = False
-        finally:
-            metrics.OPERATIONS.labels("UnprepareResources", str(not done).lower()).observe(
-                time.perf_counter() - started
-            )
-        return done
-
-    async def _unprepare(self, claims: list[PreparedClaim]) -> bool:
-        """Ask each driver to unprepare these claims; False if one failed: the attempt ends
-        there, as in the kubelet, and is made again later. They are marked as being
-        unprepared before the first call, so no new pod may use them until then."""
-        if not claims:
-            return True
-        failed = False
-        for claim in claims:
-            claim.unpreparing = True
-            for driver in [d for d in claim.drivers if not claim.calls(d, skips.UNPREPARE)]:
-                metrics.UNPREPARE_SKIPS.labels(driver).inc()
-                claim.drivers.remove(driver)
-        for driver in sorted({d for c in claims for d in c.drivers}):
-            mine = [c for c in claims if driver in c.drivers]
-            try:
-                await self.plugins.unprepare(driver, [c.ref for c in mine])
-            except PluginCallError as exc:
-                failed = True
-                log.warning("unprepare on %s failed, will retry: %s", self.node.name, exc)
-                break
-            for claim in mine:
-                claim.drivers = [d for d in claim.drivers if d != driver]
-        for claim in claims:
-            if not claim.drivers:
-                self.claims.pop(claim.uid, None)
-        return not failed
 
     def active_uids(self) -> set[str]:
         """Pods this kubelet still runs or is still stopping (the kubelet's active pods)."""
@@ -1953,14 +1593,14 @@ class PodManager:
         CrashLoopBackOff once one was blocked. For a pod not running here (yet), the
         back-off alone."""
         key, exited_at = (namespace, name, container), time.monotonic()
-        delay, self._process_back_off[key] = restart_delay(self._process_back_off.get(key), exited_at)
+        delay, self._process_back_off[key] = backoff.restart_delay(self._process_back_off.get(key), exited_at)
         pod = self.known_pod(namespace, name)
         uid = "" if pod is None else pod["metadata"]["uid"]
         if pod is None or uid not in self._running or container not in self._restarted.get(uid, {}):
             await asyncio.sleep(delay)
             return
-        blocked, restart_at = back_off_syncs(delay, resync_s=self.sync_frequency_s)
-        plan = _BackingOff(delay, [exited_at + at for at in blocked], exited_at + restart_at)
+        blocked, restart_at = backoff.back_off_syncs(delay, resync_s=self.sync_frequency_s)
+        plan = backoff.BackingOff(delay, [exited_at + at for at in blocked], exited_at + restart_at)
         while plan.blocked:
             await asyncio.sleep(max(0.0, plan.blocked.pop(0) - time.monotonic()))
             if self._ending(uid):
@@ -1970,37 +1610,13 @@ class PodManager:
         if not self._ending(uid):
             await self._show_crash_loop(uid, container, plan)
 
-    def prepared_drivers(self) -> list[list[str]]:
-        """For each claim prepared here, the drivers it uses (for dra_resource_claims_in_use)."""
-        return [c.drivers for c in self.claims.values() if c.prepared]
-
-    def claim_named(self, namespace: str, name: str) -> PreparedClaim | None:
-        """The claim this kubelet holds under that name (as the kubelet keys them)."""
-        return next((c for c in self.claims.values() if c.name == name and c.namespace == namespace), None)
-
     async def _reconcile(self) -> None:
-        """As the kubelet's DRA manager every RECONCILE_S, once its pod source synced:
-        claims held only by pods that are gone (deleted while this kubelet was down, say,
-        or force-deleted) are unprepared, and such pods stop counting as users of claims
-        that live pods still use."""
+        """The DRA manager's reconcile, every RECONCILE_S once the pods bound here are
+        all known (``DRAManager.reconcile_once``)."""
         while True:
             await asyncio.sleep(RECONCILE_S)
             if self._pods_listed():
-                await self.reconcile_once(self.active_uids())
-
-    async def reconcile_once(self, active: set[str]) -> None:
-        """``active``: the pods still running or stopping here."""
-        # (no users at all: a claim recorded so by a fake kubelet before 2026-11-23)
-        stale = [c for c in self.claims.values() if c.users - active or not c.users]
-        for claim in stale:
-            if claim.users & active:
-                claim.users &= active
-        if stale or self._checkpoint_behind:
-            await self._unprepare([c for c in stale if not c.users & active])
-            try:
-                self._save_checkpoint()
-            except OSError as exc:  # the next reconcile writes it
-                log.warning("reconcile on %s: checkpoint ResourceClaim state: %s", self.node.name, exc)
+                await self.dra.reconcile_once(self.active_uids())
 
     def _pods_listed(self) -> bool:
         """Whether the pods bound here are all known: before, every pod looks gone. Fed
@@ -2017,9 +1633,11 @@ class PodManager:
         about = pod
         if uid in self._rejected:
             # Refused after its containers ran through a restart: the kubelet stops them as
-            # the runtime lists them, so its Events name the pod without a resourceVersion.
+            # the runtime lists them, each rebuilt from its labels as the one container of
+            # a pod of its own, so its Events name the pod without a resourceVersion and
+            # every container as one of spec.containers (an init container too).
             meta = {k: v for k, v in pod["metadata"].items() if k != "resourceVersion"}
-            about = {**pod, "metadata": meta}
+            about = {**pod, "metadata": meta, "spec": {"containers": running}}
         for container in running:
             self.tell(about, containerevents.stopping(container), container["name"])
         deadline = time.monotonic() + commands.pre_stop_seconds(running, commands.grace_seconds(pod))
@@ -2136,139 +1754,6 @@ class PodManager:
         self._events.forget(uid)
 
 
-def _extended_requests(pod: Obj, container: Obj) -> list[str]:
-    """The requests of the pod's extended-resource claim that this container gets: those
-    the scheduler mapped to an extended resource the container asks for (not zero)."""
-    extended = pod.get("status", {}).get("extendedResourceClaimStatus")
-    if not extended:
-        return []
-    requests = container.get("resources", {}).get("requests", {})
-    asked = {name for name, quantity in requests.items() if _nonzero(quantity)}
-    return [
-        m["requestName"]
-        for m in extended.get("requestMappings", [])
-        if m.get("containerName") == container["name"] and m.get("resourceName") in asked
-    ]
-
-
-def _nonzero(quantity: object) -> bool:
-    number = re.match(r"[+-]?(\d+\.?\d*|\.\d+)", str(quantity))
-    return number is None or float(number.group()) != 0
-
-
-def jittered(seconds: float) -> float:
-    return seconds * (1 + JITTER * random.random())
-
-
-def until_next_relist() -> float:
-    """The PLEG lists containers on a fixed period: what changed now is seen within one."""
-    return PLEG_RELIST_S * random.random()
-
-
-def probe_plan(pod: Obj) -> tuple[dict[str, str], list[tuple[float, str, str | None]]]:
-    """How the pod's containers' probes go, as the kubelet's prober runs them and a
-    workload that answers passes them: what each container waits for as it starts
-    ("starting": its startup probe, which holds back its readiness probe; "unready": its
-    readiness probe), and when (seconds after it started) that changes (None: ready).
-    Liveness probes pass, and change nothing."""
-    waiting: dict[str, str] = {}
-    changes: list[tuple[float, str, str | None]] = []
-    for container in pod["spec"].get("containers", []):
-        name, startup, readiness = container["name"], container.get("startupProbe"), container.get("readinessProbe")
-        started_after = 0.0
-        if startup:
-            started_after = _passes_after(startup)
-            waiting[name] = "starting"
-            changes.append((started_after, name, "unready" if readiness else None))
-        if readiness:
-            waiting.setdefault(name, "unready")
-            changes.append((_passes_after(readiness, started_after), name, None))
-    changes.sort(key=lambda change: change[0])
-    while changes and changes[0][0] <= 0:  # passed by the first probe, as the container starts
-        _, name, waits_for = changes.pop(0)
-        if waits_for is None:
-            waiting.pop(name, None)
-        else:
-            waiting[name] = waits_for
-    return waiting, changes
-
-
-def _passes_after(probe: Obj, after: float = 0.0) -> float:
-    """When a probe passes, in seconds after its container started: its worker probes at
-    once and then every ``periodSeconds``; a probe counts once the container ran
-    ``initialDelaySeconds`` (and, for readiness, once the startup probe passed at
-    ``after``), and ``successThreshold`` in a row make it pass."""
-    period = float(probe.get("periodSeconds") or 10)
-    first = math.ceil(max(float(probe.get("initialDelaySeconds") or 0), after) / period)
-    return (first + int(probe.get("successThreshold") or 1) - 1) * period
-
-
-def restart_delay(back_off: tuple[float, float] | None, exited: float) -> tuple[float, tuple[float, float]]:
-    """How long the kubelet waits before it starts again a container that exited at
-    ``exited``, and its back-off from then on (seconds, when last set), given the one
-    before: none the first time (it is then set to 10 s), else the back-off, doubled for
-    the next time up to 5 minutes; forgotten once it was last set over 10 minutes before
-    (the kubelet's flowcontrol.Backoff)."""
-    if back_off is None or exited - back_off[1] > 2 * CRASH_LOOP_MAX_S:
-        return 0.0, (CRASH_LOOP_INITIAL_S, exited)
-    return back_off[0], (min(back_off[0] * 2, CRASH_LOOP_MAX_S), exited)
-
-
-def back_off_syncs(
-    delay: float, probed_every: float | None = None, resync_s: float = KUBELET_SYNC_FREQUENCY_S
-) -> tuple[list[float], float]:
-    """When, in seconds after a container exited into a back-off of ``delay``, the pod
-    worker syncs the pod and finds it still backing off (each sync a BackOff Event), and
-    when the sync that starts it again comes, as kubelet v1.37 times them: the first at
-    the next relist; a blocked sync requeues the pod for the back-off's end (its error
-    carries it), jittered up to half of the time left later, and never more than a
-    ``resync_s`` (jittered alike) away, so only a back-off longer than that blocks more
-    than once. ``probed_every``: the container was ready by a readiness probe run that
-    often, whose next run after the relist finds it exited, turns it unready and so
-    syncs the pod once more."""
-    blocked: list[float] = []
-    at = until_next_relist()
-    if not delay:
-        return blocked, at
-    if probed_every is not None:
-        blocked.append(at)
-        at += probed_every * random.random()
-    while at < delay:
-        blocked.append(at)
-        at += jittered(min(delay - at, resync_s))
-    return blocked, at
-
-
-def back_off_told(pod: Obj, name: str) -> Told:
-    """The Event of a sync that container ``name``'s back-off blocked."""
-    return Told("Warning", "BackOff", f"Back-off restarting failed container {name} in pod {_described(pod)}")
-
-
-def crash_loop_state(pod: Obj, name: str, delay: float) -> Obj:
-    """Container ``name`` waiting out a back-off of ``delay`` seconds, in the kubelet's words."""
-    message = f"back-off {_go_duration(delay)} restarting failed container={name} pod={_described(pod)}"
-    return {"waiting": {"reason": "CrashLoopBackOff", "message": message}}
-
-
-def _described(pod: Obj) -> str:
-    """As the kubelet names a pod in its messages (format.Pod)."""
-    meta = pod["metadata"]
-    return f"{meta['name']}_{meta['namespace']}({meta['uid']})"
-
-
-def go_path_error(exc: OSError) -> str:
-    """An OSError as Go prints the same failure (``write /path: no space left on device``)."""
-    why = exc.strerror or str(exc)
-    why = why[:1].lower() + why[1:]
-    return f"write {exc.filename}: {why}" if exc.filename else why
-
-
-def _go_duration(seconds: float) -> str:
-    """As Go prints a whole number of seconds: 10s, 1m20s, 5m0s."""
-    minutes, rest = divmod(int(seconds), 60)
-    return f"{minutes}m{rest}s" if minutes else f"{rest}s"
-
-
 def _start_time(pod: Obj, default: str | None = None) -> str:
     """When the kubelet first took the pod on: kept from its first status write on."""
     return str(pod.get("status", {}).get("startTime") or default or now_rfc3339())
@@ -2313,9 +1798,18 @@ def _ephemeral_id(pod: Obj, container: Obj) -> str:
     return f"dra-testbed://{pod['metadata']['uid']}-{container['name']}"
 
 
-def _running_with_own_ip(pod: Obj) -> bool:
+def _sandbox_shown(pod: Obj) -> bool:
+    """Whether the pod's status shows its sandbox made (PodReadyToStartContainers)."""
+    conditions = pod.get("status", {}).get("conditions") or []
+    return any(c.get("type") == "PodReadyToStartContainers" and c.get("status") == "True" for c in conditions)
+
+
+def _sandbox_with_own_ip(pod: Obj) -> bool:
+    """The pod has a sandbox with an IP of its own (not the host's network): it runs, or
+    it starts and its status shows the sandbox."""
     status = pod.get("status", {})
-    return bool(status.get("phase") == "Running" and status.get("podIP") and not pod["spec"].get("hostNetwork"))
+    made = status.get("phase") == "Running" or (status.get("phase") == "Pending" and _sandbox_shown(pod))
+    return bool(made and status.get("podIP") and not pod["spec"].get("hostNetwork"))
 
 
 def _differs_beyond_status(before: Obj, after: Obj) -> bool:
@@ -2339,77 +1833,3 @@ def _own_write(before: Obj, after: Obj) -> bool:
         return {**pod, "metadata": {**pod["metadata"], "annotations": kept}}
 
     return not _differs_beyond_status(without_it(before), without_it(after))
-
-
-def pod_claim_name(pod: Obj, entry: Obj) -> tuple[str | None, bool]:
-    """The name of the ResourceClaim a pod's claim entry stands for, and whether it was
-    made from a template (its owner must then be the pod); None: no claim was needed."""
-    meta = pod["metadata"]
-    if entry.get("resourceClaimName"):
-        return entry["resourceClaimName"], False
-    if entry.get("resourceClaimTemplateName"):
-        for status in pod.get("status", {}).get("resourceClaimStatuses", []):
-            if status.get("name") == entry["name"]:
-                return status.get("resourceClaimName"), True
-        raise StartFailed(
-            PREPARE_FAILED,
-            f'{PREPARE_FAILED_MESSAGE}: pod "{meta["namespace"]}/{meta["name"]}": ResourceClaim not created yet',
-        )
-    raise StartFailed(
-        PREPARE_FAILED,
-        f'{PREPARE_FAILED_MESSAGE}: pod "{meta["namespace"]}/{meta["name"]}", spec.resourceClaim '
-        f'"{entry.get("name")}": none of the supported fields are set',
-    )
-
-
-def _controlled_by(obj: Obj, owner_uid: str) -> bool:
-    return any(r.get("controller") and r.get("uid") == owner_uid for r in obj["metadata"].get("ownerReferences", []))
-
-
-def _pod_group(pod: Obj) -> str | None:
-    return (pod["spec"].get("schedulingGroup") or {}).get("podGroupName")
-
-
-def _not_made_for(pod: Obj, claim: Obj) -> str | None:
-    """Why a claim made from a template is not the pod's to use (None: it is): made for
-    another pod, or, for a pod of a PodGroup, neither for it nor for its group
-    (DRAWorkloadResourceClaims, which the testbed's clusters enable, kubelets included:
-    a PodGroup's claim is the group's, owned by the PodGroup, which the pod knows by name
-    only)."""
-    meta = pod["metadata"]
-    if _controlled_by(claim, meta["uid"]):
-        return None
-    namespace = meta["namespace"]
-    about = f"ResourceClaim {namespace}/{claim['metadata']['name']} was not created for Pod {namespace}/{meta['name']}"
-    group = _pod_group(pod)
-    if group is None:
-        return f"{about} (Pod is not owner)"
-    controller: Obj = next((r for r in claim["metadata"].get("ownerReferences", []) if r.get("controller")), {})
-    if (
-        controller.get("kind") == "PodGroup"
-        and controller.get("name") == group
-        and str(controller.get("apiVersion", "")).startswith(f"{POD_GROUP_API}/")
-    ):
-        return None
-    return f"{about} (neither Pod nor PodGroup {group} is the owner)"
-
-
-def _reserved_for(pod: Obj, claim: Obj) -> bool:
-    """The claim is reserved for the pod, or for its PodGroup (known by name: a pod does
-    not know its group's UID)."""
-    group = _pod_group(pod)
-    for consumer in claim.get("status", {}).get("reservedFor", []):
-        if consumer.get("uid") == pod["metadata"]["uid"]:
-            return True
-        if (
-            group is not None
-            and consumer.get("apiGroup") == POD_GROUP_API
-            and consumer.get("resource") == "podgroups"
-            and consumer.get("name") == group
-        ):
-            return True
-    return False
-
-
-def _drivers(claim: Obj) -> list[str]:
-    return sorted({r["driver"] for r in claim["status"]["allocation"]["devices"]["results"]})

@@ -142,6 +142,18 @@ class InitRun:
     def from_status(cls, pod: Obj) -> InitRun | None:
         """What the pod's status says ran (a kubelet restarted finds it there); None if it
         does not say every init container did."""
+        run, inits = cls.so_far(pod), pod["spec"].get("initContainers") or []
+        if len(run.spans) < len(inits):
+            return None
+        if any(not ended and not is_sidecar(c) for (_, ended), c in zip(run.spans, inits, strict=True)):
+            return None
+        return run
+
+    @classmethod
+    def so_far(cls, pod: Obj) -> InitRun:
+        """What the pod's status says its init containers did, in order, up to the first
+        that neither completed nor runs, or up to the one that runs now (a sidecar that
+        runs does not stop it): where a kubelet restarted meanwhile goes on from."""
         statuses = {s.get("name"): s for s in pod.get("status", {}).get("initContainerStatuses") or []}
         written = {name: s.get("state") or {} for name, s in statuses.items()}
         carried = {
@@ -149,15 +161,17 @@ class InitRun:
             for name, s in statuses.items()
             if s.get("restartCount")
         }
-        spans = []
+        spans: list[tuple[str, str]] = []
         for container in pod["spec"].get("initContainers") or []:
             state = written.get(container["name"], {})
-            if "running" in state and is_sidecar(container):
+            if "running" in state:
                 spans.append((state["running"].get("startedAt", ""), ""))
+                if not is_sidecar(container):
+                    break
             elif "terminated" in state and state["terminated"].get("exitCode") == 0:
                 spans.append((state["terminated"].get("startedAt", ""), state["terminated"].get("finishedAt", "")))
             else:
-                return None
+                break
         return cls(tuple(spans), carried=carried)
 
 
@@ -466,13 +480,17 @@ def rejected_status(pod: Obj, reason: str, message: str, now: str) -> Obj:
 
 def stopped_after_rejection(status: Obj) -> Obj:
     """The terminal status of a pod refused while its containers ran (a kubelet restart
-    checks again every pod it finds): the containers' statuses without their volume
-    mounts. The kubelet keeps those from the status it wrote before, and the rejection's
-    had no container statuses."""
+    checks again every pod it finds): the statuses of the containers the runtime made
+    without their volume mounts. The kubelet keeps those from the status it wrote before,
+    and the rejection's had no container statuses; one never made is shown as the spec
+    has it, mounts included."""
     stripped = dict(status)
     for key in ("containerStatuses", "initContainerStatuses"):
         if key in stripped:
-            stripped[key] = [{k: v for k, v in c.items() if k != "volumeMounts"} for c in stripped[key]]
+            stripped[key] = [
+                {k: v for k, v in c.items() if k != "volumeMounts"} if c.get("containerID") else c
+                for c in stripped[key]
+            ]
     return stripped
 
 

@@ -275,7 +275,8 @@ def _fault_lines(report: dict[str, Any]) -> list[str]:
         shown = ", ".join(nodes[:5]) + (f" (+{len(nodes) - 5})" if len(nodes) > 5 else "")
         outcome = f"error: {f['error']}" if f.get("error") else f.get("outcome") or ""
         fatal = " (fatal)" if f.get("fatal") else ""
-        lines.append(f"| {f['at_s']} s | {f['action']} {f['target']}{fatal} | {shown or '-'} | {outcome} |")
+        what = f"{f['action']} {f['target']}".strip()
+        lines.append(f"| {f['at_s']} s | {what}{fatal} | {shown or '-'} | {outcome} |")
     undone = [
         f"{f['action']} {f['target']} on {f['nodes_pattern']}" + (f" (error: {f['error']})" if f["error"] else "")
         for f in report.get("faults_undone") or []

@@ -525,7 +525,8 @@ class Runner:
                 self._injected.remove(fault)
             self.data.faults.append(entry)
             fatal = " (fatal)" if fault.fatal else ""
-            self._say(f"fault {fault.action} {fault.target}{fatal} on {len(entry.get('nodes', []))} node(s)")
+            what = f"{fault.action} {fault.target}".strip()
+            self._say(f"fault {what}{fatal} on {len(entry.get('nodes', []))} node(s)")
 
     async def _taint(self, fault: Fault) -> Injected:
         """As an admin takes a device out of service: a DeviceTaintRule for it in the pool

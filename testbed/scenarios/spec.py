@@ -127,15 +127,26 @@ class Phase(_Strict):
 class Fault(_Strict):
     """A fault the run injects at a moment, on the nodes a pattern names: one of their
     hardware, a rollout of a command-line driver (the seamless-upgrade practice, tried
-    while the phases' pods come and go), or an admin's DeviceTaintRule taking a device
-    out of service (``taint-rule``: one per node's pool whose slices have the device)."""
+    while the phases' pods come and go), an admin's DeviceTaintRule taking a device
+    out of service (``taint-rule``: one per node's pool whose slices have the device), or
+    their kubelets restarted in place (``restart-kubelet``: an upgrade, a crash; the
+    drivers must publish their slices again and keep their claims)."""
 
     at_seconds: float = Field(alias="atSeconds", ge=0)
     """Seconds after the run starts."""
     nodes: str = "*"
     """A shell-style pattern over node names, e.g. node-00*."""
     action: Literal[
-        "unhealthy", "healthy", "lost", "fail-prepare", "latency", "fail-attach", "hang-attach", "rollout", "taint-rule"
+        "unhealthy",
+        "healthy",
+        "lost",
+        "fail-prepare",
+        "latency",
+        "fail-attach",
+        "hang-attach",
+        "rollout",
+        "taint-rule",
+        "restart-kubelet",
     ]
     device: str | None = None
     """For unhealthy, healthy, lost and taint-rule."""
@@ -171,7 +182,7 @@ class Fault(_Strict):
             "rollout": ("driver", self.driver),
         }
         field, value = needs.get(self.action, ("device", self.device))
-        if value is None:
+        if value is None and self.action != "restart-kubelet":
             raise ValueError(f"action {self.action} needs {field}")
         if self.fatal and self.action != "unhealthy":
             raise ValueError(f"fatal is for action unhealthy, not {self.action}")
@@ -198,17 +209,19 @@ class Fault(_Strict):
             return f"{self.latency_ms:g}"
         if self.action == "rollout":
             return str(self.driver)
+        if self.action == "restart-kubelet":
+            return ""
         return str(self.device)
 
 
 def faults_to_undo(injected: list[Fault]) -> list[Fault]:
     """What puts the nodes' hardware back as a run found them: for each fault it left in
     force (a later one of the same kind on the same nodes may have undone it already),
-    its opposite, in the order they came. A lost device stays lost, a rollout done; a
-    taint-rule's DeviceTaintRules are the runner's to delete."""
+    its opposite, in the order they came. A lost device stays lost, a rollout or a
+    kubelet's restart done; a taint-rule's DeviceTaintRules are the runner's to delete."""
     last: dict[tuple[str, str, str], Fault] = {}
     for fault in injected:
-        if fault.action not in ("lost", "rollout", "taint-rule"):
+        if fault.action not in ("lost", "rollout", "taint-rule", "restart-kubelet"):
             kind = "health" if fault.action in ("healthy", "unhealthy") else fault.action
             last[(fault.nodes, kind, fault.device or "")] = fault
     undo = []

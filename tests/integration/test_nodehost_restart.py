@@ -54,8 +54,16 @@ def test_a_killed_nodehost_comes_back_with_no_leaked_or_double_used_device(
         create_template(kube_api, namespace, "gpu0", claim_spec(request("gpu", GPU, on_gpu0)))
         core.create_namespaced_pod(namespace, pod("before", {"g": {"resourceClaimTemplateName": "gpu0"}}, node=node))
         wait_running(kube_api, namespace, "before")
+        # A pod still initializing, with the other GPU: its sandbox outlives the kubelet.
+        on_gpu1 = f"device.attributes['{GPU}'].index == 1"
+        create_template(kube_api, namespace, "gpu1", claim_spec(request("gpu", GPU, on_gpu1)))
+        starting = pod("starting", {"g": {"resourceClaimTemplateName": "gpu1"}}, node=node)
+        starting["spec"]["initContainers"] = [{**starting["spec"]["containers"][0], "name": "wait"}]
+        starting["spec"]["initContainers"][0]["command"] = ["sleep", "infinity"]
+        core.create_namespaced_pod(namespace, starting)
+        init_started = wait_for(lambda: _init_started(core, namespace, "starting"), 60, "the init container to run")
         held = ray.get(host.hardware_claims.remote(node))
-        assert list(held.values()) == [["gpu-0"]]
+        assert sorted(held.values()) == [["gpu-0"], ["gpu-1"]]
         # The pod's GPU runs hot and a prepare failure is pending: faults a crash of the
         # emulator must not mend, nor may they keep the claim from being held again.
         ray.get(host.set_health.remote(node, "gpu-0", False, "too hot"))
@@ -76,6 +84,11 @@ def test_a_killed_nodehost_comes_back_with_no_leaked_or_double_used_device(
         wait_for(new_pid, 120, "Ray to restart the NodeHost in a new process")
         assert ray.get(host.ready.remote(), timeout=120) == [node]
         assert ray.get(host.hardware_claims.remote(node)) == held, "re-asserted from the checkpoint"
+        # The restarted kubelet found the initializing pod's sandbox: its init container runs on.
+        assert _init_started(core, namespace, "starting") == init_started
+        core.delete_namespaced_pod("starting", namespace)
+        wait_gone(kube_api, namespace, "starting")
+        held = ray.get(host.hardware_claims.remote(node))
         assert ray.get(host.describe.remote())["faults"] == {node: faults}, "kept, none used up by the repair"
         wait_for(lambda: tainted(kube_api, node) == {"gpu-0"}, 30, "the restarted node's slice to taint gpu-0")
         ray.get(host.set_health.remote(node, "gpu-0", True))
@@ -95,6 +108,13 @@ def test_a_killed_nodehost_comes_back_with_no_leaked_or_double_used_device(
     finally:
         core.delete_namespace(namespace)
         own.stop(remove_nodes=True)  # or the scheduler may pick its Node for later tests' pods
+
+
+def _init_started(core: k8s.CoreV1Api, namespace: str, name: str) -> str | None:
+    """When the pod's (first) init container started, if it runs."""
+    statuses = core.read_namespaced_pod(name, namespace).status.init_container_statuses or []
+    running = statuses[0].state.running if statuses else None
+    return None if running is None else str(running.started_at)
 
 
 def test_a_command_line_driver_restarted_by_a_new_nodehost_shows_as_a_restart_in_its_pod(

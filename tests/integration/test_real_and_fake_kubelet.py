@@ -34,7 +34,7 @@ from testbed.controlplane.cluster import ClusterState
 from testbed.environment import install_device_classes
 from testbed.fleet.fabric import FabricManager
 from testbed.keys import CONTAINER_ENV_ANNOTATION, FABRIC_ATTACHED
-from testbed.kubeapi import ApiError, KubeClient, Obj, now_rfc3339, path_for
+from testbed.kubeapi import ApiError, KubeClient, Obj, now_rfc3339, parse_rfc3339, path_for
 from testbed.kubelet.node import SYNTHETIC_TOLERATION, NodeSpec
 from testbed.kubeletplugin import cdi
 from testbed.realnode.node import ProcessNode, unsupported_reason
@@ -241,7 +241,9 @@ async def two_nodes(
     profile: str = "tiny",
     sync_frequency_s: float = KUBELET_SYNC_FREQUENCY_S,
     pull_limit: tuple[int, int] | None = None,
+    drivers: tuple[str, ...] = (GPU, NIC),
 ) -> AsyncIterator[dict[str, Side]]:
+    """``drivers``: those the node's driver process serves."""
     client = KubeClient.from_kubeconfig(control_plane.kubeconfig)
     tag = uuid.uuid4().hex[:5]
     sides: dict[str, Side] = {}
@@ -249,7 +251,7 @@ async def two_nodes(
         for kind in KINDS:
             name = f"{kind}-{tag}"
             node = ProcessNode(
-                NodeSpec(name), profile, [GPU, NIC], root / kind, control_plane.kubeconfig, binaries, kubelet=kind
+                NodeSpec(name), profile, list(drivers), root / kind, control_plane.kubeconfig, binaries, kubelet=kind
             )
             node.sync_frequency_s = sync_frequency_s
             node.pull_limit = pull_limit or node.pull_limit
@@ -463,56 +465,85 @@ def _by_pod(sequences: dict[str, list[str]]) -> dict[str, list[str]]:
     return {name.rsplit("-", 1)[0] if "-c-" in name else name: calls for name, calls in sequences.items()}
 
 
-async def _wiped_after(side: Side, since: float, timeout_s: float = 90) -> float:
-    """Seconds from ``since`` until the node has no slices left."""
-    await until(lambda: _no_slices(side), timeout_s, f"{side.kind}: its slices to be wiped")
+async def _wiped_after(side: Side, since: float, driver: str | None = None, timeout_s: float = 90) -> float:
+    """Seconds from ``since`` until the node has no slices left (of ``driver``, if given)."""
+    await until(lambda: _no_slices(side, driver), timeout_s, f"{side.kind}: its {driver or ''} slices to be wiped")
     return time.monotonic() - since
 
 
-async def _no_slices(side: Side) -> bool:
-    return not await side.slice_uids()
+async def _no_slices(side: Side, driver: str | None = None) -> bool:
+    return not await _slice_drivers(side) & ({driver} if driver else {GPU, NIC})
+
+
+async def _slice_drivers(side: Side) -> set[str]:
+    listing = await side.client.get(
+        path_for(RESOURCE, "resourceslices"), {"fieldSelector": f"spec.nodeName={side.node.name}"}
+    )
+    return {s["spec"]["driver"] for s in listing["items"]}
 
 
 def test_a_driver_gone_by_sigterm_or_sigkill_is_wiped_30s_later_and_republishes_on_restart(
     control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
 ) -> None:
     """SIGTERM removes the driver's sockets; SIGKILL leaves them behind. Either way the
-    kubelet notices the lost connection and deletes the slices about 30 s later."""
+    kubelet notices the lost connection and deletes the slices about 30 s later. (Each
+    node runs its two drivers as two processes, one stopped each way at once: the
+    kubelet times each driver's wipe on its own.)"""
 
     async def scenario() -> None:
-        async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
+        async with two_nodes(control_plane, short_tmp_path, node_binaries, drivers=(GPU,)) as sides:
 
             async def case(side: Side) -> dict[str, Any]:
-                found: dict[str, Any] = {}
-                for sig in (signal.SIGTERM, signal.SIGKILL):
-                    before = await side.slice_uids()
-                    assert before, side.kind
-                    stopped = time.monotonic()
-                    await side.node.stop_process("driver", sig)
-                    left_behind = sorted(p.name for p in (side.node.kubelet_dir / "plugins_registry").iterdir())
-                    wiped = await _wiped_after(side, stopped)
-                    restarted = time.monotonic()
-                    await side.node.start_driver()
-                    await side.node.wait_ready(60, side.client)  # registered again, slices back
-                    found[sig.name] = (round(wiped), left_behind, time.monotonic() - restarted)
-                return found
+                nic_started = time.time()
+                await side.node.start_driver("driver-nic", env={"DRIVERS": NIC})
+                # Registered (a kubelet wipes only the slices of a driver it knew) and published.
+                await until(lambda: _registered_since(side, NIC, nic_started), 60, f"{side.kind}: NIC registered")
+                await until(lambda: _has_slices_of(side, NIC), 60, f"{side.kind}: the NIC driver's slices")
+                stopped = time.monotonic()
+                await asyncio.gather(
+                    side.node.stop_process("driver", signal.SIGTERM),
+                    side.node.stop_process("driver-nic", signal.SIGKILL),
+                )
+                left_behind = sorted(p.name for p in (side.node.kubelet_dir / "plugins_registry").iterdir())
+                wiped = await asyncio.gather(_wiped_after(side, stopped, GPU), _wiped_after(side, stopped, NIC))
+                restarted = time.monotonic()
+                await side.node.start_driver()
+                await side.node.start_driver("driver-nic", env={"DRIVERS": NIC})
+                await side.node.wait_ready(60, side.client)  # registered again, slices back
+                await until(lambda: _has_slices_of(side, NIC), 60, f"{side.kind}: the NIC driver's slices back")
+                back = time.monotonic() - restarted
+                return {"SIGTERM": round(wiped[0]), "SIGKILL": round(wiped[1]), "left": left_behind, "back": back}
 
             found = await both(sides, case)
             for kind, seen in found.items():
-                for name, (wiped, _, back) in seen.items():
-                    assert 29 <= wiped <= 45, (kind, name, wiped)
-                    assert back < 15, (kind, name, back)
-                assert seen["SIGTERM"][1] == [], "SIGTERM: the driver removed its registration socket"
-                assert seen["SIGKILL"][1] == [f"{GPU}-reg.sock", f"{NIC}-reg.sock"], "SIGKILL leaves sockets"
+                for name in ("SIGTERM", "SIGKILL"):
+                    assert 29 <= seen[name] <= 45, (kind, name, seen)
+                assert seen["back"] < 15, (kind, seen)
+                assert seen["left"] == [f"{NIC}-reg.sock"], (
+                    "SIGTERM: the GPU driver removed its socket; SIGKILL leaves it"
+                )
 
     asyncio.run(scenario())
+
+
+async def _has_slices_of(side: Side, driver: str) -> bool:
+    return driver in await _slice_drivers(side)
+
+
+async def _registered_since(side: Side, driver: str, since: float) -> bool:
+    """Whether the node's kubelet registered ``driver`` after ``since`` (time.time())."""
+    return any(c.get("registered") and c["driver"] == driver and c["time"] >= since for c in side.node.calls())
 
 
 def test_a_kubelet_restart_wipes_and_gets_slices_back_within_seconds_and_keeps_running_pods(
     control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path
 ) -> None:
     """And a claim the kubelet restored from its checkpoint counts as not prepared: a new
-    pod sharing it makes the kubelet ask the driver again (the driver's replay path)."""
+    pod sharing it makes the kubelet ask the driver again (the driver's replay path). A
+    pod whose init container runs through the restart keeps its sandbox: its claim is not
+    prepared again, the init container ends at its own time, its start kept, and the
+    pod's container starts after it. The fake kubelet prepared such a pod's claim again
+    and ran its init container anew."""
 
     async def scenario() -> None:
         async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
@@ -521,6 +552,22 @@ def test_a_kubelet_restart_wipes_and_gets_slices_back_within_seconds_and_keeps_r
                 await side.claim("shared", [request("gpu", GPU)])
                 await side.pod("worker", {"resourceClaimName": "shared"})
                 started = (await side.running("worker"))["status"]["startTime"]
+                await side.template("one-gpu", [request("gpu", GPU)])
+                claimed = {"claims": [{"name": "c"}]}
+                await side.create_pod(
+                    "starting",
+                    resourceClaims=[{"name": "c", "resourceClaimTemplateName": "one-gpu"}],
+                    initContainers=[
+                        {"name": "wait", "image": "registry.invalid/check", "command": ["sleep", "12"], **claimed}
+                    ],
+                    containers=[{"name": "main", "image": "registry.invalid/work", "command": ["sleep", "3600"]}],
+                )
+
+                async def initializing() -> Obj | None:
+                    pod = await side.read_pod("starting")
+                    return pod if _init_running(pod) else None
+
+                waiting = (await until(initializing, 60, f"{side.kind}: init container running"))["status"]
                 before = await side.slice_uids()
                 await side.node.stop_process("kubelet")
                 restarted = time.monotonic()
@@ -535,11 +582,21 @@ def test_a_kubelet_restart_wipes_and_gets_slices_back_within_seconds_and_keeps_r
                 await until(lambda: _ready(side), 60, f"{side.kind}: node Ready again")
                 pod = await side.running("worker")
 
-                def prepares() -> int:
+                def prepares(claim: str = "shared") -> int:
                     calls = side.node.calls()
-                    return sum(1 for c in calls if c["method"].endswith("NodePrepareResources") and c["claims"])
+                    return sum(
+                        1
+                        for c in calls
+                        if c["method"].endswith("NodePrepareResources") and claim in {x["name"] for x in c["claims"]}
+                    )
 
                 kept = prepares()
+                initialized = (await side.running("starting"))["status"]
+                wait_before, wait_after = waiting["initContainerStatuses"][0], initialized["initContainerStatuses"][0]
+                ran = wait_after["state"]["terminated"]
+                starting_prepares = prepares(await side.claim_name("starting"))
+                await side.delete_pod("starting")
+                await side.gone("starting")
                 await side.pod("joiner", {"resourceClaimName": "shared"})
                 await side.running("joiner")
                 joined = prepares()
@@ -547,7 +604,19 @@ def test_a_kubelet_restart_wipes_and_gets_slices_back_within_seconds_and_keeps_r
                     await side.delete_pod(name)
                     await side.gone(name)
                 started_as_before = pod["status"]["startTime"] == started
-                return {"back_s": back, "start": started_as_before, "prepares": (kept, joined)}
+                return {
+                    "back_s": back,
+                    "start": started_as_before,
+                    "prepares": (kept, joined),
+                    "init container kept": (
+                        wait_after["containerID"] == wait_before["containerID"],
+                        ran["startedAt"] == wait_before["state"]["running"]["startedAt"],
+                        wait_after["restartCount"],
+                    ),
+                    "init container ran_s": parse_rfc3339(ran["finishedAt"]) - parse_rfc3339(ran["startedAt"]),
+                    "starting prepares": starting_prepares,
+                    "sandbox kept": initialized["podIP"] == waiting["podIP"],
+                }
 
             found = await both(sides, case)
             for kind, seen in found.items():
@@ -555,6 +624,11 @@ def test_a_kubelet_restart_wipes_and_gets_slices_back_within_seconds_and_keeps_r
                 assert seen["start"], f"{kind}: the running pod was left as it was"
                 assert seen["prepares"][0] == 1, f"{kind}: no second prepare for a running pod"
                 assert seen["prepares"][1] == 2, f"{kind}: a new user of a restored claim prepares it again"
+                assert abs(seen.pop("init container ran_s") - 12) <= 2, f"{kind}: the init container ran its 12 s once"
+            for key in ("init container kept", "starting prepares", "sandbox kept"):
+                assert found["fake"][key] == found["real"][key], key
+            assert found["fake"]["init container kept"] == (True, True, 0)
+            assert found["fake"]["starting prepares"] == 1 and found["fake"]["sandbox kept"]
 
     asyncio.run(scenario())
 
@@ -1909,7 +1983,8 @@ def test_a_kubelet_restart_admits_every_pod_again_oldest_first_and_stops_one_it_
     labels no longer match is refused: Failed, its container stopped, its claim
     unprepared. A pod bound while the kubelet was down, asking for a host port an older
     pod holds, is refused, though the API lists it first. The fake kubelet kept the
-    running pod and claim, and took pods in the order listed."""
+    running pod and claim, and took pods in the order listed. A pod still initializing
+    through the restart and refused then is stopped and its claim unprepared alike."""
 
     async def scenario() -> None:
         async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
@@ -1919,6 +1994,7 @@ def test_a_kubelet_restart_admits_every_pod_again_oldest_first_and_stops_one_it_
                 await side.client.patch(node_path, {"metadata": {"labels": {"testbed.test/pool": "a"}}})
                 for claim in ("gpu", "kept"):
                     await side.claim(claim, [request("gpu", GPU)])
+                await side.claim("starting", [request("nic", NIC)])  # the node has two GPUs
                 main = {"name": "main", "image": "registry.invalid/workload:v1", "command": ["sleep", "3600"]}
                 uses = {**main, "resources": {"claims": [{"name": "c"}]}}
                 port = {"ports": [{"containerPort": 8080, "hostPort": 18080}]}
@@ -1934,8 +2010,21 @@ def test_a_kubelet_restart_admits_every_pod_again_oldest_first_and_stops_one_it_
                     resourceClaims=[{"name": "c", "resourceClaimName": "kept"}],
                     containers=[{**uses, **port}],
                 )
+                await side.create_pod(
+                    "picky-starting",
+                    nodeSelector={**here, "testbed.test/pool": "a"},
+                    resourceClaims=[{"name": "c", "resourceClaimName": "starting"}],
+                    initContainers=[{**uses, "name": "wait"}],
+                    containers=[uses],
+                )
                 await side.running("picky")
                 holder = await side.running("zz-holder")
+
+                async def initializing() -> Obj | None:
+                    pod = await side.read_pod("picky-starting")
+                    return pod if _init_running(pod) else None
+
+                await until(initializing, 60, f"{side.kind}: picky-starting's init container running")
                 await side.node.stop_process("kubelet")
                 since = time.time()
                 await side.client.patch(node_path, {"metadata": {"labels": {"testbed.test/pool": None}}})
@@ -1947,25 +2036,26 @@ def test_a_kubelet_restart_admits_every_pod_again_oldest_first_and_stops_one_it_
                 await side.create_pod("aa-newcomer", nodeName=side.node.name, containers=[{**main, **port}])
                 await side.node.start_kubelet()
                 found: dict[str, Any] = {}
-                for name in ("picky", "aa-newcomer"):
+                for name in ("picky", "aa-newcomer", "picky-starting"):
                     failed = await until(lambda n=name: side._phase(n, "Failed"), 60, f"{side.kind}: {name} refused")
                     found[name] = _status_shape(failed)
                     found[f"{name}: why"] = (failed["status"].get("reason"), failed["status"].get("message"))
 
                 async def unprepared() -> bool:
-                    return UNPREPARE in side.calls_by_claim(since).get("gpu", [])
+                    calls = side.calls_by_claim(since)
+                    return all(UNPREPARE in calls.get(claim, []) for claim in ("gpu", "starting"))
 
                 await until(unprepared, 60, f"{side.kind}: the refused pod's claim unprepared")
                 told, before = await _told(side), ("Pulling", "Pulled", "Created", "Started")
                 found["told"] = {
                     name: [fact for fact in told.get(name, []) if fact[2] not in before]
-                    for name in ("picky", "aa-newcomer", "zz-holder")
+                    for name in ("picky", "aa-newcomer", "zz-holder", "picky-starting")
                 }
                 kept = (await side.read_pod("zz-holder"))["status"]
                 found["holder"] = (kept["phase"], kept["startTime"] == holder["status"]["startTime"])
-                for name in ("picky", "aa-newcomer", "zz-holder"):
+                for name in ("picky", "aa-newcomer", "zz-holder", "picky-starting"):
                     await side.delete_pod(name)
-                for name in ("picky", "aa-newcomer", "zz-holder"):
+                for name in ("picky", "aa-newcomer", "zz-holder", "picky-starting"):
                     await side.gone(name, 60)
                 found["calls"] = side.calls_by_claim(since)
                 return found
@@ -1979,7 +2069,8 @@ def test_a_kubelet_restart_admits_every_pod_again_oldest_first_and_stops_one_it_
             assert fake["aa-newcomer: why"][0] == "NodePorts"
             assert [fact[2] for fact in fake["told"]["picky"]] == ["NodeAffinity", "Killing"]
             assert fake["holder"] == ("Running", True)
-            assert fake["calls"] == {"gpu": [UNPREPARE], "kept": [UNPREPARE]}  # the holder's at its deletion
+            assert fake["picky-starting: why"][0] == "NodeAffinity"
+            assert fake["calls"] == {"gpu": [UNPREPARE], "kept": [UNPREPARE], "starting": [UNPREPARE]}
 
     asyncio.run(scenario())
 

@@ -17,6 +17,7 @@ from testbed.fleet.fleet import Fleet
 from testbed.kubeapi import KubeClient
 from testbed.report import report as reporting
 from testbed.scenarios import runner, spec
+from testbed.testing import wait_for
 
 pytestmark = pytest.mark.controlplane
 
@@ -136,6 +137,40 @@ def test_a_scenarios_faults_reach_the_fleet_at_their_time_and_the_report(
     assert "no device 'no-such-device'" in faults[3]["error"]
     assert faults[4]["error"] == "no node matches 'elsewhere-*'"
     assert report["phases"][0]["pods_succeeded"] == 1, "the run went on"
+
+
+def _slice_uids(kube_api: k8s.ApiClient, node: str) -> set[str]:
+    slices = k8s.ResourceV1Api(kube_api).list_resource_slice(field_selector=f"spec.nodeName={node}").items
+    return {s.metadata.uid for s in slices}
+
+
+def test_kubelets_restarted_mid_run_leave_their_pods_running_and_the_drivers_publish_again(
+    control_plane: ClusterState, fleet: Fleet, kube_api: k8s.ApiClient
+) -> None:
+    """`restart-kubelet` on both nodes while the phase's GPU pods run: the new kubelets
+    delete the nodes' slices as they start, the drivers publish them again, and the pods
+    run on to their end, none failed nor started twice."""
+    before = {node: _slice_uids(kube_api, node) for node in ("tb-000", "tb-001")}
+    scenario = spec.Scenario.model_validate(
+        {
+            "name": "kubelet-restart",
+            "phases": [{"name": "long", "jobs": 2, "runSeconds": 5, "wait": "complete"}],
+            "faults": [{"atSeconds": 2.5, "nodes": "tb-00*", "action": "restart-kubelet"}],
+        }
+    )
+    data = _run(control_plane, fleet, scenario, faults=True)
+    report = reporting.build(data, {"checkpoint_entries": 0, "cdi_specs": 0}, {})
+    (restart,) = report["faults"]
+    assert (restart["action"], restart["nodes"], restart["error"]) == ("restart-kubelet", ["tb-000", "tb-001"], "")
+    (phase,) = report["phases"]
+    assert phase["pods_succeeded"] == phase["pods_running"] == phase["pods_expected"] == 2, phase
+    assert report["faults_undone"] == [], "a restart leaves nothing to undo"
+
+    def published_again() -> bool:
+        now = {node: _slice_uids(kube_api, node) for node in before}
+        return all(now[node] and now[node].isdisjoint(before[node]) for node in before)
+
+    wait_for(published_again, 60, "each node's slices deleted by its new kubelet and published again")
 
 
 def test_a_scenarios_device_taint_rules_keep_new_claims_off_the_devices_and_go_with_the_run(

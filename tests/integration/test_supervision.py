@@ -75,7 +75,11 @@ def _testbed(verb: str, config: ControlPlaneConfig, *args: str) -> None:
 
 
 def _up_with_two_nodes(config: ControlPlaneConfig) -> None:
-    _testbed("up", config, "--nodes", "2", "--profile", "tiny", "--nodes-per-host", "2")
+    """Two tiny synthetic nodes whose kubelets sync each pod every 10 s, not 60: a pod
+    whose start met a component's death is tried again 10-15 s later, not 60-90 s."""
+    fleet = config.state_dir.parent / "fleet.yaml"
+    fleet.write_text("nodesPerHost: 2\npools:\n- {name: node, count: 2, profile: tiny, syncFrequencySeconds: 10}\n")
+    _testbed("up", config, "--fleet", str(fleet))
 
 
 @pytest.fixture(scope="module")
@@ -104,8 +108,9 @@ def test_a_scenario_rides_out_a_component_killed_mid_run(
 ) -> None:
     # Longer pods, so the kill lands while they run. A pod whose claims the kubelet
     # could not read while the API server was down is tried again at the kubelet's next
-    # sync, 60-90 s later, as a real kubelet does: the runner waits that long for pods
-    # already on nodes (runner.KUBELET_RETRY_S) before it calls a phase stalled.
+    # sync, as a real kubelet does (10-15 s here, 60-90 s by default): the runner waits
+    # that long for pods already on nodes (runner.KUBELET_RETRY_S) before it calls a
+    # phase stalled.
     proc = _run(small_cluster, tmp_path / "report", "--set", "phases.0.runSeconds=8")
     wait_for(lambda: _running_pods(small_cluster), 120, "the run's first pods to run")
     os.kill(_pid(small_cluster, component), signal.SIGKILL)  # while they run

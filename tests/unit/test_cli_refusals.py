@@ -71,6 +71,8 @@ from testbed import cli
         (["fault", "n1", "latency"], "latency needs milliseconds"),
         (["fault", "n1", "clear", "gpu-0"], "clear takes no target, not 'gpu-0'"),
         (["fault", "n1", "clear"], "cluster 'refusals' is not running"),
+        (["fault", "n1", "restart-kubelet", "now"], "restart-kubelet takes no target, not 'now'"),
+        (["fault", "n1", "restart-kubelet"], "cluster 'refusals' is not running"),
         (["up", "--profile", "h100"], "no hardware profile named 'h100'"),
         (["run", "/nonexistent/my.yaml"], "does not exist; shipped scenarios: baseline, cl2-dra"),
         (["sanity", "--check", "helth"], "--check: no check is named like 'helth'; the checks: registration;"),

@@ -17,7 +17,7 @@ from fake_devices.hardware import NodeHardware
 from testbed.drivers import KINDS, load_profile
 from testbed.drivers.backend import LocalBackend
 from testbed.kubeapi import ClaimRef, Credentials, KubeClient, Obj
-from testbed.kubelet.pods import StartFailed
+from testbed.kubelet.dra import StartFailed
 from testbed.kubeletplugin.checkpoint import Checkpoint, ClaimRecord, ClaimState
 from testbed.kubeletplugin.claims import ClaimReader
 from testbed.kubeletplugin.prepare import ClaimPreparer, DriverPaths
@@ -152,24 +152,24 @@ def test_the_kubelet_fails_a_start_it_cannot_checkpoint_in_its_words_and_writes_
 ) -> None:
     driver = Driver()
     manager = pod_manager(small_filesystem.path, driver)
-    checkpoint = manager.checkpoint
-    run(manager._prepare_claims("pod-a", [_claim(0)]))
+    checkpoint = manager.dra.checkpoint
+    run(manager.dra.prepare_claims("pod-a", [_claim(0)]))
     small_filesystem.fill()
     with pytest.raises(StartFailed) as refused:
-        run(manager._prepare_claims("pod-b", [_claim(1)]))
+        run(manager.dra.prepare_claims("pod-b", [_claim(1)]))
     assert str(refused.value) == (
         "Failed to prepare dynamic resources: prepare dynamic resources: checkpoint ResourceClaim cache: "
         f"write {checkpoint}: no space left on device"
     )
     assert driver.calls == [("prepare", ["c0"])], "nothing is prepared that the checkpoint does not track"
-    assert not run(manager._release_once("pod-a")), "an unprepare not checkpointed is not done"
+    assert not run(manager.dra.release("pod-a")), "an unprepare not checkpointed is not done"
     assert driver.calls[-1] == ("unprepare", ["c0"])
 
     small_filesystem.free()
-    run(manager._prepare_claims("pod-b", [_claim(1)]))
+    run(manager.dra.prepare_claims("pod-b", [_claim(1)]))
     assert driver.calls[-1] == ("prepare", ["c1"])
-    assert run(manager._release_once("pod-a")), "the next attempt writes what the failed one could not"
-    assert {c.name: c.users for c in restart(manager, driver).claims.values()} == {"c1": {"pod-b"}}
+    assert run(manager.dra.release("pod-a")), "the next attempt writes what the failed one could not"
+    assert {c.name: c.users for c in restart(manager, driver).dra.claims.values()} == {"c1": {"pod-b"}}
 
 
 def test_a_run_whose_report_cannot_go_where_asked_keeps_it_in_the_default_place(

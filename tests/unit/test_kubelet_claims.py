@@ -15,20 +15,18 @@ from prometheus_client import REGISTRY
 from testbed.http11 import TransportError
 from testbed.keys import CONTAINER_ENV_ANNOTATION
 from testbed.kubeapi import ApiError, ClaimRef, KubeClient, Obj
-from testbed.kubelet import metrics, pods
-from testbed.kubelet.node import NodeSpec
-from testbed.kubelet.plugins import PluginCallError, PluginManager, PreparedDevice
-from testbed.kubelet.pods import (
+from testbed.kubelet import dra, metrics
+from testbed.kubelet.dra import (
     NO_RELATIONSHIP,
-    PodManager,
     StartFailed,
-    _differs_beyond_status,
     _extended_requests,
     _not_made_for,
-    _own_write,
     _reserved_for,
     pod_claim_name,
 )
+from testbed.kubelet.node import NodeSpec
+from testbed.kubelet.plugins import PluginCallError, PluginManager, PreparedDevice
+from testbed.kubelet.pods import PodManager, _differs_beyond_status, _own_write
 
 DRIVER = "gpu.dra-testbed.io"
 
@@ -86,38 +84,38 @@ def test_a_shared_claim_is_prepared_once_and_unprepared_after_its_last_user(
     book: tuple[PodManager, Driver],
 ) -> None:
     manager, driver = book
-    run(manager._prepare_claims("pod-a", [claim("shared", "u1")]))
-    run(manager._prepare_claims("pod-b", [claim("shared", "u1")]))
+    run(manager.dra.prepare_claims("pod-a", [claim("shared", "u1")]))
+    run(manager.dra.prepare_claims("pod-b", [claim("shared", "u1")]))
     assert driver.calls == [("prepare", ["shared"])]
-    assert run(manager._release_once("pod-a"))
+    assert run(manager.dra.release("pod-a"))
     assert driver.calls == [("prepare", ["shared"])], "another pod still uses it"
-    assert run(manager._release_once("pod-b"))
+    assert run(manager.dra.release("pod-b"))
     assert driver.calls[-1] == ("unprepare", ["shared"])
-    assert manager.claims == {}
+    assert manager.dra.claims == {}
 
 
 def test_a_claim_being_unprepared_is_refused_to_new_pods_until_the_driver_succeeds(
     book: tuple[PodManager, Driver],
 ) -> None:
     manager, driver = book
-    run(manager._prepare_claims("pod-a", [claim("held", "u1")]))
+    run(manager.dra.prepare_claims("pod-a", [claim("held", "u1")]))
     driver.failing = True
-    assert not run(manager._release_once("pod-a"))
+    assert not run(manager.dra.release("pod-a"))
     with pytest.raises(StartFailed, match="prepare dynamic resources: ResourceClaim held is being unprepared"):
-        run(manager._prepare_claims("pod-b", [claim("held", "u1")]))
+        run(manager.dra.prepare_claims("pod-b", [claim("held", "u1")]))
     with pytest.raises(
         StartFailed,
         match=r"old ResourceClaim with same name held and different UID u1 still exists \(previous pod force-deleted",
     ):
-        run(manager._prepare_claims("pod-c", [claim("held", "u2")]))
+        run(manager.dra.prepare_claims("pod-c", [claim("held", "u2")]))
     calls = len(driver.calls)
-    assert run(manager._release_once("pod-b")), "a pod refused before it was recorded holds nothing"
+    assert run(manager.dra.release("pod-b")), "a pod refused before it was recorded holds nothing"
     assert len(driver.calls) == calls
     driver.failing = False
-    assert run(manager._release_once("pod-a"))
-    run(manager._prepare_claims("pod-c", [claim("held", "u2")]))
+    assert run(manager.dra.release("pod-a"))
+    run(manager.dra.prepare_claims("pod-c", [claim("held", "u2")]))
     assert [c for c in driver.calls if c[0] == "prepare"] == [("prepare", ["held"])] * 2
-    assert set(manager.claims) == {"u2"}
+    assert set(manager.dra.claims) == {"u2"}
 
 
 def test_a_pod_refused_on_its_second_claim_keeps_its_first_to_be_unprepared(
@@ -125,31 +123,31 @@ def test_a_pod_refused_on_its_second_claim_keeps_its_first_to_be_unprepared(
 ) -> None:
     """As the kubelet records claims one by one: those before the refused one stay."""
     manager, driver = book
-    run(manager._prepare_claims("pod-a", [claim("held", "u1")]))
+    run(manager.dra.prepare_claims("pod-a", [claim("held", "u1")]))
     driver.failing = True
-    run(manager._release_once("pod-a"))
+    run(manager.dra.release("pod-a"))
     with pytest.raises(StartFailed, match="being unprepared"):
-        run(manager._prepare_claims("pod-b", [claim("own", "u3"), claim("held", "u1")]))
-    assert manager.claims["u3"].users == {"pod-b"}
+        run(manager.dra.prepare_claims("pod-b", [claim("own", "u3"), claim("held", "u1")]))
+    assert manager.dra.claims["u3"].users == {"pod-b"}
     driver.failing = False
-    assert run(manager._release_once("pod-b"))
+    assert run(manager.dra.release("pod-b"))
     assert ("unprepare", ["own"]) in driver.calls
-    assert "u3" not in manager.claims
+    assert "u3" not in manager.dra.claims
 
 
 def test_reconcile_unprepares_claims_of_pods_that_are_gone_and_leaves_the_others(
     book: tuple[PodManager, Driver],
 ) -> None:
     manager, driver = book
-    run(manager._prepare_claims("gone", [claim("orphaned", "u1")]))
-    run(manager._prepare_claims("running", [claim("kept", "u2")]))
-    run(manager._prepare_claims("gone", [claim("shared", "u3")]))
-    run(manager._prepare_claims("running", [claim("shared", "u3")]))
+    run(manager.dra.prepare_claims("gone", [claim("orphaned", "u1")]))
+    run(manager.dra.prepare_claims("running", [claim("kept", "u2")]))
+    run(manager.dra.prepare_claims("gone", [claim("shared", "u3")]))
+    run(manager.dra.prepare_claims("running", [claim("shared", "u3")]))
     driver.calls.clear()
-    run(manager.reconcile_once({"running"}))
+    run(manager.dra.reconcile_once({"running"}))
     assert driver.calls == [("unprepare", ["orphaned"])]
-    assert set(manager.claims) == {"u2", "u3"}
-    assert manager.claims["u3"].users == {"running"}
+    assert set(manager.dra.claims) == {"u2", "u3"}
+    assert manager.dra.claims["u3"].users == {"running"}
 
 
 def restart(manager: PodManager, driver: Driver) -> PodManager:
@@ -158,33 +156,35 @@ def restart(manager: PodManager, driver: Driver) -> PodManager:
         cast(KubeClient, None),
         NodeSpec("node"),
         cast(PluginManager, driver),
-        manager.cdi_dir,
-        checkpoint=manager.checkpoint,
+        manager.dra.cdi_dir,
+        checkpoint=manager.dra.checkpoint,
     )
-    restarted._load_checkpoint()
+    restarted.dra.load_checkpoint()
     return restarted
 
 
 def test_the_unpreparing_mark_is_not_kept_across_a_restart(book: tuple[PodManager, Driver], tmp_path: Path) -> None:
     """As the kubelet restores its claim info: the reconcile, not a mark, unprepares it."""
     manager, driver = book
-    run(manager._prepare_claims("pod-a", [claim("held", "u1")]))
+    run(manager.dra.prepare_claims("pod-a", [claim("held", "u1")]))
     driver.failing = True
-    run(manager._release_once("pod-a"))
+    run(manager.dra.release("pod-a"))
     restarted = restart(manager, driver)
-    assert restarted.claims["u1"].users == {"pod-a"}
-    assert not restarted.claims["u1"].unpreparing
+    assert restarted.dra.claims["u1"].users == {"pod-a"}
+    assert not restarted.dra.claims["u1"].unpreparing
 
 
 def test_a_restarted_kubelet_knows_every_claim_as_it_was_but_not_yet_prepared(
     book: tuple[PodManager, Driver], tmp_path: Path
 ) -> None:
     manager, driver = book
-    run(manager._prepare_claims("pod-a", [claim("one", "u1"), claim("two", "u2")]))
-    run(manager._prepare_claims("pod-b", [claim("two", "u2")]))
+    run(manager.dra.prepare_claims("pod-a", [claim("one", "u1"), claim("two", "u2")]))
+    run(manager.dra.prepare_claims("pod-b", [claim("two", "u2")]))
     restarted = restart(manager, driver)
-    assert restarted.claims["u2"].users == {"pod-a", "pod-b"} and restarted.claims["u2"].devices
-    assert restarted.claims == {uid: dataclasses.replace(c, prepared=False) for uid, c in manager.claims.items()}
+    assert restarted.dra.claims["u2"].users == {"pod-a", "pod-b"} and restarted.dra.claims["u2"].devices
+    assert restarted.dra.claims == {
+        uid: dataclasses.replace(c, prepared=False) for uid, c in manager.dra.claims.items()
+    }
 
 
 @pytest.mark.parametrize(
@@ -247,20 +247,20 @@ def test_claims_in_use_are_counted_by_driver_and_once_across_drivers(book: tuple
             for s in family.samples
         }
 
-    metrics.CLAIMS_IN_USE.books.add(manager)
+    metrics.CLAIMS_IN_USE.books.add(manager.dra)
     try:
         assert in_use() == {"<any>": 0}
-        run(manager._prepare_claims("pod-a", [claim("one", "u1")]))
+        run(manager.dra.prepare_claims("pod-a", [claim("one", "u1")]))
         pair = claim("pair", "u2")
         pair["status"]["allocation"]["devices"]["results"].append(
             {"driver": "nic.dra-testbed.io", "pool": "node", "device": "nic-0", "request": "nic"}
         )
-        run(manager._prepare_claims("pod-a", [pair]))
+        run(manager.dra.prepare_claims("pod-a", [pair]))
         assert in_use() == {"<any>": 2, DRIVER: 2, "nic.dra-testbed.io": 1}
-        run(manager._release_once("pod-a"))
+        run(manager.dra.release("pod-a"))
         assert in_use() == {"<any>": 0}
     finally:
-        metrics.CLAIMS_IN_USE.books.discard(manager)
+        metrics.CLAIMS_IN_USE.books.discard(manager.dra)
 
 
 @pytest.mark.parametrize("content", ["{not json", '[{"uid": "u1"}]', '[{"namespace": "ns", "devices": 3}]'])
@@ -270,11 +270,11 @@ def test_an_unreadable_checkpoint_is_set_aside_not_overwritten(tmp_path: Path, c
     manager = PodManager(
         cast(KubeClient, None), NodeSpec("node"), cast(PluginManager, Driver()), tmp_path, checkpoint=checkpoint
     )
-    manager._load_checkpoint()
-    assert manager.claims == {}
+    manager.dra.load_checkpoint()
+    assert manager.dra.claims == {}
     [moved] = tmp_path.glob("dra_manager_state.json.corrupt-*")
     assert moved.read_text() == content and not checkpoint.exists()
-    run(manager._prepare_claims("pod-a", [claim("one", "u1")]))
+    run(manager.dra.prepare_claims("pod-a", [claim("one", "u1")]))
     assert moved.read_text() == content, "the next save goes to a new file"
 
 
@@ -347,11 +347,11 @@ def test_prepare_resources_is_timed_from_the_read_the_node_authorizer_allowed(
     authorizer has caught up: the refused reads stand in for that wait, which the
     kubelet's dra_operations_duration_seconds does not count."""
     manager, driver = book
-    monkeypatch.setattr(pods, "AUTHORIZER_CATCH_UP_S", (0.4, 0.4))
+    monkeypatch.setattr(dra, "AUTHORIZER_CATCH_UP_S", (0.4, 0.4))
     bound = claim("c", "u1")
     bound["status"]["reservedFor"] = [{"resource": "pods", "name": "p", "uid": "pod-a"}]
     api = LaggingAuthorizer(bound, refusals=2)
-    manager.client = cast(KubeClient, api)
+    manager.dra.client = cast(KubeClient, api)
     pod = {
         "metadata": {"namespace": "ns", "name": "p", "uid": "pod-a"},
         "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": "c"}], "containers": []},
@@ -360,7 +360,7 @@ def test_prepare_resources_is_timed_from_the_read_the_node_authorizer_allowed(
     count, total = prepare_durations()
     waits = REGISTRY.get_sample_value("dra_testbed_kubelet_claim_link_wait_seconds_sum") or 0.0
     began = time.perf_counter()
-    run(manager._prepare(pod))
+    run(manager.dra.prepare(pod))
     took = time.perf_counter() - began
     assert api.reads == 3 and driver.calls == [("prepare", ["c"])]
     new_count, new_total = prepare_durations()
@@ -371,7 +371,7 @@ def test_prepare_resources_is_timed_from_the_read_the_node_authorizer_allowed(
     assert 0.8 <= waited <= took
     waits_counted = REGISTRY.get_sample_value("dra_testbed_kubelet_claim_link_wait_seconds_count")
     api.reads, api.refusals = 0, 0
-    run(manager._prepare(pod))
+    run(manager.dra.prepare(pod))
     assert REGISTRY.get_sample_value("dra_testbed_kubelet_claim_link_wait_seconds_count") == waits_counted, (
         "a pod read at once did not wait"
     )
@@ -381,15 +381,15 @@ def test_a_read_refused_to_the_end_fails_the_start_in_the_kubelets_words(
     book: tuple[PodManager, Driver], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     manager, driver = book
-    monkeypatch.setattr(pods, "AUTHORIZER_CATCH_UP_S", (0.0, 0.0))
-    manager.client = cast(KubeClient, LaggingAuthorizer(claim("c", "u1"), refusals=3))
+    monkeypatch.setattr(dra, "AUTHORIZER_CATCH_UP_S", (0.0, 0.0))
+    manager.dra.client = cast(KubeClient, LaggingAuthorizer(claim("c", "u1"), refusals=3))
     pod = {
         "metadata": {"namespace": "ns", "name": "p", "uid": "pod-a"},
         "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": "c"}], "containers": []},
         "status": {},
     }
     with pytest.raises(StartFailed, match=f"fetch ResourceClaim c: .*{NO_RELATIONSHIP}"):
-        run(manager._prepare(pod))
+        run(manager.dra.prepare(pod))
     assert driver.calls == []
 
 
@@ -452,10 +452,10 @@ def test_a_driver_is_called_for_several_pods_at_once_as_a_real_kubelets_pod_work
 
     async def scenario() -> None:
         driver.gate.set()
-        await manager._prepare(old)
+        await manager.dra.prepare(old)
         driver.gate.clear()
-        starts = [asyncio.create_task(manager._prepare(first)), asyncio.create_task(manager._prepare(second))]
-        release = asyncio.create_task(manager._release_once("pod-c"))
+        starts = [asyncio.create_task(manager.dra.prepare(first)), asyncio.create_task(manager.dra.prepare(second))]
+        release = asyncio.create_task(manager.dra.release("pod-c"))
         for _ in range(3):
             await asyncio.wait_for(driver.entered.get(), 5)
         assert driver.in_flight == 3, "two prepares and an unprepare, all waiting in the driver"
@@ -463,7 +463,7 @@ def test_a_driver_is_called_for_several_pods_at_once_as_a_real_kubelets_pod_work
         await asyncio.wait_for(asyncio.gather(*starts, release), 5)
 
     run(scenario())
-    assert manager.claims["u1"].prepared and manager.claims["u2"].prepared and "u3" not in manager.claims
+    assert manager.dra.claims["u1"].prepared and manager.dra.claims["u2"].prepared and "u3" not in manager.dra.claims
 
 
 def test_a_claim_whose_unprepare_is_under_way_is_refused_to_a_new_pod_meanwhile(tmp_path: Path) -> None:
@@ -472,19 +472,19 @@ def test_a_claim_whose_unprepare_is_under_way_is_refused_to_a_new_pod_meanwhile(
 
     async def scenario() -> None:
         driver.gate.set()
-        await manager._prepare(first)
+        await manager.dra.prepare(first)
         driver.gate.clear()
-        release = asyncio.create_task(manager._release_once("pod-a"))
+        release = asyncio.create_task(manager.dra.release("pod-a"))
         await asyncio.wait_for(driver.entered.get(), 5)
         api.by_name["held"]["status"]["reservedFor"].append({"resource": "pods", "name": "pod-b", "uid": "pod-b"})
         second = {**first, "metadata": {"namespace": "ns", "name": "pod-b", "uid": "pod-b"}}
         with pytest.raises(StartFailed, match="ResourceClaim held is being unprepared"):
-            await asyncio.wait_for(manager._prepare(second), 5)
+            await asyncio.wait_for(manager.dra.prepare(second), 5)
         driver.gate.set()
         assert await asyncio.wait_for(release, 5)
 
     run(scenario())
-    assert manager.claims == {}
+    assert manager.dra.claims == {}
 
 
 def unprepare_counts() -> tuple[float, float]:
@@ -508,14 +508,14 @@ def test_unprepare_resources_is_timed_once_per_pod_termination_as_the_kubelet_ti
     compares the fake kubelet's with."""
     manager, driver = book
     ok, failed = unprepare_counts()
-    run(manager._prepare_claims("pod-a", [claim("shared", "u1")]))
-    run(manager._prepare_claims("pod-b", [claim("shared", "u1")]))
+    run(manager.dra.prepare_claims("pod-a", [claim("shared", "u1")]))
+    run(manager.dra.prepare_claims("pod-b", [claim("shared", "u1")]))
     run(manager._release("pod-a"))
     run(manager._release("pod-none"))
     assert unprepare_counts() == (ok + 2, failed), "a pod sharing a claim and a pod without one"
     assert driver.calls == [("prepare", ["shared"])]
     driver.failing = True
-    assert not run(manager._release_once("pod-b"))
+    assert not run(manager.dra.release("pod-b"))
     assert unprepare_counts() == (ok + 2, failed + 1)
     driver.failing = False
     run(manager._release("pod-b"))
@@ -523,8 +523,8 @@ def test_unprepare_resources_is_timed_once_per_pod_termination_as_the_kubelet_ti
     assert unprepare_counts() == (ok + 3, failed + 1), "its deletion after it completed is not synced again"
     assert driver.calls[-1] == ("unprepare", ["shared"])
 
-    run(manager._prepare_claims("pod-gone", [claim("orphan", "u2")]))
-    run(manager.reconcile_once(active=set()))
+    run(manager.dra.prepare_claims("pod-gone", [claim("orphan", "u2")]))
+    run(manager.dra.reconcile_once(active=set()))
     assert driver.calls[-1] == ("unprepare", ["orphan"])
     assert unprepare_counts() == (ok + 3, failed + 1), "the reconcile loop's unprepares are not timed"
 
@@ -590,14 +590,14 @@ def test_a_claim_read_the_api_server_refuses_fails_the_start_as_a_real_kubelets_
     sync. A fake kubelet that waited for the API server would hide that delay."""
     manager, driver = book
     api = Restarting()
-    manager.client = cast(KubeClient, api)
+    manager.dra.client = cast(KubeClient, api)
     pod = {
         "metadata": {"namespace": "ns", "name": "p", "uid": "pod-a"},
         "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": "c"}], "containers": []},
         "status": {},
     }
     with pytest.raises(StartFailed, match="prepare dynamic resources: fetch ResourceClaim c: cannot reach") as raised:
-        run(manager._prepare(pod))
+        run(manager.dra.prepare(pod))
     assert raised.value.reason == "FailedPrepareDynamicResources"
     assert api.reads == [False], "one read, not retried while refused"
     assert driver.calls == []

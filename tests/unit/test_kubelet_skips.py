@@ -12,9 +12,8 @@ import pytest
 from prometheus_client import REGISTRY
 
 from testbed.kubeapi import ClaimRef, KubeClient, Obj
-from testbed.kubelet.node import NodeSpec
+from testbed.kubelet.dra import DRAManager
 from testbed.kubelet.plugins import PluginManager, PreparedDevice
-from testbed.kubelet.pods import PodManager
 from testbed.kubelet.skips import PREPARE, UNPREPARE, skipped_calls
 
 GPU = "gpu.dra-testbed.io"
@@ -67,15 +66,15 @@ class Drivers:
         self.calls.append(("unprepare", driver, [c.name for c in claims]))
 
 
-def manager(tmp_path: Path, drivers: Drivers) -> PodManager:
-    made = PodManager(
+def manager(tmp_path: Path, drivers: Drivers) -> DRAManager:
+    made = DRAManager(
         cast(KubeClient, None),
-        NodeSpec("node"),
+        "node",
         cast(PluginManager, drivers),
         tmp_path / "cdi",
         checkpoint=tmp_path / "dra_manager_state.json",
     )
-    made._load_checkpoint()
+    made.load_checkpoint()
     return made
 
 
@@ -92,10 +91,10 @@ def test_a_driver_whose_calls_are_all_skipped_is_never_called_nor_needs_to_be_re
     drivers = Drivers()
     pods = manager(tmp_path, drivers)
     before = skips(PREPARE, NIC), skips(UNPREPARE, NIC)
-    run(pods._prepare_claims("pod-a", [claim("both", "u1", (GPU, []), (NIC, ["*"]))]))
+    run(pods.prepare_claims("pod-a", [claim("both", "u1", (GPU, []), (NIC, ["*"]))]))
     assert drivers.calls == [("prepare", GPU, ["both"])]
     assert pods.claims["u1"].prepared, "prepared once the drivers that are called answered"
-    assert run(pods._release_once("pod-a"))
+    assert run(pods.release("pod-a"))
     assert drivers.calls[1:] == [("unprepare", GPU, ["both"])]
     assert pods.claims == {}
     assert (skips(PREPARE, NIC), skips(UNPREPARE, NIC)) == (before[0] + 1, before[1] + 1)
@@ -103,10 +102,10 @@ def test_a_driver_whose_calls_are_all_skipped_is_never_called_nor_needs_to_be_re
 
 def test_a_skipped_unprepare_is_remembered_across_a_kubelet_restart(tmp_path: Path) -> None:
     drivers = Drivers()
-    run(manager(tmp_path, drivers)._prepare_claims("pod-a", [claim("c", "u1", (GPU, [UNPREPARE]))]))
+    run(manager(tmp_path, drivers).prepare_claims("pod-a", [claim("c", "u1", (GPU, [UNPREPARE]))]))
     assert drivers.calls == [("prepare", GPU, ["c"])]
     restarted = manager(tmp_path, drivers)
-    assert run(restarted._release_once("pod-a"))
+    assert run(restarted.release("pod-a"))
     assert drivers.calls == [("prepare", GPU, ["c"])], "the driver was asked to unprepare what it skips"
     assert restarted.claims == {}
 
@@ -114,8 +113,8 @@ def test_a_skipped_unprepare_is_remembered_across_a_kubelet_restart(tmp_path: Pa
 def test_a_claim_whose_every_prepare_is_skipped_is_prepared_without_devices(tmp_path: Path) -> None:
     drivers = Drivers()
     pods = manager(tmp_path, drivers)
-    run(pods._prepare_claims("pod-a", [claim("c", "u1", (GPU, [PREPARE]))]))
+    run(pods.prepare_claims("pod-a", [claim("c", "u1", (GPU, [PREPARE]))]))
     assert drivers.calls == []
     assert pods.claims["u1"].prepared and pods.claims["u1"].devices == []
-    assert run(pods._release_once("pod-a"))
+    assert run(pods.release("pod-a"))
     assert drivers.calls == [("unprepare", GPU, ["c"])]

@@ -18,7 +18,7 @@ GPU, NIC = "gpu.dra-testbed.io", "nic.dra-testbed.io"
 
 def manager(tmp_path: Path, *claims: PreparedClaim) -> PodManager:
     pods = PodManager(cast(KubeClient, None), NodeSpec("node"), cast(PluginManager, None), tmp_path)
-    pods.claims = {c.uid: c for c in claims}
+    pods.dra.claims = {c.uid: c for c in claims}
     return pods
 
 

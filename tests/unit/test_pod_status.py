@@ -11,11 +11,13 @@ from typing import cast
 
 import pytest
 
-from testbed.kubeapi import KubeClient, Obj
-from testbed.kubelet import pods, podstatus
+from testbed.kubeapi import KubeClient, Obj, rfc3339
+from testbed.kubelet import backoff, podstatus
+from testbed.kubelet.backoff import back_off_syncs, go_duration, restart_delay
 from testbed.kubelet.node import NodeSpec
 from testbed.kubelet.plugins import PluginManager
-from testbed.kubelet.pods import PodManager, _go_duration, back_off_syncs, probe_plan, restart_delay
+from testbed.kubelet.pods import PodManager
+from testbed.kubelet.probes import probe_plan
 from testbed.tasks import cancel_and_wait
 
 STARTED, NOW, LATER = "2026-11-27T10:00:00Z", "2026-11-27T10:00:05Z", "2026-11-27T10:01:00Z"
@@ -376,6 +378,20 @@ def test_while_an_init_container_runs_the_pod_is_pending_and_its_containers_wait
     assert waiting["state"] == {"waiting": {"reason": "PodInitializing"}} and "containerID" not in waiting
 
 
+def test_a_restarted_kubelet_reads_how_far_the_init_containers_got_up_to_the_one_running() -> None:
+    """A sidecar running does not stop the reading, the regular init container running
+    does (it is the last that ran); nothing after it counts."""
+    spec = with_inits(PROXY, CHECK, {**CHECK, "name": "quick"})
+    run = podstatus.InitRun().then(STARTED).then(STARTED, NOW).then(NOW)  # quick runs now
+    status = podstatus.initializing_status(spec, STARTED, ALL_IDS, run, ADDRESSES, NOW)
+    assert podstatus.InitRun.so_far({**spec, "status": status}) == run
+    assert podstatus.InitRun.from_status({**spec, "status": status}) is None, "not all of them ran"
+    running = podstatus.InitRun().then(STARTED).then(STARTED)  # check runs: quick never started
+    status = podstatus.initializing_status(spec, STARTED, ALL_IDS, running, ADDRESSES, NOW)
+    assert podstatus.InitRun.so_far({**spec, "status": status}) == running
+    assert podstatus.InitRun.so_far(spec) == podstatus.InitRun(), "no status: nothing ran"
+
+
 def test_init_containers_done_show_completed_and_a_sidecar_runs_beside_the_pods_containers() -> None:
     spec = with_inits(CHECK, PROXY)
     run = podstatus.InitRun().then(STARTED).ended(NOW).then(NOW)
@@ -534,6 +550,81 @@ def test_the_pod_manager_runs_init_containers_first_and_writes_each_state_once(t
     assert api.deletes == 1
 
 
+def start_after_a_restart(api: StatusWrites, tmp_path: Path, pod: Obj) -> Obj:
+    """A pod manager as a kubelet restarted on its node (its checkpoint there) takes the
+    pod on, as its status shows it: its first Running status."""
+    checkpoint = tmp_path / "dra_manager_state.json"
+    checkpoint.write_text("[]")
+    manager = PodManager(
+        cast(KubeClient, api), NodeSpec("node"), cast(PluginManager, None), tmp_path / "cdi", checkpoint=checkpoint
+    )
+    manager.dra.load_checkpoint()
+
+    async def scenario() -> None:
+        manager.observe("ADDED", pod)
+        deadline = time.monotonic() + 5
+        while not any(s["phase"] == "Running" for s in api.statuses) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        await cancel_and_wait(*manager._workers.values())
+        await asyncio.wait_for(manager.events_sent(), 5)
+
+    asyncio.run(scenario())
+    return next(s for s in api.statuses if s["phase"] == "Running")
+
+
+def test_a_kubelet_restarted_while_a_pod_initializes_goes_on_where_the_one_before_stopped(tmp_path: Path) -> None:
+    """As the real kubelet finds the pod's sandbox and containers in the runtime: the init
+    container that completed is not run again, the one running ends at its own time
+    (its start kept), and only what had not started yet is started (told so)."""
+    api = StatusWrites()
+    began = float(int(time.time())) - 1.0  # whole seconds, as timestamps are written
+    meta = {"namespace": "ns", "name": "job", "uid": "u", "generation": 1}
+    spec = {
+        "restartPolicy": "Never",
+        "initContainers": [
+            {"name": "first", "image": "registry.invalid/first", "command": ["sleep", "0"]},
+            {"name": "second", "image": "registry.invalid/second", "command": ["sleep", "1.5"]},
+        ],
+        "containers": [{"name": "main", "image": "registry.invalid/work", "command": ["sleep", "3600"]}],
+    }
+    before = podstatus.initializing_status(
+        {"metadata": meta, "spec": spec},
+        rfc3339(began - 1),
+        {c["name"]: f"dra-testbed://u-{c['name']}" for c in [*spec["initContainers"], *spec["containers"]]},
+        podstatus.InitRun(((rfc3339(began - 1), rfc3339(began - 1)), (rfc3339(began), ""))),
+        {"podIP": "10.0.0.5", "podIPs": [{"ip": "10.0.0.5"}]},
+        rfc3339(began),
+    )
+    pod = {"metadata": meta, "spec": spec, "status": {**before, "phase": "Pending"}}
+
+    running = start_after_a_restart(api, tmp_path, pod)
+    second = running["initContainerStatuses"][1]["state"]["terminated"]
+    assert second["startedAt"] == rfc3339(began) and second["finishedAt"] == rfc3339(began + 1.5)
+    assert running["podIP"] == "10.0.0.5", "the sandbox, and so its IP, outlived the restart"
+    told = [(e["involvedObject"]["fieldPath"], e["reason"]) for e in api.events]
+    assert told == [("spec.containers{main}", r) for r in ("Pulling", "Pulled", "Created", "Started")]
+
+
+def test_a_kubelet_restarted_while_a_container_waits_for_its_image_keeps_those_started_meanwhile(
+    tmp_path: Path,
+) -> None:
+    """The containers started while another waited for its image run on through the
+    kubelet's restart (their start kept, nothing told again); the one that waited starts."""
+    api = StatusWrites()
+    spec = pod()
+    spec["metadata"] |= {"namespace": "ns", "name": "web"}
+    spec["spec"]["containers"] = [{"name": n, "image": f"registry.invalid/{n}:v1"} for n in ("main", "agent")]
+    early = {"main": podstatus.Restarted(0, "dra-testbed://u-main", {"running": {"startedAt": STARTED}}, {})}
+    failed = podstatus.CreateFailed("100.64.0.9", {"agent": ("ErrImagePull", "pull QPS exceeded")})
+    spec["status"] = podstatus.waiting_status(spec, "10.100.0.2", NOW, failed, early)
+
+    running = start_after_a_restart(api, tmp_path, spec)
+    states = {c["name"]: c["state"]["running"]["startedAt"] for c in running["containerStatuses"]}
+    assert states["main"] == STARTED and states["agent"] != STARTED
+    told = [(e["involvedObject"]["fieldPath"], e["reason"]) for e in api.events]
+    assert told == [("spec.containers{agent}", r) for r in ("Pulling", "Pulled", "Created", "Started")]
+
+
 def test_the_pod_manager_starts_a_running_container_again_with_its_new_image_and_leaves_a_completed_one(
     tmp_path: Path,
 ) -> None:
@@ -635,7 +726,7 @@ def test_a_container_that_keeps_exiting_is_started_again_at_once_then_after_a_do
         at += delay + 3  # it runs 3 s each time
     assert delays == [0, 10, 20, 40, 80, 160, 300, 300]
     assert restart_delay(back_off, at + 601)[0] == 0, "forgotten once set over 10 minutes before"
-    assert [_go_duration(s) for s in (10, 80, 300)] == ["10s", "1m20s", "5m0s"]
+    assert [go_duration(s) for s in (10, 80, 300)] == ["10s", "1m20s", "5m0s"]
 
 
 def test_a_back_off_is_over_at_the_first_pod_sync_after_it_each_sync_before_blocked() -> None:
@@ -702,9 +793,9 @@ def test_a_driver_process_beside_the_kubelet_comes_back_when_its_back_off_lets_i
     back-off says when it starts again (at once, then after the back-off), each sync it
     blocks telling BackOff, the second showing CrashLoopBackOff; started again, the
     container's last state is its exit, not the wait. (The back-off shortened 30-fold.)"""
-    monkeypatch.setattr(pods, "CRASH_LOOP_INITIAL_S", 0.4)
-    monkeypatch.setattr(pods, "SYNC_ERROR_BACKOFF_S", 0.1)
-    monkeypatch.setattr(pods, "PLEG_RELIST_S", 0.05)
+    monkeypatch.setattr(backoff, "CRASH_LOOP_INITIAL_S", 0.4)
+    monkeypatch.setattr(backoff, "SYNC_ERROR_BACKOFF_S", 0.1)
+    monkeypatch.setattr(backoff, "PLEG_RELIST_S", 0.05)
     api = StatusWrites()
     manager = PodManager(cast(KubeClient, api), NodeSpec("node"), cast(PluginManager, None), tmp_path / "cdi")
     meta = {"namespace": "dra-testbed", "name": "drv-node", "uid": "u", "generation": 1}

@@ -199,6 +199,7 @@ def test_a_fault_needs_what_its_action_acts_on() -> None:
     assert Fault.model_validate({"atSeconds": 3, "action": "fail-prepare", "count": 2}).target == "2"
     assert Fault.model_validate({"atSeconds": 3, "action": "latency", "latencyMs": 2.5}).target == "2.5"
     assert Fault.model_validate({"atSeconds": 3, "action": "hang-attach", "count": 1}).target == "1"
+    assert Fault.model_validate({"atSeconds": 3, "action": "restart-kubelet"}).target == "", "it needs nothing"
     for broken, needs in (
         ({"action": "unhealthy"}, "needs device"),
         ({"action": "fail-prepare"}, "needs count"),
@@ -228,7 +229,7 @@ def test_a_rollout_fault_surges_one_node_at_a_time_unless_told_otherwise() -> No
 
 def test_a_run_undoes_the_faults_it_left_in_force_and_no_other() -> None:
     """Each fault still in force as the run ends gets its opposite, on the same nodes; one
-    a later fault undid already, a lost device and a rollout get none; a taint-rule's
+    a later fault undid already, a lost device, a rollout and a kubelet's restart get none; a taint-rule's
     DeviceTaintRules are the runner's to delete."""
 
     def fault(at: float, action: str, nodes: str = "n-*", **more: object) -> spec.Fault:
@@ -246,6 +247,7 @@ def test_a_run_undoes_the_faults_it_left_in_force_and_no_other() -> None:
         fault(6, "lost", device="nic-0"),
         fault(7, "rollout", "*", driver="gpu.example.com"),
         fault(8, "taint-rule", device="gpu-2"),
+        fault(9, "restart-kubelet"),
     ]
     undo = spec.faults_to_undo(injected)
     assert [(f.action, f.target, f.nodes, f.fatal, f.message) for f in undo] == [
