@@ -156,12 +156,13 @@ def _print_fleet(state: cluster.ClusterState, out: Console) -> bool:
         out.print(f"NodeHosts: {exc.message}", markup=False)
         return complete
     table = Table(title=f"NodeHosts (Ray at {state.fleet.ray_address if state.fleet else None})")
-    for column in ("NodeHost", "nodes ready / held", "pid", "Ray node", "restarted", "testbed code"):
+    columns = ("NodeHost", "nodes ready / held", "pid", "Ray node", "restarted", "kubelets restarted", "testbed code")
+    for column in columns:
         table.add_column(column)
     here = code_version()
     for name, host in sorted(hosts.items()):
         if "error" in host:
-            table.add_row(name, f"[red]{host['error']}[/]", "-", "-", "-", "-")
+            table.add_row(name, f"[red]{host['error']}[/]", "-", "-", "-", "-", "-")
             continue
         code = str(host.get("code", "?"))
         table.add_row(
@@ -170,6 +171,7 @@ def _print_fleet(state: cluster.ClusterState, out: Console) -> bool:
             str(host["pid"]),
             str(host["ray_node"])[:12],
             "yes" if host["restarted"] else "no",
+            str(host.get("kubelet_restarts", 0)),
             "as here" if code == here else f"[red]{code}, here {here}[/]",
         )
     out.print(table)

@@ -16,6 +16,7 @@ import os
 import platform
 import time
 import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -148,6 +149,8 @@ class NodeHost:
         """Real-kubelet nodes' command-line drivers, which this host runs beside their kubelet."""
         self.process_hardware: dict[str, NodeHardware] = {}
         """Real-kubelet nodes' emulated hardware, as their drivers are told of it (faults)."""
+        self.kubelet_restarts: Counter[str] = Counter()
+        """Kubelets restarted in place (``restart_kubelet``) since this host started, by node."""
         self.client: KubeClient | None = None
         self.declared_features = declared_features
         self.watch_client: KubeClient | None = None
@@ -639,8 +642,9 @@ class NodeHost:
             process = self.process_nodes[node]
             await process.stop_process("kubelet")
             await process.start_kubelet()
-            return
-        await self._node(node).restart_kubelet()
+        else:
+            await self._node(node).restart_kubelet()
+        self.kubelet_restarts[node] += 1
 
     async def lose_device(self, node: str, device: str) -> None:
         self._hardware_of(node).lose_device(device)
@@ -701,6 +705,7 @@ class NodeHost:
             "node_names": self._names(),
             "incarnation": self.server.incarnation,
             "restarted": _restarted_by_ray(),
+            "kubelet_restarts": sum(self.kubelet_restarts.values()),
             "code": code_version(),
             "faults": {node: said for node in self._names() if (said := self._hardware_of(node).faults_in_force())},
         }

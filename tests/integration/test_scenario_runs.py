@@ -139,6 +139,10 @@ def test_a_scenarios_faults_reach_the_fleet_at_their_time_and_the_report(
     assert report["phases"][0]["pods_succeeded"] == 1, "the run went on"
 
 
+def _kubelet_restarts(fleet: Fleet) -> int:
+    return sum(host["kubelet_restarts"] for host in fleet.describe().values())
+
+
 def _slice_uids(kube_api: k8s.ApiClient, node: str) -> set[str]:
     slices = k8s.ResourceV1Api(kube_api).list_resource_slice(field_selector=f"spec.nodeName={node}").items
     return {s.metadata.uid for s in slices}
@@ -151,6 +155,7 @@ def test_kubelets_restarted_mid_run_leave_their_pods_running_and_the_drivers_pub
     delete the nodes' slices as they start, the drivers publish them again, and the pods
     run on to their end, none failed nor started twice."""
     before = {node: _slice_uids(kube_api, node) for node in ("tb-000", "tb-001")}
+    restarts_before = _kubelet_restarts(fleet)
     scenario = spec.Scenario.model_validate(
         {
             "name": "kubelet-restart",
@@ -165,6 +170,7 @@ def test_kubelets_restarted_mid_run_leave_their_pods_running_and_the_drivers_pub
     (phase,) = report["phases"]
     assert phase["pods_succeeded"] == phase["pods_running"] == phase["pods_expected"] == 2, phase
     assert report["faults_undone"] == [], "a restart leaves nothing to undo"
+    assert _kubelet_restarts(fleet) == restarts_before + 2, "`testbed status` counts each kubelet restarted"
 
     def published_again() -> bool:
         now = {node: _slice_uids(kube_api, node) for node in before}
