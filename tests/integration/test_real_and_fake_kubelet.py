@@ -2692,6 +2692,28 @@ async def _told(side: Side, counted: bool = True) -> dict[str, list[tuple[Any, .
     return told
 
 
+def _without_a_blocked_sync(seen: dict[str, Any]) -> dict[str, Any]:
+    """What the real kubelet showed of init containers that end milliseconds apart, less
+    one race of its pod worker: the PLEG event of the 10th's exit may reach the worker
+    while the sync that already saw that exit (woken by the runtime's cache) tries the
+    11th's pull, so the event is requeued at once and a sync right after the failed pull
+    is blocked by the back-off (ImagePullBackOff shown, told, counted). It happened in
+    2 runs of 7 here (2026-12-01); the fake kubelet syncs once per change, the other outcome."""
+    blocked = "ImagePullBackOff"
+    return {
+        **seen,
+        "kubelet_started_containers_errors_total": {
+            key: count for key, count in seen["kubelet_started_containers_errors_total"].items() if key[1] != blocked
+        },
+        "the 11th's states": [
+            shown for shown, _ in itertools.groupby(s for s in seen["the 11th's states"] if s != blocked)
+        ],
+        "why they waited": [wait for wait in seen["why they waited"] if wait[0] != blocked],
+        "told": [fact for fact in seen["told"] if fact[3] != f"Error: {blocked}"],
+        "told why": [words for words in seen["told why"] if words != f"Error: {blocked}"],
+    }
+
+
 @pytest.mark.parametrize("case", ["containers", "init-containers", "registryPullQPS-0"])
 def test_images_pulled_past_the_nodes_pull_limit_fail_and_back_off_alike(
     control_plane: ClusterState, node_binaries: Binaries, short_tmp_path: Path, case: str
@@ -2801,6 +2823,8 @@ def test_images_pulled_past_the_nodes_pull_limit_fail_and_back_off_alike(
                 for kind, seen in found.items():
                     assert seen["why they waited"] == [] and seen["ran after"] < 9, (kind, seen)
                 return
+            if inits:
+                found["real"] = _without_a_blocked_sync(found["real"])
             # Each sync the back-off blocks counts a start error: the real kubelet's pod worker
             # blocked one to three syncs in that time (a PLEG event may add one).
             errors = {kind: seen.pop("kubelet_started_containers_errors_total") for kind, seen in found.items()}
