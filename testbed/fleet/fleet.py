@@ -750,12 +750,14 @@ class Fleet:
     def _call(self, node: str, method: str, *args: Any, **kwargs: Any) -> Any:
         import ray
 
-        if node not in self.host_of:
-            raise TestbedError(
-                f"no synthetic node {node!r} in this fleet",
-                hint=f"its nodes: {', '.join(sorted(self.host_of)[:5])} ...",
-            )
+        self._check_known(node)
         return ray.get(getattr(self.host(node), method).remote(*args, **kwargs), timeout=60)
+
+    def _check_known(self, node: str) -> None:
+        if node not in self.host_of:
+            names = sorted(self.host_of)
+            shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+            raise TestbedError(f"no synthetic node {node!r} in this fleet", hint=f"its nodes: {shown or 'none'}")
 
     def hardware_claims(self, node: str) -> dict[str, list[str]]:
         """Claim UID -> devices the node's emulated hardware holds for it now."""
@@ -777,8 +779,7 @@ class Fleet:
         every fault on the node undone, a lost device aside; none for restart-kubelet:
         the node's kubelet restarted in place). ``fatal``: an unhealthy device cannot
         serve even the work it has (its pods are evicted)."""
-        if node not in self.host_of:
-            raise TestbedError(f"no synthetic node {node!r} in this fleet")
+        self._check_known(node)
         host = self.host(node)
         if action == "fail-prepare":
             call = host.inject.remote(node, fail_next_prepares=int(target), message=message or None)

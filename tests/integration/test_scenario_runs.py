@@ -139,6 +139,14 @@ def test_a_scenarios_faults_reach_the_fleet_at_their_time_and_the_report(
     assert report["phases"][0]["pods_succeeded"] == 1, "the run went on"
 
 
+def test_a_fault_on_a_node_the_fleet_lacks_is_refused_naming_the_nodes_it_has(fleet: Fleet) -> None:
+    """`testbed fault` with a mistyped node: one line, and the nodes to pick from."""
+    with pytest.raises(TestbedError) as caught:
+        asyncio.run(fleet.apply_fault("tb-999", "restart-kubelet", ""))
+    assert caught.value.message == "no synthetic node 'tb-999' in this fleet"
+    assert caught.value.hint.startswith("its nodes: tb-000, tb-001"), caught.value.hint
+
+
 def _kubelet_restarts(fleet: Fleet) -> int:
     return sum(host["kubelet_restarts"] for host in fleet.describe().values())
 
