@@ -1,9 +1,11 @@
-"""The README's command lines are ones the tool takes: people paste them.
+"""The command lines and YAML the docs show are ones the tool takes: people paste them.
 
-Every `testbed ...` line in the README's shell blocks is parsed by the CLI as it is
-(subcommand, options, their types and argument count); the profiles and scenarios they
-name are shipped ones; every `make` target and variable they use is in the Makefile; and
-the CLI's help lists the profiles and scenarios that ship.
+Every `testbed ...` line in the shell blocks of README.md and docs/ is parsed by the CLI
+as it is (subcommand, options, their types and argument count); the profiles and
+scenarios they name are shipped ones; every `make` target and variable they use is in
+the Makefile; the CLI's help lists the profiles and scenarios that ship; and each YAML
+block of the README validates as the fleet file, scenario part or opaque device config
+it shows.
 """
 
 from __future__ import annotations
@@ -15,25 +17,29 @@ from pathlib import Path
 
 import click
 import pytest
+import yaml
 
+from fake_devices.specfiles import validate
 from testbed import cli
-from testbed.drivers import PROFILES
+from testbed.drivers import KINDS, PROFILES
+from testbed.fleet import spec as fleet_spec
+from testbed.kubeletplugin.opaque_config import parse_config
 from testbed.scenarios import spec as scenario_spec
 
 ROOT = Path(__file__).resolve().parents[2]
-README = ROOT / "README.md"
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
 @dataclass(frozen=True)
 class Shown:
-    line: int
+    where: str
     words: list[str]
 
     def __str__(self) -> str:
-        return f"README.md:{self.line}: {shlex.join(self.words)}"
+        return f"{self.where}: {shlex.join(self.words)}"
 
 
-def shell_commands(text: str, program: str) -> list[Shown]:
+def shell_commands(text: str, program: str, source: str = "README.md") -> list[Shown]:
     """The commands of ``program`` in the shell (or untyped) fenced blocks, continuation
     lines joined, comments and a leading ``$ `` dropped."""
     found: list[Shown] = []
@@ -61,12 +67,14 @@ def shell_commands(text: str, program: str) -> list[Shown]:
             if not command.startswith(program + " "):
                 continue
             words = shlex.split(command, comments=True)
-            found.append(Shown(number, words[1:]))
+            found.append(Shown(f"{source}:{number}", words[1:]))
     return found
 
 
-TESTBED_LINES = shell_commands(README.read_text(), "testbed")
-MAKE_LINES = shell_commands(README.read_text(), "make")
+TESTBED_LINES = [
+    s for doc in DOCS for s in shell_commands(doc.read_text(), "testbed", doc.relative_to(ROOT).as_posix())
+]
+MAKE_LINES = [s for doc in DOCS for s in shell_commands(doc.read_text(), "make", doc.relative_to(ROOT).as_posix())]
 
 
 def test_the_readme_shows_commands_of_both_kinds() -> None:
@@ -139,3 +147,50 @@ def test_the_cli_help_names_every_shipped_profile_and_scenario() -> None:
     assert [p for p in PROFILES.shipped() if p not in profiles_help] == [], profiles_help
     run_help = _help("run", "")
     assert [s for s in scenario_spec.shipped() if s not in run_help] == [], run_help
+
+
+def yaml_blocks(text: str) -> list[tuple[int, str]]:
+    """(first line, text) of each ```yaml block."""
+    blocks: list[tuple[int, str]] = []
+    lines = text.splitlines()
+    number = 0
+    while number < len(lines):
+        if lines[number].strip() == "```yaml":
+            end = next(i for i in range(number + 1, len(lines)) if lines[i].strip() == "```")
+            blocks.append((number + 2, "\n".join(lines[number + 1 : end])))
+            number = end
+        number += 1
+    return blocks
+
+
+YAML_BLOCKS = yaml_blocks((ROOT / "README.md").read_text())
+
+
+def _validate_yaml_block(text: str, source: str) -> str:
+    """Validate one block as what it shows; what it was taken for."""
+    documents = [d for d in yaml.safe_load_all(text) if d is not None]
+    if all("apiVersion" in d for d in documents):
+        for document in documents:
+            driver = str(document["apiVersion"]).split("/")[0]
+            kind = KINDS[driver]
+            parse_config(driver, document, kind.configs)
+        return "opaque configs"
+    (document,) = documents
+    if "pools" in document:
+        fleet_spec.parse(text, source)
+        return "fleet file"
+    if set(document) <= {"phases", "faults", "cluster", "description", "sloP99Seconds"}:
+        scenario: dict[str, object] = {"name": "readme", "phases": [{"name": "one", "jobs": 1}], **document}
+        validate(scenario_spec.Scenario, scenario, "scenario", source, scenario_spec.ScenarioError)
+        return "scenario"
+    raise AssertionError(f"{source}: a YAML block this test does not know how to check: keys {sorted(document)}")
+
+
+@pytest.mark.parametrize(("line", "text"), YAML_BLOCKS, ids=[f"README.md:{line}" for line, _ in YAML_BLOCKS])
+def test_a_yaml_block_the_readme_shows_is_valid_as_what_it_shows(line: int, text: str) -> None:
+    _validate_yaml_block(text, f"README.md:{line}")
+
+
+def test_the_readme_shows_yaml_of_every_kind_it_documents() -> None:
+    taken = {_validate_yaml_block(text, f"README.md:{line}") for line, text in YAML_BLOCKS}
+    assert taken == {"opaque configs", "fleet file", "scenario"}
