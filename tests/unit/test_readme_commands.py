@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from fake_devices.specfiles import validate
 from testbed import cli
 from testbed.drivers import KINDS, PROFILES
 from testbed.fleet import spec as fleet_spec
+from testbed.fleet.fleet import FAULT_ACTIONS
 from testbed.kubeletplugin.opaque_config import parse_config
 from testbed.scenarios import spec as scenario_spec
 
@@ -194,3 +196,16 @@ def test_a_yaml_block_the_readme_shows_is_valid_as_what_it_shows(line: int, text
 def test_the_readme_shows_yaml_of_every_kind_it_documents() -> None:
     taken = {_validate_yaml_block(text, f"README.md:{line}") for line, text in YAML_BLOCKS}
     assert taken == {"opaque configs", "fleet file", "scenario"}
+
+
+def test_every_fault_is_in_the_cli_help_the_readme_and_scenarios() -> None:
+    """`testbed fault`'s help and the README's list of faults name each one it takes;
+    a scenario's faults take each one too, besides its own (rollout, taint-rule)."""
+    fault_help = _help("fault", "")
+    readme = (ROOT / "README.md").read_text()
+    assert [a for a in FAULT_ACTIONS if a not in fault_help] == [], fault_help
+    shown = {s.words[2] for s in TESTBED_LINES if s.words[0] == "fault" and len(s.words) > 2}
+    assert set(FAULT_ACTIONS) <= shown, f"faults the README never shows: {set(FAULT_ACTIONS) - shown}"
+    in_scenarios = set(typing.get_args(scenario_spec.Fault.model_fields["action"].annotation))
+    assert set(FAULT_ACTIONS) - {"clear"} <= in_scenarios, "a scenario undoes its own faults; every other one it takes"
+    assert all(f"action: {a}" in readme for a in in_scenarios - set(FAULT_ACTIONS)), in_scenarios
