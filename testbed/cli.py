@@ -1,19 +1,18 @@
-"""`testbed`: up | down | status | kubeconfig | check | binaries.
+"""`testbed`, the command line (`testbed --help` lists its commands).
 
-stdout carries only what scripts consume (the kubeconfig path, last line of `up`);
-progress and diagnostics go to stderr.
+stdout carries what scripts consume (the kubeconfig path, last line of `up`; `status
+--json`) and the tables people read; progress and diagnostics go to stderr.
 """
 
 from __future__ import annotations
 
-import contextlib
+import json
 import os
 import shlex
 import shutil
 import sys
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Callable
 from functools import wraps
 from pathlib import Path
@@ -26,26 +25,21 @@ from rich.markup import escape
 from rich.table import Table
 
 from fake_devices.profiles import ProfileError
+from testbed import clusterstatus, environment
 from testbed import config as cfg
-from testbed import environment
 from testbed.controlplane import binaries as binaries_module
 from testbed.controlplane import cluster, leftovers, processes
 from testbed.drivers import load_profile
 from testbed.errors import TestbedError, interrupt_on_sigterm, run_coroutine
-from testbed.fingerprint import code_version
 from testbed.fleet import spec as fleet_spec
 from testbed.fleet.external import (
-    Restarts,
     log_of_running_instance,
-    recorded_drivers,
-    recorded_generations,
-    recorded_restarts,
     running_generations,
 )
-from testbed.fleet.fleet import FAULT_ACTIONS, Fleet, ScaleInterrupted, rollout_summary
+from testbed.fleet.fleet import FAULT_ACTIONS, ScaleInterrupted, rollout_summary
 from testbed.progress import ConsoleProgress
 from testbed.realnode import kubelet_api
-from testbed.realnode.node import recorded_driver_restarts, recorded_kubelet_pid, recorded_processes
+from testbed.realnode.node import recorded_kubelet_pid
 
 if TYPE_CHECKING:
     from testbed.scenarios.runner import FaultInjector, RunData
@@ -118,127 +112,6 @@ def main() -> None:
 def _fleet_of(state: cluster.ClusterState) -> fleet_spec.FleetFile | None:
     """The fleet `testbed up` recorded for this cluster, if any."""
     return fleet_spec.FleetFile.model_validate(state.fleet.spec) if state.fleet else None
-
-
-def _print_fleet(state: cluster.ClusterState, out: Console) -> bool:
-    """Pools (nodes Ready of those asked for, from the API server) and NodeHosts (from
-    Ray). Whether every node asked for is Ready."""
-    from testbed.controlplane.selfcheck import ready_synthetic_nodes
-    from testbed.kube import api_client
-
-    fleet = _fleet_of(state)
-    if fleet is None:
-        return True
-
-    api = api_client(state.kubeconfig)
-    try:
-        ready = ready_synthetic_nodes(api)
-    except Exception as exc:  # a status must say what it can, not fail
-        out.print(f"fleet: the API server did not answer ({type(exc).__name__})", markup=False)
-        return False
-    finally:
-        api.close()  # type: ignore[no-untyped-call]
-    ready_by_pool: dict[str, int] = {}
-    for node in ready:
-        prefix = node.rsplit("-", 1)[0]  # nodes are named <pool>-NNN
-        ready_by_pool[prefix] = ready_by_pool.get(prefix, 0) + 1
-    table = Table(title="fleet pools")
-    for column in ("pool", "profile", "kubelet", "nodes Ready / asked for"):
-        table.add_column(column)
-    for pool in fleet.pools:
-        table.add_row(pool.name, pool.profile, pool.kubelet, f"{ready_by_pool.get(pool.name, 0)} / {pool.count}")
-    out.print(table)
-    complete = all(ready_by_pool.get(pool.name, 0) >= pool.count for pool in fleet.pools)
-    try:
-        attached = environment.attach_fleet(state)
-        hosts = attached.describe()
-    except TestbedError as exc:
-        out.print(f"NodeHosts: {exc.message}", markup=False)
-        return complete
-    table = Table(title=f"NodeHosts (Ray at {state.fleet.ray_address if state.fleet else None})")
-    columns = ("NodeHost", "nodes ready / held", "pid", "Ray node", "restarted", "kubelets restarted", "testbed code")
-    for column in columns:
-        table.add_column(column)
-    here = code_version()
-    for name, host in sorted(hosts.items()):
-        if "error" in host:
-            table.add_row(name, f"[red]{host['error']}[/]", "-", "-", "-", "-", "-")
-            continue
-        code = str(host.get("code", "?"))
-        table.add_row(
-            name,
-            f"{host['ready']} / {host['nodes']}",
-            str(host["pid"]),
-            str(host["ray_node"])[:12],
-            "yes" if host["restarted"] else "no",
-            str(host.get("kubelet_restarts", 0)),
-            "as here" if code == here else f"[red]{code}, here {here}[/]",
-        )
-    out.print(table)
-    out.print(_ray_hosts_table(hosts))
-    _print_faults(hosts, attached, out)
-    _print_fabric(attached, out)
-    return complete
-
-
-FAULTY_NODES_SHOWN = 20
-
-
-def _print_faults(hosts: dict[str, dict[str, Any]], fleet: Fleet, out: Console) -> None:
-    """The nodes whose emulated hardware, or the fabric to them, has faults in force
-    (`testbed fault`), if any."""
-    by_node: dict[str, list[str]] = {}
-    for host in hosts.values():
-        for node, said in host.get("faults", {}).items():
-            by_node.setdefault(node, []).extend(said)
-    with contextlib.suppress(Exception):  # a fabric manager that does not answer: said below
-        for node, said in fleet.fabric_faults().items():
-            by_node.setdefault(node, []).extend(said)
-    faulty = sorted(by_node.items())
-    if not faulty:
-        return
-    table = Table(title="faults in force (testbed fault NODE clear undoes them)")
-    for column in ("node", "faults"):
-        table.add_column(column)
-    for node, said in faulty[:FAULTY_NODES_SHOWN]:
-        table.add_row(node, escape("; ".join(said)))
-    if len(faulty) > FAULTY_NODES_SHOWN:
-        table.add_row("...", f"{len(faulty) - FAULTY_NODES_SHOWN} more nodes")
-    out.print(table)
-
-
-def _print_fabric(fleet: Fleet, out: Console) -> None:
-    try:
-        figures = fleet.fabric_figures()
-    except Exception as exc:  # a status must say what it can, not fail
-        out.print(f"fabric manager: did not answer ({type(exc).__name__})", markup=False)
-        return
-    if figures is not None:
-        said = ", ".join(f"{count} {what}" for what, count in figures.items())
-        out.print(f"fabric manager (since it last started): {said}", markup=False)
-
-
-def _ray_hosts_table(hosts: dict[str, dict[str, Any]]) -> Table:
-    """The fleet per Ray node (per machine): where the nodes run, and what was restarted."""
-    per_node: dict[str, list[dict[str, Any]]] = {}
-    for host in hosts.values():
-        if "error" not in host:
-            per_node.setdefault(str(host["ray_node"]), []).append(host)
-    table = Table(title="fleet per Ray node")
-    for column in ("Ray node", "address", "NodeHosts", "nodes ready / held", "NodeHosts restarted"):
-        table.add_column(column)
-    for ray_node, on_it in sorted(per_node.items()):
-        table.add_row(
-            ray_node[:12],
-            str(on_it[0].get("ray_node_address", "")),
-            str(len(on_it)),
-            f"{sum(h['ready'] for h in on_it)} / {sum(h['nodes'] for h in on_it)}",
-            str(sum(1 for h in on_it if h["restarted"])),
-        )
-    unreachable = sum(1 for host in hosts.values() if "error" in host)
-    if unreachable:
-        table.add_row("[red]unreachable[/]", "-", str(unreachable), "-", "-")
-    return table
 
 
 def _about(name: str, what: str) -> None:
@@ -698,110 +571,25 @@ def list_clusters() -> None:
 
 @main.command()
 @cluster_options
+@click.option("--json", "as_json", is_flag=True, help="Print the status as one JSON object (for scripts).")
 @reports_errors
-def status(name: str, state_dir: Path | None) -> None:
+def status(name: str, state_dir: Path | None, as_json: bool) -> None:
     """Say what runs, and whether it is healthy. Exit 0 only if all is."""
     config = cfg.ControlPlaneConfig(name=name, state_dir=state_dir)
-    state, components = cluster.status(config)
+    found = clusterstatus.gather(config)
     out = Console(highlight=False, soft_wrap=True)
-    if state is None:
-        out.print(f"cluster {name!r}: not running")
+    if found is None:
+        if as_json:
+            click.echo(json.dumps({"name": name, "running": False}))
+        else:
+            out.print(f"cluster {name!r}: not running")
         sys.exit(1)
-    table = Table(title=f"cluster {name!r} ({state.root})")
-    for column in ("component", "pid", "process", "health", "restarts", "last exit"):
-        table.add_column(column)
-    for c in components:
-        table.add_row(
-            c.name,
-            str(c.pid),
-            "running" if c.alive else "[red]gone[/]",
-            "[green]healthy[/]" if c.healthy else "[red]unhealthy[/]",
-            str(c.restarts),
-            escape(c.last_exit) or "-",
-        )
-    out.print(table)
-    for c in components:
-        if not c.healthy or c.restarts:
-            out.print(f"last lines of {c.log}:", markup=False)
-            out.print(escape(processes.log_tail(c.log, 5)), markup=False)
-    if state.attached_to:
-        out.print(f"attached to the cluster of {state.attached_to} (no control plane of its own)")
+    if as_json:
+        click.echo(json.dumps({**found.to_json(), "running": True}, indent=1))
     else:
-        out.print(f"apiserver: {state.apiserver_url}")
-    out.print(f"kubeconfig: {state.kubeconfig}")
-    out.print(f"logs: {state.layout.logs}")
-    out.print(f"binaries: {state.binaries}")
-    waiting = leftovers.pending(state.root)
-    if waiting:
-        out.print(
-            f"left behind by runs while the API server was gone, deleted once it answers: {', '.join(waiting)}",
-            markup=False,
-        )
-    fleet_complete = _print_fleet(state, out) if state.fleet and state.fleet.fleet_id else False
-    nodes_dir = state.fleet.nodes_dir if state.fleet else ""
-    process_nodes = recorded_processes(Path(nodes_dir)) if nodes_dir else {}
-    drivers = recorded_drivers(Path(str(nodes_dir))) if nodes_dir else {}
-    if process_nodes:
-        nodes = Table(title="real-kubelet nodes (processes on this machine)")
-        for column in ("node", "kubelet", "built-in drivers", "their restarts", "runtime", "logs"):
-            nodes.add_column(column)
-        restarts = recorded_driver_restarts(Path(nodes_dir))
-        for node, records in process_nodes.items():
-            alive = {r.name: r.alive() for r in records}
-
-            def cell(name: str, alive: dict[str, bool] = alive, node: str = node) -> str:
-                if name not in alive:  # a node of command-line drivers only runs none
-                    return "none (command-line drivers below)" if name == "driver" and drivers.get(node) else "-"
-                return "[green]running[/]" if alive[name] else "[red]gone[/]"
-
-            restart_count = str(restarts.get(node, 0)) if "driver" in alive else "-"
-            nodes.add_row(
-                node, cell("kubelet"), cell("driver"), restart_count, cell("cri"), str(Path(records[0].log).parent)
-            )
-        out.print(nodes)
-    if drivers:
-        table = Table(title="external drivers (a process per node; `testbed logs NODE DRIVER`)")
-        for column in ("driver", "nodes", "running", "gone", "restarts", "by liveness probe", "generation"):
-            table.add_column(column)
-        by_driver: dict[str, list[bool]] = {}
-        for records in drivers.values():
-            for record in records:
-                by_driver.setdefault(record.name, []).append(record.alive())
-        restarted = recorded_restarts(Path(str(nodes_dir)))
-        generations = recorded_generations(Path(str(nodes_dir)))
-        for driver, states in sorted(by_driver.items()):
-            gone = states.count(False)
-            counts = restarted.get(driver, Restarts())
-            table.add_row(
-                driver,
-                str(len(states)),
-                str(states.count(True)),
-                f"[red]{gone}[/]" if gone else "0",
-                str(counts.restarts),
-                str(counts.liveness_kills),
-                generations_cell(generations.get(driver, Counter())),
-            )
-        out.print(table)
-    cut = state.cut_short()
-    if cut == "fleet" and fleet_complete:
-        cut = ""  # its NodeHosts finished what it asked of them
-    if cut:
-        assert state.starter is not None
-        out.print(
-            f"[red]the `testbed up` that started it (pid {state.starter.pid}) ended before its {cut} was "
-            f"up[/]: {'some nodes may be missing' if cut == 'fleet' else 'it is not ready'}; "
-            f"`testbed down --name {state.name}`, then `testbed up` again"
-        )
-    if not all(c.healthy for c in components) or cut:
+        clusterstatus.render(found, out)
+    if not found.healthy:
         sys.exit(1)
-
-
-def generations_cell(nodes_by_generation: Counter[int]) -> str:
-    """``2`` when every node runs generation 2; ``1 (3 nodes), 2 (1 node)`` mid-rollout.
-    (A surge runs two instances on one node for a moment: both count.)"""
-    if len(nodes_by_generation) <= 1:
-        return ", ".join(str(g) for g in nodes_by_generation) or "-"
-    return ", ".join(f"{g} ({n} {'node' if n == 1 else 'nodes'})" for g, n in sorted(nodes_by_generation.items()))
 
 
 @main.command()

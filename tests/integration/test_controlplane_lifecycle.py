@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -189,6 +190,12 @@ def test_cli_up_prints_the_kubeconfig_last_then_status_and_down(cli_env: dict[st
         assert status.returncode == 0, status.stdout + status.stderr
         for component in cluster.STOP_ORDER:
             assert component in status.stdout
+        as_json = _cli("status", "--name", "cli", "--json", env=cli_env)
+        document = json.loads(as_json.stdout)
+        assert as_json.returncode == 0 and document["healthy"] and document["running"], as_json.stdout
+        assert set(cluster.STOP_ORDER) <= {c["name"] for c in document["components"]}, document
+        assert all(c["alive"] and c["healthy"] and c["restarts"] == 0 for c in document["components"]), document
+        assert document["kubeconfig"] == str(kubeconfig) and document["fleet"] is None
         again = _cli("up", "--name", "cli", env=cli_env)
         assert again.returncode == 1 and "already running" in again.stderr
     finally:
@@ -196,6 +203,8 @@ def test_cli_up_prints_the_kubeconfig_last_then_status_and_down(cli_env: dict[st
     assert stopped.returncode == 0 and "stopped" in stopped.stderr
     after = _cli("status", "--name", "cli", env=cli_env)
     assert after.returncode == 1 and "not running" in after.stdout
+    after = _cli("status", "--name", "cli", "--json", env=cli_env)
+    assert after.returncode == 1 and json.loads(after.stdout) == {"name": "cli", "running": False}
     assert _cli("kubeconfig", "--name", "cli", env=cli_env).returncode == 1
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -389,6 +390,11 @@ def test_a_fleet_of_empty_pools_starts_and_scale_fills_it(short_tmp_path: Path) 
         assert "later-000 │ prepares 250 ms slower" in status and "later-001 │ gpu-1 unhealthy" in status, status
         testbed("fault", "later-00[01]", "clear")
         assert "faults in force" not in testbed("status")
+        document = json.loads(testbed("status", "--json"))
+        assert document["healthy"] and document["fleet_complete"], document
+        fleet = document["fleet"]
+        assert fleet["pools"] == [{"name": "later", "profile": "tiny", "kubelet": "fake", "ready": 2, "asked": 2}]
+        assert sum(h["ready"] for h in fleet["hosts"]) == 2 and fleet["faults"] == {}, fleet
     finally:
         subprocess.run([*base, "down", *where], capture_output=True, timeout=300)
 

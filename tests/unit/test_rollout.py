@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed.cli import generations_cell
+from testbed.clusterstatus import generations_cell
 from testbed.errors import TestbedError
 from testbed.fleet.external import (
     ExternalDriver,
