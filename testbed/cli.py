@@ -14,6 +14,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from functools import wraps
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -22,7 +23,6 @@ import click
 import yaml
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from fake_devices.profiles import ProfileError
 from testbed import clusterstatus, environment
@@ -536,37 +536,20 @@ def env(name: str, state_dir: Path | None) -> None:
 
 
 @main.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print the clusters as a JSON list (for scripts).")
 @reports_errors
-def list_clusters() -> None:
+def list_clusters(as_json: bool) -> None:
     """The clusters under the state directory: name, whether they run, nodes, kubeconfig."""
     root = cfg.state_root() / "clusters"
-    table = Table(title=f"clusters in {root}")
-    for column in ("name", "state", "synthetic nodes", "kubeconfig"):
-        table.add_column(column)
-    for directory in sorted(root.iterdir()) if root.is_dir() else []:
-        state = cluster.ClusterState.load(directory) if cluster.owned(directory) else None
-        if state is None:
-            continue
-        running = state.ready and any(p.alive() for p in state.processes)
-        if state.attached_to:
-            running = state.ready
-        cut = state.cut_short()
-        if cut == "control plane" and state.live_processes():
-            shown = "[red]start cut short[/]"
-        elif cut == "fleet" and running:
-            shown = "running ([red]its `up` was cut short[/]: see `testbed status`)"
-        elif state.starter is not None and state.starter.alive():
-            shown = "starting"
-        else:
-            shown = "running" if running else "[red]stopped[/]"
-        fleet = _fleet_of(state)
-        nodes = fleet.count if fleet else 0
-        table.add_row(state.name, shown, str(nodes), str(state.kubeconfig))
+    found = clusterstatus.listed(root)
+    if as_json:
+        click.echo(json.dumps([asdict(each) for each in found], indent=1))
+        return
     out = Console(highlight=False, soft_wrap=True)
-    if not table.row_count:
+    if not found:
         out.print(f"no clusters in {root}: start one with `testbed up`", markup=False)
         return
-    out.print(table)
+    out.print(clusterstatus.listed_table(root, found))
 
 
 @main.command()

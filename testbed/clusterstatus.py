@@ -143,6 +143,57 @@ class ClusterStatus:
         return {**asdict(self), "healthy": self.healthy, "fleet_complete": self.fleet.complete if self.fleet else None}
 
 
+@dataclass(frozen=True)
+class Listed:
+    """One cluster of `testbed list`."""
+
+    name: str
+    state: str
+    """running, stopped, starting, start cut short, or running (up cut short)."""
+    synthetic_nodes: int
+    kubeconfig: str
+
+
+UP_CUT_SHORT = "running (up cut short)"
+
+
+def listed(root: Path) -> list[Listed]:
+    """The clusters whose directories are under ``root``, by name."""
+    found = []
+    for directory in sorted(root.iterdir()) if root.is_dir() else []:
+        state = cluster.ClusterState.load(directory) if cluster.owned(directory) else None
+        if state is None:
+            continue
+        running = state.ready and any(p.alive() for p in state.processes)
+        if state.attached_to:
+            running = state.ready
+        cut = state.cut_short()
+        if cut == "control plane" and state.live_processes():
+            said = "start cut short"
+        elif cut == "fleet" and running:
+            said = UP_CUT_SHORT
+        elif state.starter is not None and state.starter.alive():
+            said = "starting"
+        else:
+            said = "running" if running else "stopped"
+        fleet = fleet_spec.FleetFile.model_validate(state.fleet.spec) if state.fleet else None
+        found.append(Listed(state.name, said, fleet.count if fleet else 0, str(state.kubeconfig)))
+    return found
+
+
+def listed_table(root: Path, clusters: list[Listed]) -> Table:
+    table = Table(title=f"clusters in {root}")
+    for column in ("name", "state", "synthetic nodes", "kubeconfig"):
+        table.add_column(column)
+    for each in clusters:
+        if each.state == UP_CUT_SHORT:
+            shown = "running ([red]its `up` was cut short[/]: see `testbed status`)"
+        else:
+            shown = each.state if each.state in ("running", "starting") else f"[red]{each.state}[/]"
+        table.add_row(each.name, shown, str(each.synthetic_nodes), each.kubeconfig)
+    return table
+
+
 def gather(config: cfg.ControlPlaneConfig) -> ClusterStatus | None:
     """The cluster's status; None if it is not running (no state on disk)."""
     state, components = cluster.status(config)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -113,6 +114,10 @@ def test_list_names_each_cluster_or_says_there_is_none(tmp_path: Path, monkeypat
     result = CliRunner().invoke(cli.main, ["list"])
     assert result.exit_code == 0
     assert "left" in result.output and "stopped" in result.output and "no clusters" not in result.output
+    as_json = CliRunner().invoke(cli.main, ["list", "--json"])
+    assert as_json.exit_code == 0 and json.loads(as_json.output) == [
+        {"name": "left", "state": "stopped", "synthetic_nodes": 0, "kubeconfig": str(root / "kubeconfig")}
+    ]
 
 
 def test_a_cluster_whose_up_was_killed_before_its_control_plane_was_up_says_so(
@@ -133,11 +138,17 @@ def test_a_cluster_whose_up_was_killed_before_its_control_plane_was_up_says_so(
         assert state.cut_short() == "control plane"
         listed = CliRunner().invoke(cli.main, ["list"])
         assert "start cut short" in listed.output, listed.output
+        [as_json] = json.loads(CliRunner().invoke(cli.main, ["list", "--json"]).output)
+        assert as_json["state"] == "start cut short", as_json
         told = CliRunner().invoke(cli.main, ["status", "--name", "cut"])
         assert told.exit_code == 1
         assert f"the `testbed up` that started it (pid {starter.pid}) ended before its control plane was up" in (
             " ".join(told.output.split())
         ), told.output
+        told = CliRunner().invoke(cli.main, ["status", "--name", "cut", "--json"])
+        document = json.loads(told.output)
+        assert told.exit_code == 1 and not document["healthy"], told.output
+        assert document["cut_short"] == "control plane" and document["starter_pid"] == starter.pid, document
         state.ready, state.starter = True, processes.this_process("testbed up")
         assert state.cut_short() == "", "an `up` at work on its fleet"
     finally:
