@@ -109,11 +109,6 @@ def main() -> None:
     """A fake-hardware testbed for Kubernetes Dynamic Resource Allocation."""
 
 
-def _fleet_of(state: cluster.ClusterState) -> fleet_spec.FleetFile | None:
-    """The fleet `testbed up` recorded for this cluster, if any."""
-    return fleet_spec.FleetFile.model_validate(state.fleet.spec) if state.fleet else None
-
-
 def _about(name: str, what: str) -> None:
     """The first line of every command that changes a cluster: which one, so a default
     name never acts on someone else's cluster unnoticed. A name that cannot be a
@@ -781,7 +776,7 @@ FLEET_STALL_S = 60.0
 def _wait_for_fleet(state: cluster.ClusterState, progress: ConsoleProgress) -> None:
     """A run on a fleet that is still starting (another `testbed up` at work) waits until
     every node it asked for is Ready, with progress; its figures would be wrong before."""
-    fleet = _fleet_of(state)
+    fleet = clusterstatus.fleet_file(state)
     expected = fleet.count if fleet else 0
     if not expected:
         return

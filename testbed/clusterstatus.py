@@ -143,6 +143,11 @@ class ClusterStatus:
         return {**asdict(self), "healthy": self.healthy, "fleet_complete": self.fleet.complete if self.fleet else None}
 
 
+def fleet_file(state: cluster.ClusterState) -> fleet_spec.FleetFile | None:
+    """The fleet `testbed up` recorded for this cluster, if any."""
+    return fleet_spec.FleetFile.model_validate(state.fleet.spec) if state.fleet else None
+
+
 @dataclass(frozen=True)
 class Listed:
     """One cluster of `testbed list`."""
@@ -176,7 +181,7 @@ def listed(root: Path) -> list[Listed]:
             said = "starting"
         else:
             said = "running" if running else "stopped"
-        fleet = fleet_spec.FleetFile.model_validate(state.fleet.spec) if state.fleet else None
+        fleet = fleet_file(state)
         found.append(Listed(state.name, said, fleet.count if fleet else 0, str(state.kubeconfig)))
     return found
 
@@ -240,8 +245,8 @@ def _fleet(state: cluster.ClusterState) -> Fleet | None:
     from testbed.controlplane.selfcheck import ready_synthetic_nodes
     from testbed.kube import api_client
 
-    assert state.fleet is not None
-    spec = fleet_spec.FleetFile.model_validate(state.fleet.spec)
+    spec = fleet_file(state)
+    assert state.fleet is not None and spec is not None
     fleet = Fleet(ray_address=state.fleet.ray_address)
     api = api_client(state.kubeconfig)
     try:
