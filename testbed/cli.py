@@ -437,8 +437,9 @@ def _environment(items: tuple[str, ...], option: str) -> dict[str, str]:
 @click.option("--tail", "tail_lines", type=click.IntRange(min=1), default=None, help="Only the last N lines.")
 @reports_errors
 def logs(node: str, log_name: str | None, name: str, state_dir: Path | None, tail_lines: int | None) -> None:
-    """Print a node's log: an external driver's (by driver name) or a real-kubelet node's
-    kubelet, driver or cri. Without a name, list the node's logs."""
+    """Print a node's log: an external driver's (by driver name), a real-kubelet node's
+    kubelet, driver or cri, or (nodehost) the log of the NodeHost that runs a synthetic
+    node's kubelet and built-in drivers. Without a name, list the node's logs."""
     _about(name, f"logs of node {node}")
     state = _running(name, state_dir)
     nodes = state.fleet.nodes_dir if state.fleet else ""
@@ -448,9 +449,18 @@ def logs(node: str, log_name: str | None, name: str, state_dir: Path | None, tai
     available = sorted(p.stem for p in directory.glob("*.log")) if directory.is_dir() else []
     if log_name is None:
         if not available:
-            stderr.print(f"node {node}: no logs of its own (its built-in drivers and kubelet log in their NodeHost's)")
+            stderr.print(
+                f"node {node}: no logs of its own (its built-in drivers and kubelet log in their NodeHost's: "
+                f"`testbed logs {node} {NODEHOST_LOG}`)",
+                markup=False,
+            )
         for listed in available:
             click.echo(listed)
+        return
+    if log_name == NODEHOST_LOG and log_name not in available:
+        path = _nodehost_log(state, node)
+        lines = path.read_text(errors="replace").splitlines()
+        click.echo("\n".join(lines[-tail_lines:] if tail_lines else lines))
         return
     # A driver's name means its instance running now (after rollouts, not the first's).
     newest = log_of_running_instance(available, log_name, running_generations(directory.parent, log_name))
@@ -460,6 +470,35 @@ def logs(node: str, log_name: str | None, name: str, state_dir: Path | None, tai
         stderr.print(f"{log_name} on {node}: its running instance's log, {newest} (`testbed logs {node}` lists all)")
     lines = (directory / f"{newest}.log").read_text(errors="replace").splitlines()
     click.echo("\n".join(lines[-tail_lines:] if tail_lines else lines))
+
+
+NODEHOST_LOG = "nodehost"
+
+
+def _nodehost_log(state: cluster.ClusterState, node: str) -> Path:
+    """The log (Ray's worker stderr) of the NodeHost that holds ``node``, on this machine."""
+    from testbed.fleet.raycluster import ray_temp_dir
+
+    described = environment.attach_fleet(state).describe()
+    for host_name, host in sorted(described.items()):
+        if node not in host.get("node_names", ()):
+            continue
+        pid = host["pid"]
+        logs = ray_temp_dir(state.root) / "session_latest" / "logs"
+        found = sorted(logs.glob(f"worker-*-{pid}.err"))
+        if not found:
+            raise TestbedError(
+                f"node {node} runs in NodeHost {host_name} (pid {pid}), whose log is not on this machine",
+                hint=f"it is on Ray node {host.get('ray_node_address', '?')}, in its Ray session logs: "
+                f"worker-*-{pid}.err",
+            )
+        stderr.print(f"{node}: the log of NodeHost {host_name} (pid {pid}), {found[-1]}", markup=False)
+        return found[-1]
+    unreachable = [name for name, host in described.items() if "error" in host]
+    raise TestbedError(
+        f"no NodeHost answering holds node {node}",
+        hint=f"{len(unreachable)} did not answer; `testbed status` shows them" if unreachable else "",
+    )
 
 
 @main.command("metrics")

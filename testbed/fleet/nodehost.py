@@ -16,6 +16,7 @@ import os
 import platform
 import time
 import uuid
+import warnings
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, replace
@@ -103,11 +104,15 @@ def _ray_node_address() -> str:
 
 
 def _restarted_by_ray() -> bool:
+    """Asked once, as the host starts: a restart is a new process. (Ray's answer reads a
+    property Ray itself deprecated, whose warning would open every NodeHost's log.)"""
     if not in_ray():  # a plain object in a test or a script, joined to Ray or not
         return False
     import ray
 
-    return bool(ray.get_runtime_context().was_current_actor_reconstructed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return bool(ray.get_runtime_context().was_current_actor_reconstructed)
 
 
 class NodeHost:
@@ -168,7 +173,8 @@ class NodeHost:
         interrupted), and a second removal of the same node waits for the first."""
         self._drain_gate = asyncio.Semaphore(START_CONCURRENCY)
         self.ready_count = 0
-        if _restarted_by_ray():
+        self.restarted = _restarted_by_ray()
+        if self.restarted:
             # Ray re-ran the constructor after this host died: bring the same nodes back.
             # Their drivers repair from the checkpoints on disk; their kubelets find their
             # pods through the pod watch. The event loop already runs here.
@@ -704,7 +710,7 @@ class NodeHost:
             "ray_node_address": _ray_node_address(),
             "node_names": self._names(),
             "incarnation": self.server.incarnation,
-            "restarted": _restarted_by_ray(),
+            "restarted": self.restarted,
             "kubelet_restarts": sum(self.kubelet_restarts.values()),
             "code": code_version(),
             "faults": {node: said for node in self._names() if (said := self._hardware_of(node).faults_in_force())},

@@ -395,6 +395,17 @@ def test_a_fleet_of_empty_pools_starts_and_scale_fills_it(short_tmp_path: Path) 
         fleet = document["fleet"]
         assert fleet["pools"] == [{"name": "later", "profile": "tiny", "kubelet": "fake", "ready": 2, "asked": 2}]
         assert sum(h["ready"] for h in fleet["hosts"]) == 2 and fleet["faults"] == {}, fleet
+        # A synthetic node's kubelet and drivers log in its NodeHost's log, which `logs` finds.
+        told = subprocess.run([*base, "logs", "later-001", *where], capture_output=True, text=True, timeout=120)
+        assert told.returncode == 0 and "testbed logs later-001 nodehost" in told.stderr, told.stderr
+        told = subprocess.run(
+            [*base, "logs", "later-001", "nodehost", *where], capture_output=True, text=True, timeout=120
+        )
+        [host] = [h for h in fleet["hosts"] if h["ready"]]
+        assert told.returncode == 0 and f"NodeHost {host['name']} (pid {host['pid']})" in told.stderr, told.stderr
+        shown = Path(told.stderr.strip().splitlines()[-1].rsplit(", ", 1)[1])
+        assert shown.is_file() and shown.name.endswith(f"-{host['pid']}.err"), shown
+        assert told.stdout.strip() and shown.read_text().startswith(told.stdout.strip()), "it prints that log"
     finally:
         subprocess.run([*base, "down", *where], capture_output=True, timeout=300)
 
