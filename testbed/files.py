@@ -1,4 +1,5 @@
-"""Crash-safe file writes: a reader sees the old file or the new one, never half of one."""
+"""Crash-safe file writes: a reader sees the old file or the new one, never half of one;
+private files and directories; where a command's output can go, checked before its work."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import errno
 import itertools
 import os
 import stat
+import tempfile
 from pathlib import Path
 
 from testbed.errors import TestbedError
@@ -107,3 +109,24 @@ def private_dir(path: Path) -> Path:
             hint=f"chmod 700 {path}, or remove it",
         )
     return path
+
+
+def check_can_make(path: Path, option: str, hint: str) -> None:
+    """``path`` exists writable, or its nearest existing ancestor is a directory we may write in."""
+    nearest = path.absolute()
+    while not nearest.exists():
+        nearest = nearest.parent
+    if nearest == path.absolute():
+        if not os.access(path, os.W_OK):
+            raise TestbedError(f"{option} {path} is not writable", hint=hint)
+        return
+    if not nearest.is_dir():
+        raise TestbedError(f"{option} {path}: {nearest} is a file, not a directory", hint=hint)
+    if not os.access(nearest, os.W_OK | os.X_OK):
+        raise TestbedError(f"{option} {path}: cannot write in {nearest}", hint=hint)
+    try:  # for real: root passes every access check, and /proc or a full disk refuse all the same
+        fd, probe = tempfile.mkstemp(dir=nearest, prefix=".testbed-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise TestbedError(f"{option} {path}: cannot write in {nearest} ({exc.strerror})", hint=hint) from None

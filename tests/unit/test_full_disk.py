@@ -176,8 +176,8 @@ def test_a_run_whose_report_cannot_go_where_asked_keeps_it_in_the_default_place(
     small_filesystem: SmallFilesystem, tmp_path: Path
 ) -> None:
     """The output directory's disk filled during the run: the figures are not lost."""
-    from testbed.cli import write_report
     from testbed.report import report
+    from testbed.runs import write_report
     from testbed.scenarios import spec
     from testbed.scenarios.runner import RunData
 
