@@ -36,6 +36,10 @@ its archive is refused), so every path (download, cache, build) yields the same 
 
 ETCD_VERSION = "v3.6.16"
 
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+"""How the testbed's own processes log (drivers, kubelets, NodeHosts, the fabric manager):
+each line with its time, so a NodeHost's log lines up with its nodes' Events."""
+
 CONTROL_PLANE_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
 """What a cluster cannot start without."""
 

@@ -49,6 +49,7 @@ from grpc_health.v1 import health_pb2_grpc
 
 from fake_devices.hardware import Faults, Health, NodeHardware
 from fake_devices.profiles import ProfileError
+from testbed.config import LOG_FORMAT
 from testbed.drivers import KINDS, PROFILES, driver_on_node, drivers_for, load_profile
 from testbed.drivers.backend import LocalBackend
 from testbed.errors import TestbedError
@@ -371,7 +372,7 @@ def main() -> None:
     try:
         logging.basicConfig(
             level=log_level(os.environ.get("LOG_LEVEL", "INFO")),
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+            format=LOG_FORMAT,
         )
         asyncio.run(run(Settings.from_env(dict(os.environ))))
     except TestbedError as exc:

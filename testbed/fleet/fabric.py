@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from testbed.config import LOG_FORMAT
 from testbed.fleet.identity import NodeAuthority
 from testbed.keys import FABRIC_ATTACH_FAILED, FABRIC_ATTACHED
 from testbed.kubeapi import (
@@ -123,7 +124,7 @@ class FabricManager:
     ):
         """``kubeconfig``: the fleet's (content, or a path), used when ``authority`` is
         None (a cluster whose CA the testbed does not hold, or shared identities)."""
-        logging.basicConfig(level=logging.WARNING)
+        logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT)
         self.attach_s = attach_s
         self._kubeconfig = kubeconfig
         self._authority = authority

@@ -28,6 +28,7 @@ from prometheus_client import REGISTRY, generate_latest
 from fake_devices import sysfs
 from fake_devices.hardware import Health, NodeHardware
 from fake_devices.profiles import HardwareProfile
+from testbed.config import LOG_FORMAT
 from testbed.controlplane.binaries import ensure_node_binaries
 from testbed.drivers import drivers_for, load_profile
 from testbed.errors import TestbedError
@@ -138,7 +139,7 @@ class NodeHost:
         self.authority = authority
         self.node_clients: dict[str, list[KubeClient]] = {}
         """A node's own clients (kubelet, drivers), closed when the node goes."""
-        logging.basicConfig(level=logging.WARNING)
+        logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT)
         self.nodes_dir = Path(nodes_dir)
         self.kubeconfig = self._own_copy(kubeconfig, name) if isinstance(kubeconfig, bytes) else Path(kubeconfig)
         self.recipes = {recipe.name: recipe for recipe in nodes}

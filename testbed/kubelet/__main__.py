@@ -16,7 +16,7 @@ import signal
 import sys
 from pathlib import Path
 
-from testbed.config import KUBELET_SYNC_FREQUENCY_S, REGISTRY_BURST, REGISTRY_PULL_QPS
+from testbed.config import KUBELET_SYNC_FREQUENCY_S, LOG_FORMAT, REGISTRY_BURST, REGISTRY_PULL_QPS
 from testbed.errors import TestbedError
 from testbed.kubeapi import KubeClient, path_for
 from testbed.kubelet.declared import cluster_declared_features
@@ -126,7 +126,7 @@ async def _run(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     try:
         asyncio.run(_run(_arguments(sys.argv[1:] if argv is None else argv)))
     except TestbedError as exc:
