@@ -248,6 +248,14 @@ def _kubectl() -> Path:
     "admin's credentials (3 fewer API calls per node at start-up). Overrides the fleet file's `identities`.",
 )
 @click.option(
+    "--log-level",
+    type=click.Choice(cfg.LOG_LEVELS),
+    default=None,
+    help="What the NodeHosts log (`testbed logs NODE nodehost`): warning (default); info: drivers registered and "
+    "gone; debug: every NodePrepareResources/NodeUnprepareResources call, its claims and answer, as a kubelet at "
+    "-v=4 (real-kubelet nodes run at -v=4). Overrides the fleet file's `logLevel`.",
+)
+@click.option(
     "--driver-command",
     default=None,
     metavar="'CMD ARGS'",
@@ -307,6 +315,7 @@ def up(
     nodes_per_host: int,
     fleet_file: Path | None,
     identities: str | None,
+    log_level: str | None,
     driver_command: str | None,
     driver_name: str | None,
     driver_env: tuple[str, ...],
@@ -370,6 +379,8 @@ def up(
         raise TestbedError(str(exc), hint="fix the field it names; see examples/fleet.yaml") from None
     if fleet is not None and identities is not None:
         fleet = fleet.model_copy(update={"identities": identities})
+    if fleet is not None and log_level is not None:
+        fleet = fleet.model_copy(update={"log_level": log_level})
     if fleet is not None and devices_per_slice is not None:
         pools = [pool.model_copy(update={"devices_per_slice": devices_per_slice}) for pool in fleet.pools]
         fleet = fleet.model_copy(update={"pools": pools})

@@ -23,10 +23,12 @@ Environment variables read here (and nowhere else):
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal, get_args
 
 from testbed.errors import TestbedError
 
@@ -39,6 +41,20 @@ ETCD_VERSION = "v3.6.16"
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 """How the testbed's own processes log (drivers, kubelets, NodeHosts, the fabric manager):
 each line with its time, so a NodeHost's log lines up with its nodes' Events."""
+
+LogLevel = Literal["debug", "info", "warning", "error"]
+LOG_LEVELS: tuple[str, ...] = get_args(LogLevel)
+"""What a fleet's NodeHosts log (a fleet file's ``logLevel``, `testbed up --log-level`).
+debug: each kubelet's DRA calls, as kubelet v1.37 logs them at -v=4."""
+
+
+def log_to_stderr(level: str) -> None:
+    """The testbed's own loggers at ``level``, every library's at WARNING (grpc, asyncio
+    and Ray say much at DEBUG that no testbed user asked for), in LOG_FORMAT."""
+    logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT)
+    for name in ("testbed", "fake_devices"):
+        logging.getLogger(name).setLevel(level.upper())
+
 
 CONTROL_PLANE_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
 """What a cluster cannot start without."""

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from testbed.config import LOG_FORMAT
+from testbed.config import log_to_stderr
 from testbed.fleet.identity import NodeAuthority
 from testbed.keys import FABRIC_ATTACH_FAILED, FABRIC_ATTACHED
 from testbed.kubeapi import (
@@ -120,11 +120,15 @@ def outcome(claim: Obj, refs: list[DeviceRef], attached: bool, message: str) -> 
 
 class FabricManager:
     def __init__(
-        self, kubeconfig: bytes | str, attach_s: float = DEFAULT_ATTACH_S, authority: NodeAuthority | None = None
+        self,
+        kubeconfig: bytes | str,
+        attach_s: float = DEFAULT_ATTACH_S,
+        authority: NodeAuthority | None = None,
+        log_level: str = "warning",
     ):
         """``kubeconfig``: the fleet's (content, or a path), used when ``authority`` is
         None (a cluster whose CA the testbed does not hold, or shared identities)."""
-        logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT)
+        log_to_stderr(log_level)
         self.attach_s = attach_s
         self._kubeconfig = kubeconfig
         self._authority = authority

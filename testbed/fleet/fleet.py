@@ -276,6 +276,7 @@ class Fleet:
                 name,
                 self.authority,
                 self._declared_features(),
+                self.spec.log_level,
             )
         )
         return name
@@ -296,7 +297,7 @@ class Fleet:
         self.fabric = (
             ray.remote(FabricManager)
             .options(name=self._fabric_name, get_if_exists=True, **options)
-            .remote(self.kubeconfig_content, self.spec.fabric.attach_seconds, self.authority)
+            .remote(self.kubeconfig_content, self.spec.fabric.attach_seconds, self.authority, self.spec.log_level)
         )
 
     def fabric_figures(self) -> dict[str, Any] | None:

@@ -28,7 +28,7 @@ from prometheus_client import REGISTRY, generate_latest
 from fake_devices import sysfs
 from fake_devices.hardware import Health, NodeHardware
 from fake_devices.profiles import HardwareProfile
-from testbed.config import LOG_FORMAT
+from testbed.config import log_to_stderr
 from testbed.controlplane.binaries import ensure_node_binaries
 from testbed.drivers import drivers_for, load_profile
 from testbed.errors import TestbedError
@@ -126,6 +126,7 @@ class NodeHost:
         name: str = "",
         authority: NodeAuthority | None = None,
         declared_features: list[str] | None = None,
+        log_level: str = "warning",
     ):
         """``nodes``: what to run; profiles are shipped names or YAML paths. ``name``: the
         actor's name; with it the host remembers its nodes on disk, so a host that Ray
@@ -134,12 +135,14 @@ class NodeHost:
         (see identity.py); None: every node uses the host's credentials. ``kubeconfig``:
         a path, or the content (flattened): a host on another machine writes it there.
         ``declared_features``: what its kubelets declare (declared.py; the fleet reads it
-        once for all its hosts); None: read from the API server at start."""
+        once for all its hosts); None: read from the API server at start. ``log_level``:
+        the fleet's (config.LOG_LEVELS)."""
         small_tls_read_buffers()
         self.authority = authority
         self.node_clients: dict[str, list[KubeClient]] = {}
         """A node's own clients (kubelet, drivers), closed when the node goes."""
-        logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT)
+        log_to_stderr(log_level)
+        self.log_level = log_level
         self.nodes_dir = Path(nodes_dir)
         self.kubeconfig = self._own_copy(kubeconfig, name) if isinstance(kubeconfig, bytes) else Path(kubeconfig)
         self.recipes = {recipe.name: recipe for recipe in nodes}
@@ -390,6 +393,7 @@ class NodeHost:
         node.sync_frequency_s = recipe.sync_frequency_s
         node.pull_limit = recipe.pull_limit
         node.foreign_drivers = [e.name for e in recipe.external]
+        node.verbose = self.log_level == "debug"
         self.process_hardware[recipe.name] = NodeHardware(recipe.name, profile, self.seed, root / HARDWARE_FAULTS)
         PROCESS_CPU.watch(node)
         return node

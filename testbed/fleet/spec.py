@@ -3,6 +3,7 @@
 nodesPerHost: 250         # synthetic nodes per NodeHost Ray actor
 seed: 0                   # UUIDs, MACs and random faults derive from it
 ray: {address: null}      # null: a local Ray on 127.0.0.1; or host:port of a Ray cluster to join
+logLevel: warning         # what NodeHosts log: debug adds every kubelet's driver calls
 pools:
   - name: gpu             # nodes gpu-000, gpu-001, ...
     count: 100
@@ -35,12 +36,9 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_val
 
 from fake_devices.profiles import ProfileError
 from fake_devices.specfiles import SpecFileError, parse_yaml, validate
-from testbed.config import KUBELET_SYNC_FREQUENCY_S, POD_GRACE_S, REGISTRY_BURST, REGISTRY_PULL_QPS
+from testbed.config import KUBELET_SYNC_FREQUENCY_S, POD_GRACE_S, REGISTRY_BURST, REGISTRY_PULL_QPS, LogLevel
 from testbed.drivers import load_profile
 from testbed.keys import SYNTHETIC
-
-LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
-DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 class _Strict(BaseModel):
@@ -67,6 +65,13 @@ def label_value_problem(value: str) -> str:
             f"{value!r}: a label value is at most 63 letters, digits, '-', '_' or '.', starting and ending alphanumeric"
         )
     return ""
+
+
+def label_problem(key: str, value: str) -> str:
+    """Why Kubernetes (or Ray, whose node labels follow its rules) would refuse the
+    label ``key=value``, or ""."""
+    value_problem = label_value_problem(value)
+    return qualified_name_problem(key) or (f"{key}={value_problem}" if value_problem else "")
 
 
 class Taint(_Strict):
@@ -177,15 +182,9 @@ class Placement(_Strict):
             raise ValueError(f"resources: {', '.join(bad)} must be more than 0")
         for field_name, labels in (("labels", self.labels), ("preferLabels", self.prefer_labels)):
             for key, value in labels.items():
-                prefix, _, name = key.rpartition("/")
-                if (prefix and not DNS_SUBDOMAIN.fullmatch(prefix)) or not LABEL_NAME.fullmatch(name):
-                    raise ValueError(
-                        f"{field_name}: {key!r} is not a label key (name or prefix/name, as Kubernetes labels)"
-                    )
-                if value and not LABEL_NAME.fullmatch(value):
-                    raise ValueError(
-                        f"{field_name}: {key}={value!r}: a value is 63 alphanumerics, '-', '_' or '.' at most"
-                    )
+                problem = label_problem(key, value)
+                if problem:
+                    raise ValueError(f"{field_name}: {problem}")
         return self
 
 
@@ -248,7 +247,7 @@ class Pool(_Strict):
     @model_validator(mode="after")
     def _labels_kubernetes_accepts(self) -> Pool:
         for key, value in self.labels.items():
-            problem = qualified_name_problem(key) or label_value_problem(value)
+            problem = label_problem(key, value)
             if problem:
                 raise ValueError(f"labels: {problem}")
         return self
@@ -304,6 +303,10 @@ class FleetFile(_Strict):
     """per-node: each kubelet is system:node:<name> and each node's drivers use a token
     bound to a driver pod on that node (as on a real cluster). shared: every node uses
     the fleet's admin credentials (fewer API calls at start-up; no RBAC or admission)."""
+    log_level: LogLevel = Field(default="warning", alias="logLevel")
+    """What the NodeHosts log (`testbed logs NODE nodehost`): warning; info adds drivers
+    registered and gone; debug adds every NodePrepareResources and NodeUnprepareResources
+    call with its claims and answer, and runs real-kubelet nodes at -v=4."""
 
     @model_validator(mode="after")
     def _unique_pools(self) -> FleetFile:

@@ -67,6 +67,7 @@ class FakeKubelet:
             on_driver_gone=self.wipe_slices,
             scan_interval_s=scan_interval_s,
             on_health_change=lambda driver, devices: self.pods.health_changed(driver, devices),
+            node=spec.name,
         )
         images = ImageStore(kubelet_dir / IMAGES_FILE, preloaded_images, TokenBucket(*pull_limit))
         self.node.report_images(images)

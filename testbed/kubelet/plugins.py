@@ -151,10 +151,14 @@ class PluginManager:
         scan_interval_s: float = SCAN_INTERVAL_S,
         on_health_change: Callable[[str, list[tuple[str, str]]], None] | None = None,
         watch_health: bool = True,
+        node: str = "",
     ):
         """``on_driver_gone(driver)``: no instance connected for 30 s (wipe its slices).
-        ``on_health_change(driver, [(pool, device)])``: health of these devices changed."""
+        ``on_health_change(driver, [(pool, device)])``: health of these devices changed.
+        ``node``: the node's name, for the log (a NodeHost logs for hundreds of nodes)."""
         self.registry_dir = registry_dir
+        self._on = f"{node}: " if node else ""
+        """What the log's lines start with."""
         self.scan_interval_s = scan_interval_s
         self.on_driver_gone = on_driver_gone
         self.on_health_change = on_health_change
@@ -370,7 +374,7 @@ class PluginManager:
             problem = self._validate(info)
             if problem:
                 self._rejected.add(sock)
-                log.warning("rejecting plugin at %s: %s", sock, problem)
+                log.warning("%srejecting plugin at %s: %s", self._on, sock, problem)
                 with contextlib.suppress(grpc.aio.AioRpcError):
                     await stub.NotifyRegistrationStatus(
                         pluginregistration_pb2.RegistrationStatus(plugin_registered=False, error=problem),
@@ -397,7 +401,7 @@ class PluginManager:
                 await stub.NotifyRegistrationStatus(
                     pluginregistration_pb2.RegistrationStatus(plugin_registered=True), timeout=5.0
                 )
-            log.info("registered DRA plugin %s at %s using %s", info.name, info.endpoint, service)
+            log.info("%sregistered DRA plugin %s at %s using %s", self._on, info.name, info.endpoint, service)
             self._sync(info.name)
             self._notify()
 
@@ -422,7 +426,7 @@ class PluginManager:
         plugin = self._by_socket.pop(sock)
         await cancel_and_wait(*plugin.tasks)
         await plugin.channel.close()
-        log.info("DRA plugin %s at %s is gone", plugin.driver, sock)
+        log.info("%sDRA plugin %s at %s is gone", self._on, plugin.driver, sock)
         self._sync(plugin.driver)
         self._notify()
 
@@ -441,7 +445,8 @@ class PluginManager:
         self._wipe_tasks.pop(driver, None)
         if not self.connected(driver) and self.on_driver_gone is not None:
             log.info(
-                "no instance of DRA driver %s connected for %.0f s: wiping its slices",
+                "%sno instance of DRA driver %s connected for %.0f s: wiping its slices",
+                self._on,
                 driver,
                 WIPE_SLICES_AFTER_S,
             )
@@ -455,7 +460,7 @@ class PluginManager:
             connected = state is grpc.ChannelConnectivity.READY
             if connected != plugin.connected:
                 plugin.connected = connected
-                log.debug("DRA plugin %s at %s connected: %s", plugin.driver, plugin.endpoint, connected)
+                log.debug("%sDRA plugin %s at %s connected: %s", self._on, plugin.driver, plugin.endpoint, connected)
                 self._sync(plugin.driver)
                 self._notify()
             await channel.wait_for_state_change(state)
@@ -485,7 +490,7 @@ class PluginManager:
                 if exc.code() is grpc.StatusCode.UNIMPLEMENTED:
                     self.health.clear_driver(plugin.driver)
                     return
-                log.debug("health stream of %s ended: %s", plugin.driver, exc.code().name)
+                log.debug("%shealth stream of %s ended: %s", self._on, plugin.driver, exc.code().name)
             self.health.clear_driver(plugin.driver)
             await asyncio.sleep(HEALTH_RETRY_S)
 
@@ -502,8 +507,13 @@ class PluginManager:
         pb2 = plugin.pb2
         request_type = getattr(pb2, f"{method}Request")
         request = request_type(claims=[pb2.Claim(namespace=c.namespace, uid=c.uid, name=c.name) for c in claims])
+        # As the kubelet logs its DRA calls at -v=4: the claims asked, then the answer.
+        debug = log.isEnabledFor(logging.DEBUG)
+        if debug:
+            log.debug("%scalling %s of %s at %s for %s", self._on, method, driver, plugin.endpoint, _named(claims))
         started = time.perf_counter()
         status = grpc.StatusCode.OK
+        response = None
         try:
             response = await getattr(plugin.stub(), method)(request, timeout=CALL_TIMEOUT_S)
         except grpc.aio.AioRpcError as exc:
@@ -513,9 +523,11 @@ class PluginManager:
         finally:
             # As the kubelet's client interceptor times every unary call on the connection.
             full_method = f"/{pb2.DESCRIPTOR.package}.DRAPlugin/{method}"
-            metrics.GRPC_OPERATIONS.labels(driver, full_method, go_status_name(status)).observe(
-                time.perf_counter() - started
-            )
+            elapsed = time.perf_counter() - started
+            metrics.GRPC_OPERATIONS.labels(driver, full_method, go_status_name(status)).observe(elapsed)
+            if debug:
+                answer = _answered(claims, response) if response is not None else go_status_name(status)
+                log.debug("%s%s of %s answered in %.1f ms: %s", self._on, method, driver, elapsed * 1000, answer)
         asked = {c.uid: c for c in claims}
         for uid, entry in response.claims.items():
             claim = asked.get(uid)
@@ -549,3 +561,23 @@ class PluginManager:
     async def unprepare(self, driver: str, claims: list[ClaimRef]) -> None:
         """PluginCallError unless every claim was unprepared."""
         await self._call(driver, "NodeUnprepareResources", claims)
+
+
+def _named(claims: list[ClaimRef]) -> str:
+    return ", ".join(f"{c.namespace}/{c.name} ({c.uid})" for c in claims)
+
+
+def _answered(claims: list[ClaimRef], response: Any) -> str:
+    """Each claim's answer as the log shows it: its devices and CDI IDs, or its error."""
+    names = {c.uid: f"{c.namespace}/{c.name}" for c in claims}
+    parts = []
+    for uid, entry in response.claims.items():
+        name = names.get(uid, f"unknown claim UID {uid}")
+        if entry.error:
+            parts.append(f"{name}: error {entry.error!r}")
+        elif hasattr(entry, "devices"):
+            devices = [f"{d.pool_name}/{d.device_name} {list(d.cdi_device_ids)}" for d in entry.devices]
+            parts.append(f"{name}: {', '.join(devices) or 'no devices'}")
+        else:
+            parts.append(f"{name}: done")
+    return "; ".join(parts) or "no claims"

@@ -179,6 +179,8 @@ class ProcessNode:
         self.kubelet_kubeconfig = kubeconfig
         """The kubelet's credentials: a node identity's kubeconfig when the fleet issues one."""
         self.driver_kubeconfig = kubeconfig
+        self.verbose = False
+        """The kubelet at -v=4: its DRA calls logged (a fleet's ``logLevel: debug``)."""
         self._gates: dict[str, bool] | None = None
         """The alpha and beta gates the kubelet runs with: the API server's, read once."""
         """The driver's credentials: a kubeconfig with a token bound to the node's driver pod."""
@@ -612,8 +614,7 @@ class ProcessNode:
             + ",".join(
                 f"{k}={v}" for k, v in labels.items() if not k.startswith(("kubernetes.io/", "beta.kubernetes.io/"))
             ),
-            "--v=2",
-            "--vmodule=dra_plugin_manager=3",  # its start-up wipe of the node's slices
+            *(["--v=4"] if self.verbose else ["--v=2", "--vmodule=dra_plugin_manager=3"]),  # 3: its slice wipe
         ]
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         with ours, theirs:

@@ -363,9 +363,10 @@ def test_nodes_under_shared_credentials_run_pods_with_claims(
 
 def test_a_fleet_of_empty_pools_starts_and_scale_fills_it(short_tmp_path: Path) -> None:
     """Start with no nodes (a fleet file whose pools are empty), add them later; `testbed
-    status` then lists the faults a node's hardware has, until they are undone."""
+    status` then lists the faults a node's hardware has, until they are undone; the
+    NodeHost's log holds what the fleet's log level asks for."""
     fleet_file = short_tmp_path / "fleet.yaml"
-    fleet_file.write_text("pools: [{name: later, count: 0, profile: tiny}]\n")
+    fleet_file.write_text("logLevel: info\npools: [{name: later, count: 0, profile: tiny}]\n")
     where = ["--name", "emptyfleet", "--state-dir", str(short_tmp_path / "state")]
     base = [sys.executable, "-m", "testbed.cli"]
 
@@ -406,6 +407,8 @@ def test_a_fleet_of_empty_pools_starts_and_scale_fills_it(short_tmp_path: Path) 
         shown = Path(told.stderr.strip().splitlines()[-1].rsplit(", ", 1)[1])
         assert shown.is_file() and shown.name.endswith(f"-{host['pid']}.err"), shown
         assert told.stdout.strip() and shown.read_text().startswith(told.stdout.strip()), "it prints that log"
+        # At the fleet's logLevel (info): the kubelets say which drivers they registered.
+        assert "later-001: registered DRA plugin gpu.dra-testbed.io" in told.stdout, told.stdout[-3000:]
     finally:
         subprocess.run([*base, "down", *where], capture_output=True, timeout=300)
 

@@ -51,7 +51,7 @@ def test_untainted_nodes_carry_no_taint_in_either_pool() -> None:
         ),
         (
             "pools: [{name: a, count: 1, placement: {labels: {'bad key!': x}}}]",
-            r"pools\[0\]\.placement: .*labels: 'bad key!' is not a label key",
+            r"pools\[0\]\.placement: .*labels: 'bad key!': the name must be 1-63 letters",
         ),
         (
             "pools: [{name: a, count: 1, placement: {labels: {tier: 'no spaces'}}}]",
