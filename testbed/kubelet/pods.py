@@ -617,6 +617,16 @@ class PodManager:
                 return True
             except StartFailed as exc:
                 self._inits.pop(uid, None)
+                meta = pod["metadata"]
+                # As the kubelet's pod worker logs each failed sync ("Error syncing pod, skipping").
+                log.warning(
+                    "%s: error syncing pod %s/%s (%s), skipping: %s",
+                    self.node.name,
+                    meta["namespace"],
+                    meta["name"],
+                    uid,
+                    exc,
+                )
                 self.tell(pod, Told("Warning", exc.reason, str(exc)), exc.container)
                 if exc.reason in (PREPARE_FAILED, SANDBOX_FAILED):
                     await self._set_waiting(pod)

@@ -409,6 +409,22 @@ def test_a_fleet_of_empty_pools_starts_and_scale_fills_it(short_tmp_path: Path) 
         assert told.stdout.strip() and shown.read_text().startswith(told.stdout.strip()), "it prints that log"
         # At the fleet's logLevel (info): the kubelets say which drivers they registered.
         assert "later-001: registered DRA plugin gpu.dra-testbed.io" in told.stdout, told.stdout[-3000:]
+        # A pod whose claim the driver fails to prepare: the kubelet logs the failed sync.
+        testbed("fault", "later-*", "fail-prepare", "1")
+        gpu_pod = str(Path(__file__).parents[2] / "examples" / "gpu-pod.yaml")
+        applied = subprocess.run([*base, "kubectl", *where, "apply", "-f", gpu_pod], capture_output=True, text=True)
+        assert applied.returncode == 0, applied.stderr
+
+        def failed_sync_logged() -> bool:
+            host_log = subprocess.run(
+                [*base, "logs", "later-000", "nodehost", *where], capture_output=True, text=True, timeout=120
+            ).stdout
+            lines = host_log.splitlines()
+            return any(
+                "error syncing pod default/gpu-pod" in n and "Failed to prepare dynamic resources" in n for n in lines
+            )
+
+        wait_for(failed_sync_logged, 60, "the failed prepare in the NodeHost's log")
     finally:
         subprocess.run([*base, "down", *where], capture_output=True, timeout=300)
 
