@@ -568,11 +568,15 @@ def _named(claims: list[ClaimRef]) -> str:
 
 
 def _answered(claims: list[ClaimRef], response: Any) -> str:
-    """Each claim's answer as the log shows it: its devices and CDI IDs, or its error."""
-    names = {c.uid: f"{c.namespace}/{c.name}" for c in claims}
+    """Each claim's answer as the log shows it, in the order asked: its devices and CDI
+    IDs, or its error."""
+    answers = response.claims
+    named = [(c.uid, f"{c.namespace}/{c.name}") for c in claims if c.uid in answers]
+    asked = {c.uid for c in claims}
+    named += [(uid, f"unknown claim UID {uid}") for uid in answers if uid not in asked]
     parts = []
-    for uid, entry in response.claims.items():
-        name = names.get(uid, f"unknown claim UID {uid}")
+    for uid, name in named:
+        entry = answers[uid]
         if entry.error:
             parts.append(f"{name}: error {entry.error!r}")
         elif hasattr(entry, "devices"):
