@@ -251,9 +251,10 @@ def _kubectl() -> Path:
     "--log-level",
     type=click.Choice(cfg.LOG_LEVELS),
     default=None,
-    help="What the NodeHosts log (`testbed logs NODE nodehost`): warning (default); info: drivers registered and "
-    "gone; debug: every NodePrepareResources/NodeUnprepareResources call, its claims and answer, as a kubelet at "
-    "-v=4 (real-kubelet nodes run at -v=4). Overrides the fleet file's `logLevel`.",
+    help="What the NodeHosts log (`testbed logs NODE nodehost`): warning (default); info: pods told of "
+    "(SyncLoop ADD, DELETE, REMOVE), drivers registered and gone; debug: every NodePrepareResources/"
+    "NodeUnprepareResources call, its claims and answer, as a kubelet at -v=4 (real-kubelet nodes run at -v=4). "
+    "Overrides the fleet file's `logLevel`.",
 )
 @click.option(
     "--driver-command",

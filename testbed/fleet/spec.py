@@ -304,9 +304,10 @@ class FleetFile(_Strict):
     bound to a driver pod on that node (as on a real cluster). shared: every node uses
     the fleet's admin credentials (fewer API calls at start-up; no RBAC or admission)."""
     log_level: LogLevel = Field(default="warning", alias="logLevel")
-    """What the NodeHosts log (`testbed logs NODE nodehost`): warning; info adds drivers
-    registered and gone; debug adds every NodePrepareResources and NodeUnprepareResources
-    call with its claims and answer, and runs real-kubelet nodes at -v=4."""
+    """What the NodeHosts log (`testbed logs NODE nodehost`): warning; info adds each pod
+    a kubelet was told of and the drivers registered and gone; debug adds every
+    NodePrepareResources and NodeUnprepareResources call with its claims and answer, and
+    runs real-kubelet nodes at -v=4."""
 
     @model_validator(mode="after")
     def _unique_pools(self) -> FleetFile:

@@ -241,6 +241,8 @@ class PodManager:
         uid = pod["metadata"]["uid"]
         before = self._latest.get(uid)
         self._latest[uid] = dict(pod, _deleted=kind == "DELETED")
+        if log.isEnabledFor(logging.INFO):
+            self._log_sync_loop(kind, before, pod)
         if before is None and _sandbox_with_own_ip(pod):
             # Its sandbox made before this kubelet started: its IP is held from now on, as a network
             # plugin's IPAM keeps it on disk, so that no pod new here gets it meanwhile.
@@ -280,6 +282,19 @@ class PodManager:
             self._workers[uid] = asyncio.create_task(self._run(uid), name=f"pod-{uid}")
         elif pod["metadata"].get("deletionTimestamp"):
             self._workers[uid] = asyncio.create_task(self._finish_deletion(uid), name=f"pod-del-{uid}")
+
+    def _log_sync_loop(self, kind: str, before: Obj | None, pod: Obj) -> None:
+        """What the kubelet logs at -v=2 of the pods its API watch tells it of."""
+        meta = pod["metadata"]
+        if kind == "DELETED":
+            what = "REMOVE"
+        elif before is None:
+            what = "ADD"
+        elif meta.get("deletionTimestamp") and not before["metadata"].get("deletionTimestamp"):
+            what = "DELETE"
+        else:
+            return
+        log.info("%s: SyncLoop %s pod %s/%s (%s)", self.node.name, what, meta["namespace"], meta["name"], meta["uid"])
 
     # --- helpers ---------------------------------------------------------------------
 

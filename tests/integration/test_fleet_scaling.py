@@ -420,11 +420,12 @@ def test_a_fleet_of_empty_pools_starts_and_scale_fills_it(short_tmp_path: Path) 
                 [*base, "logs", "later-000", "nodehost", *where], capture_output=True, text=True, timeout=120
             ).stdout
             lines = host_log.splitlines()
-            return any(
+            added = any(": SyncLoop ADD pod default/gpu-pod (" in n for n in lines)  # as a kubelet at -v=2
+            return added and any(
                 "error syncing pod default/gpu-pod" in n and "Failed to prepare dynamic resources" in n for n in lines
             )
 
-        wait_for(failed_sync_logged, 60, "the failed prepare in the NodeHost's log")
+        wait_for(failed_sync_logged, 60, "the pod and its failed prepare in the NodeHost's log")
     finally:
         subprocess.run([*base, "down", *where], capture_output=True, timeout=300)
 
