@@ -152,6 +152,8 @@ class _Connection(asyncio.Protocol):
         self._body = bytearray()
         self._remaining = 0
         self._keep_alive = True
+        self._bodiless = False
+        """The answer has no body, whatever its head says: a HEAD request's."""
         self._line_limit = 0
         """Above 0: the request is a stream's, and a 2xx answer's body goes to ``stream``."""
         self.stream: LineStream | None = None
@@ -200,6 +202,7 @@ class _Connection(asyncio.Protocol):
         self.answered = False
         self._state, self._status, self._keep_alive = _HEAD, 0, True
         self._body = bytearray()
+        self._bodiless = request.startswith(b"HEAD ")
         self._line_limit, self.stream = line_limit, None
         self.transport.write(request)
         return self._answer
@@ -276,12 +279,12 @@ class _Connection(asyncio.Protocol):
             elif name == b"connection":
                 token = value.strip().lower()
                 self._keep_alive = token != b"close" and (self._keep_alive or token == b"keep-alive")
-        if chunked:
+        if self._bodiless or self._status in (204, 304) or 100 <= self._status < 200:
+            self._state, self._remaining = _LENGTH, 0  # no body, whatever the head says
+        elif chunked:
             self._state = _CHUNK_SIZE
         elif length is not None:
             self._state, self._remaining = _LENGTH, length
-        elif self._status in (204, 304) or 100 <= self._status < 200:
-            self._state, self._remaining = _LENGTH, 0
         else:
             self._state, self._keep_alive = _UNTIL_CLOSE, False
         if self._line_limit and 200 <= self._status < 300 and self._answer is not None:

@@ -115,6 +115,28 @@ def test_requests_share_one_kept_alive_connection_and_arrive_as_sent() -> None:
     assert first.headers["Content-Length"] == "8"
 
 
+def test_answers_that_have_no_body_whatever_their_head_says_end_with_the_head() -> None:
+    """A HEAD request's answer, a 204 and a 304 carry no body (their Content-Length
+    says what a GET would get): the request ends with the head, and the connection serves
+    the next one."""
+
+    async def answer(seen: Seen, writer: asyncio.StreamWriter) -> bool:
+        status = {"HEAD": "200 OK", "DELETE": "204 No Content", "PUT": "304 Not Modified"}.get(seen.method)
+        if status is None:
+            return await echo(seen, writer)
+        writer.write(f"HTTP/1.1 {status}\r\nContent-Length: 1234\r\n\r\n".encode())
+        await writer.drain()
+        return True
+
+    async def test(pool: ConnectionPool, server: Server) -> None:
+        for method, status in (("HEAD", 200), ("DELETE", 204), ("PUT", 304)):
+            answer = await pool.request(method, "/api/v1/x", {}, timeout_s=5)
+            assert (answer.status, answer.body) == (status, b""), method
+        assert (await pool.request("GET", "/api/v1/y", {}, timeout_s=5)).body == b'{"target": "/api/v1/y"}'
+
+    assert serve(answer, test).connections == 1
+
+
 def test_a_chunked_answer_arriving_a_byte_at_a_time_is_whole() -> None:
     body = b'{"items": [' + b",".join(b'{"n": %d}' % i for i in range(50)) + b"]}"
 
