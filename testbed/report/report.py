@@ -276,7 +276,8 @@ def _fault_lines(report: dict[str, Any]) -> list[str]:
         outcome = f"error: {f['error']}" if f.get("error") else f.get("outcome") or ""
         fatal = " (fatal)" if f.get("fatal") else ""
         what = f"{f['action']} {f['target']}".strip()
-        lines.append(f"| {f['at_s']} s | {what}{fatal} | {shown or '-'} | {outcome} |")
+        after = f" ({f['after_running']} running)" if f.get("after_running") else ""
+        lines.append(f"| {f['at_s']} s{after} | {what}{fatal} | {shown or '-'} | {outcome} |")
     undone = [
         f"{f['action']} {f['target']} on {f['nodes_pattern']}" + (f" (error: {f['error']})" if f["error"] else "")
         for f in report.get("faults_undone") or []

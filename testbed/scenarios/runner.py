@@ -109,6 +109,11 @@ def job_ended(job: Obj) -> bool:
     )
 
 
+def running_together(pods: list[PodRecord]) -> int:
+    """How many of the pods run now: started, neither finished nor removed."""
+    return sum(1 for p in pods if p.running is not None and p.finished is None and p.removed is None)
+
+
 def never_ran(pods: list[PodRecord]) -> tuple[int, int]:
     """Pods that never ran and were not removed: (never bound to a node, bound)."""
     left = [p for p in pods if p.running is None and p.removed is None]
@@ -381,6 +386,8 @@ class Runner:
         self.run_id = run_id
         self.data = RunData(scenario, f"run-{scenario.name}-{run_id}", time.time(), time.monotonic())
         self._changed = asyncio.Event()
+        """Set (and replaced) at each change the watches see: a waiter takes the current
+        one before it looks, so that no change between its look and its wait is missed."""
         self.injector = injector
         self._injected: list[Fault] = []
         """Faults that reached nodes (or were under way when the run ended), in order."""
@@ -420,7 +427,11 @@ class Runner:
                 record.removed = now
             if not record.evicted:
                 record.evicted = disrupted(pod)
-            self._changed.set()
+            self._note_change()
+
+    def _note_change(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
 
     async def _watch_jobs(self) -> None:
         path = path_for("batch/v1", "jobs", namespace=self.data.namespace)
@@ -428,7 +439,7 @@ class Runner:
             if job_ended(job):
                 phase = job["metadata"].get("labels", {}).get(PHASE_LABEL, "")
                 self.data.jobs_ended.setdefault(phase, set()).add(job["metadata"]["name"])
-                self._changed.set()
+                self._note_change()
 
     async def _watch_claims(self) -> None:
         path = path_for("resource.k8s.io/v1", "resourceclaims", namespace=self.data.namespace)
@@ -497,36 +508,84 @@ class Runner:
         ]
 
     async def _inject_faults(self) -> None:
-        """Each fault at its time; what happened goes into the report."""
+        """Each fault at its time, those counted from the same moment one after another in
+        the order of their times; what happened goes into the report."""
+        groups: dict[str | None, list[Fault]] = {}
         for fault in sorted(self.scenario.faults, key=lambda f: f.at_seconds):
-            delay = self.data.started + fault.at_seconds - time.monotonic()
+            groups.setdefault(fault.after_running, []).append(fault)
+        await asyncio.gather(*(self._inject_from(anchor, faults) for anchor, faults in groups.items()))
+
+    async def _inject_from(self, phase: str | None, faults: list[Fault]) -> None:
+        """Faults whose times count from one moment: the run's start, or the moment the
+        named phase has all its pods running together."""
+        start = self.data.started
+        if phase is not None:
+            running = await self._all_running(phase)
+            if running is None:
+                for fault in faults:
+                    self.data.faults.append(
+                        {
+                            **self._fault_entry(fault),
+                            "error": f"not injected: phase {phase} ended before its pods all ran at once",
+                        }
+                    )
+                    self._say(f"fault {fault.action} {fault.target}".strip() + f" left out: phase {phase} never ran")
+                return
+            start = running
+        for fault in faults:
+            delay = start + fault.at_seconds - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-            entry: dict[str, Any] = {
-                "at_s": round(time.monotonic() - self.data.started, 2),
-                "action": fault.action,
-                "target": fault.target,
-                "nodes_pattern": fault.nodes,
-                **({"fatal": True} if fault.fatal else {}),
-            }
-            self._injected.append(fault)  # one cut short by the run's end may have reached some nodes
-            try:
-                if fault.action == "taint-rule":
-                    injected = await self._taint(fault)
-                elif self.injector is None:
-                    raise RuntimeError("this cluster has no fleet of the testbed's to inject faults into")
-                else:
-                    injected = await self.injector(fault)
-                entry["nodes"], entry["outcome"] = injected.nodes, injected.outcome
-                entry["error"] = "" if injected.nodes else f"no node matches {fault.nodes!r}"
-            except Exception as exc:  # reported, not fatal: the run goes on
-                entry["error"] = f"{type(exc).__name__}: {exc}"
-            if not entry.get("nodes"):
-                self._injected.remove(fault)
-            self.data.faults.append(entry)
-            fatal = " (fatal)" if fault.fatal else ""
-            what = f"{fault.action} {fault.target}".strip()
-            self._say(f"fault {what}{fatal} on {len(entry.get('nodes', []))} node(s)")
+            await self._inject(fault)
+
+    def _fault_entry(self, fault: Fault) -> dict[str, Any]:
+        return {
+            "at_s": round(time.monotonic() - self.data.started, 2),
+            "action": fault.action,
+            "target": fault.target,
+            "nodes_pattern": fault.nodes,
+            **({"after_running": fault.after_running} if fault.after_running else {}),
+            **({"fatal": True} if fault.fatal else {}),
+        }
+
+    async def _inject(self, fault: Fault) -> None:
+        entry = self._fault_entry(fault)
+        self._injected.append(fault)  # one cut short by the run's end may have reached some nodes
+        try:
+            if fault.action == "taint-rule":
+                injected = await self._taint(fault)
+            elif self.injector is None:
+                raise RuntimeError("this cluster has no fleet of the testbed's to inject faults into")
+            else:
+                injected = await self.injector(fault)
+            entry["nodes"], entry["outcome"] = injected.nodes, injected.outcome
+            entry["error"] = "" if injected.nodes else f"no node matches {fault.nodes!r}"
+        except Exception as exc:  # reported, not fatal: the run goes on
+            entry["error"] = f"{type(exc).__name__}: {exc}"
+        if not entry.get("nodes"):
+            self._injected.remove(fault)
+        self.data.faults.append(entry)
+        fatal = " (fatal)" if fault.fatal else ""
+        what = f"{fault.action} {fault.target}".strip()
+        self._say(f"fault {what}{fatal} on {len(entry.get('nodes', []))} node(s)")
+
+    async def _all_running(self, phase: str) -> float | None:
+        """When the phase first had every pod its Jobs run at once running together
+        (None: it ended, or the run did, before that)."""
+        while True:
+            changed = self._changed
+            result = next((r for r in self.data.phases if r.name == phase), None)
+            if result is not None:
+                mine = [p for p in self.data.pods.values() if p.phase == phase]
+                if running_together(mine) >= result.jobs * self._phase(phase).parallelism:
+                    return time.monotonic()
+                if result.ended:
+                    return None
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), 1.0)
+
+    def _phase(self, name: str) -> Phase:
+        return next(phase for phase in self.scenario.phases if phase.name == name)
 
     async def _taint(self, fault: Fault) -> Injected:
         """As an admin takes a device out of service: a DeviceTaintRule for it in the pool
@@ -666,6 +725,7 @@ class Runner:
         deadline = time.monotonic() + phase.timeout_seconds
         last_progress, last_count = time.monotonic(), (-1, -1)
         while True:
+            changed = self._changed
             mine = [p for p in self.data.pods.values() if p.phase == phase.name]
             jobs_ended = self.data.jobs_ended.get(phase.name, set())
             ended = len(jobs_ended)
@@ -698,9 +758,8 @@ class Runner:
                 result.stalled = True
                 self._say(f"phase {phase.name}: no progress for {window:.0f}s at {done}/{want}; moving on")
                 return
-            self._changed.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), 1.0)
+                await asyncio.wait_for(changed.wait(), 1.0)
 
     async def _reclaim_abandoned(self) -> None:
         """Delete the namespaces of earlier runs on this machine whose `testbed run` is gone

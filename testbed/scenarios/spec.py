@@ -133,7 +133,12 @@ class Fault(_Strict):
     drivers must publish their slices again and keep their claims)."""
 
     at_seconds: float = Field(alias="atSeconds", ge=0)
-    """Seconds after the run starts."""
+    """Seconds after the run starts, or after ``afterRunning``'s moment."""
+    after_running: str | None = Field(default=None, alias="afterRunning")
+    """A phase's name: the fault comes ``atSeconds`` after every pod that phase's Jobs run
+    at once is running, wherever that lands in time (a loaded machine starts pods late),
+    so that it meets the pods it is meant for; a phase that ends first leaves it out,
+    reported."""
     nodes: str = "*"
     """A shell-style pattern over node names, e.g. node-00*."""
     action: Literal[
@@ -261,6 +266,23 @@ class Scenario(_Strict):
     slo_p99_seconds: float = Field(default=5.0, alias="sloP99Seconds", gt=0)
     phases: list[Phase] = Field(min_length=1)
     faults: list[Fault] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _names_that_lead_somewhere(self) -> Scenario:
+        names = [phase.name for phase in self.phases]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise ValueError(
+                f"phases: more than one phase is named {', '.join(twice)}; give each its own name "
+                "(its Jobs and pods are named after it)"
+            )
+        for i, fault in enumerate(self.faults):
+            if fault.after_running is not None and fault.after_running not in names:
+                raise ValueError(
+                    f"faults[{i}].afterRunning: no phase is named {fault.after_running!r}; "
+                    f"name one of {', '.join(names)}"
+                )
+        return self
 
 
 class ScenarioError(SpecFileError):

@@ -168,7 +168,7 @@ def test_kubelets_restarted_mid_run_leave_their_pods_running_and_the_drivers_pub
         {
             "name": "kubelet-restart",
             "phases": [{"name": "long", "jobs": 2, "runSeconds": 5, "wait": "complete"}],
-            "faults": [{"atSeconds": 2.5, "nodes": "tb-00*", "action": "restart-kubelet"}],
+            "faults": [{"afterRunning": "long", "atSeconds": 1, "nodes": "tb-00*", "action": "restart-kubelet"}],
         }
     )
     data = _run(control_plane, fleet, scenario, faults=True)
@@ -251,16 +251,22 @@ def test_a_phase_whose_pods_fail_has_its_jobs_try_again_each_pod_with_a_claim_of
 def test_a_device_that_dies_mid_run_evicts_its_pod_and_the_phase_waits_for_its_successor(
     control_plane: ClusterState, fleet: Fleet
 ) -> None:
-    """A scenario's fatal fault on every GPU 0 while one-GPU Jobs run: the pods on them
-    are evicted (their claims unprepared), counted as evicted, and their Jobs' successors
-    run on the other GPUs; the phase ends once every Job has completed, not at the first
-    count of finished pods. The run ends by making the GPUs healthy again, so that the
-    next run finds the fleet as this one did."""
+    """A scenario's fatal fault on every GPU 0 once its one-GPU Jobs' pods all run (however
+    late a loaded machine starts them): the pods on them are evicted (their claims
+    unprepared), counted as evicted, and their Jobs' successors run on the other GPUs; the
+    phase ends once every Job has completed, not at the first count of finished pods. The
+    run ends by making the GPUs healthy again, so that the next run finds the fleet as
+    this one did."""
     scenario = spec.Scenario.model_validate(
         {
             "name": "dying",
             "phases": [{"name": "gpus", "jobs": 4, "qps": 20, "runSeconds": 4, "backoffLimit": 1, "wait": "complete"}],
-            "faults": [{"atSeconds": 2, "nodes": "tb-00*", "action": "unhealthy", "device": "gpu-0", "fatal": True}],
+            "faults": [
+                {
+                    **{"afterRunning": "gpus", "atSeconds": 0.5, "nodes": "tb-00*"},
+                    **{"action": "unhealthy", "device": "gpu-0", "fatal": True},
+                }
+            ],
         }
     )
     data = _run(control_plane, fleet, scenario, faults=True)
@@ -272,9 +278,10 @@ def test_a_device_that_dies_mid_run_evicts_its_pod_and_the_phase_waits_for_its_s
     report = reporting.build(data, leaks, {})
     [phase] = report["phases"]
     # Two nodes of two GPUs: the 4 Jobs' first pods fill them, the two on gpu-0 are evicted.
-    assert (phase["pods_failed"], phase["pods_evicted"]) == (2, 2), phase
+    assert (phase["pods_failed"], phase["pods_evicted"]) == (2, 2), json.dumps([phase, report["faults"]])
     assert (phase["pods_succeeded"], phase["pods_running"], phase["stalled"]) == (4, 6, False), phase
-    assert [f.get("fatal") for f in report["faults"]] == [True]
+    assert [(f.get("fatal"), f["after_running"]) for f in report["faults"]] == [(True, "gpus")]
+    assert "s (gpus running) | unhealthy gpu-0 (fatal) | tb-000, tb-001 |" in reporting.markdown(report)
     assert report["leaks"]["ok"], report["leaks"]
     assert "2 failed (2 evicted)" in reporting.phase_line(phase)
     assert "Undone as the run ended, so the next run finds the fleet as this one did: healthy gpu-0 on tb-00*." in (

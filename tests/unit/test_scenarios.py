@@ -1,21 +1,29 @@
 """Scenario files and the report's arithmetic."""
 
+import asyncio
 from collections import Counter
 from pathlib import Path
+from typing import cast
 
 import pytest
 
+from testbed.kubeapi import KubeClient
 from testbed.kubelet.commands import Ending, ending
 from testbed.report.metrics import Scrape, fleet_increase, quantile
 from testbed.scenarios import spec
 from testbed.scenarios.runner import (
+    Endpoints,
+    Injected,
+    PhaseResult,
     PodRecord,
+    Runner,
     abandoned,
     claim_template,
     count_devices,
     job_manifest,
     pod_spec,
     runner_identity,
+    running_together,
     stall_window,
 )
 
@@ -309,3 +317,62 @@ def test_a_run_is_abandoned_once_its_process_on_this_machine_is_gone() -> None:
     assert abandoned({**me, "start_ticks": int(str(me["start_ticks"])) + 1}), "its pid, since reused"
     assert not abandoned({**me, "pid": ended.pid, "host": "elsewhere"})
     assert not abandoned({"host": me["host"], "pid": "x"}), "an annotation it cannot read"
+
+
+def test_a_fault_after_a_phase_names_one_and_phases_have_names_of_their_own(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "name: x\nphases: [{name: a, jobs: 1}]\nfaults: [{afterRunning: b, atSeconds: 0, action: restart-kubelet}]\n"
+    )
+    with pytest.raises(spec.ScenarioError, match=r"faults\[0\]\.afterRunning: no phase is named 'b'; name one of a"):
+        spec.load(str(bad))
+    bad.write_text("name: x\nphases: [{name: a, jobs: 1}, {name: a, jobs: 2}]\n")
+    with pytest.raises(spec.ScenarioError, match=r"more than one phase is named a; give each its own name"):
+        spec.load(str(bad))
+
+
+def test_a_fault_after_a_phase_comes_once_its_pods_all_run_or_is_reported_left_out() -> None:
+    """However late the pods start, the fault meets them running; one whose phase ended
+    before its pods ran together is not injected, and the report says why."""
+    scenario = spec.Scenario.model_validate(
+        {
+            "name": "anchored",
+            "phases": [{"name": "gpus", "jobs": 2, "parallelism": 2}, {"name": "later", "jobs": 1}],
+            "faults": [
+                {"afterRunning": "gpus", "atSeconds": 0, "nodes": "n-*", "action": "restart-kubelet"},
+                {"afterRunning": "later", "atSeconds": 0, "nodes": "n-*", "action": "restart-kubelet"},
+            ],
+        }
+    )
+    injected: list[int] = []
+
+    async def injector(fault: spec.Fault) -> Injected:
+        injected.append(running_together([p for p in run.data.pods.values() if p.phase == "gpus"]))
+        return Injected(["n-000"])
+
+    async def turns() -> None:
+        """Let every task that can go on do so (no time passes)."""
+        for _ in range(50):
+            await asyncio.sleep(0)
+
+    async def play() -> None:
+        faults = asyncio.create_task(run._inject_faults())
+        run.data.phases.append(PhaseResult("gpus", 2, 4, 0.0))
+        for i in range(4):
+            run.data.pods[f"gpu-{i}"] = PodRecord("gpus", 0.0, running=1.0)
+            run._note_change()
+            await turns()  # the watch's next event comes later
+            assert injected == ([4] if i == 3 else []), f"{i + 1} of 4 pods running"
+        later = PhaseResult("later", 1, 1, 1.0)
+        run.data.phases.append(later)
+        run.data.pods["late"] = PodRecord("later", 1.0, running=2.0, finished=2.0)
+        later.ended = 3.0
+        run._note_change()
+        await asyncio.wait_for(faults, 5)
+
+    run = Runner(cast(KubeClient, None), scenario, Endpoints("", ""), injector=injector)
+    asyncio.run(play())
+    assert injected == [4]
+    [gpus, later] = sorted(run.data.faults, key=lambda f: f["after_running"])
+    assert (gpus["nodes"], gpus["error"]) == (["n-000"], "")
+    assert later["error"] == "not injected: phase later ended before its pods all ran at once"
