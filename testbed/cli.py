@@ -378,6 +378,12 @@ def up(
         raise TestbedError(str(exc), hint="give --profile one of those, or a path to a profile YAML file") from None
     except fleet_spec.FleetFileError as exc:
         raise TestbedError(str(exc), hint="fix the field it names; see examples/fleet.yaml") from None
+    for flag, given in (("--identities", identities), ("--log-level", log_level)):
+        if fleet is None and given is not None:
+            raise TestbedError(
+                f"{flag} is for synthetic nodes, and this cluster has none",
+                hint="give --nodes N (or --real-nodes N, or --fleet FILE) with it, or leave it out",
+            )
     if fleet is not None and identities is not None:
         fleet = fleet.model_copy(update={"identities": identities})
     if fleet is not None and log_level is not None:

@@ -82,6 +82,10 @@ class Fleet:
     fabric: dict[str, Any] | None = None
     """The fabric manager's attach figures since it started; None without one."""
     fabric_error: str = ""
+    identities: str = ""
+    """What the fleet's nodes run as (per-node or shared), as `up` was told."""
+    log_level: str = ""
+    """What its NodeHosts log (`testbed logs NODE nodehost`)."""
 
     @property
     def complete(self) -> bool:
@@ -247,12 +251,13 @@ def _fleet(state: cluster.ClusterState) -> Fleet | None:
 
     spec = fleet_file(state)
     assert state.fleet is not None and spec is not None
-    fleet = Fleet(ray_address=state.fleet.ray_address)
+    fleet = Fleet(ray_address=state.fleet.ray_address, identities=spec.identities, log_level=spec.log_level)
     api = api_client(state.kubeconfig)
     try:
         ready = ready_synthetic_nodes(api)
     except Exception as exc:  # a status must say what it can, not fail
-        return Fleet(api_error=type(exc).__name__, ray_address=state.fleet.ray_address)
+        fleet.api_error = type(exc).__name__
+        return fleet
     finally:
         api.close()  # type: ignore[no-untyped-call]
     ready_by_pool = Counter(node.rsplit("-", 1)[0] for node in ready)  # nodes are named <pool>-NNN
@@ -388,7 +393,8 @@ def _render_fleet(fleet: Fleet, code_here: str, out: Console) -> None:
     if fleet.api_error:
         out.print(f"fleet: the API server did not answer ({fleet.api_error})", markup=False)
         return
-    table = Table(title="fleet pools")
+    settings = f" (identities {fleet.identities}, NodeHosts log at {fleet.log_level})" if fleet.identities else ""
+    table = Table(title=f"fleet pools{settings}")
     for column in ("pool", "profile", "kubelet", "nodes Ready / asked for"):
         table.add_column(column)
     for pool in fleet.pools:

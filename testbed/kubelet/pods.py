@@ -358,6 +358,27 @@ class PodManager:
         for each in [*pull.told, containerevents.CREATED, containerevents.STARTED]:
             self.tell(pod, each, container["name"])
 
+    def _sync_failed(self, pod: Obj, why: str) -> None:
+        """As the kubelet's pod worker logs each failed sync ("Error syncing pod, skipping")."""
+        meta = pod["metadata"]
+        log.warning(
+            "%s: error syncing pod %s/%s (%s), skipping: %s",
+            self.node.name,
+            meta["namespace"],
+            meta["name"],
+            meta["uid"],
+            why,
+        )
+
+    def _containers_not_started(self, pod: Obj, failed: Mapping[str, tuple[str, str]]) -> None:
+        """A sync that could not start containers (image not pulled, crash loop): each one's
+        reason and message, in the kubelet's words."""
+        said = [
+            f'failed to "StartContainer" for {json.dumps(name)} with {why}: {json.dumps(words)}'
+            for name, (why, words) in failed.items()
+        ]
+        self._sync_failed(pod, said[0] if len(said) == 1 else f"[{', '.join(said)}]")
+
     def _pull_images(self, pod: Obj, before: Mapping[str, containerevents.Pull]) -> dict[str, containerevents.Pull]:
         """Make sure of the images of the pod's containers, in spec order, as the kubelet
         does before it creates each: a pull may fail (the node's pull limit) or be backed
@@ -383,6 +404,7 @@ class PodManager:
                     if pull.failed is not None:
                         metrics.STARTED_CONTAINER_ERRORS.labels("container", pull.failed[0]).inc()
                     pulls[name] = containerevents.Pull([], pull.failed, pull.started_told)
+            self._containers_not_started(pod, {n: p.failed for n, p in pulls.items() if p.failed is not None})
         return pulls
 
     async def events_sent(self) -> None:
@@ -632,16 +654,7 @@ class PodManager:
                 return True
             except StartFailed as exc:
                 self._inits.pop(uid, None)
-                meta = pod["metadata"]
-                # As the kubelet's pod worker logs each failed sync ("Error syncing pod, skipping").
-                log.warning(
-                    "%s: error syncing pod %s/%s (%s), skipping: %s",
-                    self.node.name,
-                    meta["namespace"],
-                    meta["name"],
-                    uid,
-                    exc,
-                )
+                self._sync_failed(pod, str(exc))
                 self.tell(pod, Told("Warning", exc.reason, str(exc)), exc.container)
                 if exc.reason in (PREPARE_FAILED, SANDBOX_FAILED):
                     await self._set_waiting(pod)
@@ -755,6 +768,7 @@ class PodManager:
             for told in pull.told:
                 self.tell(pod, told, container["name"])
             metrics.STARTED_CONTAINER_ERRORS.labels("init_container", pull.failed[0]).inc()
+            self._containers_not_started(pod, {container["name"]: pull.failed})
             # A sync that made the sandbox is followed by the relist's, another by the
             # pod worker's back-off.
             next_sync = backoff.until_next_relist() if made_sandbox else backoff.jittered(backoff.SYNC_ERROR_BACKOFF_S)
@@ -1302,7 +1316,10 @@ class PodManager:
     async def _blocked_sync(self, uid: str, name: str, plan: backoff.BackingOff) -> None:
         """A pod worker's sync that finds container ``name`` still backing off: BackOff
         told, and CrashLoopBackOff shown if a sync before was blocked too."""
-        self.tell(self._pod(uid), backoff.back_off_told(self._pod(uid), name), name)
+        pod = self._pod(uid)
+        self.tell(pod, backoff.back_off_told(pod, name), name)
+        waiting = backoff.crash_loop_state(pod, name, plan.delay)["waiting"]
+        self._containers_not_started(pod, {name: (waiting["reason"], waiting["message"])})
         await self._show_crash_loop(uid, name, plan)
         plan.synced = True
 

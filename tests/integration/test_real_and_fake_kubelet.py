@@ -2445,7 +2445,9 @@ def test_a_crash_looping_container_shows_each_exit_and_crash_loop_back_off_befor
                     await side.delete_pod(name)
                 for name in states:
                     await side.gone(name)
-                return {"states": states, "told": told}
+                # Those of the first back-off: how far the next got by the deletion is timing.
+                logged = {name: [e for e in _sync_errors(side, name) if "back-off 10s" in e] for name in states}
+                return {"states": states, "told": told, "sync errors logged": logged}
 
             found = await both(sides, case)
             for seen in found.values():
@@ -2466,6 +2468,14 @@ def test_a_crash_looping_container_shows_each_exit_and_crash_loop_back_off_befor
             for seen in found.values():
                 seen["states"]["init-loop"] = [state for state in seen["states"]["init-loop"] if state != flash]
             assert found["fake"]["states"] == found["real"]["states"]
+            assert found["fake"]["sync errors logged"] == found["real"]["sync errors logged"], found
+            assert found["fake"]["sync errors logged"] == {
+                name: [
+                    f'failed to "StartContainer" for "{container}" with CrashLoopBackOff: '
+                    f'"back-off 10s restarting failed container={container} pod={name}_NS(UID)"'
+                ]
+                for name, container in (("loop", "main"), ("init-loop", "init"))
+            }, found["fake"]["sync errors logged"]
             assert found["fake"]["states"] == {
                 "loop": [
                     (0, "running", None),
@@ -2711,7 +2721,23 @@ def _without_a_blocked_sync(seen: dict[str, Any]) -> dict[str, Any]:
         "why they waited": [wait for wait in seen["why they waited"] if wait[0] != blocked],
         "told": [fact for fact in seen["told"] if fact[3] != f"Error: {blocked}"],
         "told why": [words for words in seen["told why"] if words != f"Error: {blocked}"],
+        "sync errors logged": [error for error in seen["sync errors logged"] if f"with {blocked}:" not in error],
     }
+
+
+def _sync_errors(side: Side, pod: str) -> list[str]:
+    """The distinct errors the node's kubelet logged for its failed syncs of a pod: the real
+    kubelet's pod worker's "Error syncing pod, skipping" (err Go-quoted), the fake one's
+    "error syncing pod NS/NAME (UID), skipping: ERR"."""
+    text = side.node.log("kubelet").read_text(errors="replace")
+    ref = re.escape(f"{side.namespace}/{pod}")
+    if side.kind == "real":
+        found = re.findall(r'"Error syncing pod, skipping" err="((?:[^"\\]|\\.)*)" pod="' + ref + '"', text)
+        errors = [json.loads(f'"{quoted}"') for quoted in found]
+    else:
+        errors = re.findall(r"error syncing pod " + ref + r" \([^)]*\), skipping: (.*)$", text, re.M)
+    errors = [re.sub(r"\([0-9a-f-]{36}\)", "(UID)", error).replace(side.namespace, "NS") for error in errors]
+    return sorted({re.sub(r"registry\.invalid/wide-\d+", "IMAGE", error) for error in errors})
 
 
 @pytest.mark.parametrize("case", ["containers", "init-containers", "registryPullQPS-0"])
@@ -2815,6 +2841,7 @@ def test_images_pulled_past_the_nodes_pull_limit_fail_and_back_off_alike(
                     "late by 9-25 s": 9 <= ran_after_s <= 25,
                     "told": [(fact[0], fact[1], fact[2], unnamed(fact[3])) for fact in told],
                     "told why": sorted({unnamed(fact[3]) for fact in told if fact[1] == "Warning"}),
+                    "sync errors logged": _sync_errors(side, "wide"),
                     "ran after": round(ran_after_s, 1),
                 }
 
@@ -2863,6 +2890,18 @@ def test_images_pulled_past_the_nodes_pull_limit_fail_and_back_off_alike(
             )
             failed_to_pull = ["Error: ErrImagePull", "Failed to pull image IMAGE: pull QPS exceeded"]
             assert fake["told why"] == sorted(failed_to_pull + ([] if inits else ["Error: ImagePullBackOff"]))
+            # Each failed sync logged as the kubelet's pod worker logs it: the containers
+            # it could not start in one line, as its aggregate error.
+            pulled = 'failed to "StartContainer" for "{}" with ErrImagePull: "pull QPS exceeded"'
+            backed_off = (
+                'failed to "StartContainer" for "{}" with ImagePullBackOff: '
+                '"Back-off pulling image \\"IMAGE\\": ErrImagePull: pull QPS exceeded"'
+            )
+            assert fake["sync errors logged"] == (
+                [pulled.format("i10")]
+                if inits
+                else sorted(f"[{', '.join(said.format(name) for name in names[10:])}]" for said in (pulled, backed_off))
+            ), fake["sync errors logged"]
 
     asyncio.run(scenario())
 

@@ -74,6 +74,8 @@ from testbed import cli
         (["fault", "n1", "restart-kubelet", "now"], "restart-kubelet takes no target, not 'now'"),
         (["fault", "n1", "restart-kubelet"], "cluster 'refusals' is not running"),
         (["up", "--profile", "h100"], "no hardware profile named 'h100'"),
+        (["up", "--log-level", "debug"], "--log-level is for synthetic nodes, and this cluster has none"),
+        (["up", "--identities", "shared"], "--identities is for synthetic nodes, and this cluster has none"),
         (["run", "/nonexistent/my.yaml"], "does not exist; shipped scenarios: baseline, cl2-dra"),
         (["sanity", "--check", "helth"], "--check: no check is named like 'helth'; the checks: registration;"),
         (["sanity", "--check", "health"], "give the driver's command (after --) or --node N"),

@@ -29,6 +29,8 @@ def _status(**changes: object) -> cs.ClusterStatus:
         ],
         faults={"gpu-001": ["gpu-1 unhealthy (fatal): XID 79"]},
         fabric={"attached": 3, "failed": 1},
+        identities="per-node",
+        log_level="info",
     )
     status = cs.ClusterStatus(
         name="lab",
@@ -83,6 +85,7 @@ def test_the_tables_show_every_part_a_person_reads() -> None:
         "ref-000",
         "gpu.example.com",
         "1 (1 node), 2 (2 nodes)",
+        "fleet pools (identities per-node, NodeHosts log at info)",
     ):
         assert expected in shown, f"{expected!r} not in\n{shown}"
     assert "last lines of /logs/etcd.log" not in shown, "a healthy component never restarted shows no log"
@@ -102,6 +105,7 @@ def test_json_holds_the_same_status_and_says_whether_it_is_healthy() -> None:
         "asked": 2,
     }
     assert document["fleet"]["hosts"][1]["error"] == "GetTimeoutError"
+    assert (document["fleet"]["identities"], document["fleet"]["log_level"]) == ("per-node", "info")
     assert document["fleet"]["faults"] == {"gpu-001": ["gpu-1 unhealthy (fatal): XID 79"]}
     assert document["external_drivers"][0]["generations"] == {"1": 1, "2": 2}
     assert document["process_nodes"][0]["alive"] == {"kubelet": True, "driver": False, "cri": True}
