@@ -35,6 +35,7 @@ from testbed.fleet.external import (
     running_generations,
 )
 from testbed.fleet.fleet import FAULT_ACTIONS, ScaleInterrupted, rollout_summary
+from testbed.nodelogs import lines_of_node
 from testbed.progress import ConsoleProgress
 from testbed.realnode import kubelet_api
 from testbed.realnode.node import recorded_kubelet_pid
@@ -447,11 +448,19 @@ def _environment(items: tuple[str, ...], option: str) -> dict[str, str]:
 @click.argument("node")
 @click.argument("log_name", required=False)
 @click.option("--tail", "tail_lines", type=click.IntRange(min=1), default=None, help="Only the last N lines.")
+@click.option(
+    "--all-nodes",
+    is_flag=True,
+    help="nodehost: every line of the NodeHost's log, also those about its other nodes.",
+)
 @reports_errors
-def logs(node: str, log_name: str | None, name: str, state_dir: Path | None, tail_lines: int | None) -> None:
+def logs(
+    node: str, log_name: str | None, name: str, state_dir: Path | None, tail_lines: int | None, all_nodes: bool
+) -> None:
     """Print a node's log: an external driver's (by driver name), a real-kubelet node's
-    kubelet, driver or cri, or (nodehost) the log of the NodeHost that runs a synthetic
-    node's kubelet and built-in drivers. Without a name, list the node's logs."""
+    kubelet, driver or cri, or (nodehost) the lines of the log of the NodeHost that runs a
+    synthetic node's kubelet and built-in drivers that name the node or none of the host's
+    others (--all-nodes: all of them). Without a name, list the node's logs."""
     _about(name, f"logs of node {node}")
     state = _running(name, state_dir)
     nodes = state.fleet.nodes_dir if state.fleet else ""
@@ -470,8 +479,15 @@ def logs(node: str, log_name: str | None, name: str, state_dir: Path | None, tai
             click.echo(listed)
         return
     if log_name == NODEHOST_LOG and log_name not in available:
-        path = _nodehost_log(state, node)
+        path, host_nodes = _nodehost_log(state, node)
         lines = path.read_text(errors="replace").splitlines()
+        if not all_nodes and len(host_nodes) > 1:
+            lines = lines_of_node(lines, node, host_nodes)
+            stderr.print(
+                f"{node}: only its lines and the NodeHost's own; --all-nodes adds those of the host's "
+                f"{len(host_nodes) - 1} other node(s)",
+                markup=False,
+            )
         click.echo("\n".join(lines[-tail_lines:] if tail_lines else lines))
         return
     # A driver's name means its instance running now (after rollouts, not the first's).
@@ -487,8 +503,9 @@ def logs(node: str, log_name: str | None, name: str, state_dir: Path | None, tai
 NODEHOST_LOG = "nodehost"
 
 
-def _nodehost_log(state: cluster.ClusterState, node: str) -> Path:
-    """The log (Ray's worker stderr) of the NodeHost that holds ``node``, on this machine."""
+def _nodehost_log(state: cluster.ClusterState, node: str) -> tuple[Path, list[str]]:
+    """The log (Ray's worker stderr) of the NodeHost that holds ``node``, on this machine,
+    and the nodes that host runs."""
     from testbed.fleet.raycluster import ray_temp_dir
 
     described = environment.attach_fleet(state).describe()
@@ -505,7 +522,7 @@ def _nodehost_log(state: cluster.ClusterState, node: str) -> Path:
                 f"worker-*-{pid}.err",
             )
         stderr.print(f"{node}: the log of NodeHost {host_name} (pid {pid}), {found[-1]}", markup=False)
-        return found[-1]
+        return found[-1], list(host["node_names"])
     unreachable = [name for name, host in described.items() if "error" in host]
     raise TestbedError(
         f"no NodeHost answering holds node {node}",

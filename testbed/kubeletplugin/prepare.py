@@ -170,7 +170,9 @@ class ClaimPreparer:
                 try:
                     await self.driver.prepare(ClaimToPrepare(record.ref, _held(record), record.configs, repair=True))
                 except ClaimFailed as exc:
-                    log.error("%s: cannot hold claim %s another instance prepared: %s", self.name, uid, exc)
+                    log.error(
+                        "%s on %s: cannot hold claim %s another instance prepared: %s", self.name, self.node, uid, exc
+                    )
 
     def _record_gauge(self) -> None:
         completed = sum(1 for c in self.checkpoint.claims.values() if c.state is ClaimState.PREPARE_COMPLETED)
@@ -185,13 +187,19 @@ class ClaimPreparer:
             for uid in [*self.intents.uids(), *started]:
                 record = self.checkpoint.claims.get(uid)
                 if record is None or record.state is ClaimState.PREPARE_STARTED:
-                    log.warning("%s: undoing claim %s left half-prepared", self.name, uid)
+                    log.warning("%s on %s: undoing claim %s left half-prepared", self.name, self.node, uid)
                     await self.driver.unprepare(uid)
                     cdi.remove_claim_spec(self.paths.cdi_dir, self.name, uid)
                     try:
                         self.checkpoint.remove(uid)
                     except OSError as exc:  # undone all the same; the next repair forgets it
-                        log.error("%s: claim %s undone, its record kept: %s", self.name, uid, storage_problem(exc))
+                        log.error(
+                            "%s on %s: claim %s undone, its record kept: %s",
+                            self.name,
+                            self.node,
+                            uid,
+                            storage_problem(exc),
+                        )
             self.intents.reset(force=True)
             self._unsettled.clear()
             for record in list(self.checkpoint.claims.values()):
@@ -201,11 +209,11 @@ class ClaimPreparer:
                             ClaimToPrepare(record.ref, _held(record), record.configs, repair=True)
                         )
                     except ClaimFailed as exc:
-                        log.error("%s: cannot re-assert claim %s: %s", self.name, record.uid, exc)
+                        log.error("%s on %s: cannot re-assert claim %s: %s", self.name, self.node, record.uid, exc)
                     try:
                         self._restore_spec(record, thorough=True)
                     except OSError as exc:  # its next prepare tries again
-                        log.error("%s: claim %s: %s", self.name, record.uid, storage_problem(exc))
+                        log.error("%s on %s: claim %s: %s", self.name, self.node, record.uid, storage_problem(exc))
             # A spec with no record: the machine went down after the spec reached the disk
             # and before any record of its claim did (see _prepare_one), or after an
             # unprepare's record removal did and before the spec's removal. Not after a
@@ -219,12 +227,14 @@ class ClaimPreparer:
         if record.spec is None:
             return  # recorded by an older driver, which kept no copy
         if cdi.restore_claim_spec(self.paths.cdi_dir, self.name, record.uid, record.spec, thorough):
-            log.warning("%s: wrote again the lost CDI spec of claim %s", self.name, record.uid)
+            log.warning("%s on %s: wrote again the lost CDI spec of claim %s", self.name, self.node, record.uid)
 
     def _remove_specs_without_record(self) -> None:
         for uid, spec in cdi.claim_specs(self.paths.cdi_dir, self.name).items():
             if uid not in self.checkpoint.claims:
-                log.warning("%s: removing CDI spec %s of a claim it holds no record of", self.name, spec.name)
+                log.warning(
+                    "%s on %s: removing CDI spec %s of a claim it holds no record of", self.name, self.node, spec.name
+                )
                 spec.unlink(missing_ok=True)
 
     # --- prepare -------------------------------------------------------------------------
@@ -248,7 +258,9 @@ class ClaimPreparer:
             except OSError as exc:
                 # Harmless: the repair skips an intent whose claim completed, and undoing
                 # one that was undone already does nothing.
-                log.warning("%s: prepare intents left as they were: %s", self.name, storage_problem(exc))
+                log.warning(
+                    "%s on %s: prepare intents left as they were: %s", self.name, self.node, storage_problem(exc)
+                )
             self._record_gauge()
         return results
 

@@ -400,7 +400,7 @@ def test_a_fleet_of_empty_pools_starts_and_scale_fills_it(short_tmp_path: Path) 
         told = subprocess.run([*base, "logs", "later-001", *where], capture_output=True, text=True, timeout=120)
         assert told.returncode == 0 and "testbed logs later-001 nodehost" in told.stderr, told.stderr
         told = subprocess.run(
-            [*base, "logs", "later-001", "nodehost", *where], capture_output=True, text=True, timeout=120
+            [*base, "logs", "later-001", "nodehost", "--all-nodes", *where], capture_output=True, text=True, timeout=120
         )
         [host] = [h for h in fleet["hosts"] if h["ready"]]
         assert told.returncode == 0 and f"NodeHost {host['name']} (pid {host['pid']})" in told.stderr, told.stderr
@@ -408,7 +408,14 @@ def test_a_fleet_of_empty_pools_starts_and_scale_fills_it(short_tmp_path: Path) 
         assert shown.is_file() and shown.name.endswith(f"-{host['pid']}.err"), shown
         assert told.stdout.strip() and shown.read_text().startswith(told.stdout.strip()), "it prints that log"
         # At the fleet's logLevel (info): the kubelets say which drivers they registered.
-        assert "later-001: registered DRA plugin gpu.dra-testbed.io" in told.stdout, told.stdout[-3000:]
+        for node in ("later-000", "later-001"):
+            assert f"{node}: registered DRA plugin gpu.dra-testbed.io" in told.stdout, told.stdout[-3000:]
+        # Without --all-nodes, only the node's own lines and the host's.
+        told = subprocess.run(
+            [*base, "logs", "later-001", "nodehost", *where], capture_output=True, text=True, timeout=120
+        )
+        assert "only its lines and the NodeHost's own; --all-nodes adds those of the host's 1 other" in told.stderr
+        assert "later-001: registered DRA plugin" in told.stdout and "later-000" not in told.stdout, told.stdout
         # A pod whose claim the driver fails to prepare: the kubelet logs the failed sync.
         testbed("fault", "later-*", "fail-prepare", "1")
         gpu_pod = str(Path(__file__).parents[2] / "examples" / "gpu-pod.yaml")
@@ -417,7 +424,10 @@ def test_a_fleet_of_empty_pools_starts_and_scale_fills_it(short_tmp_path: Path) 
 
         def failed_sync_logged() -> bool:
             host_log = subprocess.run(
-                [*base, "logs", "later-000", "nodehost", *where], capture_output=True, text=True, timeout=120
+                [*base, "logs", "later-000", "nodehost", "--all-nodes", *where],
+                capture_output=True,
+                text=True,
+                timeout=120,
             ).stdout
             lines = host_log.splitlines()
             added = any(": SyncLoop ADD pod default/gpu-pod (" in n for n in lines)  # as a kubelet at -v=2
