@@ -41,13 +41,14 @@ class RolledOut:
 
 
 async def wait_registered(
-    plugins: PluginManager, external: ExternalDriver, timeout_s: float, known: set[int] | None = None
+    plugins: PluginManager, external: ExternalDriver, timeout_s: float, known: Collection[object] | None = None
 ) -> None:
     """Until the kubelet registered the external driver: woken by the plugin watcher and by
     the driver's restarts, so a driver that keeps crashing fails the start early. With
-    ``known`` (instances by id, a rollout's old ones), until an instance other than those
-    is connected too: only then does the kubelet call it rather than an old one, so only
-    then may the old one go (as a DaemonSet deletes the old pod once the new one is ready)."""
+    ``known`` (a rollout's old instances, held, so that no new one can take an old one's
+    id()), until an instance other than those is connected too: only then does the kubelet
+    call it rather than an old one, so only then may the old one go (as a DaemonSet deletes
+    the old pod once the new one is ready)."""
     try:
         async with asyncio.timeout(max(timeout_s, 0.0)):
             while True:
@@ -55,7 +56,7 @@ async def wait_registered(
                 instances = plugins.instances(external.spec.name)
                 if known is None and instances:
                     return
-                if known is not None and any(id(p) not in known and p.connected for p in instances):
+                if known is not None and any(p.connected and all(p is not k for k in known) for p in instances):
                     return
                 if external.ended >= CRASHES_WHILE_STARTING:
                     raise _not_registered(external, _why_ended(external))
@@ -114,12 +115,16 @@ async def replace_instance(
     surge: bool,
     registered: Callable[[], Awaitable[None]],
     started: float,
+    before_start: Callable[[], None] = lambda: None,
 ) -> RolledOut:
     """Put ``new`` in the place of the instance of its driver in ``instances``, as a
     DaemonSet's rolling update replaces its pod: with ``surge`` it starts beside the old
     one, which stops once ``registered`` returned (maxSurge); else the old one stops
     first (maxUnavailable). A surge that fails leaves the old one serving. ``started``:
-    when the node's turn began (``time.monotonic()``)."""
+    when the node's turn began (``time.monotonic()``). ``before_start``: called as the new
+    one is about to start, the old one stopped if it was to be: what ``registered`` is to
+    tell the new instance from is taken then (a stopped instance's socket inodes and
+    objects are free to be taken by the new one's)."""
     index = next(i for i, e in enumerate(instances) if e.spec.name == new.spec.name)
     old, stopped_at = instances[index], None
     if not surge:
@@ -127,6 +132,7 @@ async def replace_instance(
         await old.stop()
     instances[index] = new  # from here on the node's: drained and stopped with it
     before = _sockets(new)
+    before_start()
     try:
         await new.start(environment, beside=old if surge else None)
         await registered()

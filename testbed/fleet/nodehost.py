@@ -619,12 +619,18 @@ class NodeHost:
             raise TestbedError(f"node {node.name} runs no command-line driver {driver}")
         started, new = time.monotonic(), self._process_driver(node, next_generation(old.spec, command, generation))
         environment = await self._process_driver_environment(node, new)
-        since, made_before = node.kubelet_log_size(), socket_inodes(new)
+        marks: dict[str, Any] = {}
+
+        def before_start() -> None:
+            # Taken once the old instance stopped (maxUnavailable): its socket inodes are
+            # free for the new one's, and the kubelet has no other instance to connect to.
+            marks.update(since=node.kubelet_log_size(), made_before=socket_inodes(new))
 
         async def registered() -> None:
-            await wait_connected(node, new, timeout_s, since, replacing=old, made_before=made_before)
+            replacing = old if surge else None
+            await wait_connected(node, new, timeout_s, marks["since"], replacing, marks["made_before"])
 
-        return await replace_instance(instances, new, environment, surge, registered, started)
+        return await replace_instance(instances, new, environment, surge, registered, started, before_start)
 
     async def _delete_driver_pod(self, pod: DriverPod) -> None:
         """Under shared credentials there are no driver pods."""

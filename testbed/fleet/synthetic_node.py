@@ -244,12 +244,15 @@ class SyntheticNode:
             raise TestbedError(f"node {self.name} runs no command-line driver {driver}")
         started, new = time.monotonic(), self._external_driver(next_generation(old.spec, command, generation))
         environment = await self._external_environment(new)
-        known = {id(p) for p in self.kubelet.plugins.instances(driver)}
+        known: list[object] = []
+
+        def before_start() -> None:
+            known[:] = self.kubelet.plugins.instances(driver)
 
         async def registered() -> None:
             await wait_registered(self.kubelet.plugins, new, timeout_s, known)
 
-        return await replace_instance(self.external, new, environment, surge, registered, started)
+        return await replace_instance(self.external, new, environment, surge, registered, started, before_start)
 
     async def restart_kubelet(self) -> None:
         """The node's kubelet restarted in place (an upgrade, a crash), everything else

@@ -282,3 +282,38 @@ def test_a_rollout_sets_the_pools_generation_and_command_before_any_node_rolls(t
     [added] = _recipe(fleet.spec, fleet.spec.pools[0], 5).external
     assert (added.command, added.generation) == (("v2",), 2)
     assert FleetFile.model_validate(kept[-1]).pools[0].external_drivers[0].generation == 2, "read back from the state"
+
+
+def test_without_surge_the_new_instance_is_told_from_what_is_left_once_the_old_one_stopped(tmp_path: Path) -> None:
+    """maxUnavailable: what tells the new instance apart (the kubelet's log offset, the
+    sockets and plugin objects there are) is taken after the old one stopped, since its
+    socket's inode and its plugin object's id() are then free for the new one's to take:
+    taken before, the new instance could look like the old one and never be seen."""
+    registry = tmp_path / "kubelet" / "plugins_registry"
+    socket = registry / "gpu-reg.sock"
+    seen: list[tuple[bool, bool]] = []
+
+    async def roll() -> RolledOut:
+        old, new = _socket_driver(tmp_path, "gpu-reg.sock", 0), _socket_driver(tmp_path, "gpu-reg.sock", 1)
+        await old.start({})
+        async with asyncio.timeout(30):
+            while not socket.is_socket():
+                await asyncio.sleep(0.02)
+
+        def before_start() -> None:
+            seen.append((socket.exists(), old.process is not None and old.process.returncode is None))
+
+        async def registered() -> None:
+            async with asyncio.timeout(30):
+                while not socket.is_socket():
+                    await asyncio.sleep(0.02)
+
+        try:
+            return await replace_instance([old], new, {}, False, registered, time.monotonic(), before_start)
+        finally:
+            await new.stop()
+            await old.stop()
+
+    rolled = asyncio.run(roll())
+    assert seen == [(False, False)], "taken once the old instance and its socket were gone, before the new one's"
+    assert rolled.generation == 1 and rolled.unavailable_s > 0
