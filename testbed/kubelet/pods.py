@@ -894,7 +894,7 @@ class PodManager:
             for synced, at in enumerate(blocked):
                 if not await self._runs_for(uid, exited_at + at - time.monotonic()):
                     return None
-                self.tell(pod, backoff.back_off_told(pod, name), name)
+                self._back_off_blocked(pod, name, delay)
                 if synced:  # the sync before was blocked too
                     run = await self._show_init_crash_loop(uid, name, delay)
             if not await self._runs_for(uid, exited_at + restart_at - time.monotonic()):
@@ -1316,12 +1316,16 @@ class PodManager:
     async def _blocked_sync(self, uid: str, name: str, plan: backoff.BackingOff) -> None:
         """A pod worker's sync that finds container ``name`` still backing off: BackOff
         told, and CrashLoopBackOff shown if a sync before was blocked too."""
-        pod = self._pod(uid)
-        self.tell(pod, backoff.back_off_told(pod, name), name)
-        waiting = backoff.crash_loop_state(pod, name, plan.delay)["waiting"]
-        self._containers_not_started(pod, {name: (waiting["reason"], waiting["message"])})
+        self._back_off_blocked(self._pod(uid), name, plan.delay)
         await self._show_crash_loop(uid, name, plan)
         plan.synced = True
+
+    def _back_off_blocked(self, pod: Obj, name: str, delay: float) -> None:
+        """A sync that container ``name``'s back-off (of ``delay`` s) kept from starting it:
+        BackOff told, and the sync's failure logged."""
+        self.tell(pod, backoff.back_off_told(pod, name), name)
+        waiting = backoff.crash_loop_state(pod, name, delay)["waiting"]
+        self._containers_not_started(pod, {name: (waiting["reason"], waiting["message"])})
 
     async def _show_crash_loop(self, uid: str, name: str, plan: backoff.BackingOff) -> None:
         """Container ``name`` shown waiting in CrashLoopBackOff once a sync was blocked by
