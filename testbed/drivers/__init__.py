@@ -80,7 +80,7 @@ def driver_on_node(
     """A built-in driver serving one node: what the standalone driver, synthetic nodes,
     tests and benchmarks all run (the options are DriverPlugin's)."""
     return DriverPlugin(
-        kind_of(driver).make(backend, client),
+        kind_of(driver).make(backend, client, node),
         node,
         paths,
         client,

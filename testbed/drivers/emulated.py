@@ -67,19 +67,21 @@ class DriverKind:
             for name, kind in self.classes.items()
         ]
 
-    def make(self, backend: DeviceBackend, client: KubeClient | None = None) -> EmulatedDriver:
-        return (self.driver or EmulatedDriver)(self, backend, client)
+    def make(self, backend: DeviceBackend, client: KubeClient | None = None, node: str = "") -> EmulatedDriver:
+        return (self.driver or EmulatedDriver)(self, backend, client, node)
 
 
 class EmulatedDriver:
     """One driver's view of a node's emulated hardware: its own devices only."""
 
-    def __init__(self, kind: DriverKind, backend: DeviceBackend, client: KubeClient | None = None):
+    def __init__(self, kind: DriverKind, backend: DeviceBackend, client: KubeClient | None = None, node: str = ""):
         self.kind = kind
         self.name = kind.name
         self.backend = backend
         self.client = client
         """For drivers that write to the API (the claim status of a NIC)."""
+        self.node = node
+        """The node it serves, for its log lines (a fleet host's log holds many nodes')."""
         self._mine: tuple[int, frozenset[str]] = (-1, frozenset())
         self._behind_fabric: frozenset[str] | None = None
         """Its devices that sit behind a fabric (a device's place never changes)."""

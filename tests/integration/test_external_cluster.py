@@ -50,7 +50,7 @@ def test_a_fleet_joins_an_existing_cluster_and_leaves_it(
 
         status = _testbed(state_dir, "status")
         assert status.returncode == 0 and "ray" in status.stdout, status.stdout + status.stderr
-        pools, hosts = status.stdout.split("fleet pools")[1].split("NodeHosts", 1)
+        pools, hosts = status.stdout.split("fleet pools")[1].split("NodeHosts (Ray at", 1)
         assert "ext" in pools and "2 / 2" in pools, status.stdout
         assert "2 / 2" in hosts and "no" in hosts, "one NodeHost holding both, ready, not restarted"
 

@@ -75,8 +75,9 @@ class NicDriver(EmulatedDriver):
             # The devices are prepared; a status write failing must not fail the pod.
             cause = status_refusal_cause(exc)
             log.warning(
-                "%s: could not write network status of %s/%s: %s",
+                "%s on %s: could not write network status of %s/%s: %s",
                 self.name,
+                self.node,
                 ref.namespace,
                 ref.name,
                 f"{exc} ({cause})" if cause else exc,
