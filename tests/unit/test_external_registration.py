@@ -27,21 +27,21 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _driver(tmp_path: Path, program: str) -> ExternalDriver:
+def _driver(short_tmp_path: Path, program: str) -> ExternalDriver:
     return ExternalDriver(
-        ExternalDriverSpec(name=DRIVER, command=(sys.executable, "-c", program)), "node-0", tmp_path / "node"
+        ExternalDriverSpec(name=DRIVER, command=(sys.executable, "-c", program)), "node-0", short_tmp_path / "node"
     )
 
 
-async def _wait(tmp_path: Path, external: ExternalDriver, timeout_s: float, serve_after_s: float | None) -> float:
+async def _wait(short_tmp_path: Path, external: ExternalDriver, timeout_s: float, serve_after_s: float | None) -> float:
     """Seconds until ``wait_registered`` returned; a registration socket is served from
     here after ``serve_after_s`` (the driver's own program stands for the rest)."""
-    registry = tmp_path / "node" / "kubelet" / "plugins_registry"
+    registry = short_tmp_path / "node" / "kubelet" / "plugins_registry"
     registry.mkdir(parents=True)
     manager = PluginManager(registry, scan_interval_s=3600.0, watch_health=False)
     manager.start()
     server = grpc.aio.server()
-    add_registration_service(server, RegistrationService(DRIVER, str(tmp_path / "dra.sock")))
+    add_registration_service(server, RegistrationService(DRIVER, str(short_tmp_path / "dra.sock")))
 
     async def serve_later() -> None:
         assert serve_after_s is not None
@@ -64,30 +64,30 @@ async def _wait(tmp_path: Path, external: ExternalDriver, timeout_s: float, serv
         await manager.stop()
 
 
-def test_a_driver_that_registers_is_waited_for_and_no_longer(tmp_path: Path) -> None:
-    external = _driver(tmp_path, "import time; time.sleep(60)")
-    waited = asyncio.run(_wait(tmp_path, external, PATIENCE_S, serve_after_s=0.3))
+def test_a_driver_that_registers_is_waited_for_and_no_longer(short_tmp_path: Path) -> None:
+    external = _driver(short_tmp_path, "import time; time.sleep(60)")
+    waited = asyncio.run(_wait(short_tmp_path, external, PATIENCE_S, serve_after_s=0.3))
     assert 0.3 <= waited < PATIENCE_S / 6  # told by the plugin watcher, not at the timeout
 
 
-def test_a_driver_that_keeps_crashing_fails_the_start_early_with_its_log(tmp_path: Path) -> None:
-    external = _driver(tmp_path, "print('no device plugin socket for you'); raise SystemExit(3)")
+def test_a_driver_that_keeps_crashing_fails_the_start_early_with_its_log(short_tmp_path: Path) -> None:
+    external = _driver(short_tmp_path, "print('no device plugin socket for you'); raise SystemExit(3)")
     started = time.monotonic()
     with pytest.raises(TestbedError) as failure:
-        asyncio.run(_wait(tmp_path, external, PATIENCE_S, serve_after_s=None))
+        asyncio.run(_wait(short_tmp_path, external, PATIENCE_S, serve_after_s=None))
     assert f"exited {CRASHES_WHILE_STARTING} times" in str(failure.value)
     assert "did not register" in str(failure.value)
     assert "no device plugin socket for you" in str(failure.value.detail)
     assert time.monotonic() - started < PATIENCE_S / 2  # at its second exit (1 s apart), not the timeout
 
 
-def test_a_driver_that_runs_but_never_registers_fails_at_the_timeout(tmp_path: Path) -> None:
-    external = _driver(tmp_path, "import time; time.sleep(60)")
+def test_a_driver_that_runs_but_never_registers_fails_at_the_timeout(short_tmp_path: Path) -> None:
+    external = _driver(short_tmp_path, "import time; time.sleep(60)")
     with pytest.raises(TestbedError, match=r"did not register with the kubelet \(not within 1 s\)"):
-        asyncio.run(_wait(tmp_path, external, 1.0, serve_after_s=None))
+        asyncio.run(_wait(short_tmp_path, external, 1.0, serve_after_s=None))
 
 
-def test_a_driver_its_liveness_probe_keeps_killing_fails_the_start_saying_so(tmp_path: Path) -> None:
+def test_a_driver_its_liveness_probe_keeps_killing_fails_the_start_saying_so(short_tmp_path: Path) -> None:
     """A driver that does not serve its health endpoint (or not within the probe's initial
     delay) is killed by the probe, not crashing: the error says which, and what to check."""
     from testbed.fleet.liveness import LivenessSettings
@@ -95,9 +95,9 @@ def test_a_driver_its_liveness_probe_keeps_killing_fails_the_start_saying_so(tmp
     spec = ExternalDriverSpec(
         DRIVER, (sys.executable, "-c", "import time; time.sleep(60)"), liveness=LivenessSettings(period_s=0.1)
     )
-    external = ExternalDriver(spec, "node-0", tmp_path / "node")
+    external = ExternalDriver(spec, "node-0", short_tmp_path / "node")
     with pytest.raises(TestbedError) as failure:
-        asyncio.run(_wait(tmp_path, external, PATIENCE_S, serve_after_s=None))
+        asyncio.run(_wait(short_tmp_path, external, PATIENCE_S, serve_after_s=None))
     assert external.liveness_kills == CRASHES_WHILE_STARTING
     assert "killed 2 of them for failing its liveness probe" in str(failure.value)
     assert "$LIVENESS_PORT" in str(failure.value)
@@ -105,7 +105,7 @@ def test_a_driver_its_liveness_probe_keeps_killing_fails_the_start_saying_so(tmp
 
 @pytest.mark.parametrize(("grace_s", "code"), [(0.5, -9), (30.0, 143)])  # -9: killed (SIGKILL)
 def test_a_driver_is_stopped_with_sigterm_and_killed_once_its_grace_period_is_over(
-    tmp_path: Path, grace_s: float, code: int
+    short_tmp_path: Path, grace_s: float, code: int
 ) -> None:
     """As the kubelet stops a DaemonSet pod: SIGTERM, and SIGKILL after the pod's
     terminationGracePeriodSeconds. A driver still cleaning up after SIGTERM (here: one
@@ -118,7 +118,7 @@ def test_a_driver_is_stopped_with_sigterm_and_killed_once_its_grace_period_is_ov
         "time.sleep(600)\n"
     )
     spec = ExternalDriverSpec(name=DRIVER, command=(sys.executable, "-c", program), grace_s=grace_s)
-    external = ExternalDriver(spec, "node-0", tmp_path / "node")
+    external = ExternalDriver(spec, "node-0", short_tmp_path / "node")
 
     async def scenario() -> tuple[int | None, float]:
         await external.start({})

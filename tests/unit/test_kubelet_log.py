@@ -47,8 +47,8 @@ class Devices(dra_v1_pb2_grpc.DRAPluginServicer):
         return answer
 
 
-async def _calls(tmp_path: Path) -> None:
-    registry, endpoint = tmp_path / "plugins_registry", tmp_path / "dra.sock"
+async def _calls(short_tmp_path: Path) -> None:
+    registry, endpoint = short_tmp_path / "plugins_registry", short_tmp_path / "dra.sock"
     registry.mkdir()
     server = grpc.aio.server()
     add_registration_service(server, RegistrationService(DRIVER, str(endpoint)))
@@ -80,12 +80,12 @@ def _lines(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 def test_at_debug_each_driver_call_is_logged_with_its_node_claims_and_answer(
-    tmp_path: Path, kubelet_log: pytest.LogCaptureFixture
+    short_tmp_path: Path, kubelet_log: pytest.LogCaptureFixture
 ) -> None:
     kubelet_log.set_level(logging.DEBUG, logger="testbed.kubelet.plugins")
-    asyncio.run(_calls(tmp_path))
+    asyncio.run(_calls(short_tmp_path))
     lines = _lines(kubelet_log)
-    asked = f"of {DRIVER} at {tmp_path / 'dra.sock'} for team/train-gpu (uid-a), team/train-nic (uid-b)"
+    asked = f"of {DRIVER} at {short_tmp_path / 'dra.sock'} for team/train-gpu (uid-a), team/train-nic (uid-b)"
     assert f"node-7: calling NodePrepareResources {asked}" in lines, lines
     [prepared] = [line for line in lines if line.startswith("node-7: NodePrepareResources of")]
     assert prepared.endswith(
@@ -98,8 +98,10 @@ def test_at_debug_each_driver_call_is_logged_with_its_node_claims_and_answer(
     assert any(line.startswith(f"node-7: registered DRA plugin {DRIVER}") for line in lines), lines
 
 
-def test_at_the_fleets_default_level_a_call_logs_nothing(tmp_path: Path, kubelet_log: pytest.LogCaptureFixture) -> None:
-    asyncio.run(_calls(tmp_path))
+def test_at_the_fleets_default_level_a_call_logs_nothing(
+    short_tmp_path: Path, kubelet_log: pytest.LogCaptureFixture
+) -> None:
+    asyncio.run(_calls(short_tmp_path))
     assert _lines(kubelet_log) == []
 
 

@@ -23,8 +23,8 @@ def _socket_at(path: Path) -> socket.socket:
     return server
 
 
-def test_a_settled_empty_registry_is_not_listed_again_until_a_socket_appears(tmp_path: Path) -> None:
-    registry = tmp_path / "plugins_registry"
+def test_a_settled_empty_registry_is_not_listed_again_until_a_socket_appears(short_tmp_path: Path) -> None:
+    registry = short_tmp_path / "plugins_registry"
     registry.mkdir()
     manager = PluginManager(registry, watch_health=False)
     _age(registry, 10)
@@ -37,16 +37,16 @@ def test_a_settled_empty_registry_is_not_listed_again_until_a_socket_appears(tmp
         server.close()
 
 
-def test_a_change_just_before_a_scan_is_not_trusted_to_be_the_last(tmp_path: Path) -> None:
-    registry = tmp_path / "plugins_registry"
+def test_a_change_just_before_a_scan_is_not_trusted_to_be_the_last(short_tmp_path: Path) -> None:
+    registry = short_tmp_path / "plugins_registry"
     registry.mkdir()
     manager = PluginManager(registry, watch_health=False)
     asyncio.run(manager.scan())  # the directory was made a moment ago: same clock tick as a change to come
     assert not manager._unchanged()
 
 
-def test_a_socket_that_did_not_answer_is_looked_at_again(tmp_path: Path) -> None:
-    registry = tmp_path / "plugins_registry"
+def test_a_socket_that_did_not_answer_is_looked_at_again(short_tmp_path: Path) -> None:
+    registry = short_tmp_path / "plugins_registry"
     registry.mkdir()
     server = _socket_at(registry / "silent.sock")  # bound, not listening: GetInfo fails
     try:
@@ -59,20 +59,20 @@ def test_a_socket_that_did_not_answer_is_looked_at_again(tmp_path: Path) -> None
         server.close()
 
 
-def test_sockets_in_subdirectories_are_found_as_the_kubelet_walks_them(tmp_path: Path) -> None:
+def test_sockets_in_subdirectories_are_found_as_the_kubelet_walks_them(short_tmp_path: Path) -> None:
     """The kubelet's plugin watcher walks the registry directory's subdirectories too,
     skips names starting with '.', and follows no symlinks."""
-    registry = tmp_path / "plugins_registry"
+    registry = short_tmp_path / "plugins_registry"
     (registry / "vendor" / "deeper").mkdir(parents=True)
-    (tmp_path / "elsewhere").mkdir()
-    (registry / "link").symlink_to(tmp_path / "elsewhere")
+    (short_tmp_path / "elsewhere").mkdir()
+    (registry / "link").symlink_to(short_tmp_path / "elsewhere")
     servers = [
         _socket_at(path)
         for path in (
             registry / "top.sock",
             registry / "vendor" / "deeper" / "nested.sock",
             registry / "vendor" / ".hidden.sock",
-            tmp_path / "elsewhere" / "linked.sock",
+            short_tmp_path / "elsewhere" / "linked.sock",
         )
     ]
     try:

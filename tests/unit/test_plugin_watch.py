@@ -56,16 +56,16 @@ async def _serve(socket: Path, registration: RegistrationService) -> grpc.aio.Se
     return server
 
 
-def test_a_directory_watcher_wakes_on_entries_made_and_removed(tmp_path: Path) -> None:
+def test_a_directory_watcher_wakes_on_entries_made_and_removed(short_tmp_path: Path) -> None:
     async def run() -> None:
         watcher = dirwatch.watcher()
         assert watcher is not None
         woken = asyncio.Event()
-        watch = watcher.watch(tmp_path, woken.set)
-        (tmp_path / "made").touch()
+        watch = watcher.watch(short_tmp_path, woken.set)
+        (short_tmp_path / "made").touch()
         await asyncio.wait_for(woken.wait(), DEADLINE_S)
         woken.clear()
-        (tmp_path / "made").unlink()
+        (short_tmp_path / "made").unlink()
         await asyncio.wait_for(woken.wait(), DEADLINE_S)
         watcher.unwatch(watch)
         assert watcher.watched == 0
@@ -73,8 +73,8 @@ def test_a_directory_watcher_wakes_on_entries_made_and_removed(tmp_path: Path) -
     asyncio.run(run())
 
 
-def test_a_driver_starting_in_a_new_subdirectory_is_registered_and_its_removal_seen(tmp_path: Path) -> None:
-    registry = tmp_path / "plugins_registry"
+def test_a_driver_starting_in_a_new_subdirectory_is_registered_and_its_removal_seen(short_tmp_path: Path) -> None:
+    registry = short_tmp_path / "plugins_registry"
 
     async def run() -> None:
         manager = PluginManager(registry, scan_interval_s=NEVER_S, watch_health=False)
@@ -82,7 +82,7 @@ def test_a_driver_starting_in_a_new_subdirectory_is_registered_and_its_removal_s
         await _until(lambda: bool(manager._watches), "the registry watched")
         (registry / "vendor").mkdir()  # after the kubelet started: it is watched once seen
         socket = registry / "vendor" / "driver.sock"
-        server = await _serve(socket, RegistrationService("gpu.example.com", str(tmp_path / "dra.sock")))
+        server = await _serve(socket, RegistrationService("gpu.example.com", str(short_tmp_path / "dra.sock")))
         try:
             await asyncio.wait_for(manager.wait_for_driver("gpu.example.com", DEADLINE_S), DEADLINE_S)
         finally:
@@ -95,14 +95,14 @@ def test_a_driver_starting_in_a_new_subdirectory_is_registered_and_its_removal_s
     asyncio.run(run())
 
 
-def test_a_registration_that_failed_is_tried_again_without_any_change_on_disk(tmp_path: Path) -> None:
-    registry = tmp_path / "plugins_registry"
+def test_a_registration_that_failed_is_tried_again_without_any_change_on_disk(short_tmp_path: Path) -> None:
+    registry = short_tmp_path / "plugins_registry"
 
     async def run() -> None:
         manager = PluginManager(registry, scan_interval_s=NEVER_S, watch_health=False)
         manager.start()
         await _until(lambda: bool(manager._watches), "the registry watched")
-        registration = FirstAnswersUnavailable("nic.example.com", str(tmp_path / "dra.sock"))
+        registration = FirstAnswersUnavailable("nic.example.com", str(short_tmp_path / "dra.sock"))
         server = await _serve(registry / "driver.sock", registration)
         try:
             await asyncio.wait_for(manager.wait_for_driver("nic.example.com", DEADLINE_S), DEADLINE_S)
@@ -114,8 +114,8 @@ def test_a_registration_that_failed_is_tried_again_without_any_change_on_disk(tm
     asyncio.run(run())
 
 
-def test_a_subdirectory_removed_and_made_again_is_watched_anew(tmp_path: Path) -> None:
-    registry = tmp_path / "plugins_registry"
+def test_a_subdirectory_removed_and_made_again_is_watched_anew(short_tmp_path: Path) -> None:
+    registry = short_tmp_path / "plugins_registry"
 
     async def run() -> None:
         manager = PluginManager(registry, scan_interval_s=NEVER_S, watch_health=False)
@@ -127,7 +127,9 @@ def test_a_subdirectory_removed_and_made_again_is_watched_anew(tmp_path: Path) -
         vendor.rmdir()  # and made again before the kubelet looks: its old watch went with it
         vendor.mkdir()
         await _until(lambda: manager._watches.get(vendor, old) != old, "the new subdirectory watched")
-        server = await _serve(vendor / "driver.sock", RegistrationService("gpu.example.com", str(tmp_path / "d.sock")))
+        server = await _serve(
+            vendor / "driver.sock", RegistrationService("gpu.example.com", str(short_tmp_path / "d.sock"))
+        )
         try:
             await asyncio.wait_for(manager.wait_for_driver("gpu.example.com", DEADLINE_S), DEADLINE_S)
         finally:
@@ -138,7 +140,7 @@ def test_a_subdirectory_removed_and_made_again_is_watched_anew(tmp_path: Path) -
 
 
 def test_with_no_inotify_watch_left_the_registry_is_polled_and_that_said_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    short_tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """fs.inotify.max_user_watches reached (ENOSPC, as the kernel answers): registration
     still happens, by polling, and a NodeHost of hundreds of nodes says so once."""
@@ -150,7 +152,7 @@ def test_with_no_inotify_watch_left_the_registry_is_polled_and_that_said_once(
     monkeypatch.setattr(dirwatch.DirectoryWatcher, "watch", no_watch_left)
 
     async def run() -> None:
-        registries = [tmp_path / f"node{i}" / "plugins_registry" for i in range(2)]
+        registries = [short_tmp_path / f"node{i}" / "plugins_registry" for i in range(2)]
         managers = [PluginManager(registry, scan_interval_s=0.05, watch_health=False) for registry in registries]
         servers = []
         for manager, registry in zip(managers, registries, strict=True):

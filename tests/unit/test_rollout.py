@@ -220,16 +220,16 @@ def _socket_driver(root: Path, socket_name: str, generation: int) -> ExternalDri
 
 @pytest.mark.parametrize("names_by_pod", [True, False])
 def test_a_surge_whose_old_instance_removes_the_new_ones_sockets_is_a_failure_not_a_rollout(
-    tmp_path: Path, names_by_pod: bool
+    short_tmp_path: Path, names_by_pod: bool
 ) -> None:
     """Two instances of a driver whose socket names do not carry its pod's UID share the
     paths: the old one, stopping, takes the new one's socket with it and the kubelet is
     left with none, which a surge must say rather than count as rolled out."""
 
     async def surge() -> RolledOut:
-        old = _socket_driver(tmp_path, "gpu-0-reg.sock" if names_by_pod else "gpu-reg.sock", 0)
-        new = _socket_driver(tmp_path, "gpu-1-reg.sock" if names_by_pod else "gpu-reg.sock", 1)
-        registry = tmp_path / "kubelet" / "plugins_registry"
+        old = _socket_driver(short_tmp_path, "gpu-0-reg.sock" if names_by_pod else "gpu-reg.sock", 0)
+        new = _socket_driver(short_tmp_path, "gpu-1-reg.sock" if names_by_pod else "gpu-reg.sock", 1)
+        registry = short_tmp_path / "kubelet" / "plugins_registry"
 
         async def registered(name: str) -> None:
             async with asyncio.timeout(30):
@@ -284,17 +284,19 @@ def test_a_rollout_sets_the_pools_generation_and_command_before_any_node_rolls(t
     assert FleetFile.model_validate(kept[-1]).pools[0].external_drivers[0].generation == 2, "read back from the state"
 
 
-def test_without_surge_the_new_instance_is_told_from_what_is_left_once_the_old_one_stopped(tmp_path: Path) -> None:
+def test_without_surge_the_new_instance_is_told_from_what_is_left_once_the_old_one_stopped(
+    short_tmp_path: Path,
+) -> None:
     """maxUnavailable: what tells the new instance apart (the kubelet's log offset, the
     sockets and plugin objects there are) is taken after the old one stopped, since its
     socket's inode and its plugin object's id() are then free for the new one's to take:
     taken before, the new instance could look like the old one and never be seen."""
-    registry = tmp_path / "kubelet" / "plugins_registry"
+    registry = short_tmp_path / "kubelet" / "plugins_registry"
     socket = registry / "gpu-reg.sock"
     seen: list[tuple[bool, bool]] = []
 
     async def roll() -> RolledOut:
-        old, new = _socket_driver(tmp_path, "gpu-reg.sock", 0), _socket_driver(tmp_path, "gpu-reg.sock", 1)
+        old, new = _socket_driver(short_tmp_path, "gpu-reg.sock", 0), _socket_driver(short_tmp_path, "gpu-reg.sock", 1)
         await old.start({})
         async with asyncio.timeout(30):
             while not socket.is_socket():
