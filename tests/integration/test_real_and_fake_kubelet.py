@@ -34,7 +34,7 @@ from testbed.controlplane.cluster import ClusterState
 from testbed.environment import install_device_classes
 from testbed.fleet.fabric import FabricManager
 from testbed.keys import CONTAINER_ENV_ANNOTATION, FABRIC_ATTACHED
-from testbed.kubeapi import ApiError, KubeClient, Obj, now_rfc3339, parse_rfc3339, path_for
+from testbed.kubeapi import ApiError, KubeClient, Obj, WatchPosition, now_rfc3339, parse_rfc3339, path_for
 from testbed.kubelet.node import SYNTHETIC_TOLERATION, NodeSpec
 from testbed.kubeletplugin import cdi
 from testbed.realnode.node import ProcessNode, unsupported_reason
@@ -136,20 +136,13 @@ class Side:
         it deleted; the pod as it was when it went (its last status)."""
         last: dict[str, Obj] = {}
 
-        async def follow() -> None:
-            path = path_for("v1", "pods", namespace=self.namespace)
-            async for kind, pod in self.client.watch(path, {"fieldSelector": f"metadata.name={name}"}):
-                last[kind] = pod
-
         async def gone() -> bool:
             return "DELETED" in last
 
-        following = asyncio.create_task(follow())
-        try:
+        path, one = path_for("v1", "pods", namespace=self.namespace), {"fieldSelector": f"metadata.name={name}"}
+        async with watching(self.client, path, last.__setitem__, one):
             await (cause() if cause is not None else self.delete_pod(name, grace_s))
             await until(gone, timeout_s, f"{self.kind}: {name} deleted")
-        finally:
-            following.cancel()
         return last["DELETED"]
 
     async def gone(self, name: str, timeout_s: float = 120) -> None:
@@ -231,6 +224,42 @@ async def until(condition: Callable[[], Awaitable[T | None]], timeout_s: float, 
             return last
         await asyncio.sleep(0.25)
     raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what} (last: {last!r})")
+
+
+async def watch_from_now(
+    client: KubeClient, path: str, seen: Callable[[str, Obj], None], params: dict[str, str] | None = None
+) -> asyncio.Task[None]:
+    """A task calling ``seen`` with each change of what ``path`` lists, returned once its
+    watch has listed: a watch still starting when a change came would list only its
+    result (and nothing of a pod already deleted), as happened on a loaded machine."""
+    position = WatchPosition()
+
+    async def follow() -> None:
+        async for kind, obj in client.watch(path, params, position=position):
+            seen(kind, obj)
+
+    following = asyncio.create_task(follow())
+    listed = asyncio.create_task(position.synced.wait())
+    await asyncio.wait([listed, following], timeout=60, return_when=asyncio.FIRST_COMPLETED)
+    listed.cancel()
+    if following.done():
+        following.result()  # its error
+    if not position.synced.is_set():
+        following.cancel()
+        raise AssertionError(f"a watch of {path} did not list within 60 s")
+    return following
+
+
+@asynccontextmanager
+async def watching(
+    client: KubeClient, path: str, seen: Callable[[str, Obj], None], params: dict[str, str] | None = None
+) -> AsyncIterator[None]:
+    """watch_from_now's, while the block runs."""
+    following = await watch_from_now(client, path, seen, params)
+    try:
+        yield
+    finally:
+        following.cancel()
 
 
 @asynccontextmanager
@@ -1193,19 +1222,15 @@ def test_a_container_that_exits_at_once_is_never_shown_running_alike(
                 versions: dict[str, list[Obj]] = {name: [] for name in pods}
                 done = asyncio.Event()
 
-                async def watch() -> None:
-                    async for _, pod in side.client.watch(path_for("v1", "pods", namespace=side.namespace), {}):
-                        versions[pod["metadata"]["name"]].append(pod.get("status") or {})
-                        if settled(versions):
-                            done.set()
+                def note(_: str, pod: Obj) -> None:
+                    versions[pod["metadata"]["name"]].append(pod.get("status") or {})
+                    if settled(versions):
+                        done.set()
 
-                watching = asyncio.create_task(watch())
-                try:
+                async with watching(side.client, path_for("v1", "pods", namespace=side.namespace), note):
                     for name, spec in pods.items():
                         await side.create_pod(name, **spec)
                     await asyncio.wait_for(done.wait(), 60)
-                finally:
-                    watching.cancel()
                 found: dict[str, Any] = {}
                 for name, seen in versions.items():
                     shown = [c for status in seen for c in status.get("containerStatuses") or []]
@@ -1395,11 +1420,9 @@ def test_a_restart_all_containers_rule_restarts_the_pod_in_place_alike(
                 await side.template("gpu", [request("gpu", GPU)])
                 versions: dict[str, list[Obj]] = {"all": [], "early": []}
 
-                async def follow() -> None:
-                    path = path_for("v1", "pods", namespace=side.namespace)
-                    async for _, pod in side.client.watch(path):
-                        if pod["metadata"]["name"] in versions and pod.get("status", {}).get("containerStatuses"):
-                            versions[pod["metadata"]["name"]].append(pod)
+                def seen(_: str, pod: Obj) -> None:
+                    if pod["metadata"]["name"] in versions and pod.get("status", {}).get("containerStatuses"):
+                        versions[pod["metadata"]["name"]].append(pod)
 
                 def first(name: str, wanted: Callable[[States], bool]) -> Obj | None:
                     """The first status of pod ``name`` written (as watched) in which its containers' states are so."""
@@ -1409,7 +1432,7 @@ def test_a_restart_all_containers_rule_restarts_the_pod_in_place_alike(
                     pod = first(name, wanted)
                     return None if pod is None else _status_shape(pod)
 
-                following = asyncio.create_task(follow())
+                following = await watch_from_now(side.client, path_for("v1", "pods", namespace=side.namespace), seen)
                 rule = [{"action": "RestartAllContainers", "exitCodes": {"operator": "In", "values": [42]}}]
 
                 def containers(pod: str, **spec: Any) -> Obj:
@@ -2425,12 +2448,9 @@ def test_a_crash_looping_container_shows_each_exit_and_crash_loop_back_off_befor
                     if all(seen[-1:] and seen[-1][0] == 2 for seen in states.values()):
                         done.set()
 
-                async def watch() -> None:
-                    async for _, pod in side.client.watch(path_for("v1", "pods", namespace=side.namespace), {}):
-                        note(pod)
-
-                watching = asyncio.create_task(watch())
-                try:
+                async with watching(
+                    side.client, path_for("v1", "pods", namespace=side.namespace), lambda _, p: note(p)
+                ):
                     await side.create_pod("loop", containers=[_image("main", "loop:v1", "sh", "-c", "sleep 1; exit 1")])
                     await side.create_pod(
                         "init-loop",
@@ -2438,8 +2458,6 @@ def test_a_crash_looping_container_shows_each_exit_and_crash_loop_back_off_befor
                         containers=[_image("main", "init-main:v1", "sleep", "3600")],
                     )
                     await asyncio.wait_for(done.wait(), 60)
-                finally:
-                    watching.cancel()
                 told = await _told(side)
                 for name in states:
                     await side.delete_pod(name)
@@ -2775,17 +2793,15 @@ def test_images_pulled_past_the_nodes_pull_limit_fail_and_back_off_alike(
                 versions: list[Obj] = []
                 done = asyncio.Event()
 
-                async def watch() -> None:
-                    async for _, pod in side.client.watch(path_for("v1", "pods", namespace=side.namespace), {}):
-                        status = pod.get("status") or {}
-                        versions.append(status)
-                        if status.get("phase") == "Running" and all(
-                            c["ready"] for c in status.get("containerStatuses") or []
-                        ):
-                            done.set()
+                def seen(_: str, pod: Obj) -> None:
+                    status = pod.get("status") or {}
+                    versions.append(status)
+                    if status.get("phase") == "Running" and all(
+                        c["ready"] for c in status.get("containerStatuses") or []
+                    ):
+                        done.set()
 
-                watching = asyncio.create_task(watch())
-                try:
+                async with watching(side.client, path_for("v1", "pods", namespace=side.namespace), seen):
                     began = time.monotonic()
                     command = ("sh", "-c", "exit 0") if inits else ("sleep", "3600")
                     wide = [_image(name, f"wide-{i:02d}", *command) for i, name in enumerate(names)]
@@ -2797,8 +2813,6 @@ def test_images_pulled_past_the_nodes_pull_limit_fail_and_back_off_alike(
                         await side.create_pod("wide", containers=wide)
                     await asyncio.wait_for(done.wait(), 60)
                     ran_after_s = time.monotonic() - began
-                finally:
-                    watching.cancel()
                 states: dict[str, list[str]] = {name: [] for name in names}
                 waits: set[tuple[str, str]] = set()
                 for status in versions:
