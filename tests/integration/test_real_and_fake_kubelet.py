@@ -1235,10 +1235,14 @@ def test_a_container_that_exits_at_once_is_never_shown_running_alike(
                 for name, seen in versions.items():
                     shown = [c for status in seen for c in status.get("containerStatuses") or []]
                     phases = [status.get("phase") for status in seen]
+                    # A kubelet may write its status only once the container started again:
+                    # the exit is then told as its last state.
                     ended = next(
-                        c["state"]["terminated"]
+                        told
                         for c in shown
-                        if c["name"] == exiting[name] and "terminated" in c["state"]
+                        if c["name"] == exiting[name]
+                        for told in (c["state"].get("terminated"), (c.get("lastState") or {}).get("terminated"))
+                        if told
                     )
                     found[name] = {
                         "phases": [phase for phase, _ in itertools.groupby(phases)],
