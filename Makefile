@@ -2,6 +2,7 @@
 #   make e2e     bring a local control plane up, prove it allocates, tear it down (KEEP=1 keeps it)
 #                CLUSTER=kind: the same on a kind cluster, the driver as a DaemonSet (needs Docker + kind)
 #   make test    unit + integration tests against the real local control plane
+#                (PYTEST_WORKERS=2 processes, a test file each at a time, each with its own cluster; 0: serial)
 #   make bench   benchmark figures (COLD=1 re-runs a cold build; FLEET_NODES/FLEET_PROFILE size the fleet run)
 #   make bench-peers  KWOK and the testbed side by side on one control plane (PEER_NODES, PEER_RUNS, PEER_IDENTITIES; builds KWOK once)
 #   make lint    ruff + mypy
@@ -13,6 +14,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 PYTEST_ARGS ?= --durations=15
+PYTEST_WORKERS ?= 2
 RUNS ?= 5
 FLEET_NODES ?= 1000
 FLEET_PROFILE ?= gpu8
@@ -41,7 +43,7 @@ e2e: install
 test: install
 	@if command -v go >/dev/null; then cd scripts/kube-build && CGO_ENABLED=0 go test ./cmd/...; \
 	else echo "no Go toolchain: skipping the Go tests of scripts/kube-build/cmd"; fi
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 unit: $(INSTALLED)
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
