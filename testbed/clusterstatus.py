@@ -7,7 +7,6 @@ manager) is reported as not answering, and never fails the whole. Scripts read t
 
 from __future__ import annotations
 
-import contextlib
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -287,14 +286,16 @@ def _fleet(state: cluster.ClusterState) -> Fleet | None:
         )
         for node, said in host.get("faults", {}).items():
             fleet.faults.setdefault(node, []).extend(said)
-    with contextlib.suppress(Exception):  # a fabric manager that does not answer: said below
-        for node, said in attached.fabric_faults().items():
-            fleet.faults.setdefault(node, []).extend(said)
-    fleet.faults = dict(sorted(fleet.faults.items()))
     try:
-        fleet.fabric = attached.fabric_figures()
+        fabric = attached.fabric_state()
     except Exception as exc:  # a status must say what it can, not fail
         fleet.fabric_error = type(exc).__name__
+    else:
+        if fabric is not None:
+            fleet.fabric, attach_faults = fabric
+            for node, said in attach_faults.items():
+                fleet.faults.setdefault(node, []).extend(said)
+    fleet.faults = dict(sorted(fleet.faults.items()))
     return fleet
 
 

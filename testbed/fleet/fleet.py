@@ -300,17 +300,17 @@ class Fleet:
             .remote(self.kubeconfig_content, self.spec.fabric.attach_seconds, self.authority, self.spec.log_level)
         )
 
-    def fabric_figures(self) -> dict[str, Any] | None:
-        """Attaches made, failed, hung and under way; None without a fabric manager."""
+    def fabric_state(self) -> tuple[dict[str, Any], dict[str, list[str]]] | None:
+        """The fabric manager's attach figures (made, failed, hung, under way) and, by node,
+        the attach faults in force; None without a fabric manager. Asked together, so a
+        manager that does not answer costs one wait, not two."""
         import ray
 
-        return None if self.fabric is None else dict(ray.get(self.fabric.figures.remote(), timeout=30))
-
-    def fabric_faults(self) -> dict[str, list[str]]:
-        """By node, the attach faults in force ({} without a fabric manager)."""
-        import ray
-
-        return {} if self.fabric is None else dict(ray.get(self.fabric.faults_in_force.remote(), timeout=30))
+        if self.fabric is None:
+            return None
+        asked = [self.fabric.figures.remote(), self.fabric.faults_in_force.remote()]
+        figures, faults = ray.get(asked, timeout=30)
+        return dict(figures), dict(faults)
 
     def _declared_features(self) -> list[str]:
         """Read once: the API server's /metrics is megabytes, too much to ask per host."""

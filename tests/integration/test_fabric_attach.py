@@ -82,17 +82,16 @@ def test_a_pod_is_bound_once_its_gpu_is_attached_and_an_attach_that_fails_is_all
         assert status == "True" and f"attached to node {node}" in message
         reasons = [reason for reason, _ in events(kube_api, namespace, "first")]
         assert "BindingConditionsPending" in reasons, "the scheduler waited for the attach before binding"
-        assert own.fabric_figures() == {"attached": 1, "failed": 0, "hung": 0, "under way": 0}
+        assert own.fabric_state() == ({"attached": 1, "failed": 0, "hung": 0, "under way": 0}, {})
 
         run_coroutine(own.apply_fault(node, "fail-attach", "1"))
-        assert own.fabric_faults() == {node: ["next 1 attaches fail"]}, "what `testbed status` lists"
+        _, faults = _fabric(own)
+        assert faults == {node: ["next 1 attaches fail"]}, "what `testbed status` lists"
         core.create_namespaced_pod(namespace, pod("second", {"gpu": {"resourceClaimTemplateName": "gpu"}}, node=node))
         wait_running(kube_api, namespace, "second", 180)
         # The failed attach was written, the scheduler gave that allocation up (clearing the
         # claim's status), allocated again, and the next attach succeeded.
-        wait_for(
-            lambda: own.fabric_figures() == {"attached": 2, "failed": 1, "hung": 0, "under way": 0}, 30, "the figures"
-        )
+        wait_for(lambda: _fabric(own)[0] == {"attached": 2, "failed": 1, "hung": 0, "under way": 0}, 30, "the figures")
         conditions = _conditions(_claim(kube_api, namespace, "second"))
         assert FABRIC_ATTACH_FAILED not in conditions and conditions[FABRIC_ATTACHED][0] == "True", conditions
         said = " ".join(message for _, message in events(kube_api, namespace, "second"))
@@ -101,9 +100,15 @@ def test_a_pod_is_bound_once_its_gpu_is_attached_and_an_attach_that_fails_is_all
         run_coroutine(own.apply_fault(node, "hang-attach", "2"))
         run_coroutine(own.apply_fault(node, "fail-attach", "1"))
         run_coroutine(own.apply_fault(node, "clear", ""))
-        assert own.fabric_faults() == {}, "`testbed fault NODE clear` takes the attach faults off too"
+        assert _fabric(own)[1] == {}, "`testbed fault NODE clear` takes the attach faults off too"
     finally:
         core.delete_namespace(namespace)
+
+
+def _fabric(fleet: Fleet) -> tuple[dict[str, Any], dict[str, list[str]]]:
+    state = fleet.fabric_state()
+    assert state is not None, "a fleet with fabric-attached nodes runs a fabric manager"
+    return state
 
 
 def _cli(*args: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
