@@ -3,6 +3,7 @@
 #                CLUSTER=kind: the same on a kind cluster, the driver as a DaemonSet (needs Docker + kind)
 #   make test    unit + integration tests against the real local control plane
 #                (PYTEST_WORKERS=2 processes, a test file each at a time, each with its own cluster; 0: serial)
+#   make unit    the unit tests alone, the same way (no cluster; about a minute)
 #   make bench   benchmark figures (COLD=1 re-runs a cold build; FLEET_NODES/FLEET_PROFILE size the fleet run)
 #   make bench-peers  KWOK and the testbed side by side on one control plane (PEER_NODES, PEER_RUNS, PEER_IDENTITIES; builds KWOK once)
 #   make lint    ruff + mypy
@@ -46,7 +47,7 @@ test: install
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 unit: $(INSTALLED)
-	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile tests/unit $(PYTEST_ARGS)
 
 bench: install
 	$(PY) benchmarks/bench_controlplane.py --runs $(RUNS) $(if $(COLD),--cold,)
