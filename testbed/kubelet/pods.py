@@ -94,6 +94,7 @@ from testbed.kubelet.events import EventQueue, EventRecorder
 from testbed.kubelet.node import NodeSpec, node_object
 from testbed.kubelet.plugins import PluginManager
 from testbed.kubelet.podnetwork import AddressesExhausted, PodAddresses
+from testbed.kubelet.podstate import PodState
 from testbed.kubelet.resync import ResyncSchedule
 from testbed.kubelet.statuswriter import StatusWriter
 from testbed.tasks import cancel_and_wait
@@ -147,10 +148,8 @@ class PodManager:
         self.pod_cidr = pod_cidr
         self._addresses = PodAddresses()
         self._workers: dict[str, asyncio.Task[None]] = {}
-        self._latest: dict[str, Obj] = {}
-        self._updated: dict[str, asyncio.Event] = {}
-        self._changes: dict[str, int] = {}
-        """By pod UID: how often the pod changed beyond its status (or was deleted)."""
+        self._pods: dict[str, PodState] = {}
+        """By UID: each pod bound here that this kubelet knows of, and how far it took it."""
         self._task: asyncio.Task[None] | None = None
         self._resync_task: asyncio.Task[None] | None = None
         self._reconcile_task: asyncio.Task[None] | None = None
@@ -161,8 +160,6 @@ class PodManager:
         self._told = EventQueue(client, self._events)
         self._statuses = StatusWriter(client)
         self._images = images or containerevents.ImageStore()
-        self._running: dict[str, str] = {}
-        """Pods whose containers run, by UID: when they started (RFC 3339)."""
         self.sync_frequency_s = sync_frequency_s
         self._resync_schedule = ResyncSchedule(sync_frequency_s, backoff.JITTER)
         self._resync_wake = asyncio.Event()
@@ -170,46 +167,15 @@ class PodManager:
         self._terminated: set[str] = set()
         """Pods whose claims were released after their containers stopped, until the API
         says they are gone: their late events must not release them again."""
-        self._resources_status: dict[str, object] = {}
-        """By pod UID: the allocatedResourcesStatus last written, to write only changes."""
-        self._waiting: dict[str, dict[str, tuple[str, str]] | None] = {}
-        """Pods shown Pending (podstatus.py), with the container the runtime refused."""
-        self._inits: dict[str, podstatus.InitRun] = {}
-        """Pods whose init containers ran or run: how far they got."""
-        self._initializing: set[str] = set()
-        """Pods whose init containers run now (``_initialize``)."""
-        self._restarted: dict[str, dict[str, podstatus.Restarted]] = {}
-        """By pod UID and container name: containers that exited and are started again."""
-        self._started_early: dict[str, dict[str, podstatus.Restarted]] = {}
-        """By pod UID and container name: containers started while others of their pod
-        wait for their image (``_pull_images``), as they are; the pod is not running yet."""
         self._process_changes: dict[tuple[str, str, str], list[int | None]] = {}
         """By namespace, pod and container: ``process_changed`` calls made before the pod
         ran here (a NodeHost taking a node over restarts its driver before its kubelet
         has adopted the driver pod), told once it runs."""
         self._process_back_off: dict[tuple[str, str, str], tuple[float, float]] = {}
         """Per container whose process runs beside this kubelet: its back-off (backoff.restart_delay)."""
-        self._probing: dict[str, dict[str, str]] = {}
-        """By pod UID and container name: containers whose probes have not passed yet."""
-        self._ephemeral: dict[str, dict[str, Obj]] = {}
-        """Ephemeral containers started (``kubectl debug``), by pod: each one's state."""
-        self._ran_images: dict[str, dict[str, str]] = {}
-        """By pod UID and container name: the image each container was last created with
-        (the spec's may have changed since: ``_redefined``)."""
-        self._generation_syncs: dict[str, bool] = {}
-        """Pods whose spec change is being synced: whether another came meanwhile."""
-        self._past_deadline: set[str] = set()
-        """Pods past their activeDeadlineSeconds: their workers stop them (``_ending``)."""
-        self._deadline_timers: dict[str, asyncio.TimerHandle] = {}
-        self._admitted: set[str] = set()
-        """Pods this kubelet took (admission.py): the others it counts while it admits one."""
-        self._rejected: set[str] = set()
-        """Pods it refused: never started (or stopped, if running through a restart), Failed
-        until deleted."""
         self._to_admit: list[str] = []
         """Pods seen and not admitted yet: those that came in together are admitted
         together, oldest first (``_admission``)."""
-        self._verdicts: dict[str, admission.Refusal | None] = {}
 
     def start(self) -> None:
         self.dra.load_checkpoint()
@@ -238,9 +204,13 @@ class PodManager:
     def observe(self, kind: str, pod: Obj) -> None:
         """Feed a pod event (from this manager's watch, or a watch shared by many nodes).
         As the kubelet, only a change beyond the status wakes the pod's worker."""
-        uid = pod["metadata"]["uid"]
-        before = self._latest.get(uid)
-        self._latest[uid] = dict(pod, _deleted=kind == "DELETED")
+        uid, seen = pod["metadata"]["uid"], dict(pod, _deleted=kind == "DELETED")
+        state = self._pods.get(uid)
+        before = None if state is None else state.pod
+        if state is None:
+            state = self._pods[uid] = PodState(seen)
+        else:
+            state.pod = seen
         if log.isEnabledFor(logging.INFO):
             self._log_sync_loop(kind, before, pod)
         if before is None and _sandbox_with_own_ip(pod):
@@ -257,16 +227,15 @@ class PodManager:
         ):
             self._sync_spec(uid)
         if kind == "DELETED" or before is None or _differs_beyond_status(before, pod):
-            self._changes[uid] = self._changes.get(uid, 0) + 1
-            self._updated.setdefault(uid, asyncio.Event()).set()
-            if kind != "DELETED" and before is not None and uid in self._running and not _own_write(before, pod):
+            state.changed()
+            if kind != "DELETED" and before is not None and state.running_since and not _own_write(before, pod):
                 # A running pod's worker syncs it now: its status is worked out again
                 # (a device whose health went stale turns Unknown), and the next
                 # periodic sync comes a syncFrequency after this one.
                 self._resync_schedule.add(uid, time.monotonic())
                 if self.dra.has_claims(uid):
                     self._in_background(self._sync_status(uid), f"pod-status-{uid}")
-        elif uid in self._running and pod["spec"].get("readinessGates"):
+        elif state.running_since and pod["spec"].get("readinessGates"):
             self._follow_readiness_gates(pod)
         if uid in self._workers:
             if before is not None and _deadline(before) != _deadline(pod):
@@ -275,9 +244,9 @@ class PodManager:
         if kind == "DELETED" and uid in self._terminated:
             self._forget(uid)  # released, and now gone from the API: nothing is left to do
         elif kind != "DELETED" and pod.get("status", {}).get("phase") not in ("Succeeded", "Failed"):
-            if uid in self._rejected and not self._deleting(uid):
+            if state.rejected and not state.deleting():
                 return  # its Failed status is not written yet
-            if uid not in self._rejected:
+            if not state.rejected:
                 self._to_admit.append(uid)
             self._workers[uid] = asyncio.create_task(self._run(uid), name=f"pod-{uid}")
         elif pod["metadata"].get("deletionTimestamp"):
@@ -299,47 +268,61 @@ class PodManager:
     # --- helpers ---------------------------------------------------------------------
 
     def _pod(self, uid: str) -> Obj:
-        return self._latest[uid]
+        return self._pods[uid].pod
+
+    def _seen(self, uid: str) -> Obj | None:
+        """The pod as last seen, if this kubelet still knows of it."""
+        state = self._pods.get(uid)
+        return None if state is None else state.pod
+
+    def _runs(self, uid: str) -> bool:
+        """Its containers run (it may be gone since the question came up)."""
+        state = self._pods.get(uid)
+        return state is not None and bool(state.running_since)
 
     def _deleting(self, uid: str) -> bool:
-        pod = self._latest[uid]
-        return bool(pod.get("_deleted") or pod["metadata"].get("deletionTimestamp"))
+        return self._pods[uid].deleting()
 
     def _ending(self, uid: str) -> bool:
         """Being deleted, or past its active deadline: its worker stops what it does."""
-        return uid in self._past_deadline or self._deleting(uid)
+        return self._pods[uid].ending()
 
     def _arm_deadline(self, uid: str) -> None:
         """Fail the pod once its activeDeadlineSeconds passed, counted from its startTime as
         the kubelet counts it (from now for a pod new here)."""
-        if (timer := self._deadline_timers.pop(uid, None)) is not None:
-            timer.cancel()
-        seconds = _deadline(self._pod(uid))
+        state = self._pods[uid]
+        state.forget_deadline()
+        seconds = _deadline(state.pod)
         if seconds is None:
             return
-        began = parse_rfc3339(_start_time(self._pod(uid)))
+        began = parse_rfc3339(_start_time(state.pod))
         delay = max(0.0, began + seconds - time.time())
-        self._deadline_timers[uid] = asyncio.get_running_loop().call_later(delay, self._deadline_passed, uid)
+        state.deadline_timer = asyncio.get_running_loop().call_later(delay, self._deadline_passed, uid)
 
     def _deadline_passed(self, uid: str) -> None:
-        self._deadline_timers.pop(uid, None)
-        if uid not in self._latest or uid in self._terminated or self._deleting(uid):
+        state = self._pods.get(uid)
+        if state is None:
             return
-        self._past_deadline.add(uid)
-        self._changes[uid] = self._changes.get(uid, 0) + 1
-        self._updated.setdefault(uid, asyncio.Event()).set()
+        state.deadline_timer = None
+        if uid in self._terminated or state.deleting():
+            return
+        state.past_deadline = True
+        state.changed()
 
     async def _pause(self, uid: str, seconds: float, seen: int | None = None) -> None:
         """Sleep, but wake at once if the pod changes (e.g. is being deleted), or return at
         once if it changed since ``seen`` (from ``_changes``, taken when the attempt that
         ends here began): as a kubelet's pod worker syncs again right away for an update
         that came in during a sync."""
-        event = self._updated.setdefault(uid, asyncio.Event())
-        event.clear()
-        if seen is not None and self._changes.get(uid, 0) != seen:
+        state = self._pods.get(uid)
+        if state is None:  # forgotten meanwhile: nothing can wake it
+            await asyncio.sleep(seconds)
+            return
+        state.updated.clear()
+        if seen is not None and state.changes != seen:
             return
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(event.wait(), seconds)
+            await asyncio.wait_for(state.updated.wait(), seconds)
 
     def tell(self, pod: Obj, told: Told, container: str = "") -> None:
         """Record an Event on the pod, or on its ``container``, as a kubelet's event
@@ -350,7 +333,8 @@ class PodManager:
     def _tell_started(self, pod: Obj, container: Obj, pull: containerevents.Pull | None = None) -> None:
         """A container is created and started: told so, and the image it runs noted.
         ``pull``: its image was made sure of already (``_pull_images``)."""
-        self._ran_images.setdefault(pod["metadata"]["uid"], {})[container["name"]] = container.get("image", "")
+        if (state := self._pods.get(pod["metadata"]["uid"])) is not None:
+            state.ran_images[container["name"]] = container.get("image", "")
         if pull is None:
             pull = containerevents.Pull(self._images.ensure(container))
         elif pull.started_told:
@@ -396,7 +380,7 @@ class PodManager:
             for name, pull in pulls.items():
                 if pull.failed is None and not pull.started_told:
                     self._tell_started(pod, containers[name], pull)
-                    self._started_early.setdefault(uid, {})[name] = _started_now(pod, containers[name])
+                    self._pods[uid].started_early[name] = _started_now(pod, containers[name])
                     pulls[name] = containerevents.Pull([], None, started_told=True)
                 else:
                     for told in pull.told:
@@ -421,20 +405,22 @@ class PodManager:
         and stopped."""
         if self._to_admit:
             waiting, self._to_admit = self._to_admit, []
-            waiting = [other for other in waiting if other in self._latest]
-            for other in sorted(waiting, key=lambda u: self._latest[u]["metadata"].get("creationTimestamp") or ""):
-                self._verdicts[other] = self._admit(other)
-        return self._verdicts.pop(uid, None)
+            waiting = [other for other in waiting if other in self._pods]
+            for other in sorted(waiting, key=lambda u: self._pod(u)["metadata"].get("creationTimestamp") or ""):
+                self._pods[other].verdict = self._admit(other)
+        state = self._pods[uid]
+        verdict, state.verdict = state.verdict, None
+        return verdict
 
     def _admit(self, uid: str) -> admission.Refusal | None:
         """Take the pod, or say why not (the kubelet's admission when it first sees a pod);
         once taken, a pod is not checked again until this kubelet restarts."""
         pod = self._pod(uid)
-        if uid in self._admitted:
+        if self._pods[uid].admitted:
             return None
         refused = admission.refusal(pod, self._node_object(), self._admitted_pods(uid))
         if refused is None:
-            self._admitted.add(uid)
+            self._pods[uid].admitted = True
         return refused
 
     def _node_object(self) -> Obj:
@@ -443,9 +429,12 @@ class PodManager:
     def _admitted_pods(self, besides: str) -> list[Obj]:
         """The pods taken and not yet ended: what the kubelet counts as in use."""
         return [
-            self._latest[uid]
-            for uid in sorted(self._admitted & self.active_uids())
-            if uid != besides and uid in self._latest and uid not in self._terminated
+            state.pod
+            for uid in sorted(self.active_uids())
+            if uid != besides
+            and (state := self._pods.get(uid)) is not None
+            and state.admitted
+            and uid not in self._terminated
         ]
 
     async def _refuse(self, uid: str, refused: admission.Refusal) -> bool:
@@ -457,29 +446,30 @@ class PodManager:
                 node = await self.client.get(path_for("v1", "nodes", self.node.name))
                 again = admission.refusal(self._pod(uid), node, self._admitted_pods(uid))
                 if again is None:
-                    self._admitted.add(uid)
+                    self._pods[uid].admitted = True
                     return False
                 refused = again
-        pod = self._pod(uid)
-        self._rejected.add(uid)
+        state = self._pods[uid]
+        pod = state.pod
+        state.rejected = True
         metrics.ADMISSION_REJECTIONS.labels(admission.metric_reason(refused.reason)).inc()
         self.tell(pod, Told("Warning", refused.reason, refused.message))
         message = admission.REJECTED + refused.message
         if self._kept_running(pod):
             # Its containers ran through this kubelet's restart: they are stopped and its
             # claims unprepared, and its status tells of them, as for any pod the kubelet fails.
-            self._running[uid] = _start_time(pod)
-            self._inits[uid] = podstatus.InitRun.from_status(pod) or podstatus.InitRun.complete(pod, now_rfc3339())
-            self._restarted[uid] = podstatus.Restarted.from_status(pod)
+            state.running_since = _start_time(pod)
+            state.inits = podstatus.InitRun.from_status(pod) or podstatus.InitRun.complete(pod, now_rfc3339())
+            state.restarted = podstatus.Restarted.from_status(pod)
             await self._terminate(uid, {"reason": refused.reason, "message": message})
             return True
         if (resumed := self._sandbox_kept(pod)) is not None:
             # Still starting, its sandbox kept through the restart: stopped as well.
             if podstatus.InitRun.from_status(pod) is None:
-                self._inits[uid] = resumed
+                state.inits = resumed
             else:
                 self._resume_started_early(pod)
-                self._waiting[uid] = {}
+                state.shown_pending, state.refused = True, {}
             await self._terminate(uid, {"reason": refused.reason, "message": message})
             return True
         status = podstatus.rejected_status(pod, refused.reason, message, now_rfc3339())
@@ -509,7 +499,7 @@ class PodManager:
                     await self._release(uid)
                     codes = {c["name"]: commands.exit_code(c) for c in self._pod(uid)["spec"]["containers"]}
                     await self._set_ended(uid, since, podstatus.Ended.exited(codes, now_rfc3339()))
-            if uid in self._past_deadline and uid not in self._terminated:
+            if self._pods[uid].past_deadline and uid not in self._terminated:
                 await self._exceed_deadline(uid)
             while not self._deleting(uid):  # ended, failed, or never to start (an init container failed)
                 await self._pause(uid, 3600)
@@ -537,12 +527,12 @@ class PodManager:
         one ended (or the pod's run-seconds annotation's time is over), False if the pod
         is being deleted first."""
         begin, pod = time.monotonic(), self._pod(uid)
-        ids, restarted = _container_ids(pod), self._restarted.setdefault(uid, {})
+        ids, restarted = _container_ids(pod), self._pods[uid].restarted
         # Those that had ended before this kubelet restarted stay so.
         ends = {name: begin + e.seconds for name, e in commands.endings(pod).items() if name not in restarted}
         last = begin + seconds
         while not self._ending(uid):
-            seen = self._changes.get(uid, 0)
+            seen = self._pods[uid].changes
             for container in self._redefined(uid, ()):
                 if not await self._start_redefined(uid, container):
                     return False
@@ -558,7 +548,7 @@ class PodManager:
                 return True
             del ends[name]
             again = restarted.get(name) or podstatus.Restarted(0, ids[name], {}, {})
-            began = again.state.get("running", {}).get("startedAt", self._running[uid])
+            began = again.state.get("running", {}).get("startedAt", self._pods[uid].running_since)
             code = commands.exit_code(next(c for c in self._pod(uid)["spec"]["containers"] if c["name"] == name))
             exited = podstatus.terminated_state(
                 again.container_id, began, podstatus.Ended.exit_status(code, now_rfc3339())
@@ -595,7 +585,7 @@ class PodManager:
                 count, last = shown.get("restartCount", 0), shown.get("lastState") or {}
                 early[shown["name"]] = podstatus.Restarted(count, shown["containerID"], state, last)
         if early:
-            self._started_early[uid] = early
+            self._pods[uid].started_early = early
         return {name: containerevents.Pull([], None, started_told=True) for name in early}
 
     async def _start(self, uid: str) -> bool:
@@ -604,19 +594,20 @@ class PodManager:
         sandbox = False  # the kubelet prepares claims before the runtime makes it, containers after
         initialized: podstatus.InitRun | None = None  # its init containers, once done, run no more
         pulls: dict[str, containerevents.Pull] = {}
-        resumed = self._sandbox_kept(self._pod(uid))
+        state = self._pods[uid]
+        resumed = self._sandbox_kept(state.pod)
         if resumed is not None:
             sandbox = True
-            pulls = self._resume_started_early(self._pod(uid))
+            pulls = self._resume_started_early(state.pod)
         while not self._ending(uid):
-            seen, pod = self._changes.get(uid, 0), self._pod(uid)
+            seen, pod = state.changes, state.pod
             try:
                 if self._kept_running(pod):
                     env = await self.dra.adopt(pod)
                     inits = podstatus.InitRun.from_status(pod) or podstatus.InitRun.complete(pod, now_rfc3339())
-                    self._restarted[uid] = podstatus.Restarted.from_status(pod)
-                    self._ran_images[uid] = _images_shown(pod)  # the runtime's containers say it
-                    self._ephemeral[uid] = _ephemeral_shown(pod)  # not to be started twice
+                    state.restarted = podstatus.Restarted.from_status(pod)
+                    state.ran_images = _images_shown(pod)  # the runtime's containers say it
+                    state.ephemeral = _ephemeral_shown(pod)  # not to be started twice
                 else:
                     waits = {name: pull.failed for name, pull in pulls.items() if pull.failed is not None}
                     if waits:
@@ -653,7 +644,7 @@ class PodManager:
                 await self._set_running(self._pod(uid), env, inits, probed=not self._kept_running(pod), pulls=pulls)
                 return True
             except StartFailed as exc:
-                self._inits.pop(uid, None)
+                state.inits = None
                 self._sync_failed(pod, str(exc))
                 self.tell(pod, Told("Warning", exc.reason, str(exc)), exc.container)
                 if exc.reason in (PREPARE_FAILED, SANDBOX_FAILED):
@@ -710,9 +701,10 @@ class PodManager:
         uid = pod["metadata"]["uid"]
         run = resumed or podstatus.InitRun(carried=carried or {})
         ran_before = len(run.spans) if resumed else 0
+        state = self._pods[uid]
         if resumed:
-            self._inits[uid] = run
-        self._initializing.add(uid)
+            state.inits = run
+        state.initializing = True
         self._sandbox_made(uid)
         try:
             while True:
@@ -730,7 +722,7 @@ class PodManager:
                         if pull is None:
                             return None
                         self._tell_started(pod, container, pull)
-                        run = self._inits[uid] = run.then(now_rfc3339())
+                        run = state.inits = run.then(now_rfc3339())
                         if podstatus.is_sidecar(container):
                             if not await self._start_sidecar(uid, container):
                                 return None
@@ -743,14 +735,14 @@ class PodManager:
                         if commands.restarts_all(container, code):
                             break  # the pod restarts in place: from its first init container again
                         return await self._retry_init(uid, container, code)
-                    run = self._inits[uid] = run.ended(now_rfc3339() if ends_at is None else rfc3339(ends_at))
+                    run = state.inits = run.ended(now_rfc3339() if ends_at is None else rfc3339(ends_at))
                 else:
                     return run
                 if (again := await self._restart_initializing(uid, container, code)) is None:
                     return None
                 run, ran_before = again, 0
         finally:
-            self._initializing.discard(uid)
+            state.initializing = False
 
     async def _pull_init_image(self, uid: str, container: Obj, run: podstatus.InitRun) -> containerevents.Pull | None:
         """Make sure of an init container's image before it starts: while the pull fails
@@ -775,7 +767,7 @@ class PodManager:
             made_sandbox = False
             if not await self._runs_for(uid, next_sync):
                 return None
-            self._inits[uid] = run
+            self._pods[uid].inits = run
             await self._write_initializing(uid, {container["name"]: pull.failed})
 
     async def _restart_initializing(self, uid: str, source: Obj, code: int) -> podstatus.InitRun | None:
@@ -785,18 +777,19 @@ class PodManager:
         again with, None if the pod is ending first."""
         if not await self._runs_for(uid, backoff.until_next_relist()):
             return None
-        run, name = self._inits[uid], source["name"]
-        now = run.carried.get(name) or podstatus.Restarted(0, _container_ids(self._pod(uid))[name], {}, {})
+        state, name = self._pods[uid], source["name"]
+        run = state.init_run()
+        now = run.carried.get(name) or podstatus.Restarted(0, _container_ids(state.pod)[name], {}, {})
         ended = podstatus.Ended.exit_status(code, now_rfc3339())
         exited = podstatus.terminated_state(now.container_id, run.spans[-1][0], ended)
-        self._inits[uid] = run.failed(podstatus.Restarted(now.count, now.container_id, exited, now.last))
+        run = state.inits = run.failed(podstatus.Restarted(now.count, now.container_id, exited, now.last))
         await self._write_initializing(uid)
-        latest = self._pod(uid)
+        latest = state.pod
         before = podstatus.initializing_status(
-            latest, _start_time(latest), _container_ids(latest), self._inits[uid], {}, now_rfc3339()
+            latest, _start_time(latest), _container_ids(latest), run, {}, now_rfc3339()
         )
         await self._remove_all(uid, before)
-        return self._inits[uid]
+        return state.init_run()
 
     async def _start_sidecar(self, uid: str, container: Obj) -> bool:
         """A sidecar is probed from its start, as the pod's containers are from theirs;
@@ -805,7 +798,7 @@ class PodManager:
         relist after). False if the pod is deleted first."""
         name, began = container["name"], time.monotonic()
         changes = self._probed_from_start(uid, container)
-        probing = self._probing[uid]
+        probing = self._pods[uid].probing
         if probing.get(name) == "starting":
             await self._write_initializing(uid)
             (started_after, _, then), *changes = changes  # its startup probe's pass comes first
@@ -833,22 +826,25 @@ class PodManager:
         self._not_running(uid)
         await self._release(uid)
         pod = self._pod(uid)
-        status = podstatus.failed_initializing_status(pod, _container_ids(pod), self._inits[uid], now_rfc3339())
+        status = podstatus.failed_initializing_status(
+            pod, _container_ids(pod), self._pods[uid].init_run(), now_rfc3339()
+        )
         await self._patch_status(pod, {"status": status})
 
     async def _write_initializing(self, uid: str, waits: Mapping[str, tuple[str, str]] | None = None) -> None:
         """``waits``: containers not started, with the reason and message they wait for."""
-        latest = self._pod(uid)
+        state = self._pods[uid]
+        latest = state.pod
         addresses = self._addresses_of(latest)
         status = podstatus.initializing_status(
             latest,
             _start_time(latest),
             _container_ids(latest),
-            self._inits[uid],
+            state.init_run(),
             addresses,
             now_rfc3339(),
-            self._probing.get(uid),
-            self._restarted.get(uid),
+            state.probing,
+            state.restarted,
             waits,
         )
         self._add_device_health(latest, status["containerStatuses"])  # its claims are prepared
@@ -871,9 +867,9 @@ class PodManager:
         after a back-off (``backoff.restart_delay``, ``backoff.back_off_syncs``; shown exited meanwhile),
         the pod Pending, until the pod is deleted (None). Its command ends alike each
         time, so it never gets further."""
-        pod, name = self._pod(uid), container["name"]
+        state, name = self._pods[uid], container["name"]
+        pod, run = state.pod, state.init_run()
         first_id = _container_ids(pod)[name]
-        run = self._inits[uid]
         carried = run.carried.get(name) or podstatus.Restarted(0, first_id, {}, {})
         now = carried.started_again(carried.container_id, run.spans[-1][0])
         back_off: tuple[float, float] | None = None
@@ -881,9 +877,9 @@ class PodManager:
         while True:
             ended = podstatus.Ended.exit_status(code, now_rfc3339())
             exited = podstatus.terminated_state(now.container_id, now.state["running"]["startedAt"], ended)
-            run = self._inits[uid] = run.failed(podstatus.Restarted(now.count, now.container_id, exited, now.last))
+            run = state.inits = run.failed(podstatus.Restarted(now.count, now.container_id, exited, now.last))
             if not commands.should_restart(pod, container, code):
-                run = self._inits[uid] = run.ended(ended.at)
+                run = state.inits = run.ended(ended.at)
                 return run
             exited_at = time.monotonic()
             delay, back_off = backoff.restart_delay(back_off, exited_at)
@@ -904,7 +900,7 @@ class PodManager:
             self._tell_started(pod, container)
             count = now.count + 1
             now = podstatus.Restarted(count, f"{first_id}-{count}", {"running": {"startedAt": now_rfc3339()}}, exited)
-            run = self._inits[uid] = run.failed(now)
+            run = state.inits = run.failed(now)
             if seconds != 0:  # one that ends at once is gone before the next relist could show it running
                 await self._write_initializing(uid)
             if not await self._runs_for(uid, seconds):
@@ -913,11 +909,12 @@ class PodManager:
     async def _show_init_crash_loop(self, uid: str, name: str, delay: float) -> podstatus.InitRun:
         """The failing init container ``name`` shown waiting in CrashLoopBackOff, as for the
         pod's own containers (``_show_crash_loop``), if it does not show it yet."""
-        run = self._inits[uid]
+        state = self._pods[uid]
+        run = state.init_run()
         failing = run.failing
         if failing is not None and "terminated" in failing.state:
-            waiting = backoff.crash_loop_state(self._pod(uid), name, delay)
-            run = self._inits[uid] = run.failed(
+            waiting = backoff.crash_loop_state(state.pod, name, delay)
+            run = state.inits = run.failed(
                 podstatus.Restarted(failing.count, failing.container_id, waiting, failing.state)
             )
             await self._write_initializing(uid)
@@ -939,16 +936,16 @@ class PodManager:
         stamp = previous.get("startTime") if previous.get("phase") == "Running" else None
         stamp = stamp or now_rfc3339()
         addresses = self._addresses_of(pod)
-        self._running[meta["uid"]] = stamp
-        self._inits[meta["uid"]] = inits
+        state = self._pods[meta["uid"]]
+        state.running_since, state.inits = stamp, inits
         self._sandbox_made(meta["uid"])
-        self._waiting.pop(meta["uid"], None)
+        state.shown_pending, state.refused = False, None
         self._resync_schedule.add(meta["uid"], time.monotonic())
         self._resync_wake.set()
 
-        early = self._started_early.pop(meta["uid"], {})
+        early, state.started_early = state.started_early, {}
         if early:  # as they are since, the rest start now
-            self._restarted[meta["uid"]] = {**early, **self._restarted.get(meta["uid"], {})}
+            state.restarted = {**early, **state.restarted}
         if probed:  # they start now (a restarted kubelet finds them running)
             for container in pod["spec"].get("containers", []):
                 if container["name"] in early:
@@ -963,8 +960,8 @@ class PodManager:
         exited = self._exited_at_once(pod, stamp, besides=early) if probed else set()
         probing = {name: waits for name, waits in probing.items() if name not in exited}
         changes = [change for change in changes if change[1] not in exited]
-        probing = self._probing[meta["uid"]] = {**self._probing.get(meta["uid"], {}), **probing}  # sidecars' kept
-        restarted = self._restarted.get(meta["uid"])  # a restarted kubelet's, read from the status
+        probing = state.probing = {**state.probing, **probing}  # sidecars' kept
+        restarted = state.restarted  # a restarted kubelet's, read from the status
         status = podstatus.running_status(pod, stamp, _container_ids(pod), now_rfc3339(), inits, restarted, probing)
         if exited and commands.run_seconds(pod) == 0:
             # All exited and none restarts: the kubelet keeps the phase it wrote before
@@ -993,7 +990,7 @@ class PodManager:
         after it, which finds them exited already, so they never show running (or ready).
         ``besides``: those started before (``_started_now`` noted them)."""
         uid = pod["metadata"]["uid"]
-        restarted = self._restarted.setdefault(uid, {})
+        restarted = self._pods[uid].restarted
         exited = set()
         for container in pod["spec"].get("containers", []):
             name = container["name"]
@@ -1016,7 +1013,7 @@ class PodManager:
         """A container starting now: what it waits for first noted in ``_probing``; the
         changes to come, in seconds from now (``probes.probe_plan``)."""
         waiting, changes = probes.probe_plan({"spec": {"containers": [container]}})
-        probing = self._probing.setdefault(uid, {})
+        probing = self._pods[uid].probing
         probing.pop(container["name"], None)
         probing.update(waiting)
         return changes
@@ -1025,7 +1022,7 @@ class PodManager:
         """How often the container's readiness probe runs, if it passed (the container is
         ready by it); else None."""
         probe = container.get("readinessProbe")
-        if probe is None or container["name"] in self._probing.get(uid, {}):
+        if probe is None or container["name"] in self._pods[uid].probing:
             return None
         return float(probe.get("periodSeconds") or 10)
 
@@ -1044,11 +1041,11 @@ class PodManager:
         started = time.monotonic() if started is None else started
         for after, name, waits_for in changes:
             await asyncio.sleep(max(0.0, started + after - time.monotonic()))
-            probing = self._probing.get(uid)
-            running = uid in self._running
-            if probing is None or not (running or uid in self._initializing) or self._ending(uid):
+            state = self._pods.get(uid)
+            if state is None or not (state.running_since or state.initializing) or state.ending():
                 return
-            again = self._restarted.get(uid, {}).get(name)
+            probing, running = state.probing, bool(state.running_since)
+            again = state.restarted.get(name)
             if again is not None and again.container_id != probed_ids[name]:
                 continue  # it exited since; the one started after it has probes of its own
             if waits_for is None:
@@ -1065,9 +1062,10 @@ class PodManager:
         that reason and message (CreateContainerError in the runtime's words, or its image
         not pulled): written when that changes. ``inits``: its init containers ran."""
         uid = pod["metadata"]["uid"]
-        if uid in self._waiting and self._waiting[uid] == refused:
+        state = self._pods[uid]
+        if state.shown_pending and state.refused == refused:
             return  # a container starts early only as its wait ends (``_pull_images``): shown
-        early = self._started_early.get(uid, {})
+        early = self._pods[uid].started_early
         probing = probes.probe_plan(
             {"spec": {"containers": [c for c in pod["spec"]["containers"] if c["name"] in early]}}
         )[0]
@@ -1093,7 +1091,7 @@ class PodManager:
                 raise
             log.debug("pod %s: status update failed: %s", pod["metadata"]["name"], exc)
             return
-        self._waiting[uid] = dict(refused) if refused is not None else None
+        state.shown_pending, state.refused = True, dict(refused) if refused is not None else None
 
     async def _restart_exited(self, uid: str) -> str | None:
         """As the kubelet restarts the containers of a pod that does not end of itself
@@ -1115,7 +1113,7 @@ class PodManager:
             for c in pod["spec"].get("containers", [])
             if (seconds := commands.restart_seconds(pod, c)) is not None
         }
-        ids, restarted = _container_ids(pod), self._restarted.setdefault(uid, {})
+        ids, restarted = _container_ids(pod), self._pods[uid].restarted
         for container in pod["spec"].get("containers", []):  # exited for good before this kubelet restarted
             again = restarted.get(container["name"])
             if again is not None and "terminated" in again.state and not commands.restarts(pod, container):
@@ -1128,7 +1126,7 @@ class PodManager:
         backed_off: dict[str, backoff.BackingOff] = {}
         """Containers that exited, until started again."""
         while not self._ending(uid):
-            seen = self._changes.get(uid, 0)
+            seen = self._pods[uid].changes
             for container in self._redefined(uid, backed_off):
                 if not await self._start_redefined(uid, container):
                     return None
@@ -1147,7 +1145,7 @@ class PodManager:
                 continue
             pod, again = self._pod(uid), restarted.get(name)
             if again is None:  # the first container of that name
-                running = {"running": {"startedAt": self._running[uid]}}
+                running = {"running": {"startedAt": self._pods[uid].running_since}}
                 again = restarted[name] = podstatus.Restarted(0, ids[name], running, {})
             if "running" in again.state:  # it exits now, its command done
                 container = next(c for c in pod["spec"]["containers"] if c["name"] == name)
@@ -1194,7 +1192,7 @@ class PodManager:
         """The containers running (the pod's own and its sidecars) or to be started again
         (``to_start``) whose spec names an image other than the one they were made with:
         as the kubelet compares a container's hash (its name and image) with the spec's."""
-        pod, ran = self._pod(uid), self._ran_images.get(uid, {})
+        pod, ran = self._pod(uid), self._pods[uid].ran_images
         running = self._running_containers(uid)
         ephemeral = pod["spec"].get("ephemeralContainers") or []
         candidates = [c for c in running if c not in ephemeral]
@@ -1226,15 +1224,15 @@ class PodManager:
                 return False
         pod, first_id, now = self._pod(uid), _container_ids(pod)[name], now_rfc3339()
         if index is not None:  # a sidecar: it runs in the init containers' run
-            run = self._inits[uid]
+            run = self._pods[uid].init_run()
             before = run.carried.get(name) or podstatus.Restarted(0, first_id, {}, {})
             stopped = podstatus.terminated_state(before.container_id, run.spans[index][0], podstatus.Ended.stopped(now))
             again = podstatus.Restarted(before.count + 1, f"{first_id}-{before.count + 1}", {}, stopped)
-            self._inits[uid] = run.started_again(index, name, again, now)
+            self._pods[uid].inits = run.started_again(index, name, again, now)
         else:
-            restarted = self._restarted.setdefault(uid, {})
+            restarted = self._pods[uid].restarted
             before = restarted.get(name) or podstatus.Restarted(
-                0, first_id, {"running": {"startedAt": self._running[uid]}}, {}
+                0, first_id, {"running": {"startedAt": self._pods[uid].running_since}}, {}
             )
             if running:
                 began = before.state["running"]["startedAt"]
@@ -1262,16 +1260,14 @@ class PodManager:
         if not await self._runs_for(uid, backoff.until_next_relist()):  # the exit, as the PLEG sees it
             return False
         await self._write_running(uid)  # the source shown exited: AllContainersRestarting
-        pod, restarted = self._pod(uid), self._restarted.setdefault(uid, {})
-        before = podstatus.running_status(
-            pod, self._running[uid], _container_ids(pod), now_rfc3339(), self._inits[uid], restarted
-        )
+        state = self._pods[uid]
+        pod, restarted, ids = state.pod, state.restarted, _container_ids(state.pod)
+        before = podstatus.running_status(pod, state.running_since, ids, now_rfc3339(), state.init_run(), restarted)
         status = await self._remove_all(uid, before)
         # The pod's own are to start again, each under a container ID of its own.
         for container in pod["spec"].get("containers", []):
             restarted[container["name"]] = podstatus.Restarted.shown(status, container["name"])
-        carried = self._inits[uid].carried
-        ran = await self._initialize(self._pod(uid), carried)
+        ran = await self._initialize(state.pod, state.init_run().carried)
         if ran is None:
             return False  # deleted meanwhile
         if ran.failing is not None:
@@ -1309,7 +1305,7 @@ class PodManager:
             carried[name] = podstatus.Restarted(
                 count, f"{ids[name]}-{count}" if count else ids[name], {}, shown["lastState"]
             )
-        self._inits[uid] = podstatus.InitRun(carried=carried)
+        self._pods[uid].inits = podstatus.InitRun(carried=carried)
         await self._patch_status(pod, {"status": status})
         return status
 
@@ -1332,7 +1328,7 @@ class PodManager:
         its back-off: the kubelet writes a pod's status at the start of each sync, with
         the reason the sync before failed for, so the sync that starts it again shows it
         too, for a moment (written only if the container does not show it yet)."""
-        restarted = self._restarted[uid]
+        restarted = self._pods[uid].restarted
         again = restarted[name]
         if plan.synced and "terminated" in again.state:
             waiting = backoff.crash_loop_state(self._pod(uid), name, plan.delay)
@@ -1341,10 +1337,10 @@ class PodManager:
 
     async def _write_running(self, uid: str) -> None:
         """The status of a Running pod whose containers changed since it started."""
-        pod, started = self._pod(uid), self._running[uid]
-        restarted, inits = self._restarted.get(uid), self._inits.get(uid, podstatus.NO_INITS)
+        state = self._pods[uid]
+        pod, started, inits = state.pod, state.running_since, state.inits or podstatus.NO_INITS
         status = podstatus.running_status(
-            pod, started, _container_ids(pod), now_rfc3339(), inits, restarted, self._probing.get(uid)
+            pod, started, _container_ids(pod), now_rfc3339(), inits, state.restarted, state.probing
         )
         self._add_device_health(pod, status["containerStatuses"])
         status["startTime"] = _start_time(pod, started)
@@ -1375,7 +1371,8 @@ class PodManager:
         container made is shown with the image it was made with, as the runtime reports
         it, whatever the spec says now (a container not restarted for its new image: one
         that completed, or one stopping to be restarted)."""
-        status, ran = body.get("status", {}), self._ran_images.get(pod["metadata"]["uid"], {})
+        state = self._pods.get(pod["metadata"]["uid"])
+        status, ran = body.get("status", {}), {} if state is None else state.ran_images
         for shown in [*status.get("containerStatuses", []), *status.get("initContainerStatuses", [])]:
             image = ran.get(shown["name"])
             if image is not None and shown.get("containerID"):
@@ -1385,8 +1382,8 @@ class PodManager:
 
     def _running_container_statuses(self, pod: Obj, stamp: str) -> list[Obj]:
         uid = pod["metadata"]["uid"]
-        restarted, probing = self._restarted.get(uid), self._probing.get(uid)
-        statuses = podstatus.running_containers(pod, stamp, _container_ids(pod), restarted, probing)
+        state = self._pods[uid]
+        statuses = podstatus.running_containers(pod, stamp, _container_ids(pod), state.restarted, state.probing)
         self._add_device_health(pod, statuses)
         return statuses
 
@@ -1398,7 +1395,8 @@ class PodManager:
             resources = self.dra.allocated_resources_status(uid, containers[status["name"]])
             if resources:
                 status["allocatedResourcesStatus"] = resources
-        self._resources_status[uid] = [s.get("allocatedResourcesStatus") for s in statuses]
+        if (state := self._pods.get(uid)) is not None:
+            state.resources_status = [s.get("allocatedResourcesStatus") for s in statuses]
 
     def _follow_readiness_gates(self, pod: Obj) -> None:
         """A running pod's gate conditions changed (someone else writes them): Ready
@@ -1423,7 +1421,7 @@ class PodManager:
     def health_changed(self, driver: str, devices: list[tuple[str, str]]) -> None:
         """A driver's health stream changed these (pool, device): resync the pods using them."""
         changed = set(devices)
-        for uid in list(self._running):
+        for uid in [uid for uid, state in self._pods.items() if state.running_since]:
             if self.dra.uses_devices(uid, driver, changed):
                 self._in_background(self._sync_status(uid), f"pod-status-{uid}")
 
@@ -1436,27 +1434,31 @@ class PodManager:
                 wait_s = None if next_at is None else max(0.0, next_at - time.monotonic())
                 await asyncio.wait_for(self._resync_wake.wait(), wait_s)
             for uid in self._resync_schedule.due(time.monotonic()):
-                if uid not in self._running:
+                if not self._runs(uid):
                     continue
                 if self.dra.has_claims(uid):
                     await self._sync_status(uid)
-                if uid in self._running:
+                if self._runs(uid):
                     self._resync_schedule.add(uid, time.monotonic())
 
     def _sync_spec(self, uid: str) -> None:
         """Sync the pod's spec change (``_observe_generation``) now, or once more when
         the sync under way is done."""
-        if uid in self._generation_syncs:
-            self._generation_syncs[uid] = True
+        state = self._pods[uid]
+        if state.generation_sync is not None:
+            state.generation_sync = True
         else:
-            self._generation_syncs[uid] = False
+            state.generation_sync = False
             self._in_background(self._observe_generation(uid), f"pod-generation-{uid}")
 
     def _sandbox_made(self, uid: str) -> None:
         """The pod's sandbox exists now (its init containers or its own start): ephemeral
         containers added before are started, as the kubelet's next sync starts them."""
-        pod, started = self._latest.get(uid), self._ephemeral.get(uid, {})
-        if pod is not None and any(c["name"] not in started for c in pod["spec"].get("ephemeralContainers") or []):
+        state = self._pods.get(uid)
+        if state is None:
+            return
+        started = state.ephemeral
+        if any(c["name"] not in started for c in state.pod["spec"].get("ephemeralContainers") or []):
             self._sync_spec(uid)
 
     async def _observe_generation(self, uid: str) -> None:
@@ -1468,23 +1470,26 @@ class PodManager:
         try:
             while True:
                 await self._sync_generation(uid)
-                if not self._generation_syncs.get(uid):
+                state = self._pods.get(uid)
+                if state is None or not state.generation_sync:
                     return
-                self._generation_syncs[uid] = False
+                state.generation_sync = False
         finally:
-            self._generation_syncs.pop(uid, None)
+            if (state := self._pods.get(uid)) is not None:
+                state.generation_sync = None
 
     async def _sync_generation(self, uid: str) -> None:
-        pod = self._latest.get(uid)
+        pod = self._seen(uid)
         if pod is None or self._ending(uid):
             return
+        state = self._pods[uid]
         status = podstatus.generation_update(pod)
-        started = self._ephemeral.setdefault(uid, {})
+        started = state.ephemeral
         new = []
-        if uid in self._running or uid in self._initializing:  # its sandbox exists
+        if state.running_since or state.initializing:  # its sandbox exists
             new = [c for c in pod["spec"].get("ephemeralContainers") or [] if c["name"] not in started]
         if started or new:  # the sync's status: the new ones not made yet
-            waiting = podstatus.POD_INITIALIZING if uid in self._initializing else podstatus.CONTAINER_CREATING
+            waiting = podstatus.POD_INITIALIZING if state.initializing else podstatus.CONTAINER_CREATING
             status["ephemeralContainerStatuses"] = self._ephemeral_statuses(pod, unmade=new, waiting=waiting)
         with contextlib.suppress(ApiError):
             await self._patch_status(pod, {"status": status})
@@ -1501,7 +1506,7 @@ class PodManager:
     async def _end_ephemeral(self, uid: str, container: Obj, ends: commands.Ending) -> None:
         if not await self._runs_for(uid, ends.seconds):
             return
-        started, pod = self._ephemeral[uid], self._pod(uid)
+        started, pod = self._pods[uid].ephemeral, self._pod(uid)
         ended = podstatus.Ended.exit_status(ends.exit_code, now_rfc3339())
         began = started[container["name"]]["running"]["startedAt"]
         started[container["name"]] = podstatus.terminated_state(_ephemeral_id(pod, container), began, ended)
@@ -1514,7 +1519,8 @@ class PodManager:
         """The statuses of the pod's ephemeral containers started so far, and those
         ``unmade`` yet (``waiting`` for that reason), by name as the kubelet lists them;
         with ``stopped_at``, those running stopped then (the pod ended)."""
-        started = self._ephemeral.get(pod["metadata"]["uid"], {})
+        known = self._pods.get(pod["metadata"]["uid"])
+        started = {} if known is None else known.ephemeral
         statuses = [podstatus.ephemeral_status(c, "", {"waiting": {"reason": waiting}}) for c in unmade]
         for container in pod["spec"].get("ephemeralContainers") or []:
             state = started.get(container["name"])
@@ -1530,25 +1536,26 @@ class PodManager:
 
     async def _sync_status(self, uid: str) -> None:
         """Write the running pod's container statuses again if their device health changed."""
-        pod, stamp = self._latest.get(uid), self._running.get(uid)
-        if pod is None or stamp is None or self._ending(uid):
+        state = self._pods.get(uid)
+        if state is None or not state.running_since or state.ending():
             return
-        before = self._resources_status.get(uid)
+        pod, stamp = state.pod, state.running_since
+        before = state.resources_status
         statuses = self._running_container_statuses(pod, stamp)
-        if self._resources_status.get(uid) == before:
+        if state.resources_status == before:
             return
         meta = pod["metadata"]
         try:
             await self._patch_status(pod, {"status": {"containerStatuses": statuses}})
         except ApiError as exc:
-            self._resources_status.pop(uid, None)  # try again at the next sync
+            state.resources_status = None  # try again at the next sync
             log.debug("pod %s: status update failed: %s", meta["name"], exc)
 
     async def _set_ended(self, uid: str, started: str, ended: podstatus.Ended) -> None:
-        pod = self._pod(uid)
-        inits, restarted = self._inits.get(uid, podstatus.NO_INITS), self._restarted.get(uid)
-        status = podstatus.ended_status(pod, started, _container_ids(pod), ended, inits, restarted)
-        if self._ephemeral.get(uid):
+        state = self._pods[uid]
+        pod, inits = state.pod, state.inits or podstatus.NO_INITS
+        status = podstatus.ended_status(pod, started, _container_ids(pod), ended, inits, state.restarted)
+        if state.ephemeral:
             status["ephemeralContainerStatuses"] = self._ephemeral_statuses(pod, ended.at)
         await self._patch_status(pod, {"status": status})
 
@@ -1562,7 +1569,7 @@ class PodManager:
             return
         retry_in = backoff.until_next_relist()  # the containers' exit, seen at the next relist, syncs the pod once more
         while True:
-            seen = self._changes.get(pod_uid, 0)
+            seen = state.changes if (state := self._pods.get(pod_uid)) is not None else None
             if await self.dra.release(pod_uid):
                 break
             await self._pause(pod_uid, retry_in, seen)
@@ -1572,27 +1579,23 @@ class PodManager:
 
     def active_uids(self) -> set[str]:
         """Pods this kubelet still runs or is still stopping (the kubelet's active pods)."""
+        ended = ("Succeeded", "Failed")
         return set(self._workers) | {
             uid
-            for uid, pod in self._latest.items()
-            if not pod.get("_deleted") and pod.get("status", {}).get("phase") not in ("Succeeded", "Failed")
+            for uid, state in self._pods.items()
+            if not state.pod.get("_deleted") and state.pod.get("status", {}).get("phase") not in ended
         }
 
     def active_pods(self) -> list[Obj]:
-        return [self._latest[uid] for uid in sorted(self.active_uids()) if uid in self._latest]
+        return [self._pod(uid) for uid in sorted(self.active_uids()) if uid in self._pods]
 
     def known_pod(self, namespace: str, name: str) -> Obj | None:
         """A pod bound here that is still in the API, by name."""
-        return next(
-            (
-                pod
-                for pod in self._latest.values()
-                if not pod.get("_deleted")
-                and pod["metadata"]["name"] == name
-                and pod["metadata"]["namespace"] == namespace
-            ),
-            None,
-        )
+        for state in self._pods.values():
+            meta = state.pod["metadata"]
+            if not state.pod.get("_deleted") and meta["name"] == name and meta["namespace"] == namespace:
+                return state.pod
+        return None
 
     async def process_changed(self, namespace: str, name: str, container: str, exit_code: int | None) -> None:
         """A container whose process runs beside this kubelet (a node's command-line
@@ -1602,7 +1605,7 @@ class PodManager:
         of a start). Kept until the pod runs here, if it does not yet."""
         pod = self.known_pod(namespace, name)
         uid = "" if pod is None else pod["metadata"]["uid"]
-        if pod is None or uid not in self._running:
+        if pod is None or not self._pods[uid].running_since:
             self._process_changes.setdefault((namespace, name, container), []).append(exit_code)
             return
         if self._ending(uid):
@@ -1610,10 +1613,10 @@ class PodManager:
         spec = next((c for c in pod["spec"].get("containers", []) if c["name"] == container), None)
         if spec is None:
             return
-        restarted = self._restarted.setdefault(uid, {})
+        restarted = self._pods[uid].restarted
         now = restarted.get(container)
         if now is None:
-            running = {"running": {"startedAt": self._running[uid]}}
+            running = {"running": {"startedAt": self._pods[uid].running_since}}
             now = podstatus.Restarted(0, _container_ids(pod)[container], running, {})
         if exit_code is not None:
             if "running" not in now.state:
@@ -1642,7 +1645,7 @@ class PodManager:
         delay, self._process_back_off[key] = backoff.restart_delay(self._process_back_off.get(key), exited_at)
         pod = self.known_pod(namespace, name)
         uid = "" if pod is None else pod["metadata"]["uid"]
-        if pod is None or uid not in self._running or container not in self._restarted.get(uid, {}):
+        if pod is None or not self._pods[uid].running_since or container not in self._pods[uid].restarted:
             await asyncio.sleep(delay)
             return
         blocked, restart_at = backoff.back_off_syncs(delay, resync_s=self.sync_frequency_s)
@@ -1677,7 +1680,7 @@ class PodManager:
         pod = self._pod(uid)
         running = self._running_containers(uid)
         about = pod
-        if uid in self._rejected:
+        if self._pods[uid].rejected:
             # Refused after its containers ran through a restart: the kubelet stops them as
             # the runtime lists them, each rebuilt from its labels as the one container of
             # a pod of its own, so its Events name the pod without a resourceVersion and
@@ -1691,24 +1694,22 @@ class PodManager:
             await self._pause(uid, left)
 
     def _running_containers(self, uid: str) -> list[Obj]:
-        pod, restarted = self._pod(uid), self._restarted.get(uid, {})
-        spec = pod["spec"]
+        state = self._pods[uid]
+        spec, restarted = state.pod["spec"], state.restarted
         running = []
-        if uid in self._running:
+        if state.running_since:
             running = [
                 c
                 for c in spec.get("containers", [])
                 if c["name"] not in restarted or "running" in restarted[c["name"]].state
             ]
-        elif early := self._started_early.get(uid):
+        elif early := state.started_early:
             running = [
                 c for c in spec.get("containers", []) if c["name"] in early and "running" in early[c["name"]].state
             ]
-        ephemeral = self._ephemeral.get(
-            uid, {}
-        )  # started once its sandbox was there, before its init containers ended maybe
-        running += [c for c in spec.get("ephemeralContainers") or [] if "running" in ephemeral.get(c["name"], {})]
-        run = self._inits.get(uid, podstatus.NO_INITS)  # those started so far
+        # Ephemeral ones: started once its sandbox was there, before its init containers ended maybe.
+        running += [c for c in spec.get("ephemeralContainers") or [] if "running" in state.ephemeral.get(c["name"], {})]
+        run = state.inits or podstatus.NO_INITS  # those started so far
         inits = enumerate((spec.get("initContainers") or [])[: len(run.spans)])
         running += reversed([c for index, c in inits if run.runs(index)])
         return running
@@ -1716,7 +1717,9 @@ class PodManager:
     def _not_running(self, uid: str) -> str:
         """Its containers and sandbox are gone (its status keeps the IP it had); when they
         had started ("" if they never ran)."""
-        started = self._running.pop(uid, "")
+        started = ""
+        if (state := self._pods.get(uid)) is not None:
+            started, state.running_since = state.running_since, ""
         self._addresses.release(uid)
         self._resync_schedule.remove(uid)
         return started
@@ -1733,37 +1736,36 @@ class PodManager:
         what it had reached, unless it ended before (its status says so). ``failed``: the
         pod-level reason and message of a pod the kubelet failed."""
         ended_before = uid in self._terminated  # its containers completed: its status says so
-        if uid in self._latest and not ended_before:
+        if uid in self._pods and not ended_before:
             await self._stop_containers(uid)
         started = self._not_running(uid)
         await self._release(uid)
-        pod = self._latest.get(uid)
-        if pod is None or pod.get("_deleted") or ended_before:
+        state = self._pods.get(uid)
+        if state is None or state.pod.get("_deleted") or ended_before:
             return
-        now, status = now_rfc3339(), None
+        pod, now, status = state.pod, now_rfc3339(), None
         if started:
-            inits, restarted = self._inits.get(uid, podstatus.NO_INITS), self._restarted.get(uid)
-            ended = podstatus.Ended.stopped(now)
-            status = podstatus.ended_status(pod, started, _container_ids(pod), ended, inits, restarted)
-            if self._ephemeral.get(uid):
+            ended, inits = podstatus.Ended.stopped(now), state.inits or podstatus.NO_INITS
+            status = podstatus.ended_status(pod, started, _container_ids(pod), ended, inits, state.restarted)
+            if state.ephemeral:
                 status["ephemeralContainerStatuses"] = self._ephemeral_statuses(pod, now)
-        elif uid in self._inits:
-            inits = self._inits[uid]
-            status = podstatus.stopped_initializing_status(pod, _container_ids(pod), inits, now, failed is not None)
-            if self._ephemeral.get(uid):
+        elif state.inits is not None:
+            stopped = failed is not None
+            status = podstatus.stopped_initializing_status(pod, _container_ids(pod), state.inits, now, stopped)
+            if state.ephemeral:
                 status["ephemeralContainerStatuses"] = self._ephemeral_statuses(pod, now)
-        elif uid in self._waiting or failed is not None:
-            made = self._waiting.get(uid) is not None
-            status = podstatus.never_ran_status(pod, now, made, self._started_early.get(uid))
+        elif state.shown_pending or failed is not None:
+            made = state.refused is not None
+            status = podstatus.never_ran_status(pod, now, made, state.started_early)
         if status is not None:
-            if uid in self._rejected:
+            if state.rejected:
                 status = podstatus.stopped_after_rejection(status)
             with contextlib.suppress(ApiError):
                 await self._patch_status(pod, {"status": {**status, **(failed or {})}})
 
     async def _finish_deletion(self, uid: str) -> None:
         await self._terminate(uid)  # as the kubelet: the stopped containers' terminal status, then the delete
-        pod = self._latest.get(uid)
+        pod = self._seen(uid)
         if pod is not None and not pod.get("_deleted"):
             with contextlib.suppress(ApiError):  # gone already, or replaced
                 await self._statuses.delete(pod)
@@ -1776,24 +1778,9 @@ class PodManager:
         self._workers.pop(uid, None)
 
     def _forget(self, uid: str, keep_terminated: bool = False) -> None:
-        if (timer := self._deadline_timers.pop(uid, None)) is not None:
-            timer.cancel()
-        self._past_deadline.discard(uid)
-        self._admitted.discard(uid)
-        self._rejected.discard(uid)
-        self._verdicts.pop(uid, None)
-        self._latest.pop(uid, None)
-        self._waiting.pop(uid, None)
-        self._inits.pop(uid, None)
-        self._restarted.pop(uid, None)
-        self._started_early.pop(uid, None)
-        self._probing.pop(uid, None)
-        self._ephemeral.pop(uid, None)
-        self._ran_images.pop(uid, None)
+        if (state := self._pods.pop(uid, None)) is not None:
+            state.forget_deadline()
         self._images.back_off.forget(uid)
-        self._updated.pop(uid, None)
-        self._changes.pop(uid, None)
-        self._resources_status.pop(uid, None)
         if not keep_terminated:
             self._terminated.discard(uid)
             self._statuses.forget(uid)

@@ -565,7 +565,7 @@ def test_a_deleted_pods_late_events_release_nothing_again_and_leave_nothing_behi
     run(scenario())
     assert unprepare_counts() == (ok + 1, failed)
     assert api.deletes >= 1, "the kubelet deleted the pod once it was released"
-    state = (manager._latest, manager._changes, manager._updated, manager._terminated, manager._workers)
+    state = (manager._pods, manager._terminated, manager._workers)
     assert not any(state), state
 
 
