@@ -58,9 +58,9 @@ def test_a_status_write_for_a_replaced_pod_never_lands_on_its_namesake(
             # The namesake is bound to a node no kubelet serves: nothing else writes its status.
             second = await client.create(path_for("v1", "pods", namespace=NAMESPACE), pod(name, f"{node}-next"))
 
-            # What the first pod's worker had in flight when the pod was replaced.
+            # The Running status the first pod's worker had in flight when it was replaced.
             with pytest.raises(ApiError) as refused:
-                await kubelet.pods._set_running(first, {})
+                await kubelet.pods._patch_status(first, {"status": first["status"]})
             assert refused.value.not_found, f"to the old pod's worker, its pod is gone: {refused.value}"
 
             now = await client.get(path)
