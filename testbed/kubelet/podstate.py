@@ -55,8 +55,8 @@ class PodState:
     have changed since)."""
     generation_sync: bool | None = None
     """A sync of its spec change runs (False), and another was asked for meanwhile (True)."""
-    resources_status: object = None
-    """The allocatedResourcesStatus last written, to write only changes."""
+    resources_status: list[list[Obj] | None] | None = None
+    """Each container's allocatedResourcesStatus last written, to write only changes."""
 
     def changed(self) -> None:
         """A change its worker must see: counted, and the worker woken."""
