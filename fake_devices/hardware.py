@@ -16,11 +16,12 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import random
 import re
 import time
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,16 @@ class Faults:
     latency_s: float = 0.0
     failure_rate: float = 0.0
     """Probability that a prepare fails, drawn from the node's seeded RNG."""
+
+    def __post_init__(self) -> None:
+        # A NaN or infinite delay would sit in the event loop's timer heap, where it
+        # breaks the order every other node's timers rely on.
+        if self.fail_next_prepares < 0:
+            raise ValueError(f"fail_next_prepares must be 0 or more, not {self.fail_next_prepares}")
+        if not 0 <= self.latency_s < math.inf:
+            raise ValueError(f"latency_s must be a finite number of seconds, 0 or more, not {self.latency_s}")
+        if not 0 <= self.failure_rate <= 1:
+            raise ValueError(f"failure_rate must be from 0 to 1, not {self.failure_rate}")
 
 
 class NodeHardware:
@@ -254,14 +265,14 @@ class NodeHardware:
         failure_rate: float | None = None,
         message: str | None = None,
     ) -> None:
-        if fail_next_prepares is not None:
-            self.faults.fail_next_prepares = fail_next_prepares
-        if latency_s is not None:
-            self.faults.latency_s = latency_s
-        if failure_rate is not None:
-            self.faults.failure_rate = failure_rate
-        if message is not None:
-            self.faults.fail_message = message
+        now = self.faults
+        self.faults = replace(  # checked whole (Faults.__post_init__) before any of it holds
+            now,
+            fail_next_prepares=now.fail_next_prepares if fail_next_prepares is None else fail_next_prepares,
+            latency_s=now.latency_s if latency_s is None else latency_s,
+            failure_rate=now.failure_rate if failure_rate is None else failure_rate,
+            fail_message=now.fail_message if message is None else message,
+        )
         self._faults_changed()
 
     def set_health(self, device: str, health: Health, message: str = "", fatal: bool = False) -> None:

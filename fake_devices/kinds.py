@@ -107,7 +107,7 @@ def _digest(*parts: object) -> bytes:
 class DeviceSpec(BaseModel):
     """One section of a hardware profile. Subclasses name their section and build."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False)
 
     section: ClassVar[str]
     """The profile key, e.g. ``gpus``."""

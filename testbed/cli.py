@@ -7,6 +7,7 @@ stdout carries what scripts consume (the kubeconfig path, last line of `up`; `st
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 import shutil
@@ -207,7 +208,7 @@ def _kubectl() -> Path:
 )
 @click.option(
     "--nodes",
-    type=click.IntRange(min=0, max=100_000),
+    type=click.IntRange(min=0, max=fleet_spec.MAX_POOL_NODES),
     default=0,
     show_default=True,
     help="Synthetic nodes to start (each with hardware, drivers and a fake kubelet).",
@@ -493,7 +494,10 @@ def logs(
     # A driver's name means its instance running now (after rollouts, not the first's).
     newest = log_of_running_instance(available, log_name, running_generations(directory.parent, log_name))
     if newest is None:
-        raise TestbedError(f"node {node} has no log {log_name!r}", hint=f"it has: {', '.join(available) or 'none'}")
+        raise TestbedError(
+            f"node {node} has no log {log_name!r}",
+            hint=f"its logs: {', '.join([*available, NODEHOST_LOG])} ({NODEHOST_LOG}: its NodeHost's lines about it)",
+        )
     if newest != log_name:
         stderr.print(f"{log_name} on {node}: its running instance's log, {newest} (`testbed logs {node}` lists all)")
     lines = (directory / f"{newest}.log").read_text(errors="replace").splitlines()
@@ -875,7 +879,7 @@ def fault(node: str, action: str, target: str, name: str, state_dir: Path | None
             number = float(target)
         except ValueError:
             number = -1.0
-        if number < 0 or (action != "latency" and not number.is_integer()):
+        if not math.isfinite(number) or number < 0 or (action != "latency" and not number.is_integer()):
             raise TestbedError(f"{action} {target!r}: give {COUNTED_FAULTS[action]}, a number of at least 0")
     state = _running(name, state_dir)
     fleet = environment.attach_fleet(state)
@@ -1000,7 +1004,7 @@ def sanity(
 
 @main.command(context_settings={"ignore_unknown_options": True})  # so `-1` reaches COUNT and is refused there
 @click.argument("pool")
-@click.argument("count", type=click.IntRange(min=0))
+@click.argument("count", type=click.IntRange(min=0, max=fleet_spec.MAX_POOL_NODES))
 @cluster_options
 @reports_errors
 def scale(pool: str, count: int, name: str, state_dir: Path | None) -> None:

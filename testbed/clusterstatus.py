@@ -70,6 +70,8 @@ class NodeHost:
 @dataclass
 class Fleet:
     pools: list[Pool] = field(default_factory=list)
+    record_error: str = ""
+    """The fleet `up` recorded could not be read back: its pools are unknown."""
     api_error: str = ""
     """The API server did not answer: the pools' Ready counts are unknown."""
     ray_address: str | None = None
@@ -89,7 +91,7 @@ class Fleet:
     @property
     def complete(self) -> bool:
         """Whether every node asked for is Ready."""
-        return not self.api_error and all(p.ready >= p.asked for p in self.pools)
+        return not self.record_error and not self.api_error and all(p.ready >= p.asked for p in self.pools)
 
 
 @dataclass
@@ -148,7 +150,7 @@ class ClusterStatus:
 
 def fleet_file(state: cluster.ClusterState) -> fleet_spec.FleetFile | None:
     """The fleet `testbed up` recorded for this cluster, if any."""
-    return fleet_spec.FleetFile.model_validate(state.fleet.spec) if state.fleet else None
+    return environment.recorded_fleet(state) if state.fleet else None
 
 
 @dataclass(frozen=True)
@@ -184,7 +186,10 @@ def listed(root: Path) -> list[Listed]:
             said = "starting"
         else:
             said = "running" if running else "stopped"
-        fleet = fleet_file(state)
+        try:
+            fleet = fleet_file(state)
+        except TestbedError:  # one cluster's unreadable record must not hide the others
+            fleet, said = None, f"{said}, its fleet record unreadable (see `testbed status`)"
         found.append(Listed(state.name, said, fleet.count if fleet else 0, str(state.kubeconfig)))
     return found
 
@@ -248,8 +253,11 @@ def _fleet(state: cluster.ClusterState) -> Fleet | None:
     from testbed.controlplane.selfcheck import ready_synthetic_nodes
     from testbed.kube import api_client
 
-    spec = fleet_file(state)
-    assert state.fleet is not None and spec is not None
+    assert state.fleet is not None
+    try:
+        spec = environment.recorded_fleet(state)
+    except TestbedError as exc:
+        return Fleet(ray_address=state.fleet.ray_address, record_error=f"{exc.message}\nhint: {exc.hint}")
     fleet = Fleet(ray_address=state.fleet.ray_address, identities=spec.identities, log_level=spec.log_level)
     api = api_client(state.kubeconfig)
     try:
@@ -391,6 +399,9 @@ def render(status: ClusterStatus, out: Console) -> None:
 
 
 def _render_fleet(fleet: Fleet, code_here: str, out: Console) -> None:
+    if fleet.record_error:
+        out.print(f"fleet: {fleet.record_error}", markup=False)
+        return
     if fleet.api_error:
         out.print(f"fleet: the API server did not answer ({fleet.api_error})", markup=False)
         return

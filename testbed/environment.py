@@ -25,6 +25,7 @@ from testbed.controlplane.binaries import Binaries, ensure_node_binaries
 from testbed.drivers import deviceclasses
 from testbed.errors import TestbedError, run_coroutine
 from testbed.fleet import orphans, raycluster
+from testbed.fleet import spec as fleet_spec
 from testbed.fleet.external import prune_short_paths, stop_recorded_drivers
 from testbed.fleet.fleet import Fleet, rollout_summary
 from testbed.fleet.spec import FleetFile
@@ -163,10 +164,23 @@ def attach_fleet(state: cluster.ClusterState) -> Fleet:
             f"cluster {state.name!r} has no fleet",
             hint="start one with `testbed up --nodes N --profile P` or `--fleet FILE`",
         )
+    spec = recorded_fleet(state)
     raycluster.check_reachable(record.ray_address)
     raycluster.connect(record.ray_address, state.name, state.root)
-    spec = FleetFile.model_validate(record.spec)
     return Fleet.attach(spec, state.kubeconfig, Path(record.nodes_dir), record.fleet_id)
+
+
+def recorded_fleet(state: cluster.ClusterState) -> FleetFile:
+    """The fleet `testbed up` (and every scale since) recorded for the cluster."""
+    assert state.fleet is not None
+    try:
+        return fleet_spec.recorded(state.fleet.spec, str(state.layout.state_file))
+    except fleet_spec.FleetFileError as exc:
+        raise TestbedError(
+            str(exc),
+            hint=f"the fleet cannot be read back as it is; `testbed down --name {state.name}` stops it, "
+            "and `testbed up` starts a new one",
+        ) from None
 
 
 def scale_pool(state: cluster.ClusterState, pool: str, count: int, progress: Progress) -> Fleet:

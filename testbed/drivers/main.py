@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -159,7 +160,7 @@ class _Applied:
 
 def _number(document: dict[str, object], key: str, highest: float | None = None) -> float:
     value = document.get(key, 0)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:  # NaN too
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:  # NaN too
         raise ValueError(f"{key} must be a number >= 0, not {value!r}")
     if highest is not None and value > highest:
         raise ValueError(f"{key} must be at most {highest:g}, not {value!r}")

@@ -24,7 +24,7 @@ from testbed.fleet.identity import NodeAuthority, install_access_policy
 from testbed.fleet.liveness import LivenessSettings
 from testbed.fleet.membership import Membership, NodeRecipe
 from testbed.fleet.nodehost import NodeHost
-from testbed.fleet.spec import BUILT_IN_DRIVERS, ExternalDriver, FleetFile, Placement, Pool
+from testbed.fleet.spec import BUILT_IN_DRIVERS, MAX_POOL_NODES, ExternalDriver, FleetFile, Placement, Pool
 from testbed.kubeapi import KubeClient, flattened_kubeconfig
 from testbed.kubelet.declared import cluster_declared_features
 from testbed.progress import Progress, SilentProgress
@@ -465,8 +465,8 @@ class Fleet:
 
         progress = progress or SilentProgress()
         pool = self.pool(pool_name)
-        if count < 0:
-            raise TestbedError(f"a pool cannot have {count} nodes", hint="give a count of 0 or more")
+        if not 0 <= count <= MAX_POOL_NODES:
+            raise TestbedError(f"a pool cannot have {count} nodes", hint=f"give a count from 0 to {MAX_POOL_NODES}")
         # A pool's nodes are numbered 0..count-1 (scaling removes the highest first). What
         # the hosts hold counts, not the pool's count: a scale interrupted here went on in
         # the hosts, so they may hold more or fewer nodes than the count last recorded,

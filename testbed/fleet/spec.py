@@ -42,7 +42,7 @@ from testbed.keys import SYNTHETIC
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
 
 
 _NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
@@ -188,9 +188,13 @@ class Placement(_Strict):
         return self
 
 
+MAX_POOL_NODES = 100_000
+"""The most nodes one pool may ask for (`--nodes`, `testbed scale`, a fleet file)."""
+
+
 class Pool(_Strict):
     name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=40)
-    count: int = Field(ge=0, le=100_000)
+    count: int = Field(ge=0, le=MAX_POOL_NODES)
     profile: str = "gpu8"
     labels: dict[str, str] = Field(default_factory=dict)
     taints: list[Taint] = Field(default_factory=_default_taints)
@@ -370,6 +374,12 @@ def load(path: Path) -> FleetFile:
         for driver in pool.external_drivers:
             driver.command = runnable_from(driver.command, path.parent)
     return fleet
+
+
+def recorded(data: Any, source: str) -> FleetFile:
+    """A fleet spec a cluster recorded (in its state file), checked as a fleet file is: one
+    written by another version of the testbed, or by hand, may not hold."""
+    return validate(FleetFile, data, "fleet recorded in", source, FleetFileError)
 
 
 def runnable_from(command: list[str], directory: Path) -> list[str]:

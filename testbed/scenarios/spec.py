@@ -27,7 +27,7 @@ failure (capped at six minutes)."""
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
 
 
 class ClaimRequest(_Strict):

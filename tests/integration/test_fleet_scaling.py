@@ -400,6 +400,11 @@ def test_a_fleet_of_empty_pools_starts_and_scale_fills_it(short_tmp_path: Path) 
         told = subprocess.run([*base, "logs", "later-001", *where], capture_output=True, text=True, timeout=120)
         assert told.returncode == 0 and "testbed logs later-001 nodehost" in told.stderr, told.stderr
         told = subprocess.run(
+            [*base, "logs", "later-001", "kubelet", *where], capture_output=True, text=True, timeout=120
+        )
+        assert told.returncode == 1 and "node later-001 has no log 'kubelet'" in told.stderr, told.stderr
+        assert "its logs: nodehost (nodehost: its NodeHost's lines about it)" in told.stderr, told.stderr
+        told = subprocess.run(
             [*base, "logs", "later-001", "nodehost", "--all-nodes", *where], capture_output=True, text=True, timeout=120
         )
         [host] = [h for h in fleet["hosts"] if h["ready"]]

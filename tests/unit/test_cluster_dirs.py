@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from testbed import cli
+from testbed import cli, environment
 from testbed.config import ControlPlaneConfig
 from testbed.controlplane import cluster, processes
 from testbed.errors import TestbedError
@@ -154,3 +154,33 @@ def test_a_cluster_whose_up_was_killed_before_its_control_plane_was_up_says_so(
     finally:
         etcd.kill()
         etcd.wait()
+
+
+def test_a_fleet_record_that_does_not_hold_is_named_and_hides_nothing_else(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A state file whose fleet no longer validates (written by hand, or by a testbed that
+    let `scale` record any count): every command names the file and the field in one
+    line, `list` still shows the cluster, and `status` still shows its control plane."""
+    monkeypatch.setenv("TESTBED_STATE_DIR", str(tmp_path))
+    monkeypatch.setenv("COLUMNS", "250")
+    root = cluster._prepare_directory(ControlPlaneConfig(name="odd"), SilentProgress())
+    state = cluster.ClusterState("odd", root, cluster.Ports(1, 2, 3, 4, 5, 6), "", ready=True)
+    state.fleet = cluster.FleetRecord(
+        {"pools": [{"name": "node", "count": 999_999_999}]}, "127.0.0.1:1", str(root / "nodes"), "f1"
+    )
+    state.save()
+    with pytest.raises(TestbedError) as told:
+        environment.recorded_fleet(state)
+    assert f"invalid fleet recorded in {root / 'state.json'}" in told.value.message
+    assert "pools[0].count: Input should be less than or equal to 100000" in told.value.message
+    assert "`testbed down --name odd`" in (told.value.hint or "")
+
+    listed = CliRunner().invoke(cli.main, ["list"])
+    assert listed.exit_code == 0 and "its fleet record unreadable" in listed.output, listed.output
+    status = CliRunner().invoke(cli.main, ["status", "--name", "odd"])
+    assert "Traceback" not in status.output and "pools[0].count" in status.output, status.output
+    assert f"kubeconfig: {root / 'kubeconfig'}" in status.output, "the control plane is still shown"
+    for command in (["scale", "node", "3"], ["run", "smoke"]):
+        said = CliRunner().invoke(cli.main, [*command, "--name", "odd"])
+        assert said.exit_code == 1 and "Traceback" not in said.output, said.output

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -44,6 +45,9 @@ def test_a_latency_reaches_the_hardware_while_the_driver_runs_and_a_bad_one_chan
             _write(faults, {"latencyMs": -1})
             await _until(lambda: "latencyMs must be a number" in caplog.text, "the bad file named")
             assert hardware.faults.latency_s == 0.25, "a bad file changes nothing"
+            _write(faults, {"latencyMs": math.inf})  # JSON as Python writes it: Infinity
+            await _until(lambda: "latencyMs must be a number >= 0, not inf" in caplog.text, "an endless delay named")
+            assert hardware.faults.latency_s == 0.25
             _write(faults, {})
             await _until(lambda: hardware.faults.latency_s == 0, "the latency taken off")
         finally:

@@ -1,6 +1,7 @@
 """The emulated hardware on its own: profiles, conflicts, idempotency, faults, determinism."""
 
 import asyncio
+import math
 from pathlib import Path
 
 import pytest
@@ -275,6 +276,34 @@ def test_a_claim_held_before_a_crash_is_held_again_whatever_faults_are_in_force(
     hw.inject(latency_s=0)
     with pytest.raises(HardwareError, match="ECC storm"):
         run(hw.prepare("d", ["nic-0"]))
+
+
+@pytest.mark.parametrize(
+    ("fault", "message"),
+    [
+        ({"latency_s": math.nan}, "latency_s must be a finite number of seconds, 0 or more, not nan"),
+        ({"latency_s": math.inf}, "latency_s must be a finite number of seconds, 0 or more, not inf"),
+        ({"latency_s": -1.0}, "latency_s must be a finite"),
+        ({"failure_rate": 1.5}, "failure_rate must be from 0 to 1, not 1.5"),
+        ({"fail_next_prepares": -2}, "fail_next_prepares must be 0 or more, not -2"),
+    ],
+)
+def test_a_fault_no_hardware_could_have_is_refused_and_changes_nothing(fault: dict[str, float], message: str) -> None:
+    """A NaN delay would reach the event loop's timer heap, shared by every node of a host."""
+    hw = NodeHardware("n", load_profile("tiny"))
+    hw.inject(fail_next_prepares=1, latency_s=0.25, message="ECC error")
+    with pytest.raises(ValueError, match=message):
+        hw.inject(message="half applied", **fault)
+    assert hw.faults_in_force() == ["next 1 prepares fail: ECC error", "prepares 250 ms slower"]
+
+
+def test_a_kept_fault_record_with_a_delay_no_hardware_has_is_set_aside(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    kept = tmp_path / "hardware-faults.json"
+    kept.write_text('{"prepares": {"latencySeconds": NaN}}')
+    assert NodeHardware("n", load_profile("tiny"), kept_in=kept).faults_in_force() == []
+    assert "not taken (ValueError('latency_s must be a finite" in caplog.text
 
 
 def test_the_faults_in_force_outlive_the_process_that_emulates_the_hardware(
