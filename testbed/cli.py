@@ -32,6 +32,7 @@ from testbed.drivers import load_profile
 from testbed.errors import TestbedError, interrupt_on_sigterm, run_coroutine
 from testbed.fleet import spec as fleet_spec
 from testbed.fleet.external import (
+    check_runs_here,
     log_of_running_instance,
     running_generations,
 )
@@ -379,7 +380,8 @@ def up(
     except ProfileError as exc:
         raise TestbedError(str(exc), hint="give --profile one of those, or a path to a profile YAML file") from None
     except fleet_spec.FleetFileError as exc:
-        raise TestbedError(str(exc), hint="fix the field it names; see examples/fleet.yaml") from None
+        fix = "the YAML where it points" if " is not valid YAML: " in str(exc) else "the field it names"
+        raise TestbedError(str(exc), hint=f"fix {fix}; see examples/fleet.yaml") from None
     for flag, given in (("--identities", identities), ("--log-level", log_level)):
         if fleet is None and given is not None:
             raise TestbedError(
@@ -393,6 +395,10 @@ def up(
     if fleet is not None and devices_per_slice is not None:
         pools = [pool.model_copy(update={"devices_per_slice": devices_per_slice}) for pool in fleet.pools]
         fleet = fleet.model_copy(update={"pools": pools})
+    if fleet is not None and fleet.ray.address is None:  # every NodeHost runs on this machine
+        for pool in fleet.pools:
+            for each in pool.external_drivers:
+                check_runs_here(each.name, each.command, f"pool {pool.name}")
     try:
         state = environment.up(config, fleet, ConsoleProgress(), external_kubeconfig=external_kubeconfig)
     except KeyboardInterrupt:  # environment.up has stopped what it started
@@ -1109,6 +1115,8 @@ def rollout(
         state = cluster.ClusterState.load(config.cluster_dir)
         if state is None or not state.ready:
             raise TestbedError(f"cluster {name!r} is not running", hint="start it with `testbed up --nodes N`")
+        if command is not None and state.fleet is not None and environment.recorded_fleet(state).ray.address is None:
+            check_runs_here(driver, command, "--command")
         rolled = environment.roll_driver_out(state, driver, command, surge, unavailable, ConsoleProgress())
     stderr.print(rollout_summary(driver, rolled), markup=False)
 

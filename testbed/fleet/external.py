@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import time
 from collections import Counter
@@ -39,6 +40,20 @@ log = logging.getLogger(__name__)
 LIVENESS_PORT = "LIVENESS_PORT"
 """The variable that holds the port a driver's liveness endpoint is probed on: one per node,
 as every node's driver pod has the DaemonSet's port on an address of its own."""
+
+
+def check_runs_here(driver: str, command: list[str], where: str) -> None:
+    """A driver command that cannot run on this machine, refused before anything starts
+    (`up`, `rollout`) where every NodeHost runs here, instead of failing its first node
+    once the control plane and Ray are up. The driver's PATH is this process's."""
+    executable = command[0]
+    if shutil.which(executable) is None:
+        found = "not on PATH" if "/" not in executable else "not an executable file"
+        raise TestbedError(
+            f"{where}: driver {driver}'s command {executable!r} is {found} here",
+            hint="give the path of an executable (a relative one is taken from the fleet file's directory, "
+            "or the current one on the command line)",
+        )
 
 
 @dataclass(frozen=True)

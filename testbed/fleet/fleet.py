@@ -177,6 +177,13 @@ def host_options(placement: Placement | None, detached: bool) -> dict[str, Any]:
     return options
 
 
+def testbed_cause(error: BaseException) -> TestbedError | None:
+    """The TestbedError a NodeHost raised, out of the RayTaskError that carries it here
+    (whose text is a traceback from the actor): the message and hint people read."""
+    cause = getattr(error, "cause", None)
+    return cause if isinstance(cause, TestbedError) else None
+
+
 class Fleet:
     def __init__(self, spec: FleetFile, kubeconfig: Path, nodes_dir: Path, detached: bool = False, fleet_id: str = ""):
         """``nodes_dir``: where each node's directory tree (and sockets) goes."""
@@ -393,7 +400,12 @@ class Fleet:
                 try:
                     ray.get(ref)
                 except ray.exceptions.RayError as exc:
-                    raise TestbedError("a NodeHost failed to start its nodes", detail=str(exc)) from exc
+                    cause = testbed_cause(exc)
+                    if cause is None:
+                        raise TestbedError("a NodeHost failed to start its nodes", detail=str(exc)) from exc
+                    raise TestbedError(
+                        f"a NodeHost failed to start its nodes: {cause.message}", detail=cause.detail, hint=cause.hint
+                    ) from exc
                 host: str = pending.pop(ref)
                 self.host_of.update(dict.fromkeys((r.name for r in placement[host]), host))
             if time.monotonic() > deadline:
@@ -687,7 +699,7 @@ class Fleet:
                         call.cancel()
                         failed.append(RolloutFailure(node, f"not rolled out within {timeout_s:.0f} s"))
                     elif isinstance(error := call.exception(), ray.exceptions.RayTaskError):
-                        cause = error.cause if isinstance(getattr(error, "cause", None), TestbedError) else None
+                        cause = testbed_cause(error)
                         message = cause.message if cause else str(error).splitlines()[0]
                         detail, hint = (cause.detail or "", cause.hint or "") if cause else (str(error), "")
                         failed.append(RolloutFailure(node, message, detail, hint))

@@ -96,6 +96,27 @@ def _registrations(call_log: Path) -> int:
     return sum(1 for c in calls if c["method"].endswith("NotifyRegistrationStatus") and c.get("registered"))
 
 
+def test_a_driver_that_cannot_run_fails_the_start_in_its_nodes_words(control_plane: ClusterState, fleet: Fleet) -> None:
+    """What the NodeHost said, not the actor's traceback Ray wraps it in (`up` refuses a
+    command missing here up front; a fleet over several machines learns it here)."""
+    del fleet  # only for its Ray and DeviceClasses
+    spec = FleetFile.model_validate(
+        {"pools": [{"name": "nodrv", "count": 1, "profile": "tiny", "drivers": [{**STAND_IN, "command": ["/no/drv"]}]}]}
+    )
+    own = Fleet(spec, control_plane.kubeconfig, nodes_dir(control_plane.root))
+    try:
+        with pytest.raises(TestbedError) as failed:
+            own.start()
+        said = failed.value
+        assert said.message == (
+            f"a NodeHost failed to start its nodes: node nodrv-000: cannot run driver {GPU}'s command '/no/drv': "
+            "No such file or directory"
+        )
+        assert said.hint == "give the path of an executable (and its arguments)" and "Traceback" not in str(said)
+    finally:
+        own.stop(remove_nodes=True)
+
+
 def test_an_external_driver_serves_its_node_and_is_restarted_and_drained(
     control_plane: ClusterState, fleet: Fleet, kube_api: k8s.ApiClient, tmp_path: Path
 ) -> None:

@@ -26,6 +26,10 @@ from testbed import cli
         (["run", "smoke", "--set", "cluster.devicesPerSlice=0"], "cluster.devicesPerSlice: Input should be greater"),
         (["up", "--nodes", "1", "--driver-command", "/bin/drv"], "--driver-command needs --driver-name"),
         (["up", "--nodes", "1", "--driver-name", "a.example.com"], "go with --driver-command"),
+        (
+            ["up", "--nodes", "1", "--driver-command", "/no/such/drv -v", "--driver-name", "a.b"],
+            "pool node: driver a.b's command '/no/such/drv' is not an executable file here",
+        ),
         (["up", "--nodes", "1", "--driver-command", "x", "--driver-name", "A_B"], "driver name 'A_B' must be a DNS"),
         (["up", "--nodes", "1", "--driver-liveness-probe", "{grpc: {}}"], "go with --driver-command"),
         (
@@ -93,6 +97,14 @@ def test_refused_in_one_line(args: list[str], message: str, tmp_path: Path) -> N
     assert not (tmp_path / "c").exists(), "nothing was started"
 
 
+def test_a_fleet_file_that_is_not_yaml_is_pointed_at_not_its_fields(tmp_path: Path) -> None:
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text("pools:\n  - {name: a, count: 2}\n\t bad\n")
+    result = CliRunner().invoke(cli.main, ["up", "--fleet", str(fleet), "--state-dir", str(tmp_path / "c")])
+    assert result.exit_code == 1 and f"{fleet} is not valid YAML" in result.output and "line 3" in result.output
+    assert "hint: fix the YAML where it points" in result.output and "field" not in result.output
+
+
 def test_a_directory_is_not_a_fleet_file(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli.main, ["up", "--fleet", str(tmp_path), "--state-dir", str(tmp_path / "c")])
     assert result.exit_code != 0 and "is a directory" in result.output
@@ -113,6 +125,21 @@ def test_labels_kubernetes_refuses_are_refused_up_front(labels: str, message: st
     assert result.exit_code != 0 and message in result.output and "pools[0]" in result.output
     assert "shipped profile" not in result.output, "the hint fits the error"
     assert not (tmp_path / "c").exists()
+
+
+def test_a_fleet_whose_driver_cannot_run_here_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    """Its own Ray head runs every NodeHost on this machine: a missing driver would fail
+    its first node only after the control plane and Ray were up."""
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text("pools: [{name: a, count: 1, drivers: [{name: a.example.com, command: [no-such-driver-x]}]}]\n")
+    result = CliRunner().invoke(cli.main, ["up", "--fleet", str(fleet), "--state-dir", str(tmp_path / "c")])
+    assert result.exit_code == 1
+    assert "pool a: driver a.example.com's command 'no-such-driver-x' is not on PATH here" in result.output
+    assert not (tmp_path / "c").exists()
+    joined = tmp_path / "joined.yaml"  # NodeHosts of a Ray cluster the user runs may be elsewhere, where it is
+    joined.write_text(fleet.read_text() + "ray: {address: '127.0.0.1:1'}\n")
+    result = CliRunner().invoke(cli.main, ["up", "--fleet", str(joined), "--state-dir", str(tmp_path / "c")])
+    assert "is not on PATH" not in result.output
 
 
 def test_version_names_the_kubernetes_and_etcd_in_use() -> None:
