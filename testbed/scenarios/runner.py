@@ -225,19 +225,39 @@ def count_devices(slices: list[Obj], device_class: str) -> int:
     return total
 
 
-def unserved(scenario: Scenario, devices: dict[str, int]) -> dict[str, list[str]]:
-    """The testbed's classes the scenario asks for of which no device is published, each
-    with the phases that ask. Other drivers' classes are not counted, so not judged."""
-    missing: dict[str, list[str]] = {}
+def _asked_for(scenario: Scenario, which: Callable[[str], bool]) -> dict[str, list[str]]:
+    """The device classes the scenario's phases ask for that ``which`` picks, each with the
+    phases that ask."""
+    picked: dict[str, list[str]] = {}
     for phase in scenario.phases:
         if phase.jobs == 0:
             continue
         for request in phase.requests:
-            if request.device_class in CLASS_KINDS and not devices.get(request.device_class):
-                asking = missing.setdefault(request.device_class, [])
+            if which(request.device_class):
+                asking = picked.setdefault(request.device_class, [])
                 if phase.name not in asking:
                     asking.append(phase.name)
-    return missing
+    return picked
+
+
+def unserved(scenario: Scenario, devices: dict[str, int]) -> dict[str, list[str]]:
+    """The testbed's classes the scenario asks for of which no device is published, each
+    with the phases that ask. Other drivers' classes are not counted, so not judged."""
+    return _asked_for(scenario, lambda name: name in CLASS_KINDS and not devices.get(name))
+
+
+def absent_classes_error(scenario: Scenario, classes: set[str]) -> TestbedError | None:
+    """The classes the scenario asks for that are not DeviceClasses of the cluster: their
+    pods could never be scheduled, and the run would only wait out its stall."""
+    absent = _asked_for(scenario, lambda name: name not in classes)
+    if not absent:
+        return None
+    wanted = ", ".join(f"{name} (phase{'s' if len(p) > 1 else ''} {', '.join(p)})" for name, p in absent.items())
+    return TestbedError(
+        f"scenario {scenario.name} asks for DeviceClass {wanted}, which this cluster does not have",
+        hint=f"its DeviceClasses: {', '.join(sorted(classes)) or 'none'}; a driver of your own comes "
+        "with its DeviceClass (kubectl apply it)",
+    )
 
 
 def unserved_error(scenario: Scenario, missing: dict[str, list[str]], profiles: Counter[str]) -> TestbedError:
@@ -653,6 +673,10 @@ class Runner:
     async def _servable_devices(self) -> dict[str, int]:
         """The devices of each class, once every class the scenario asks for has some:
         a phase no device can serve would only wait out its stall and fail."""
+        listing = await self.client.get(path_for("resource.k8s.io/v1", "deviceclasses"))
+        absent = absent_classes_error(self.scenario, {c["metadata"]["name"] for c in listing["items"]})
+        if absent is not None:
+            raise absent
         deadline = time.monotonic() + PUBLICATION_GRACE_S
         said = False
         while True:

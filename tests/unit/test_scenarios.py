@@ -290,6 +290,31 @@ def test_a_class_no_device_serves_is_named_with_the_phases_asking_and_the_profil
     assert "--profile tiny" not in hint and "--up" not in hint
 
 
+def test_a_class_the_cluster_does_not_have_is_refused_with_the_phases_asking() -> None:
+    """Its pods could never be scheduled: the run would wait out its stall and fail."""
+    from testbed.scenarios.runner import absent_classes_error
+
+    shipped = {"gpu.dra-testbed.io", "gpu-partition.dra-testbed.io", "nic.dra-testbed.io"}
+    assert absent_classes_error(spec.load("smoke"), shipped) is None
+    mistyped = spec.load("smoke", {"phases.1.requests.0.deviceClass": "gpu.exmaple.com", "phases.2.jobs": 0})
+    error = absent_classes_error(mistyped, shipped)
+    assert error is not None
+    assert (
+        error.message
+        == "scenario smoke asks for DeviceClass gpu.exmaple.com (phase partitions), which this cluster does not have"
+    )
+    assert "its DeviceClasses: gpu-partition.dra-testbed.io, gpu.dra-testbed.io, nic.dra-testbed.io" in (
+        error.hint or ""
+    )
+    # A phase of no Jobs asks for nothing.
+    assert (
+        absent_classes_error(
+            spec.load("smoke", {"phases.1.requests.0.deviceClass": "x.y", "phases.1.jobs": 0}), shipped
+        )
+        is None
+    )
+
+
 def test_a_phase_can_send_its_pods_to_the_real_kubelet_nodes_only() -> None:
     """For a reference run of a driver: the scheduler would otherwise put pods on the fake
     nodes, which hold the workload image once it was pulled there (ImageLocality)."""
