@@ -127,6 +127,16 @@ def test_a_scenario_error_names_the_field(control_plane: ClusterState) -> None:
     assert "phases[0].qps" in err and "greater than 0" in err
 
 
+def test_a_device_class_the_cluster_lacks_is_refused_before_the_first_phase(control_plane: ClusterState) -> None:
+    proc = _run(control_plane, "smoke", "--set", "phases.0.requests.0.deviceClass=gpu.exmaple.com")
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err
+    # This control plane has no fleet, so none of the testbed's classes either.
+    assert "scenario smoke asks for DeviceClass gpu.exmaple.com (phase gpus), gpu-partition.dra-testbed.io" in err
+    assert "which this cluster does not have" in err and "its DeviceClasses: none" in err, err
+    assert "phase gpus:" not in err, "refused before the first phase"
+
+
 def test_run_with_up_starts_the_scenarios_cluster_and_stops_it(short_tmp_path: Path) -> None:
     """`--up`: no cluster yet; the scenario's `cluster:` section (smoke: 2 tiny nodes),
     with two knobs turned, is started, the run reports (JUnit too), and nothing is left
