@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from testbed import files
 from testbed.config import ControlPlaneConfig
 from testbed.controlplane import components, pki, processes, supervisor
 from testbed.controlplane.binaries import Binaries, ensure_binaries
@@ -321,6 +322,10 @@ def _prepare_directory(config: ControlPlaneConfig, progress: Progress) -> Path:
     created_dir = _created_by_testbed(root) if owned(root) else not root.exists()
     if owned(root):
         _clear(root)
+    if config.state_dir is not None:
+        files.check_can_make(root, "--state-dir", "give a directory you can write in (made if missing)")
+    else:
+        files.check_can_make(root, "cluster directory", "set TESTBED_STATE_DIR to a directory you can write in")
     root.mkdir(parents=True, exist_ok=True)
     marker = {"cluster": config.name, "created_dir": created_dir}
     (root / OWNERSHIP_MARKER).write_text(json.dumps(marker) + "\n")

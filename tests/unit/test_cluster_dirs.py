@@ -184,3 +184,16 @@ def test_a_fleet_record_that_does_not_hold_is_named_and_hides_nothing_else(
     for command in (["scale", "node", "3"], ["run", "smoke"]):
         said = CliRunner().invoke(cli.main, [*command, "--name", "odd"])
         assert said.exit_code == 1 and "Traceback" not in said.output, said.output
+
+
+def test_a_state_dir_that_cannot_be_made_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    a_file = tmp_path / "afile"
+    a_file.write_text("mine\n")
+    monkeypatch.setenv("TESTBED_STATE_DIR", str(a_file))
+    result = CliRunner().invoke(cli.main, ["up"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert f"cluster directory {a_file}/clusters/testbed: {a_file} is a file, not a directory" in result.output
+    assert "hint: set TESTBED_STATE_DIR to a directory you can write in" in result.output
+    result = CliRunner().invoke(cli.main, ["up", "--state-dir", str(a_file / "c")])
+    assert result.exit_code == 1 and f"--state-dir {a_file}/c: {a_file} is a file" in result.output
+    assert a_file.read_text() == "mine\n"
