@@ -366,9 +366,12 @@ def test_prepare_resources_is_timed_from_the_read_the_node_authorizer_allowed(
     new_count, new_total = prepare_durations()
     assert new_count == count + 1
     assert took >= 0.8, "the pod's start still waited for the authorizer"
-    assert new_total - total < 0.4, "the refused reads are not part of PrepareResources"
     waited = (REGISTRY.get_sample_value("dra_testbed_kubelet_claim_link_wait_seconds_sum") or 0.0) - waits
     assert 0.8 <= waited <= took
+    # The two spans follow each other within the call: counted in both, they would
+    # exceed it by the wait. (Not a bound on the prepare itself: a loaded CI machine's
+    # checkpoint write alone has taken seconds.)
+    assert (new_total - total) + waited <= took + 0.05, "the refused reads are not part of PrepareResources"
     waits_counted = REGISTRY.get_sample_value("dra_testbed_kubelet_claim_link_wait_seconds_count")
     api.reads, api.refusals = 0, 0
     run(manager.dra.prepare(pod))
