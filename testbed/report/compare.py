@@ -67,9 +67,22 @@ def load(path: Path) -> dict[str, Any]:
         report: dict[str, Any] = json.loads(file.read_text())
     except (OSError, ValueError) as exc:
         raise TestbedError(f"{file} is not a readable report ({exc})") from None
-    if "phases" not in report:
+    if not isinstance(report, dict) or "phases" not in report:
         raise TestbedError(f"{file} has no phases: not a report of `testbed run`")
+    missing = [key for key in REPORT_KEYS if key not in report]
+    phases = report["phases"]
+    if not isinstance(phases, list) or not all(isinstance(p, dict) and "name" in p for p in phases):
+        missing.append("phases[].name")
+    if missing:
+        raise TestbedError(
+            f"{file} lacks {', '.join(missing)}: not a report of `testbed run`",
+            hint="give a directory `testbed run` printed, or its report.json",
+        )
     return report
+
+
+REPORT_KEYS = ("scenario", "verdict", "started")
+"""What the comparison reads of a report besides its phases."""
 
 
 def parse_thresholds(items: tuple[str, ...]) -> dict[str, float]:

@@ -268,6 +268,15 @@ def test_compare_refuses_unknown_figures_bad_ratios_and_missing_reports(tmp_path
             compare.parse_thresholds((bad,))
     with pytest.raises(TestbedError, match="no report at"):
         compare.load(tmp_path)
+    report = tmp_path / "report.json"
+    for text, said in (
+        ("[1]", "has no phases"),
+        ('{"phases": [1]}', "lacks scenario, verdict, started, phases\\[\\].name: not a report"),
+        ('{"phases": [{"name": "a"}], "scenario": "s", "verdict": "PASS"}', "lacks started: not a report"),
+    ):
+        report.write_text(text)
+        with pytest.raises(TestbedError, match=said):
+            compare.load(tmp_path)
 
 
 def test_report_md_reads_well_cluster_table_quiet_queues_and_no_zero_artefacts() -> None:
