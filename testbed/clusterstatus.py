@@ -159,19 +159,25 @@ class Listed:
 
     name: str
     state: str
-    """running, stopped, starting, start cut short, or running (up cut short)."""
+    """running, stopped, starting, start cut short, running (up cut short), or its
+    state unreadable."""
     synthetic_nodes: int
     kubeconfig: str
 
 
 UP_CUT_SHORT = "running (up cut short)"
+UNREADABLE = "state unreadable (see `testbed status`)"
 
 
 def listed(root: Path) -> list[Listed]:
     """The clusters whose directories are under ``root``, by name."""
     found = []
     for directory in sorted(root.iterdir()) if root.is_dir() else []:
-        state = cluster.ClusterState.load(directory) if cluster.owned(directory) else None
+        try:
+            state = cluster.ClusterState.load(directory) if cluster.owned(directory) else None
+        except TestbedError:  # one cluster's unreadable state must not hide the others
+            found.append(Listed(directory.name, UNREADABLE, 0, str(directory / "kubeconfig")))
+            continue
         if state is None:
             continue
         running = state.ready and any(p.alive() for p in state.processes)

@@ -197,3 +197,21 @@ def test_a_state_dir_that_cannot_be_made_is_one_line(tmp_path: Path, monkeypatch
     result = CliRunner().invoke(cli.main, ["up", "--state-dir", str(a_file / "c")])
     assert result.exit_code == 1 and f"--state-dir {a_file}/c: {a_file} is a file" in result.output
     assert a_file.read_text() == "mine\n"
+
+
+def test_list_shows_the_other_clusters_when_one_state_file_is_unreadable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TESTBED_STATE_DIR", str(tmp_path))
+    for name in ("good", "torn"):
+        root = cluster._prepare_directory(ControlPlaneConfig(name=name), SilentProgress())
+        cluster.ClusterState(name, root, cluster.Ports(1, 2, 3, 4, 5, 6), "").save()
+    (tmp_path / "clusters" / "torn" / "state.json").write_text('{"name": "torn", "ro')
+    listed = CliRunner().invoke(cli.main, ["list", "--json"])
+    assert listed.exit_code == 0, listed.output
+    assert [(c["name"], c["state"]) for c in json.loads(listed.output)] == [
+        ("good", "stopped"),
+        ("torn", "state unreadable (see `testbed status`)"),
+    ]
+    told = CliRunner().invoke(cli.main, ["status", "--name", "torn"])
+    assert told.exit_code == 1 and "cannot read" in told.output and "state.json" in told.output
