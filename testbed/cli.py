@@ -378,10 +378,13 @@ def up(
                 untainted=untainted,
             )
     except ProfileError as exc:
-        raise TestbedError(str(exc), hint="give --profile one of those, or a path to a profile YAML file") from None
+        if str(exc).startswith("no hardware profile named"):
+            hint = "give --profile one of those, or a path to a profile YAML file"
+        else:
+            hint = _spec_fix(str(exc), "fake_devices/profiles/ (the shipped profiles)")
+        raise TestbedError(str(exc), hint=hint) from None
     except fleet_spec.FleetFileError as exc:
-        fix = "the YAML where it points" if " is not valid YAML: " in str(exc) else "the field it names"
-        raise TestbedError(str(exc), hint=f"fix {fix}; see examples/fleet.yaml") from None
+        raise TestbedError(str(exc), hint=_spec_fix(str(exc), "examples/fleet.yaml")) from None
     for flag, given in (("--identities", identities), ("--log-level", log_level)):
         if fleet is None and given is not None:
             raise TestbedError(
@@ -405,6 +408,15 @@ def up(
         stderr.print("interrupted: everything this command started has been stopped")
         sys.exit(130)
     click.echo(str(state.kubeconfig))
+
+
+def _spec_fix(message: str, example: str) -> str:
+    """The hint for a spec file's error: what to fix in it, or where to point instead."""
+    if " is not valid YAML: " in message:
+        return f"fix the YAML where it points; see {example}"
+    if " does not exist" in message:
+        return f"give the path of an existing file; see {example}"
+    return f"fix the field it names; see {example}"
 
 
 def _command_driver(

@@ -105,6 +105,15 @@ def test_a_fleet_file_that_is_not_yaml_is_pointed_at_not_its_fields(tmp_path: Pa
     assert "hint: fix the YAML where it points" in result.output and "field" not in result.output
 
 
+def test_a_profile_file_with_a_bad_field_is_hinted_at_the_field(tmp_path: Path) -> None:
+    profile = tmp_path / "mine.yaml"
+    profile.write_text("name: mine\ngpus: {count: 2, memoryGiB: .nan}\n")
+    result = CliRunner().invoke(cli.main, ["up", "--profile", str(profile), "--state-dir", str(tmp_path / "c")])
+    assert result.exit_code == 1 and "gpus.memoryGiB: Input should be a finite number" in result.output
+    assert "hint: fix the field it names; see fake_devices/profiles/" in result.output, result.output
+    assert not (tmp_path / "c").exists()
+
+
 def test_a_directory_is_not_a_fleet_file(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli.main, ["up", "--fleet", str(tmp_path), "--state-dir", str(tmp_path / "c")])
     assert result.exit_code != 0 and "is a directory" in result.output
