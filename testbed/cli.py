@@ -855,7 +855,7 @@ UNTARGETED_FAULTS = ("clear", "restart-kubelet")
 """The faults whose target is a number, and what it counts."""
 
 
-@main.command()
+@main.command(context_settings={"ignore_unknown_options": True})  # so `latency -5` is refused as a value
 @click.argument("node")
 @click.argument("action", type=click.Choice(FAULT_ACTIONS))
 @click.argument("target", required=False, default="")

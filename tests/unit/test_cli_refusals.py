@@ -71,6 +71,7 @@ from testbed import cli
         (["run", "smoke", "--set", "phases.0.qps.deeper=1"], "phases.0.qps is a value, not a mapping or list"),
         (["run", "smoke", "--set", "phases.0.qps=1"], "cluster 'refusals' is not running"),
         (["fault", "n1", "hang-attach", "x"], "hang-attach 'x': give a count of attaches, a number of at least 0"),
+        (["fault", "n1", "latency", "-5"], "latency '-5': give milliseconds, a number of at least 0"),
         (["fault", "n1", "latency", "nan"], "latency 'nan': give milliseconds, a number of at least 0"),
         (["fault", "n1", "latency", "inf"], "latency 'inf': give milliseconds, a number of at least 0"),
         (["run", "smoke", "--set", "phases.0.runSeconds=.inf"], "phases[0].runSeconds: Input should be a finite"),
