@@ -757,7 +757,7 @@ def run_scenario(
     values = {}
     for item in overrides:
         key, sep, value = item.partition("=")
-        if not sep:
+        if not sep or not key or "" in key.split("."):
             raise TestbedError(f"--set {item!r} is not KEY=VALUE", hint="e.g. --set phases.0.qps=20")
         try:
             values[key] = yaml.safe_load(value)

@@ -65,6 +65,8 @@ from testbed import cli
         (["up", "--advertise-address", "198.51.100.7"], "advertise address 198.51.100.7 is not an address of this"),
         (["scale", "node", "-1"], "'COUNT': -1 is not in the range 0<=x<=100000"),
         (["scale", "node", "999999999"], "'COUNT': 999999999 is not in the range 0<=x<=100000"),
+        (["run", "smoke", "--set", "=5"], "--set '=5' is not KEY=VALUE"),
+        (["run", "smoke", "--set", "phases..qps=1"], "--set 'phases..qps=1' is not KEY=VALUE"),
         (["run", "smoke", "--set", "phases.99.qps=1"], "'phases.99' needs an index below 4"),
         (["run", "smoke", "--set", "phases.x.qps=1"], "'phases.x' needs an index below 4"),
         (["run", "smoke", "--set", "phases.0.qps=[1"], "the value is not valid YAML"),
