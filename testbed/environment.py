@@ -25,10 +25,9 @@ from testbed.controlplane.binaries import Binaries, ensure_node_binaries
 from testbed.drivers import deviceclasses
 from testbed.errors import TestbedError, run_coroutine
 from testbed.fleet import orphans, raycluster
-from testbed.fleet import spec as fleet_spec
 from testbed.fleet.external import prune_short_paths, stop_recorded_drivers
 from testbed.fleet.fleet import Fleet, rollout_summary
-from testbed.fleet.spec import FleetFile
+from testbed.fleet.spec import FleetFile, FleetFileError, recorded
 from testbed.kubeapi import KubeClient
 from testbed.progress import Progress, SilentProgress
 from testbed.realnode.node import unsupported_reason
@@ -174,8 +173,8 @@ def recorded_fleet(state: cluster.ClusterState) -> FleetFile:
     """The fleet `testbed up` (and every scale since) recorded for the cluster."""
     assert state.fleet is not None
     try:
-        return fleet_spec.recorded(state.fleet.spec, str(state.layout.state_file))
-    except fleet_spec.FleetFileError as exc:
+        return recorded(state.fleet.spec, str(state.layout.state_file))
+    except FleetFileError as exc:
         raise TestbedError(
             str(exc),
             hint=f"the fleet cannot be read back as it is; `testbed down --name {state.name}` stops it, "
