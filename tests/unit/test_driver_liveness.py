@@ -163,7 +163,9 @@ def test_a_driver_failing_its_probe_is_killed_and_started_again_at_once(tmp_path
         "gpu.example.com",
         (sys.executable, "-c", PROGRAM, "$(LIVENESS_PORT)", str(broken)),
         {"HEALTH_PORT": f"$({LIVENESS_PORT})"},
-        LivenessSettings(initial_delay_s=1.0, period_s=0.2, timeout_s=1, failure_threshold=3, grace_s=5),
+        # Long enough for Python and gRPC to start serving on a loaded CI machine: a start
+        # slower than the delay is killed as a kubelet kills it, and again, in a loop.
+        LivenessSettings(initial_delay_s=8.0, period_s=0.2, timeout_s=1, failure_threshold=3, grace_s=5),
     )
     external = ExternalDriver(spec, "node-0", tmp_path / "node", lambda *event: told.append(event))
 
