@@ -2483,12 +2483,15 @@ def test_a_crash_looping_container_shows_each_exit_and_crash_loop_back_off_befor
                 # may send the next instead.
                 if seen["states"]["init-loop"][:1] == [(0, "terminated", "Error")]:
                     seen["states"]["init-loop"].pop(0)
-            # So is its CrashLoopBackOff, written 10-20 ms before the exit of the start that
-            # follows it (missing in one of ten runs on the real node); the fake always writes it.
+            # So is a CrashLoopBackOff, written 10-20 ms before the status of the start that
+            # follows it (missing now and then on the real node, for either pod: CI saw it
+            # for the init container in one of ten runs, and once for the container); the
+            # fake always writes it.
             flash = (1, "waiting", "CrashLoopBackOff")
-            assert flash in found["fake"]["states"]["init-loop"]
-            for seen in found.values():
-                seen["states"]["init-loop"] = [state for state in seen["states"]["init-loop"] if state != flash]
+            for name in ("loop", "init-loop"):
+                assert flash in found["fake"]["states"][name], (name, found["fake"]["states"])
+                for seen in found.values():
+                    seen["states"][name] = [state for state in seen["states"][name] if state != flash]
             assert found["fake"]["states"] == found["real"]["states"]
             assert found["fake"]["sync errors logged"] == found["real"]["sync errors logged"], found
             assert found["fake"]["sync errors logged"] == {
@@ -2504,8 +2507,7 @@ def test_a_crash_looping_container_shows_each_exit_and_crash_loop_back_off_befor
                     (0, "terminated", "Error"),
                     (1, "running", None),
                     (1, "terminated", "Error"),
-                    (1, "waiting", "CrashLoopBackOff"),
-                    (2, "running", None),
+                    (2, "running", None),  # and the CrashLoopBackOff before it, asserted above
                 ],
                 "init-loop": [(1, "terminated", "Error"), (2, "terminated", "Error")],
             }
