@@ -25,6 +25,7 @@ from testbed.kubeletplugin.claims import ClaimReader
 from testbed.kubeletplugin.prepare import ClaimPreparer, DriverPaths
 
 GPU = "gpu.dra-testbed.io"
+BUDGET_S = 3.0  # the claim reads' budget in these tests (a kubelet allows 45 s)
 
 
 def _claim(name: str, uid: str, device: str) -> dict[str, object]:
@@ -39,7 +40,7 @@ def _claim(name: str, uid: str, device: str) -> dict[str, object]:
 def test_claims_the_api_must_answer_fail_alone_and_in_time(
     server: str, short_tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(prepare, "CLAIM_FETCH_BUDGET_S", 2.0)
+    monkeypatch.setattr(prepare, "CLAIM_FETCH_BUDGET_S", BUDGET_S)
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
     if server == "never answers":
@@ -84,8 +85,10 @@ def test_claims_the_api_must_answer_fail_alone_and_in_time(
         assert "claim ns/" in results[uid].error
         error = results[uid].error
         assert "no answer from the API server" in error or "cannot reach https://127.0.0.1" in error
-    assert took < 2.0 + 1.5, f"each claim's error came in {took:.1f} s, within the budget"
-    assert unprepare_took < 1.0, f"an unrelated unprepare waited {unprepare_took:.1f} s"
+    assert took < BUDGET_S + 1.5, f"each claim's error came in {took:.1f} s, within the budget"
+    # The reads hold out for the whole budget; an unprepare queued behind them would
+    # take most of it. Half the budget leaves a loaded machine room without blurring that.
+    assert unprepare_took < BUDGET_S / 2, f"an unrelated unprepare waited {unprepare_took:.1f} s"
 
 
 def test_a_claim_read_rides_out_an_api_server_restart() -> None:
