@@ -1,7 +1,7 @@
 """A fleet on one Ray host and on two: nodes/s, and where the CPU goes, per host and per
 component. The hosts are namespaces on this machine (testbed/twohosts.py; needs root),
 so they share its cores: the figures show what a second host costs and what each piece
-of the fleet costs per node, which is what the capacity model in the README is built on.
+of the fleet costs per node, which is what the capacity model in docs/benchmarks.md is built on.
 
     python benchmarks/bench_hosts.py [--nodes 500] [--profile gpu8] [--nodes-per-host 50] [--idle-s 20]
 

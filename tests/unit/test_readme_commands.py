@@ -4,8 +4,8 @@ Every `testbed ...` line in the shell blocks of README.md and docs/ is parsed by
 as it is (subcommand, options, their types and argument count); the profiles and
 scenarios they name are shipped ones; every `make` target and variable they use is in
 the Makefile; the CLI's help lists the profiles and scenarios that ship; and each YAML
-block of the README validates as the fleet file, scenario part or opaque device config
-it shows.
+block of the README and docs/ validates as the fleet file, scenario part or opaque
+device config it shows.
 """
 
 from __future__ import annotations
@@ -165,7 +165,7 @@ def yaml_blocks(text: str) -> list[tuple[int, str]]:
     return blocks
 
 
-YAML_BLOCKS = yaml_blocks((ROOT / "README.md").read_text())
+YAML_BLOCKS = [(f"{doc.relative_to(ROOT)}:{line}", text) for doc in DOCS for line, text in yaml_blocks(doc.read_text())]
 
 
 def _validate_yaml_block(text: str, source: str) -> str:
@@ -188,24 +188,24 @@ def _validate_yaml_block(text: str, source: str) -> str:
     raise AssertionError(f"{source}: a YAML block this test does not know how to check: keys {sorted(document)}")
 
 
-@pytest.mark.parametrize(("line", "text"), YAML_BLOCKS, ids=[f"README.md:{line}" for line, _ in YAML_BLOCKS])
-def test_a_yaml_block_the_readme_shows_is_valid_as_what_it_shows(line: int, text: str) -> None:
-    _validate_yaml_block(text, f"README.md:{line}")
+@pytest.mark.parametrize(("where", "text"), YAML_BLOCKS, ids=[where for where, _ in YAML_BLOCKS])
+def test_a_yaml_block_the_docs_show_is_valid_as_what_it_shows(where: str, text: str) -> None:
+    _validate_yaml_block(text, where)
 
 
-def test_the_readme_shows_yaml_of_every_kind_it_documents() -> None:
-    taken = {_validate_yaml_block(text, f"README.md:{line}") for line, text in YAML_BLOCKS}
+def test_the_docs_show_yaml_of_every_kind_they_document() -> None:
+    taken = {_validate_yaml_block(text, where) for where, text in YAML_BLOCKS}
     assert taken == {"opaque configs", "fleet file", "scenario"}
 
 
 def test_every_fault_is_in_the_cli_help_the_readme_and_scenarios() -> None:
-    """`testbed fault`'s help and the README's list of faults name each one it takes;
+    """`testbed fault`'s help and the docs' list of faults name each one it takes;
     a scenario's faults take each one too, besides its own (rollout, taint-rule)."""
     fault_help = _help("fault", "")
-    readme = (ROOT / "README.md").read_text()
+    docs = "".join(doc.read_text() for doc in DOCS)
     assert [a for a in FAULT_ACTIONS if a not in fault_help] == [], fault_help
     shown = {s.words[2] for s in TESTBED_LINES if s.words[0] == "fault" and len(s.words) > 2}
-    assert set(FAULT_ACTIONS) <= shown, f"faults the README never shows: {set(FAULT_ACTIONS) - shown}"
+    assert set(FAULT_ACTIONS) <= shown, f"faults the docs never show: {set(FAULT_ACTIONS) - shown}"
     in_scenarios = set(typing.get_args(scenario_spec.Fault.model_fields["action"].annotation))
     assert set(FAULT_ACTIONS) - {"clear"} <= in_scenarios, "a scenario undoes its own faults; every other one it takes"
-    assert all(f"action: {a}" in readme for a in in_scenarios - set(FAULT_ACTIONS)), in_scenarios
+    assert all(f"action: {a}" in docs for a in in_scenarios - set(FAULT_ACTIONS)), in_scenarios
