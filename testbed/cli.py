@@ -716,7 +716,7 @@ def check(name: str, state_dir: Path | None, kubeconfig_file: Path | None, node:
     "overrides",
     multiple=True,
     metavar="KEY=VALUE",
-    help="Override a scenario field, e.g. phases.0.qps=20 (repeatable).",
+    help="Override a scenario field, e.g. phases.0.qps=20 (repeatable); the index past a list's end adds an entry.",
 )
 @click.option(
     "--output",

@@ -339,7 +339,9 @@ def load(name_or_path: str, overrides: dict[str, Any] | None = None) -> Scenario
 def _set(data: Any, dotted: str, value: Any, source: str) -> None:
     """One override; a key that does not lead anywhere is an error naming where it stops.
     A key the file leaves out holds its default, so that ``phases.0.requests.0.deviceClass``
-    reaches into a phase's default requests."""
+    reaches into a phase's default requests. The index just past a list's end adds an
+    entry (``faults.0.action=...`` on a scenario without faults), which the overrides
+    after it fill in and validation then checks whole."""
     parts = dotted.split(".")
     target = data
     model: type[BaseModel] | None = Scenario
@@ -347,11 +349,14 @@ def _set(data: Any, dotted: str, value: Any, source: str) -> None:
         where = ".".join(parts[: depth + 1])
         last = depth == len(parts) - 1
         if isinstance(target, list):
-            if not part.isdigit() or int(part) >= len(target):
+            if not part.isdigit() or int(part) > len(target):
                 raise ScenarioError(
-                    f"--set {dotted}: {where!r} needs an index below {len(target)} "
-                    f"({'.'.join(parts[:depth]) or 'the top'} has {len(target)} entries)"
+                    f"--set {dotted}: {where!r} needs an index up to {len(target)} "
+                    f"({'.'.join(parts[:depth]) or 'the top'} has {len(target)} entries; "
+                    f"{len(target)} adds one)"
                 )
+            if int(part) == len(target):
+                target.append({})
             if last:
                 target[int(part)] = value
             else:

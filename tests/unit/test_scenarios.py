@@ -59,8 +59,24 @@ def test_an_override_reaches_into_what_the_file_leaves_to_its_defaults(tmp_path:
     [request] = scenario.phases[0].requests
     assert (request.name, request.device_class) == ("gpu", "npu.example.com")
     assert scenario.cluster.nodes == 2 and scenario.cluster.profile == "gpu8", "the rest of the defaults kept"
-    with pytest.raises(spec.ScenarioError, match=r"'phases\.0\.requests\.1' needs an index below 1"):
-        spec.load(str(bare), {"phases.0.requests.1.deviceClass": "npu.example.com"})
+    with pytest.raises(spec.ScenarioError, match=r"'phases\.0\.requests\.2' needs an index up to 1"):
+        spec.load(str(bare), {"phases.0.requests.2.deviceClass": "npu.example.com"})
+
+
+def test_an_override_one_past_a_lists_end_adds_an_entry(tmp_path: Path) -> None:
+    """A fault or a phase added from the command line, as a CI job adds one to a shipped
+    scenario; the entry is validated whole, so one left half written names its field."""
+    bare = tmp_path / "bare.yaml"
+    bare.write_text("name: bare\nphases: [{name: a, jobs: 2}]\n")
+    added = {"faults.0.action": "latency", "faults.0.atSeconds": 5, "faults.0.latencyMs": 200}
+    scenario = spec.load(str(bare), {**added, "phases.1.name": "b", "phases.1.jobs": 3})
+    [fault] = scenario.faults
+    assert (fault.action, fault.at_seconds, fault.latency_ms, fault.nodes) == ("latency", 5, 200, "*")
+    assert [(p.name, p.jobs) for p in scenario.phases] == [("a", 2), ("b", 3)]
+    with pytest.raises(spec.ScenarioError, match=r"faults\[0\]\.atSeconds: Field required"):
+        spec.load(str(bare), {"faults.0.action": "latency"})
+    with pytest.raises(spec.ScenarioError, match=r"'faults\.1' needs an index up to 0 .*0 adds one"):
+        spec.load(str(bare), {"faults.1.action": "latency"})
 
 
 def test_a_phase_may_ask_for_its_devices_as_extended_resources() -> None:
