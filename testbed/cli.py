@@ -765,7 +765,7 @@ def run_scenario(
             problem = getattr(exc, "problem", None) or "malformed"
             raise TestbedError(
                 f"--set {item!r}: the value is not valid YAML ({problem})",
-                hint="a number, a word, or quoted YAML such as --set 'phases.0.qps=20'",
+                hint=f"a number, a word or YAML; to give it as text, quote it for YAML: --set \"{key}='{value}'\"",
             ) from None
     try:
         chosen = spec.load(scenario, values)

@@ -70,6 +70,7 @@ from testbed import cli
         (["run", "smoke", "--set", "phases.99.qps=1"], "'phases.99' needs an index up to 4"),
         (["run", "smoke", "--set", "phases.x.qps=1"], "'phases.x' needs an index up to 4"),
         (["run", "smoke", "--set", "phases.0.qps=[1"], "the value is not valid YAML"),
+        (["run", "smoke", "--set", "faults.0.nodes=*"], "quote it for YAML: --set \"faults.0.nodes='*'\""),
         (["run", "smoke", "--set", "phases.0.qps.deeper=1"], "phases.0.qps is a value, not a mapping or list"),
         (["run", "smoke", "--set", "phases.0.qps=1"], "cluster 'refusals' is not running"),
         (["fault", "n1", "hang-attach", "x"], "hang-attach 'x': give a count of attaches, a number of at least 0"),
