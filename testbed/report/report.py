@@ -100,6 +100,7 @@ def build(data: RunData, leaks: dict[str, int], cluster: dict[str, Any]) -> dict
                 "duration_s": round(duration, 2),
                 "pods_per_s": round(result.pods_running / duration, 3),
                 "pod_startup_s": latency,
+                "pods_seen_late": sum(1 for p in pods if p.seen_late),
                 "slo_p99_s": slo,
                 "slo_met": slo_verdict(result, latency["p99"], slo),
                 "queues": _queues(data, result),
@@ -355,6 +356,13 @@ def markdown(report: dict[str, Any]) -> str:
             + f" | {p['pods_per_s']} | {_fmt(lat['p50'])} | {_fmt(lat['p90'])} | {_fmt(lat['p99'])} | "
             f"{slo_text(p['slo_met'], p)} (<= {p['slo_p99_s']} s) |"
         )
+    late = sum(p.get("pods_seen_late", 0) for p in report["phases"])
+    if late:
+        lines += [
+            "",
+            f"**Seen late:** {late} pod(s) were first seen already scheduled: the run's pod watch missed their "
+            "creation (it was re-listing after a lost connection), so their startup reads shorter than it was.",
+        ]
     m = report["metrics"]
     t = m["testbed"]
     claim = report["claim_allocation_s"]

@@ -68,6 +68,9 @@ class PodRecord:
     DeletionByDeviceTaintManager for a device tainted NoExecute), if it did."""
     job: str = ""
     """The Job that made it."""
+    seen_late: bool = False
+    """Its first event already showed it bound: the watch missed its creation (it was
+    re-listing after a lost connection), so its measured startup is understated."""
 
 
 KUBELET_RETRY_S = 100.0
@@ -432,6 +435,7 @@ class Runner:
             if record is None:
                 phase = pod["metadata"].get("labels", {}).get(PHASE_LABEL, "")
                 record = self.data.pods[uid] = PodRecord(phase, now, job=_job_of(pod))
+                record.seen_late = bool(pod["spec"].get("nodeName"))
             if record.bound is None and pod["spec"].get("nodeName"):
                 record.bound = now
             status = pod.get("status", {}).get("phase")

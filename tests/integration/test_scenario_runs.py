@@ -50,8 +50,12 @@ def test_smoke_passes_and_writes_a_complete_report(control_plane: ClusterState, 
     assert report["verdict"] == "PASS", report["phases"]
     assert [p["pods_running"] for p in report["phases"]] == [2, 2, 1, 2]
     assert all(p["pod_startup_s"]["p99"] < 5 for p in report["phases"])
-    # claim, scheduling, prepare: not a sub-millisecond affair (a stalled watch made it look one)
-    assert all(p["pod_startup_s"]["p50"] > 0.005 for p in report["phases"]), report["phases"]
+    # Claim, scheduling, prepare: not a sub-millisecond affair (a stalled watch made every
+    # pod look one). A busy machine may now and then hold one pod's events back until all
+    # arrive together, so the run's median is what shows a stall, not each phase's.
+    startups = sorted(p.running - p.added for p in data.pods.values() if p.running is not None)
+    assert startups[len(startups) // 2] > 0.005, startups
+    assert all(p["pods_seen_late"] == 0 for p in report["phases"]), "the watch never lost its connection"
     assert report["claim_allocation_s"]["count"] == 7, "the scheduler's claims for extended resources too"
     assert report["leaks"] == {"checkpoint_entries": 0, "cdi_specs": 0, "claims_prepared_at_end": 0, "ok": True}
     metrics = report["metrics"]

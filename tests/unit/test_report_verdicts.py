@@ -48,6 +48,18 @@ def test_slow_startups_miss_the_slo() -> None:
     assert built["phases"][0]["slo_met"] is False and built["verdict"] == "FAIL"
 
 
+def test_pods_the_watch_first_saw_scheduled_are_counted_and_the_report_says_their_startup_is_understated() -> None:
+    scenario = spec.load("smoke")
+    data = RunData(scenario, "ns", 0.0, 0.0, ended=10.0)
+    data.phases.append(PhaseResult("fill", jobs=2, pods_expected=2, started=0.0, ended=10.0, pods_running=2))
+    data.pods["on-time"] = PodRecord(phase="fill", added=1.0, bound=1.1, running=1.4)
+    data.pods["late"] = PodRecord(phase="fill", added=2.0, bound=2.0, running=2.001, seen_late=True)
+    built = report.build(data, LEAKS, {})
+    assert built["phases"][0]["pods_seen_late"] == 1
+    assert "**Seen late:** 1 pod(s) were first seen already scheduled" in report.markdown(built)
+    assert "Seen late" not in report.markdown(_run(expected=2, ran=2))
+
+
 def test_pods_on_nodes_that_never_started_are_not_called_unschedulable() -> None:
     """The scheduler did its part for a bound pod: if it never ran, its kubelet did not
     start it (a prepare that met an API server restart waits for the kubelet's next
