@@ -73,6 +73,9 @@ class PodRecord:
     re-listing after a lost connection), so its measured startup is understated."""
 
 
+LOOP_PROBE_S = 0.05
+"""How often the run checks that its own event loop is free to read the watches."""
+
 KUBELET_RETRY_S = 100.0
 """A kubelet tries a failed start (a prepare that met an API server restart, say) again
 at the pod's next sync, 60-90 s later: a phase whose waiting pods are all on nodes waits
@@ -206,6 +209,10 @@ class RunData:
     """The faults injected: when, on which nodes, and any error."""
     faults_undone: list[dict[str, Any]] = field(default_factory=list)
     """What the run did as it ended to undo the faults it left in force (faults_to_undo)."""
+    loop_held_max_s: float = 0.0
+    """The longest this process's event loop could not run (how much later than asked a
+    probe's sleep woke): for that long no watch event was read, so a pod whose creation
+    and start both fell in it reads as starting faster than it did."""
     jobs_ended: dict[str, set[str]] = field(default_factory=dict)
     """Per phase, its Jobs that ended (Complete or Failed): a pod evicted from a failed
     device is replaced by its Job, so a phase that waits for its Jobs waits for those
@@ -452,6 +459,13 @@ class Runner:
             if not record.evicted:
                 record.evicted = disrupted(pod)
             self._note_change()
+
+    async def _probe_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            asked = loop.time() + LOOP_PROBE_S
+            await asyncio.sleep(LOOP_PROBE_S)
+            self.data.loop_held_max_s = max(self.data.loop_held_max_s, loop.time() - asked)
 
     def _note_change(self) -> None:
         self._changed.set()
@@ -852,7 +866,13 @@ class Runner:
         await self.client.create(path_for("v1", "namespaces"), {"metadata": metadata})
         async with aiohttp.ClientSession() as session:
             self.data.before = await self._scrape_all(session)
-            watches = (self._watch_pods(), self._watch_jobs(), self._watch_claims(), self._sample(session))
+            watches = (
+                self._watch_pods(),
+                self._watch_jobs(),
+                self._watch_claims(),
+                self._sample(session),
+                self._probe_loop(),
+            )
             tasks = [asyncio.create_task(t) for t in watches]
             if self.scenario.faults:
                 tasks.append(asyncio.create_task(self._inject_faults()))

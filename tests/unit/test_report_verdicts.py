@@ -60,6 +60,18 @@ def test_pods_the_watch_first_saw_scheduled_are_counted_and_the_report_says_thei
     assert "Seen late" not in report.markdown(_run(expected=2, ran=2))
 
 
+def test_a_run_whose_own_event_loop_was_held_says_its_startups_may_read_short() -> None:
+    scenario = spec.load("smoke")
+    data = RunData(scenario, "ns", 0.0, 0.0, ended=10.0, loop_held_max_s=0.35)
+    data.phases.append(PhaseResult("fill", jobs=1, pods_expected=1, started=0.0, ended=10.0, pods_running=1))
+    data.pods["p"] = PodRecord(phase="fill", added=1.0, running=1.002)
+    built = report.build(data, LEAKS, {})
+    assert built["metrics"]["runner"]["event_loop_held_max_s"] == 0.35
+    assert "held for up to 350.0 ms at once" in report.markdown(built)
+    assert any("held up to 350.0 ms" in line for line in report.summary_lines(built))
+    assert "**Measurement:**" not in report.markdown(_run(expected=2, ran=2))
+
+
 def test_pods_on_nodes_that_never_started_are_not_called_unschedulable() -> None:
     """The scheduler did its part for a bound pod: if it never ran, its kubelet did not
     start it (a prepare that met an API server restart waits for the kubelet's next
