@@ -75,6 +75,8 @@ class PodRecord:
 
 LOOP_PROBE_S = 0.05
 """How often the run checks that its own event loop is free to read the watches."""
+LOOP_HOLD_KEPT_S = 0.02
+"""A hold of the run's event loop this long is recorded (shorter ones are noise)."""
 
 KUBELET_RETRY_S = 100.0
 """A kubelet tries a failed start (a prepare that met an API server restart, say) again
@@ -209,10 +211,11 @@ class RunData:
     """The faults injected: when, on which nodes, and any error."""
     faults_undone: list[dict[str, Any]] = field(default_factory=list)
     """What the run did as it ended to undo the faults it left in force (faults_to_undo)."""
-    loop_held_max_s: float = 0.0
-    """The longest this process's event loop could not run (how much later than asked a
-    probe's sleep woke): for that long no watch event was read, so a pod whose creation
-    and start both fell in it reads as starting faster than it did."""
+    loop_holds: list[tuple[float, float]] = field(default_factory=list)
+    """(seconds since start, seconds) of each time this process's event loop could not
+    run for LOOP_HOLD_KEPT_S or more (a probe's sleep woke that much later than asked):
+    no watch event was read meanwhile, so a pod whose creation and start both fell in
+    one reads as starting faster than it did."""
     jobs_ended: dict[str, set[str]] = field(default_factory=dict)
     """Per phase, its Jobs that ended (Complete or Failed): a pod evicted from a failed
     device is replaced by its Job, so a phase that waits for its Jobs waits for those
@@ -461,11 +464,12 @@ class Runner:
             self._note_change()
 
     async def _probe_loop(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
-            asked = loop.time() + LOOP_PROBE_S
+            asked = time.monotonic() + LOOP_PROBE_S
             await asyncio.sleep(LOOP_PROBE_S)
-            self.data.loop_held_max_s = max(self.data.loop_held_max_s, loop.time() - asked)
+            held = time.monotonic() - asked
+            if held >= LOOP_HOLD_KEPT_S:
+                self.data.loop_holds.append((asked - self.data.started, held))
 
     def _note_change(self) -> None:
         self._changed.set()
