@@ -10,7 +10,7 @@ from typing import Any
 from testbed.report import bottleneck, breakdown
 from testbed.report.metrics import Scrape, quantile, quantile_text
 from testbed.report.reference import DRA_V1_METHODS, kubelet_reference, reference_lines_md
-from testbed.scenarios.runner import PhaseResult, RunData
+from testbed.scenarios.runner import PhaseResult, PodRecord, RunData
 
 LOOP_HELD_NOTE_S = 0.1
 """A hold of the run's event loop worth a note in report.md: pod startups are a few
@@ -81,10 +81,12 @@ def slo_text(met: bool | None, phase: dict[str, Any]) -> str:
     return "met" if met else "MISSED"
 
 
-def _held_during(data: RunData, result: PhaseResult) -> float:
-    """The longest hold of the run's event loop that overlapped the phase (holds between
-    phases, while the run reads every component's metrics, cannot hide a start)."""
-    end = result.ended or data.ended
+def _held_during(data: RunData, result: PhaseResult, pods: list[PodRecord]) -> float:
+    """The longest hold of the run's event loop while the phase's pods started: from the
+    phase's start until it ended or its last pod ran, whichever is later (a phase that
+    does not wait has pods starting through the next). Holds between phases, as the run
+    reads every component's metrics, hide no start."""
+    end = max([result.ended or data.ended, *(p.running - data.started for p in pods if p.running is not None)])
     return round(max((h for at, h in data.loop_holds if at < end and at + h > result.started), default=0.0), 4)
 
 
@@ -122,7 +124,7 @@ def build(data: RunData, leaks: dict[str, int], cluster: dict[str, Any]) -> dict
                 "pods_per_s": round(result.pods_running / duration, 3),
                 "pod_startup_s": latency,
                 "pods_seen_late": sum(1 for p in pods if p.seen_late),
-                "runner_loop_held_max_s": _held_during(data, result),
+                "runner_loop_held_max_s": _held_during(data, result, pods),
                 "slo_p99_s": slo,
                 "slo_met": slo_verdict(result, latency["p99"], slo),
                 "queues": _queues(data, result),

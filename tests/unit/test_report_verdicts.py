@@ -77,6 +77,17 @@ def test_a_run_whose_own_event_loop_was_held_says_its_startups_may_read_short() 
     assert "**Measurement:**" not in report.markdown(_run(expected=2, ran=2))
 
 
+def test_a_phase_that_does_not_wait_is_held_to_account_until_its_last_pod_ran() -> None:
+    scenario = spec.load("smoke")
+    data = RunData(scenario, "ns", 100.0, 100.0, ended=20.0, loop_holds=[(6.0, 0.4)])
+    data.phases.append(PhaseResult("burst", jobs=1, pods_expected=1, started=1.0, ended=1.5, pods_running=1))
+    data.phases.append(PhaseResult("after", jobs=1, pods_expected=1, started=6.5, ended=20.0, pods_running=1))
+    data.pods["p"] = PodRecord(phase="burst", added=105.0, running=106.5)
+    data.pods["q"] = PodRecord(phase="after", added=107.0, running=107.3)
+    built = report.build(data, LEAKS, {})
+    assert [p["runner_loop_held_max_s"] for p in built["phases"]] == [0.4, 0.0]
+
+
 def test_pods_on_nodes_that_never_started_are_not_called_unschedulable() -> None:
     """The scheduler did its part for a bound pod: if it never ran, its kubelet did not
     start it (a prepare that met an API server restart waits for the kubelet's next
