@@ -194,20 +194,26 @@ def test_rolling_out_a_built_in_driver_says_it_cannot_and_what_can(tmp_path: Pat
     assert info.value.hint == "the fleet's command-line drivers: a.example.com"
 
 
+# The SIGTERM handler is in place before the socket is: a test that stops the instance as
+# soon as its socket shows would otherwise, on a loaded machine, kill it before it could
+# remove the socket, and find it left behind.
 SOCKET_SERVER = """
-import signal, socket, sys
+import os, signal, socket, sys
 path = sys.argv[1]
+def leave(*_):
+    try:
+        os.unlink(path)  # as drivers remove their sockets on SIGTERM
+    except FileNotFoundError:
+        pass
+    raise SystemExit(0)
+signal.signal(signal.SIGTERM, leave)
 server = socket.socket(socket.AF_UNIX)
 try:
-    import os; os.unlink(path)  # as a driver takes over a socket path another left
+    os.unlink(path)  # as a driver takes over a socket path another left
 except FileNotFoundError:
     pass
 server.bind(path)
 server.listen()
-def leave(*_):
-    import os; os.unlink(path)  # as drivers remove their sockets on SIGTERM
-    raise SystemExit(0)
-signal.signal(signal.SIGTERM, leave)
 signal.pause()
 """
 
