@@ -1,11 +1,12 @@
-"""Stopping background tasks, and waiting for the first of several things: one way for
-every component."""
+"""Stopping background tasks, waiting for the first of several things, and watching how
+long the event loop is held: one way for every component."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+import time
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -31,3 +32,13 @@ async def first_of(*waits: Coroutine[Any, Any, Any]) -> None:
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     finally:
         await cancel_and_wait(*tasks)
+
+
+async def watch_lateness(every_s: float, late: Callable[[float, float], None]) -> None:
+    """Sleep ``every_s`` again and again and tell ``late(asked, by)`` how much later than
+    asked (``time.monotonic()``) each sleep woke: how long other work held the event loop,
+    which every task on it waited out. Until cancelled."""
+    while True:
+        asked = time.monotonic() + every_s
+        await asyncio.sleep(every_s)
+        late(asked, max(0.0, time.monotonic() - asked))

@@ -14,7 +14,7 @@ from typing import Any
 
 from prometheus_client import Histogram
 
-from testbed.tasks import cancel_and_wait
+from testbed.tasks import cancel_and_wait, watch_lateness
 
 LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.25, 0.5, 1.0)
 PROBE_INTERVAL_S = 0.1
@@ -39,7 +39,9 @@ class LoopWatch:
 
     def start(self) -> None:
         if self._task is None:
-            self._task = asyncio.create_task(self._probe(), name="loop-watch")
+            self._task = asyncio.create_task(
+                watch_lateness(PROBE_INTERVAL_S, lambda _, late: LOOP_LAG.observe(late)), name="loop-watch"
+            )
             gc.callbacks.append(self._on_gc)
 
     async def stop(self) -> None:
@@ -47,13 +49,6 @@ class LoopWatch:
             await cancel_and_wait(self._task)
             self._task = None
             gc.callbacks.remove(self._on_gc)
-
-    async def _probe(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            asked = loop.time() + PROBE_INTERVAL_S
-            await asyncio.sleep(PROBE_INTERVAL_S)
-            LOOP_LAG.observe(max(0.0, loop.time() - asked))
 
     def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":

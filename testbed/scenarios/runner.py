@@ -40,6 +40,7 @@ from testbed.kubeletplugin.leftovers import prepared_state
 from testbed.report.breakdown import NODEHOSTS, ONLY, Snapshot, machine_cpu
 from testbed.report.metrics import Scrape, fleet_increase, scrape
 from testbed.scenarios.spec import Fault, Phase, Scenario, faults_to_undo
+from testbed.tasks import watch_lateness
 
 CLEANUP_TIMEOUT_S = 30.0
 """How long a run that lost its control plane tries to delete its namespace."""
@@ -463,13 +464,9 @@ class Runner:
                 record.evicted = disrupted(pod)
             self._note_change()
 
-    async def _probe_loop(self) -> None:
-        while True:
-            asked = time.monotonic() + LOOP_PROBE_S
-            await asyncio.sleep(LOOP_PROBE_S)
-            held = time.monotonic() - asked
-            if held >= LOOP_HOLD_KEPT_S:
-                self.data.loop_holds.append((asked - self.data.started, held))
+    def _loop_held(self, asked: float, held: float) -> None:
+        if held >= LOOP_HOLD_KEPT_S:
+            self.data.loop_holds.append((asked - self.data.started, held))
 
     def _note_change(self) -> None:
         self._changed.set()
@@ -875,7 +872,7 @@ class Runner:
                 self._watch_jobs(),
                 self._watch_claims(),
                 self._sample(session),
-                self._probe_loop(),
+                watch_lateness(LOOP_PROBE_S, self._loop_held),
             )
             tasks = [asyncio.create_task(t) for t in watches]
             if self.scenario.faults:
