@@ -320,7 +320,11 @@ def down(config: ControlPlaneConfig, keep_state: bool = False) -> list[str]:
     root = config.cluster_dir
     if cluster.owned(root):
         _stop_scaling(root)
-    state = cluster.ClusterState.load(root) if root.exists() else None
+    try:
+        state = cluster.ClusterState.load(root) if root.exists() else None
+    except TestbedError as unreadable:  # removed only when nothing uses it, Ray's files included
+        cluster.refuse_while_in_use(unreadable, [root, raycluster.ray_temp_dir(root).parent])
+        state = None
     left_out: list[str] = []
     if state is not None and state.attached_to and state.fleet_id:
         # The cluster stays: take the synthetic nodes out of it, in drain order.
@@ -337,13 +341,15 @@ def down(config: ControlPlaneConfig, keep_state: bool = False) -> list[str]:
             log.warning("could not stop the NodeHosts in the Ray cluster at %s: %s", state.fleet.joined_ray, exc)
     if state is not None and state.fleet is not None and raycluster.connected_to(state.fleet.ray_address):
         raycluster.disconnect()  # before the head stops, or Ray's client ends this process
+    owned = cluster.owned(root)
     stopped = cluster.down(config, keep_state=keep_state)
-    if state is not None:
-        raycluster.remove_temp_dir(state.root)
+    if state is not None or owned:
+        where = root if state is None else state.root
+        raycluster.remove_temp_dir(where)
         # Processes of their own, which may outlive their NodeHost: stopped by PID.
-        stopped += stop_recorded_drivers(nodes_dir(state.root))
+        stopped += stop_recorded_drivers(nodes_dir(where))
         if not keep_state:
-            shutil.rmtree(nodes_dir(state.root), ignore_errors=True)
+            shutil.rmtree(nodes_dir(where), ignore_errors=True)
             prune_short_paths()
     if keep_state:
         (root / TAKEN_DOWN).unlink(missing_ok=True)

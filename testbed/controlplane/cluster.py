@@ -157,7 +157,7 @@ class ClusterState:
         except (ValueError, KeyError, TypeError) as exc:
             raise TestbedError(
                 f"cannot read {path}: {exc}",
-                hint=f"if no testbed processes run, remove {root} and start again",
+                hint=f"`testbed down --state-dir {root}` removes it once no process uses it (it names any that do)",
             ) from exc
 
     @property
@@ -272,6 +272,23 @@ def _refuse_foreign(root: Path) -> None:
             "nothing there was stopped or deleted",
             hint="give --state-dir a new or empty directory, or the one `testbed up` used",
         )
+
+
+def refuse_while_in_use(unreadable: TestbedError, paths: list[Path]) -> None:
+    """A cluster whose state cannot be read cannot say which processes are its own: its
+    directory (``paths[0]``, and the others: its files elsewhere) goes only once no
+    process uses it."""
+    root, users = paths[0], processes.using(paths)
+    if users:
+        listed = "; ".join(f"{pid} {command[:120]}" for pid, command in users)
+        raise TestbedError(
+            f"{unreadable.message}, and {_processes(len(users))} {root}: {listed}. Nothing was stopped or deleted",
+            hint=f"stop them (`kill {' '.join(str(pid) for pid, _ in users)}`) and run `testbed down` again",
+        )
+
+
+def _processes(count: int) -> str:
+    return "1 process still uses" if count == 1 else f"{count} processes still use"
 
 
 def _created_by_testbed(root: Path) -> bool:
@@ -576,7 +593,11 @@ def down(config: ControlPlaneConfig, keep_state: bool = False) -> list[str]:
     _refuse_foreign(root)
     if not owned(root):
         return []
-    state = ClusterState.load(root)
+    try:
+        state = ClusterState.load(root)
+    except TestbedError as unreadable:
+        refuse_while_in_use(unreadable, [root])
+        state = None
     stopped = state.stop_processes() if state is not None else []
     if keep_state:
         Layout(root).state_file.unlink(missing_ok=True)

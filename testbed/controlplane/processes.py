@@ -10,11 +10,13 @@ import contextlib
 import errno
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Collection
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -108,6 +110,40 @@ def _process_table() -> dict[int, list[tuple[int, float]]]:
                 continue
             table.setdefault(parent, []).append((int(entry.name), seconds))
     return table
+
+
+def using(paths: Collection[Path]) -> list[tuple[int, str]]:
+    """This user's living processes (this one and its ancestors apart) with one of
+    ``paths``, or a path under it, among their arguments: PID and command line. How a
+    cluster whose record of its processes is lost can still tell whether anything runs."""
+    if not paths:
+        return []
+    alternatives = "|".join(re.escape(str(path)) for path in paths)
+    pattern = re.compile(rf"(?:^|[=:,\s])(?:{alternatives})(?:$|[/,:\s])")
+    ours, uid, found = _ancestors(os.getpid()), os.getuid(), []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) in ours:
+            continue
+        try:
+            if entry.stat().st_uid != uid:
+                continue
+            arguments = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if any(pattern.search(argument) for argument in arguments):
+            found.append((int(entry.name), " ".join([Path(arguments[0]).name, *arguments[1:]]).strip()))
+    return sorted(found)
+
+
+def _ancestors(pid: int) -> set[int]:
+    found = set()
+    while pid > 1 and pid not in found:
+        found.add(pid)
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            break
+    return found
 
 
 def _tree(root: int, children: dict[int, list[int]]) -> set[int]:

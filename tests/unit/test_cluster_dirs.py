@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -215,3 +216,39 @@ def test_list_shows_the_other_clusters_when_one_state_file_is_unreadable(
     ]
     told = CliRunner().invoke(cli.main, ["status", "--name", "torn"])
     assert told.exit_code == 1 and "cannot read" in told.output and "state.json" in told.output
+
+
+def test_a_cluster_whose_state_is_unreadable_is_removed_by_down_only_once_nothing_uses_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its record of its processes lost, `down` cannot tell which are its own: it names
+    those that still use the directory and deletes nothing, then removes it once they are
+    gone. A process using a directory whose name only begins alike is not one of them."""
+    monkeypatch.setenv("TESTBED_STATE_DIR", str(tmp_path))
+    root = cluster._prepare_directory(ControlPlaneConfig(name="torn"), SilentProgress())
+    (root / "logs").mkdir()
+    (root / "state.json").write_text('{"name": "torn", "ro')
+    neighbour = tmp_path / "clusters" / "torn2"
+    waits = [sys.executable, "-c", "import time; time.sleep(60)"]
+    user = subprocess.Popen([*waits, f"--log={root}/logs/etcd.log"])
+    bystander = subprocess.Popen([*waits, str(neighbour)])
+    try:
+        refused = CliRunner().invoke(cli.main, ["down", "--name", "torn"])
+        assert refused.exit_code == 1
+        assert f"1 process still uses {root}: {user.pid} python" in refused.output
+        assert f"hint: stop them (`kill {user.pid}`) and run `testbed down` again" in refused.output
+        assert str(bystander.pid) not in refused.output
+        assert (root / "state.json").exists() and (root / "logs").is_dir()
+        told = CliRunner().invoke(cli.main, ["status", "--name", "torn"])
+        assert f"`testbed down --state-dir {root}` removes it once no process uses it" in told.output
+    finally:
+        user.kill()
+        user.wait()
+    try:
+        removed = CliRunner().invoke(cli.main, ["down", "--name", "torn"])
+        assert removed.exit_code == 0, removed.output
+        assert not root.exists()
+        assert bystander.poll() is None, "a process of another directory was stopped"
+    finally:
+        bystander.kill()
+        bystander.wait()
