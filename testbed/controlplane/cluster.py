@@ -9,6 +9,7 @@ half-way leaves enough for `testbed down` (or the next `testbed up`) to clean up
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import ssl
 import sys
@@ -29,6 +30,8 @@ from testbed.controlplane.processes import ProcessRecord
 from testbed.errors import TestbedError
 from testbed.files import write_secret
 from testbed.progress import Progress, SilentProgress
+
+log = logging.getLogger(__name__)
 
 STOP_STAGES = (("kube-scheduler", "kube-controller-manager"), ("kube-apiserver",), ("etcd",))
 """Clients first, etcd last: an apiserver whose etcd is gone takes seconds to give up."""
@@ -603,6 +606,8 @@ def down(config: ControlPlaneConfig, keep_state: bool = False) -> list[str]:
         Layout(root).state_file.unlink(missing_ok=True)
     else:
         _clear(root)
+        if state is None:
+            log.warning("removed %s: its state could not be read, and no process used it", root)
     return stopped
 
 

@@ -219,7 +219,7 @@ def test_list_shows_the_other_clusters_when_one_state_file_is_unreadable(
 
 
 def test_a_cluster_whose_state_is_unreadable_is_removed_by_down_only_once_nothing_uses_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Its record of its processes lost, `down` cannot tell which are its own: it names
     those that still use the directory and deletes nothing, then removes it once they are
@@ -248,6 +248,7 @@ def test_a_cluster_whose_state_is_unreadable_is_removed_by_down_only_once_nothin
         removed = CliRunner().invoke(cli.main, ["down", "--name", "torn"])
         assert removed.exit_code == 0, removed.output
         assert not root.exists()
+        assert f"removed {root}: its state could not be read, and no process used it" in caplog.text
         assert bystander.poll() is None, "a process of another directory was stopped"
     finally:
         bystander.kill()
