@@ -356,7 +356,8 @@ class Fleet:
         placement = self._place(recipes)  # the hosts' processes start while the policy goes in
         self._install_access_policy(progress)
         self._ensure_fabric(recipes)
-        with progress.task(f"starting {len(recipes)} synthetic nodes on {len(placement)} NodeHost actors"):
+        hosts = "1 NodeHost actor" if len(placement) == 1 else f"{len(placement)} NodeHost actors"
+        with progress.task(f"starting {len(recipes)} synthetic nodes on {hosts}"):
             self._bring_up(placement, progress, timeout_s)
         pools = ", ".join(f"{p.name}: {p.count} x {p.profile}" for p in self.spec.pools)
         # A node counts as ready once its drivers registered; only the built-in ones are
