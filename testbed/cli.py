@@ -942,6 +942,15 @@ def fault(node: str, action: str, target: str, name: str, state_dir: Path | None
     "Without it, a driver whose command or --env names $(LIVENESS_PORT) is checked on the port handed over.",
 )
 @click.option("--liveness-address", default="127.0.0.1", show_default=True, help="Where the liveness port listens.")
+@click.option(
+    "--registration-timeout",
+    "registration_timeout_s",
+    type=click.FloatRange(1, 3600),
+    default=60,
+    show_default=True,
+    metavar="SECONDS",
+    help="How long the driver has to create its registration socket and answer GetInfo, each time it starts.",
+)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @reports_errors
 def sanity(
@@ -954,6 +963,7 @@ def sanity(
     node: str,
     liveness_port: int | None,
     liveness_address: str,
+    registration_timeout_s: float,
     command: tuple[str, ...],
 ) -> None:
     """Check a DRA kubelet plugin as a kubelet relies on it: testbed sanity [OPTIONS] -- CMD ARGS...
@@ -1004,6 +1014,7 @@ def sanity(
         running,
         only,
         liveness,
+        registration_timeout_s,
     )
     counts = {status: sum(1 for r in results if r.status is status) for status in Status}
     stderr.print(", ".join(f"{n} {status}" for status, n in counts.items() if n))

@@ -9,7 +9,7 @@ from testbed.errors import run_coroutine
 from testbed.http11 import TransportError
 from testbed.kubeapi import KubeClient
 from testbed.sanity.checks import Result, Status, Suite
-from testbed.sanity.harness import Harness, RunningNode
+from testbed.sanity.harness import REGISTRATION_TIMEOUT_S, Harness, RunningNode
 
 __all__ = ["Result", "RunningNode", "Status", "run"]
 
@@ -24,16 +24,18 @@ def run(
     running: RunningNode | None = None,
     only: Collection[str] | None = None,
     liveness: tuple[str, int] | None = None,
+    registration_timeout_s: float = REGISTRATION_TIMEOUT_S,
 ) -> tuple[list[Result], str]:
     """Every check against ``command`` run as the driver of a node of its own on the
     cluster of ``kubeconfig`` (or against the driver already serving ``running``); the
     results and the name the driver registered. ``only``: the names of the checks to run
     (``checks.select`` works them out), else all of them. ``liveness``: the address and
-    port of the driver's gRPC liveness endpoint, if it has one."""
+    port of the driver's gRPC liveness endpoint, if it has one. ``registration_timeout_s``:
+    how long the driver has to register each time it starts."""
 
     async def go() -> tuple[list[Result], str]:
         admin = KubeClient.from_kubeconfig(kubeconfig)
-        harness = Harness(admin, kubeconfig, command, env, driver_name, running)
+        harness = Harness(admin, kubeconfig, command, env, driver_name, running, registration_timeout_s)
         try:
             swept = await harness.setup()
             for run in swept:

@@ -37,7 +37,7 @@ from testbed.kubeletplugin.slices import (
     MAX_DEVICES,
     MAX_DEVICES_WITH_TAINTS_OR_COUNTERS,
 )
-from testbed.sanity.harness import CALL_TIMEOUT_S, Claim, Harness, Registration
+from testbed.sanity.harness import CALL_TIMEOUT_S, REGISTRATION_TIMEOUT_S, Claim, Harness, Registration
 
 SLICES_WAIT_S = 60.0
 SYNC_DELAY_S = 30.0
@@ -58,6 +58,10 @@ LIVENESS_TIMEOUT_S = 5.0
 LIVENESS_WAIT_S = 20.0
 """How soon the liveness endpoint must see a broken DRA socket, and a mended one."""
 DEFAULT_HEALTH_TIMEOUT_S = 30
+CHECK_TIMEOUT_S = 180.0
+"""Each check's bound, with the default registration timeout: a check that restarts the
+driver waits for it to register up to twice, so a longer registration timeout lengthens
+the bound by twice the difference (``check_timeout_s``)."""
 
 
 class Status(StrEnum):
@@ -81,6 +85,10 @@ class Problem(Exception):
     def __init__(self, detail: str, status: Status = Status.FAIL):
         super().__init__(detail)
         self.status = status
+
+
+def check_timeout_s(registration_timeout_s: float) -> float:
+    return CHECK_TIMEOUT_S + 2 * max(0.0, registration_timeout_s - REGISTRATION_TIMEOUT_S)
 
 
 def expect(condition: bool, detail: str, status: Status = Status.FAIL) -> None:
@@ -251,7 +259,7 @@ class Suite:
                 result = Result(name, Status.SKIP, f"not checked: {broken} failed")
             else:
                 try:
-                    async with asyncio.timeout(180):
+                    async with asyncio.timeout(check_timeout_s(self.harness.registration_timeout_s)):
                         detail = await check()
                     result = Result(name, Status.PASS, detail, time.monotonic() - started)
                 except Problem as problem:

@@ -53,6 +53,8 @@ from testbed.sanity import leftovers
 
 RESOURCE = "resource.k8s.io/v1"
 REGISTRATION_TIMEOUT_S = 60.0
+"""How long a driver is given to create its registration socket and answer GetInfo, by
+default (a kubelet waits for ever; a suite must end)."""
 ALLOCATION_TIMEOUT_S = 60.0
 CALL_TIMEOUT_S = 45.0
 """The kubelet's deadline for a NodePrepareResources/NodeUnprepareResources call."""
@@ -98,10 +100,14 @@ class Harness:
         env: Mapping[str, str] | None = None,
         driver_name: str = "",
         running: RunningNode | None = None,
+        registration_timeout_s: float = REGISTRATION_TIMEOUT_S,
     ):
         """``driver_name``: what the driver must register as ("" to take what it says).
-        ``running``: check the driver of that node instead of running ``command``."""
+        ``running``: check the driver of that node instead of running ``command``.
+        ``registration_timeout_s``: how long the driver has to register, each time it
+        starts (a driver that loads its hardware for minutes needs more)."""
         self.admin = admin
+        self.registration_timeout_s = registration_timeout_s
         self.kubeconfig = kubeconfig
         self.run_id = uuid.uuid4().hex[:6]
         self.namespace = f"sanity-{self.run_id}"
@@ -241,7 +247,7 @@ class Harness:
 
     # --- the kubelet's side of registration --------------------------------------------
 
-    async def registration_socket(self, timeout_s: float = REGISTRATION_TIMEOUT_S, newer_than: float = 0.0) -> Path:
+    async def registration_socket(self, timeout_s: float, newer_than: float = 0.0) -> Path:
         """The driver's registration socket (one created after ``newer_than``, a wall time)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -258,7 +264,9 @@ class Harness:
                 )
             await asyncio.sleep(0.1)
         raise TestbedError(
-            f"the driver created no registration socket in {self.registry} within {timeout_s:.0f} s",
+            f"the driver created no registration socket in {self.registry} within {self.registration_timeout_s:g} s",
+            hint="a driver slower to start needs more: --registration-timeout SECONDS "
+            "(in Python: registration_timeout_s=)",
             detail=self.log_tail(),
         )
 
@@ -293,7 +301,7 @@ class Harness:
         fails to connect (a socket made but not yet listening, or the one a restarted
         instance is about to replace) is tried again a second later, for as long as the
         socket is waited for."""
-        deadline = time.monotonic() + REGISTRATION_TIMEOUT_S
+        deadline = time.monotonic() + self.registration_timeout_s
         while True:
             socket = await self.registration_socket(max(1.0, deadline - time.monotonic()), newer_than)
             try:

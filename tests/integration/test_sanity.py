@@ -271,6 +271,34 @@ def test_a_command_that_cannot_run_is_one_clear_error(control_plane: ClusterStat
     assert "Traceback" not in proc.stderr
 
 
+def test_a_driver_slower_to_register_than_the_timeout_fails_registration_and_passes_with_more_time(
+    control_plane: ClusterState, fleet: Fleet
+) -> None:
+    """A driver that loads its hardware before it registers (here: 4 s) is failed with a
+    hint at --registration-timeout when given less, and registers when given enough."""
+    del fleet  # for its DeviceClasses and access policy
+    where = ["--name", control_plane.name, "--state-dir", str(control_plane.root)]
+    env = {"DRIVERS": GPU, "HARDWARE_PROFILE": "tiny", "HEALTH_PORT": "-1", "METRICS_PORT": "-1"}
+    slow = ["sh", "-c", f'sleep 4; exec "{sys.executable}" -m testbed.drivers.main']
+
+    def sanity(timeout_s: str) -> subprocess.CompletedProcess[str]:
+        options = [f"--env={k}={v}" for k, v in env.items()] + ["--registration-timeout", timeout_s]
+        return subprocess.run(
+            [sys.executable, "-m", "testbed.cli", "sanity", *where, *options, "--check", "registration", "--", *slow],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+
+    short = sanity("1.5")
+    assert short.returncode == 1, short.stderr
+    assert "FAIL registration: the driver created no registration socket" in short.stderr, short.stderr
+    assert "within 1.5 s" in short.stderr and "--registration-timeout SECONDS" in short.stderr, short.stderr
+    enough = sanity("60")
+    assert enough.returncode == 0, enough.stderr
+    assert "PASS registration" in enough.stderr, enough.stderr
+
+
 def test_sigterm_mid_suite_takes_away_the_driver_it_started_and_its_node(
     control_plane: ClusterState, fleet: Fleet, kube_api: k8s.ApiClient
 ) -> None:
