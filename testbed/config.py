@@ -182,6 +182,10 @@ def state_root() -> Path:
     return _xdg("XDG_STATE_HOME", ".local/state") / "dra-testbed"
 
 
+MAX_SOCKET_PATH = 105
+"""gRPC refuses longer unix socket paths (the kernel allows 107: sun_path is 108 bytes with its NUL)."""
+
+
 def runtime_root() -> Path:
     explicit = os.environ.get("TESTBED_RUNTIME_DIR")
     if explicit:

@@ -65,6 +65,8 @@ def up(
 ) -> cluster.ClusterState:
     """``external_kubeconfig``: bring the fleet to that cluster instead of starting one."""
     progress = progress or SilentProgress()
+    for pool in fleet.pools if fleet is not None else []:
+        pool.check_socket_paths(nodes_dir(config.cluster_dir))
     if fleet is not None and fleet.real_kubelets:
         check_real_kubelets(fleet, progress)
     if fleet is not None and fleet.ray.address:

@@ -201,15 +201,20 @@ class ShortPaths:
 
     A unix socket path must fit in 107 bytes, and drivers name their sockets after
     themselves and their pod's UID (``<driver>-<uid>-reg.sock``, 60-odd bytes): under a
-    synthetic node's directory that overflows, where a real node's /var/lib/kubelet does
-    not. So the kubelet and the driver both use these."""
+    synthetic node's directory, whose name holds the node's, that overflows, where a real
+    node's /var/lib/kubelet does not. So the kubelet and every driver, built-in or not,
+    use these."""
 
     registry: Path
     plugins: Path
 
     @classmethod
     def for_node(cls, root: Path) -> ShortPaths:
-        base = private_dir(runtime_root() / "a")
+        return cls.named(root, private_dir(runtime_root() / "a"))
+
+    @classmethod
+    def named(cls, root: Path, base: Path) -> ShortPaths:
+        """The short names of node directory ``root`` under ``base``, made nowhere."""
         digest = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:8]
         return cls(base / f"{digest}r", base / f"{digest}p")
 

@@ -347,6 +347,8 @@ class Fleet:
         progress.step("identities: kubelets as system:node:<name>, drivers with tokens bound to a pod on their node")
 
     def start(self, progress: Progress | None = None, timeout_s: float = 900.0) -> None:
+        for pool in self.spec.pools:
+            pool.check_socket_paths(self.nodes_dir)
         # Node sockets and checkpoints go here: a directory only we can enter.
         private_dir(self.nodes_dir.parent)
         private_dir(self.nodes_dir)
@@ -480,6 +482,7 @@ class Fleet:
         pool = self.pool(pool_name)
         if not 0 <= count <= MAX_POOL_NODES:
             raise TestbedError(f"a pool cannot have {count} nodes", hint=f"give a count from 0 to {MAX_POOL_NODES}")
+        pool.check_socket_paths(self.nodes_dir, count)
         # A pool's nodes are numbered 0..count-1 (scaling removes the highest first). What
         # the hosts hold counts, not the pool's count: a scale interrupted here went on in
         # the hosts, so they may hold more or fewer nodes than the count last recorded,

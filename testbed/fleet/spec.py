@@ -36,8 +36,17 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_val
 
 from fake_devices.profiles import ProfileError
 from fake_devices.specfiles import SpecFileError, parse_yaml, validate
-from testbed.config import KUBELET_SYNC_FREQUENCY_S, POD_GRACE_S, REGISTRY_BURST, REGISTRY_PULL_QPS, LogLevel
-from testbed.drivers import load_profile
+from testbed.config import (
+    KUBELET_SYNC_FREQUENCY_S,
+    MAX_SOCKET_PATH,
+    POD_GRACE_S,
+    REGISTRY_BURST,
+    REGISTRY_PULL_QPS,
+    LogLevel,
+)
+from testbed.drivers import drivers_for, load_profile
+from testbed.errors import TestbedError
+from testbed.fleet.external import ShortPaths
 from testbed.keys import SYNTHETIC
 
 
@@ -270,6 +279,39 @@ class Pool(_Strict):
 
     def node_names(self) -> list[str]:
         return [self.node_name(i) for i in range(self.count)]
+
+    def longest_socket(self, nodes_dir: Path, count: int | None = None) -> Path | None:
+        """The longest unix socket path of its first ``count`` nodes (default: all) under
+        ``nodes_dir``: the kubelet's pod-resources socket, or a built-in driver's
+        registration socket under the node's short names (external.ShortPaths, the
+        runtime directory's ``a/``; a command-line driver's sockets are its own affair).
+        None for real kubelets, whose sockets are in a directory of their own."""
+        if self.kubelet == "real":
+            return None
+        node = nodes_dir / self.node_name(max((self.count if count is None else count) - 1, 0))
+        drivers = self.built_in_drivers
+        if drivers is None:
+            drivers = drivers_for(load_profile(self.profile))
+        registry = ShortPaths.named(node, nodes_dir.parent / "a").registry
+        sockets = [node / "kubelet" / "pod-resources" / "kubelet.sock"]
+        sockets += [registry / f"{driver}-reg.sock" for driver in drivers]
+        return max(sockets, key=lambda path: len(str(path).encode()))
+
+    def check_socket_paths(self, nodes_dir: Path, count: int | None = None) -> None:
+        """Refuse, before anything starts, nodes whose sockets gRPC could not bind."""
+        socket = self.longest_socket(nodes_dir, count)
+        length = 0 if socket is None else len(str(socket).encode())
+        if length > MAX_SOCKET_PATH:
+            over = length - MAX_SOCKET_PATH
+            chars = "1 character" if over == 1 else f"{over} characters"
+            raise TestbedError(
+                f"pool {self.name!r}: its nodes' unix sockets would be {length} bytes long, "
+                f"more than the {MAX_SOCKET_PATH} gRPC binds: {socket}",
+                hint=" or ".join(
+                    [f"give the pool a name {chars} shorter"] * (over < len(self.name))
+                    + [f"set TESTBED_RUNTIME_DIR to a directory {chars} shorter than {nodes_dir.parent}"]
+                ),
+            )
 
 
 class RaySettings(_Strict):

@@ -101,9 +101,8 @@ class SyntheticNode:
         self.hardware = NodeHardware(name, profile, seed, kept_in=root / HARDWARE_FAULTS)
         self.backend = LocalBackend(self.hardware)
         kubelet_dir, cdi_dir = root / "kubelet", root / "cdi"
-        self.short_paths = ShortPaths.for_node(root) if external else None
-        if self.short_paths is not None:
-            self.short_paths.link(kubelet_dir)
+        self.short_paths = ShortPaths.for_node(root)
+        self.short_paths.link(kubelet_dir)
         spec = self.node_spec(name, profile.name, labels, taints, declared_features, address)
 
         def make_kubelet() -> FakeKubelet:
@@ -113,7 +112,7 @@ class SyntheticNode:
                 kubelet_dir,
                 cdi_dir,
                 scan_interval_s=PLUGIN_SCAN_INTERVAL_S,
-                registry_dir=None if self.short_paths is None else self.short_paths.registry,
+                registry_dir=self.short_paths.registry,
                 watch_client=watch_client,
                 fence=fence,
                 node_watcher=node_watcher,
@@ -129,7 +128,13 @@ class SyntheticNode:
             driver_on_node(
                 driver,
                 name,
-                DriverPaths.for_node(kubelet_dir, driver, cdi_dir),
+                DriverPaths.for_node(
+                    kubelet_dir,
+                    driver,
+                    cdi_dir,
+                    registry_dir=self.short_paths.registry,
+                    plugins_dir=self.short_paths.plugins,
+                ),
                 self.backend,
                 driver_client or client,
                 # Claim reads too go under the drivers' identity, so deploy/'s RBAC judges them.
@@ -229,7 +234,6 @@ class SyntheticNode:
         probe = None if spec.liveness is None or port is None else spec.liveness.as_probe(port)
         pod = DriverPod(self.name, spec.name, spec.generation, probe)
         kubeconfig, pod_uid = await self.driver_credentials(pod)
-        assert self.short_paths is not None
         return driver_environment(self.name, self.root, (pod.name, pod_uid), kubeconfig, self.short_paths)
 
     async def roll_external(
@@ -279,8 +283,7 @@ class SyntheticNode:
     async def stop_external(self) -> None:
         for external in self.external:
             await external.stop()
-        if self.short_paths is not None:
-            self.short_paths.unlink()
+        self.short_paths.unlink()
 
     async def stop(self) -> None:
         for driver in self.drivers:

@@ -16,6 +16,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2_grpc
 
+from testbed.config import MAX_SOCKET_PATH
 from testbed.errors import TestbedError
 from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
 from testbed.kubeletplugin import metrics
@@ -34,8 +35,6 @@ from testbed.kubeletplugin.slices import SlicePublisher, SliceWatcher, desired_s
 from testbed.tasks import cancel_and_wait, first_of
 
 log = logging.getLogger(__name__)
-MAX_SOCKET_PATH = 105
-"""gRPC refuses longer unix socket paths (the kernel allows 107: sun_path is 108 bytes with its NUL)."""
 PUBLISH_RETRY_S = 1.0
 RESYNC_S = 300.0
 """Republish this often with no hardware change (the publisher then checks the API now and

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from testbed.errors import TestbedError
 from testbed.fleet import spec
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "fleet.yaml"
@@ -319,3 +320,40 @@ def test_a_relative_driver_executable_is_found_where_it_was_written(tmp_path: Pa
     )
     [driver] = spec.load(fleet_file).pools[0].external_drivers
     assert driver.command == [str(tmp_path / "fleets" / ".." / "bin" / "driver"), "--v=4"]
+
+
+def test_a_pool_whose_sockets_grpc_could_not_bind_is_refused_with_the_way_out() -> None:
+    """Node sockets carry the node's name: a long pool name, a long runtime directory or
+    a pool grown past 999 nodes can overflow a unix socket path, which a NodeHost found
+    only once the control plane had started (a gRPC traceback). Built-in drivers bind
+    theirs through the node's short names, so only the kubelet's pod-resources socket
+    grows with the name."""
+    nodes_dir = Path("/tmp/dra-testbed-0/2973d7d6")  # the default runtime directory's, for uid 0
+
+    def pool(name: str, drivers: str = "") -> spec.Pool:
+        return spec.parse(f"pools: [{{name: {name}, count: 1, profile: tiny{drivers}}}]", "f.yaml").pools[0]
+
+    long_name = "gpu-h100-eu-west-rack-a-long-pool-n"  # 35: its registration sockets were 120 bytes
+    pool(long_name).check_socket_paths(nodes_dir)
+    longest = pool(long_name).longest_socket(nodes_dir)
+    assert longest == nodes_dir / f"{long_name}-000" / "kubelet" / "pod-resources" / "kubelet.sock"
+    assert str(pool(long_name, ", drivers: [gpu]").longest_socket(nodes_dir)).endswith("pod-resources/kubelet.sock")
+
+    with pytest.raises(TestbedError) as refused:
+        pool(long_name + "-eu1").check_socket_paths(nodes_dir)
+    assert "its nodes' unix sockets would be 106 bytes long, more than the 105 gRPC binds" in refused.value.message
+    assert refused.value.hint == (
+        "give the pool a name 1 character shorter or set TESTBED_RUNTIME_DIR to a directory "
+        "1 character shorter than /tmp/dra-testbed-0"
+    )
+    pool(long_name + "-eu").check_socket_paths(nodes_dir, count=1000)  # 105 bytes: as much as fits
+    with pytest.raises(TestbedError):  # its 1,001st node's name is one character longer
+        pool(long_name + "-eu").check_socket_paths(nodes_dir, count=1001)
+
+    deep = Path("/home/someone/" + "x" * 70) / "2973d7d6"
+    with pytest.raises(TestbedError) as refused:
+        pool("gpu").check_socket_paths(deep)
+    assert refused.value.hint is not None and "give the pool a name" not in refused.value.hint, "not a way out"
+    assert f"shorter than {deep.parent}" in refused.value.hint
+    real = spec.parse(f"pools: [{{name: {long_name}-eu1, count: 1, profile: tiny, kubelet: real}}]", "f.yaml")
+    real.pools[0].check_socket_paths(nodes_dir)  # a real kubelet's sockets are in a sandbox of its own
