@@ -71,6 +71,8 @@ def up(
         check_real_kubelets(fleet, progress)
     if fleet is not None and fleet.ray.address:
         raycluster.check_reachable(fleet.ray.address)  # before anything starts, not after
+    elif fleet is not None:
+        raycluster.check_temp_dir(config.cluster_dir)  # for the Ray head this cluster starts
     ray_head: raycluster.StartingHead | None = None
     if external_kubeconfig is not None:
         state = cluster.attach(config, external_kubeconfig, progress)

@@ -596,17 +596,18 @@ def down(config: ControlPlaneConfig, keep_state: bool = False) -> list[str]:
     _refuse_foreign(root)
     if not owned(root):
         return []
+    unreadable = False
     try:
         state = ClusterState.load(root)
-    except TestbedError as unreadable:
-        refuse_while_in_use(unreadable, [root])
-        state = None
+    except TestbedError as error:
+        refuse_while_in_use(error, [root])
+        state, unreadable = None, True
     stopped = state.stop_processes() if state is not None else []
     if keep_state:
         Layout(root).state_file.unlink(missing_ok=True)
     else:
         _clear(root)
-        if state is None:
+        if unreadable:
             log.warning("removed %s: its state could not be read, and no process used it", root)
     return stopped
 

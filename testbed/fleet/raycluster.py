@@ -40,6 +40,27 @@ def ray_temp_dir(cluster_root: Path) -> Path:
     return Path(tempfile.gettempdir()) / f"tbray-{digest}" / "r"
 
 
+RAY_SOCKET_PATH_MAX = 107
+"""What Ray checks its unix socket paths against before it starts anything."""
+LONGEST_RAY_SOCKET = Path("session_2026-01-01_00-00-00_000000_4194304", "sockets", "plasma_store")
+"""The longest socket path Ray makes under its temp dir (a session named after the time
+and the largest pid Linux hands out)."""
+
+
+def check_temp_dir(cluster_root: Path) -> None:
+    """Refuse, before anything starts, a temp dir (``TMPDIR``) too long for Ray's sockets:
+    the head would exit at its start, after the control plane's."""
+    longest = ray_temp_dir(cluster_root) / LONGEST_RAY_SOCKET
+    length = len(str(longest).encode())
+    if length > RAY_SOCKET_PATH_MAX:
+        over = length - RAY_SOCKET_PATH_MAX
+        raise TestbedError(
+            f"Ray's sockets under the temp dir {tempfile.gettempdir()} would be up to {length} bytes long, "
+            f"more than the {RAY_SOCKET_PATH_MAX} a unix socket path holds: {longest}",
+            hint=f"set TMPDIR to a directory at least {over} characters shorter (TMPDIR=/tmp, say)",
+        )
+
+
 def namespace(cluster_name: str) -> str:
     return f"{NAMESPACE_PREFIX}-{cluster_name}"
 

@@ -253,3 +253,45 @@ def test_a_cluster_whose_state_is_unreadable_is_removed_by_down_only_once_nothin
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_the_directory_a_failed_start_left_for_its_logs_is_removed_by_down_without_a_word_of_unreadable_state(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A start that failed stops its processes and keeps its logs, its state removed: that
+    is not a state that could not be read."""
+    monkeypatch.setenv("TESTBED_STATE_DIR", str(tmp_path))
+    root = cluster._prepare_directory(ControlPlaneConfig(name="failed"), SilentProgress())
+    (root / "logs").mkdir()
+    (root / "logs" / "ray.log").write_text("why it failed\n")
+    removed = CliRunner().invoke(cli.main, ["down", "--name", "failed"])
+    assert removed.exit_code == 0, removed.output
+    assert not root.exists()
+    assert "could not be read" not in caplog.text + removed.output
+
+
+@pytest.mark.parametrize("too_long", ["pool", "TMPDIR"])
+def test_up_refuses_sockets_too_long_to_bind_before_anything_starts(
+    too_long: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node's sockets or Ray's, too long for a unix socket path: refused with the way
+    out before the control plane starts (it started, then a NodeHost or the Ray head
+    died with a traceback)."""
+    import tempfile
+
+    monkeypatch.setenv("TESTBED_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("TESTBED_RUNTIME_DIR", "/tmp/dra-testbed-0")
+    fleet = tmp_path / "fleet.yaml"
+    pool = "p" * 39 if too_long == "pool" else "gpu"
+    fleet.write_text(f"pools: [{{name: {pool}, count: 1, profile: tiny}}]\n")
+    if too_long == "TMPDIR":
+        monkeypatch.setattr(tempfile, "tempdir", "/tmp/" + "y" * 40)
+    refused = CliRunner().invoke(cli.main, ["up", "--fleet", str(fleet)])
+    assert refused.exit_code == 1, refused.output
+    if too_long == "pool":
+        assert f"pool '{pool}': its nodes' unix sockets would be 106 bytes long" in refused.output
+        assert "hint: give the pool a name 1 character shorter or set TESTBED_RUNTIME_DIR" in refused.output
+    else:
+        assert "Ray's sockets under the temp dir /tmp/yyyy" in refused.output
+        assert "hint: set TMPDIR to a directory at least 21 characters shorter" in refused.output
+    assert not (tmp_path / "state" / "clusters" / "testbed").exists(), "something started"
