@@ -38,7 +38,7 @@ from testbed.fleet.external import (
 )
 from testbed.fleet.fleet import FAULT_ACTIONS, ScaleInterrupted, rollout_summary
 from testbed.nodelogs import lines_of_node
-from testbed.progress import ConsoleProgress
+from testbed.progress import ConsoleProgress, counted
 from testbed.realnode import kubelet_api
 from testbed.realnode.node import recorded_kubelet_pid
 
@@ -1079,7 +1079,9 @@ def _scale_held(name: str, pool: str, count: int, config: cfg.ControlPlaneConfig
             stderr.print(f"interrupted: the NodeHosts go on taking pool {pool} to {count} nodes; {carrying_on}")
         sys.exit(130)
     pools = ", ".join(f"{p.name}: {p.count}" for p in fleet.spec.pools)
-    stderr.print(f"fleet now: {pools} ({len(fleet.host_of)} nodes on {len(fleet.hosts)} NodeHosts)")
+    stderr.print(
+        f"fleet now: {pools} ({counted(len(fleet.host_of), 'node')} on {counted(len(fleet.hosts), 'NodeHost')})"
+    )
 
 
 @main.command()

@@ -12,6 +12,12 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 
+def counted(count: int, noun: str) -> str:
+    """``1 node``, ``2 nodes``: for the messages that count things (nouns ending in s or
+    y are not among them)."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
 class Progress(Protocol):
     def step(self, message: str) -> None:
         """A milestone, always shown."""

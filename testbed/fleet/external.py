@@ -27,12 +27,13 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from testbed.config import POD_GRACE_S, runtime_root
+from testbed.config import MAX_SOCKET_PATH, POD_GRACE_S, runtime_root
 from testbed.controlplane import processes
 from testbed.errors import TestbedError
 from testbed.files import private_dir, write_atomically
 from testbed.fleet.liveness import LivenessSettings, Tell, grpc_probe, until_unhealthy
 from testbed.fleet.processcpu import PROCESS_CPU
+from testbed.kubeletplugin.prepare import DriverPaths
 from testbed.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -202,8 +203,10 @@ class ShortPaths:
     A unix socket path must fit in 107 bytes, and drivers name their sockets after
     themselves and their pod's UID (``<driver>-<uid>-reg.sock``, 60-odd bytes): under a
     synthetic node's directory, whose name holds the node's, that overflows, where a real
-    node's /var/lib/kubelet does not. So the kubelet and every driver, built-in or not,
-    use these."""
+    node's /var/lib/kubelet does not. So the kubelet and the drivers use these: always
+    with command-line drivers; for the built-in ones, whose sockets carry no UID, only
+    where a long node name would overflow theirs (``needed_by``: two symlinks cost a
+    node's start as much as two files do)."""
 
     registry: Path
     plugins: Path
@@ -217,6 +220,15 @@ class ShortPaths:
         """The short names of node directory ``root`` under ``base``, made nowhere."""
         digest = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:8]
         return cls(base / f"{digest}r", base / f"{digest}p")
+
+    @staticmethod
+    def needed_by(kubelet_dir: Path, drivers: Iterable[str]) -> bool:
+        """Whether built-in drivers' sockets (their registration sockets are the longer)
+        would overflow under the node's own kubelet directory, a long node name's."""
+        return any(
+            len(str(DriverPaths.for_node(kubelet_dir, driver, Path()).registration_socket).encode()) > MAX_SOCKET_PATH
+            for driver in drivers
+        )
 
     def link(self, kubelet_dir: Path) -> None:
         for alias, target in (

@@ -27,7 +27,7 @@ from testbed.fleet.nodehost import NodeHost
 from testbed.fleet.spec import BUILT_IN_DRIVERS, MAX_POOL_NODES, ExternalDriver, FleetFile, Placement, Pool
 from testbed.kubeapi import KubeClient, flattened_kubeconfig
 from testbed.kubelet.declared import cluster_declared_features
-from testbed.progress import Progress, SilentProgress
+from testbed.progress import Progress, SilentProgress, counted
 
 T = TypeVar("T")
 FAULT_ACTIONS = (
@@ -358,8 +358,9 @@ class Fleet:
         placement = self._place(recipes)  # the hosts' processes start while the policy goes in
         self._install_access_policy(progress)
         self._ensure_fabric(recipes)
-        hosts = "1 NodeHost actor" if len(placement) == 1 else f"{len(placement)} NodeHost actors"
-        with progress.task(f"starting {len(recipes)} synthetic nodes on {hosts}"):
+        with progress.task(
+            f"starting {counted(len(recipes), 'synthetic node')} on {counted(len(placement), 'NodeHost actor')}"
+        ):
             self._bring_up(placement, progress, timeout_s)
         pools = ", ".join(f"{p.name}: {p.count} x {p.profile}" for p in self.spec.pools)
         # A node counts as ready once its drivers registered; only the built-in ones are
@@ -511,7 +512,7 @@ class Fleet:
                 for node in going:
                     del self.host_of[node]
                 self._retire_empty_hosts()
-            progress.step(f"pool {pool.name}: {len(going)} nodes drained and deleted")
+            progress.step(f"pool {pool.name}: {counted(len(going), 'node')} drained and deleted")
         if wanted:
             try:
                 placement = self._place(wanted)

@@ -283,16 +283,19 @@ class Pool(_Strict):
     def longest_socket(self, nodes_dir: Path, count: int | None = None) -> Path | None:
         """The longest unix socket path of its first ``count`` nodes (default: all) under
         ``nodes_dir``: the kubelet's pod-resources socket, or a built-in driver's
-        registration socket under the node's short names (external.ShortPaths, the
-        runtime directory's ``a/``; a command-line driver's sockets are its own affair).
-        None for real kubelets, whose sockets are in a directory of their own."""
+        registration socket, under the node's short names where a long name needs them
+        (external.ShortPaths, the runtime directory's ``a/``; a command-line driver's
+        sockets are its own affair). None for real kubelets, whose sockets are in a
+        directory of their own."""
         if self.kubelet == "real":
             return None
         node = nodes_dir / self.node_name(max((self.count if count is None else count) - 1, 0))
         drivers = self.built_in_drivers
         if drivers is None:
             drivers = drivers_for(load_profile(self.profile))
-        registry = ShortPaths.named(node, nodes_dir.parent / "a").registry
+        registry = node / "kubelet" / "plugins_registry"
+        if ShortPaths.needed_by(node / "kubelet", drivers):
+            registry = ShortPaths.named(node, nodes_dir.parent / "a").registry
         sockets = [node / "kubelet" / "pod-resources" / "kubelet.sock"]
         sockets += [registry / f"{driver}-reg.sock" for driver in drivers]
         return max(sockets, key=lambda path: len(str(path).encode()))

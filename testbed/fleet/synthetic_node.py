@@ -101,8 +101,12 @@ class SyntheticNode:
         self.hardware = NodeHardware(name, profile, seed, kept_in=root / HARDWARE_FAULTS)
         self.backend = LocalBackend(self.hardware)
         kubelet_dir, cdi_dir = root / "kubelet", root / "cdi"
-        self.short_paths = ShortPaths.for_node(root)
-        self.short_paths.link(kubelet_dir)
+        built_in = drivers_for(profile) if drivers is None else drivers
+        built_in_short = ShortPaths.needed_by(kubelet_dir, built_in)
+        self.short_paths = ShortPaths.for_node(root) if external or built_in_short else None
+        if self.short_paths is not None:
+            self.short_paths.link(kubelet_dir)
+        short = self.short_paths if built_in_short else None
         spec = self.node_spec(name, profile.name, labels, taints, declared_features, address)
 
         def make_kubelet() -> FakeKubelet:
@@ -112,7 +116,7 @@ class SyntheticNode:
                 kubelet_dir,
                 cdi_dir,
                 scan_interval_s=PLUGIN_SCAN_INTERVAL_S,
-                registry_dir=self.short_paths.registry,
+                registry_dir=None if self.short_paths is None else self.short_paths.registry,
                 watch_client=watch_client,
                 fence=fence,
                 node_watcher=node_watcher,
@@ -132,8 +136,8 @@ class SyntheticNode:
                     kubelet_dir,
                     driver,
                     cdi_dir,
-                    registry_dir=self.short_paths.registry,
-                    plugins_dir=self.short_paths.plugins,
+                    registry_dir=None if short is None else short.registry,
+                    plugins_dir=None if short is None else short.plugins,
                 ),
                 self.backend,
                 driver_client or client,
@@ -144,7 +148,7 @@ class SyntheticNode:
                 devices_per_slice=devices_per_slice,
                 health_timeout_s=HEALTH_CHECK_TIMEOUT_S,
             )
-            for driver in (drivers_for(profile) if drivers is None else drivers)
+            for driver in built_in
         ]
         self.external = [self._external_driver(spec) for spec in external or []]
         self.driver_credentials = driver_credentials
@@ -234,6 +238,7 @@ class SyntheticNode:
         probe = None if spec.liveness is None or port is None else spec.liveness.as_probe(port)
         pod = DriverPod(self.name, spec.name, spec.generation, probe)
         kubeconfig, pod_uid = await self.driver_credentials(pod)
+        assert self.short_paths is not None  # a node with command-line drivers has them
         return driver_environment(self.name, self.root, (pod.name, pod_uid), kubeconfig, self.short_paths)
 
     async def roll_external(
@@ -283,7 +288,8 @@ class SyntheticNode:
     async def stop_external(self) -> None:
         for external in self.external:
             await external.stop()
-        self.short_paths.unlink()
+        if self.short_paths is not None:
+            self.short_paths.unlink()
 
     async def stop(self) -> None:
         for driver in self.drivers:
