@@ -14,7 +14,7 @@ import ray
 from kubernetes import client as k8s
 from ray.util import list_named_actors
 
-from testbed.config import nodes_dir
+from testbed.config import nodes_dir, runtime_root
 from testbed.controlplane.cluster import ClusterState
 from testbed.controlplane.processes import descendants
 from testbed.errors import TestbedError
@@ -69,11 +69,24 @@ def _deployment(name: str, pool_label: str, replicas: int) -> dict[str, Any]:
     }
 
 
+POOL = "scaled-while-pods-run-rack-east"
+"""Long enough (31 characters) that its nodes' drivers need short names for their sockets."""
+
+
+def _short_names() -> set[str]:
+    """The nodes of POOL whose plugins_registry has a short name under the runtime directory."""
+    base = runtime_root() / "a"
+    nodes = {p.readlink().parent.parent.name for p in base.glob("*r") if p.is_symlink()} if base.is_dir() else set()
+    return {node for node in nodes if node.startswith(POOL)}
+
+
 def test_a_pool_scales_down_and_up_while_pods_run(
     control_plane: ClusterState, fleet: Fleet, kube_api: k8s.ApiClient
 ) -> None:
+    """Its pool's name is long enough that its nodes' drivers bind their sockets through
+    the nodes' short names (a node's own directory would overflow them)."""
     del fleet  # only for its Ray and DeviceClasses
-    own, label = _started_fleet(control_plane, "sc", 3, per_host=2)
+    own, label = _started_fleet(control_plane, POOL, 3, per_host=2)
     core, resource = k8s.CoreV1Api(kube_api), k8s.ResourceV1Api(kube_api)
     namespace = unique("scale")
     core.create_namespace({"metadata": {"name": namespace}})
@@ -91,30 +104,33 @@ def test_a_pool_scales_down_and_up_while_pods_run(
         wait_for(lambda: len(running()) == 5, 180, "5 GPU pods running on 3 nodes of 2 GPUs")
         before = running()
 
-        own.scale("sc", 1)
+        assert _short_names() == {f"{POOL}-00{i}" for i in range(3)}, "the drivers' sockets' short names"
+        own.scale(POOL, 1)
 
-        for gone in ("sc-001", "sc-002"):
+        for gone in (f"{POOL}-001", f"{POOL}-002"):
             assert not core.list_node(field_selector=f"metadata.name={gone}").items, f"{gone} deleted"
             assert not slices_of(gone), f"{gone}'s slices removed"
             assert not (nodes_dir(control_plane.root) / gone).exists()
         assert len(own.hosts) == 1, "the host left with no nodes is gone"
+        assert _short_names() == {f"{POOL}-000"}, "the drained nodes' short names removed"
         assert own.spec.pools[0].count == 1
-        # The pods on sc-000 kept running through it; the evicted ones were replaced,
-        # and with 2 GPUs left only 2 of 5 can run.
-        kept = {uid for uid, node in before.items() if node == "sc-000"}
-        wait_for(lambda: len(running()) == 2, 180, "a replacement pod to take sc-000's free GPU")
+        # The pods on the first node kept running through it; the evicted ones were
+        # replaced, and with 2 GPUs left only 2 of 5 can run.
+        first = f"{POOL}-000"
+        kept = {uid for uid, node in before.items() if node == first}
+        wait_for(lambda: len(running()) == 2, 180, "a replacement pod to take the first node's free GPU")
         now = running()
-        assert kept <= set(now) and set(now.values()) == {"sc-000"}
-        held = ray.get(own.host("sc-000").hardware_claims.remote("sc-000"))
+        assert kept <= set(now) and set(now.values()) == {first}
+        held = ray.get(own.host(first).hardware_claims.remote(first))
         assert len(held) == 2, "the surviving node holds exactly the devices of its 2 pods"
 
-        own.scale("sc", 3)
+        own.scale(POOL, 3)
 
         assert len(own.hosts) == 2
         nodes = core.list_node(label_selector=f"pool={label}").items
         addresses = {n.metadata.name: [a.address for a in n.status.addresses if a.type == "InternalIP"] for n in nodes}
         pool = own.spec.pools[0]
-        assert addresses == {f"sc-00{i}": [own.spec.node_address(pool, i)] for i in range(3)}, "the fleet's own"
+        assert addresses == {f"{POOL}-00{i}": [own.spec.node_address(pool, i)] for i in range(3)}, "the fleet's own"
         wait_for(lambda: len(running()) == 5, 180, "the waiting pods to run on the new nodes")
     finally:
         core.delete_namespace(namespace)
