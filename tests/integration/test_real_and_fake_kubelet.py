@@ -2013,6 +2013,8 @@ def test_a_kubelet_restart_admits_every_pod_again_oldest_first_and_stops_one_it_
     running pod and claim, and took pods in the order listed. A pod still initializing
     through the restart and refused then is stopped and its claim unprepared alike."""
 
+    refused_pods = ("picky", "aa-newcomer", "picky-starting")
+
     async def scenario() -> None:
         async with two_nodes(control_plane, short_tmp_path, node_binaries) as sides:
 
@@ -2063,7 +2065,7 @@ def test_a_kubelet_restart_admits_every_pod_again_oldest_first_and_stops_one_it_
                 await side.create_pod("aa-newcomer", nodeName=side.node.name, containers=[{**main, **port}])
                 await side.node.start_kubelet()
                 found: dict[str, Any] = {}
-                for name in ("picky", "aa-newcomer", "picky-starting"):
+                for name in refused_pods:
                     failed = await until(lambda n=name: side._phase(n, "Failed"), 60, f"{side.kind}: {name} refused")
                     found[name] = _status_shape(failed)
                     found[f"{name}: why"] = (failed["status"].get("reason"), failed["status"].get("message"))
@@ -2073,7 +2075,16 @@ def test_a_kubelet_restart_admits_every_pod_again_oldest_first_and_stops_one_it_
                     return all(UNPREPARE in calls.get(claim, []) for claim in ("gpu", "starting"))
 
                 await until(unprepared, 60, f"{side.kind}: the refused pod's claim unprepared")
-                told, before = await _told(side), ("Pulling", "Pulled", "Created", "Started")
+
+                async def all_told() -> dict[str, list[tuple[Any, ...]]] | None:
+                    """Events go out behind statuses and calls, on either kubelet."""
+                    told = await _told(side)
+                    refused = all(any(f[1] == "Warning" for f in told.get(n, [])) for n in refused_pods)
+                    stopped = all(any(f[2] == "Killing" for f in told.get(n, [])) for n in ("picky", "picky-starting"))
+                    return told if refused and stopped else None
+
+                told = await until(all_told, 30, f"{side.kind}: each refusal and each stop told")
+                before = ("Pulling", "Pulled", "Created", "Started")
                 found["told"] = {
                     name: [fact for fact in told.get(name, []) if fact[2] not in before]
                     for name in ("picky", "aa-newcomer", "zz-holder", "picky-starting")
