@@ -48,6 +48,8 @@ from testbed.drivers import drivers_for, load_profile
 from testbed.errors import TestbedError
 from testbed.fleet.external import ShortPaths
 from testbed.keys import SYNTHETIC
+from testbed.kubeletplugin.prepare import DriverPaths
+from testbed.progress import counted
 
 
 class _Strict(BaseModel):
@@ -297,7 +299,7 @@ class Pool(_Strict):
         if ShortPaths.needed_by(node / "kubelet", drivers):
             registry = ShortPaths.named(node, nodes_dir.parent / "a").registry
         sockets = [node / "kubelet" / "pod-resources" / "kubelet.sock"]
-        sockets += [registry / f"{driver}-reg.sock" for driver in drivers]
+        sockets += [DriverPaths.for_node(node, d, Path(), registry_dir=registry).registration_socket for d in drivers]
         return max(sockets, key=lambda path: len(str(path).encode()))
 
     def check_socket_paths(self, nodes_dir: Path, count: int | None = None) -> None:
@@ -306,7 +308,7 @@ class Pool(_Strict):
         length = 0 if socket is None else len(str(socket).encode())
         if length > MAX_SOCKET_PATH:
             over = length - MAX_SOCKET_PATH
-            chars = "1 character" if over == 1 else f"{over} characters"
+            chars = counted(over, "character")
             raise TestbedError(
                 f"pool {self.name!r}: its nodes' unix sockets would be {length} bytes long, "
                 f"more than the {MAX_SOCKET_PATH} gRPC binds: {socket}",
