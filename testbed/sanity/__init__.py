@@ -36,6 +36,7 @@ def run(
     async def go() -> tuple[list[Result], str]:
         admin = KubeClient.from_kubeconfig(kubeconfig)
         harness = Harness(admin, kubeconfig, command, env, driver_name, running, registration_timeout_s)
+        harness.waiting = say
         try:
             swept = await harness.setup()
             for run in swept:

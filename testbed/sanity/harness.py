@@ -14,7 +14,7 @@ import contextlib
 import shutil
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,6 +58,8 @@ default (a kubelet waits for ever; a suite must end)."""
 ALLOCATION_TIMEOUT_S = 60.0
 CALL_TIMEOUT_S = 45.0
 """The kubelet's deadline for a NodePrepareResources/NodeUnprepareResources call."""
+FIRST_WAITING_NOTICE_S, WAITING_NOTICE_S = 3.0, 10.0
+"""When a wait for the driver's registration first says it is waiting, and how often after."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,9 @@ class Harness:
         starts (a driver that loads its hardware for minutes needs more)."""
         self.admin = admin
         self.registration_timeout_s = registration_timeout_s
+        self.waiting: Callable[[str], None] | None = None
+        """Told, after FIRST_WAITING_NOTICE_S and every WAITING_NOTICE_S, that the driver has
+        not registered yet (a quiet wait of a minute looks like a hang)."""
         self.kubeconfig = kubeconfig
         self.run_id = uuid.uuid4().hex[:6]
         self.namespace = f"sanity-{self.run_id}"
@@ -249,7 +254,8 @@ class Harness:
 
     async def registration_socket(self, timeout_s: float, newer_than: float = 0.0) -> Path:
         """The driver's registration socket (one created after ``newer_than``, a wall time)."""
-        deadline = time.monotonic() + timeout_s
+        started = time.monotonic()
+        deadline, notice = started + timeout_s, started + FIRST_WAITING_NOTICE_S
         while time.monotonic() < deadline:
             found = [p for p in self.registry.iterdir() if p.is_socket() and p.lstat().st_ctime >= newer_than]
             if found and self.running is not None:
@@ -261,6 +267,12 @@ class Harness:
                     f"the driver exited {self.process.restarts + 1} times without creating a registration "
                     f"socket in {self.registry}",
                     detail=self.process.log_tail(),
+                )
+            if self.waiting is not None and time.monotonic() >= notice:
+                notice += WAITING_NOTICE_S
+                self.waiting(
+                    f"waiting for the driver to create its registration socket in {self.registry}: "
+                    f"{time.monotonic() - started:.0f} s of {timeout_s:.0f}"
                 )
             await asyncio.sleep(0.1)
         raise TestbedError(

@@ -275,7 +275,8 @@ def test_a_driver_slower_to_register_than_the_timeout_fails_registration_and_pas
     control_plane: ClusterState, fleet: Fleet
 ) -> None:
     """A driver that loads its hardware before it registers (here: 4 s) is failed with a
-    hint at --registration-timeout when given less, and registers when given enough."""
+    hint at --registration-timeout when given less, and registers when given enough,
+    saying meanwhile that it waits."""
     del fleet  # for its DeviceClasses and access policy
     where = ["--name", control_plane.name, "--state-dir", str(control_plane.root)]
     env = {"DRIVERS": GPU, "HARDWARE_PROFILE": "tiny", "HEALTH_PORT": "-1", "METRICS_PORT": "-1"}
@@ -297,6 +298,11 @@ def test_a_driver_slower_to_register_than_the_timeout_fails_registration_and_pas
     enough = sanity("60")
     assert enough.returncode == 0, enough.stderr
     assert "PASS registration" in enough.stderr, enough.stderr
+    waiting = [
+        line for line in enough.stderr.splitlines() if "waiting for the driver to create its registration" in line
+    ]
+    assert len(waiting) == 1 and waiting[0].endswith("s of 60"), enough.stderr  # said once, 3 s in
+    assert "waiting for the driver" not in short.stderr, short.stderr  # not before 3 s
 
 
 def test_sigterm_mid_suite_takes_away_the_driver_it_started_and_its_node(
