@@ -704,7 +704,7 @@ def check(name: str, state_dir: Path | None, kubeconfig_file: Path | None, node:
         click.echo(
             f"ok: a pod with a GPU claim ran on synthetic node {pod.node} ({pod.device}, {seen}; {health}) "
             f"after {pod.seconds_to_running:.2f}s; unprepared and removed {pod.seconds_to_removed:.2f}s "
-            f"after deletion ({len(nodes)} synthetic nodes)"
+            f"after deletion ({counted(len(nodes), 'synthetic node')})"
         )
 
 
@@ -770,10 +770,10 @@ def run_scenario(
     try:
         chosen = spec.load(scenario, values)
     except spec.ScenarioError as exc:
-        if values:
+        if isinstance(exc, spec.ScenarioNotFound):
+            hint = "give a shipped scenario's name or the path of a scenario file (ending in .yaml)"
+        elif values:
             hint = "check your --set keys and values against the scenario file"
-        elif Path(scenario).suffix and not Path(scenario).exists():
-            hint = "give a shipped scenario's name or the path of a scenario YAML file"
         else:
             hint = "fix the file"
         raise TestbedError(str(exc), hint=f"{hint}; see testbed/scenarios/shipped/ for examples") from None
@@ -1043,7 +1043,7 @@ def scale(pool: str, count: int, name: str, state_dir: Path | None) -> None:
     practices ask for: cordon, evict pods, unprepare their claims, stop the drivers,
     remove the slices, delete the Node.
     """
-    _about(name, f"scaling pool {pool} to {count} nodes")
+    _about(name, f"scaling pool {pool} to {counted(count, 'node')}")
     config = cfg.ControlPlaneConfig(name=name, state_dir=state_dir)
     if not cluster.owned(config.cluster_dir):  # and no lock file left in a directory not ours
         raise TestbedError(f"cluster {name!r} is not running", hint="start it with `testbed up --nodes N`")

@@ -110,7 +110,7 @@ def rollout_summary(driver: str, rolled: list[dict[str, Any]]) -> str:
     generations = sorted({r["generation"] for r in rolled})
     generation = f"{generations[0]}" + (f"-{generations[-1]}" if len(generations) > 1 else "")
     return (
-        f"{driver} rolled out on {len(rolled)} nodes (driver pod generation {generation}): "
+        f"{driver} rolled out on {counted(len(rolled), 'node')} (driver pod generation {generation}): "
         f"per node p50 {statistics.median(seconds):.1f} s, max {seconds[-1]:.1f} s; "
         f"kubelets without an instance to call: p50 {statistics.median(gaps):.2f} s, max {gaps[-1]:.2f} s"
     )
@@ -503,7 +503,7 @@ class Fleet:
 
         if going:
             commit()
-            with progress.task(f"draining {len(going)} nodes of pool {pool.name}"):
+            with progress.task(f"draining {counted(len(going), 'node')} of pool {pool.name}"):
                 by_host: dict[str, list[str]] = {}
                 for node in going:
                     by_host.setdefault(self.host_of[node], []).append(node)
@@ -521,9 +521,9 @@ class Fleet:
                 raise ScaleInterrupted(handed=0, given_up=len(wanted)) from None
             commit()
             self._ensure_fabric(wanted)
-            with progress.task(f"adding {len(wanted)} nodes to pool {pool.name}"):
+            with progress.task(f"adding {counted(len(wanted), 'node')} to pool {pool.name}"):
                 self._bring_up(placement, progress, timeout_s)
-            progress.step(f"pool {pool.name}: {len(wanted)} nodes added")
+            progress.step(f"pool {pool.name}: {counted(len(wanted), 'node')} added")
         pool.count = count
 
     def _drain_with_progress(
@@ -559,7 +559,7 @@ class Fleet:
         draining = [node for nodes in self._ask_all("draining", timeout_s=60).values() for node in nodes]
         if not draining:
             return
-        with progress.task(f"waiting for {len(draining)} nodes an interrupted scale is draining"):
+        with progress.task(f"waiting for {counted(len(draining), 'node')} an interrupted scale is draining"):
             held = self._ask_all("settled", timeout_s)
         self.host_of = {node: host for host, nodes in held.items() for node in nodes}
 
@@ -693,7 +693,7 @@ class Fleet:
         async def roll(node: str) -> dict[str, Any]:
             return dict(await self.host(node).roll_driver.remote(node, driver, command, max_surge > 0, generation))
 
-        with progress.task(f"rolling {driver} out on {len(nodes)} nodes ({how})"):
+        with progress.task(f"rolling {driver} out on {counted(len(nodes), 'node')} ({how})"):
             for start in range(0, len(nodes), batch):
                 group = nodes[start : start + batch]
                 calls = {node: asyncio.ensure_future(roll(node)) for node in group}

@@ -289,6 +289,10 @@ class ScenarioError(SpecFileError):
     pass
 
 
+class ScenarioNotFound(ScenarioError):
+    """Neither a shipped scenario's name nor an existing file."""
+
+
 def _field(model: type[BaseModel] | None, key: str) -> FieldInfo | None:
     """The field a file's key names (by alias or name)."""
     for name, field in (model.model_fields if model is not None else {}).items():
@@ -324,9 +328,9 @@ def load(name_or_path: str, overrides: dict[str, Any] | None = None) -> Scenario
     if not path.suffix:
         path = SHIPPED_DIR / f"{name_or_path}.yaml"
         if not path.exists():
-            raise ScenarioError(f"no scenario named {name_or_path!r}; shipped: {', '.join(shipped())}")
+            raise ScenarioNotFound(f"no scenario named {name_or_path!r}; shipped: {', '.join(shipped())}")
     elif not path.exists():
-        raise ScenarioError(f"scenario file {path} does not exist; shipped scenarios: {', '.join(shipped())}")
+        raise ScenarioNotFound(f"scenario file {path} does not exist; shipped scenarios: {', '.join(shipped())}")
     try:
         data = parse_yaml(path.read_text(), str(path))
     except SpecFileError as exc:

@@ -101,6 +101,19 @@ def test_refused_in_one_line(args: list[str], message: str, tmp_path: Path) -> N
     assert not (tmp_path / "c").exists(), "nothing was started"
 
 
+@pytest.mark.parametrize(
+    "args",
+    [["run", "smok"], ["run", "smok", "--set", "phases.0.qps=1"], ["run", "/nonexistent/my.yaml"], ["run", "./mine"]],
+)
+def test_a_scenario_that_is_not_there_is_hinted_at_names_and_files_not_at_fixing_it(
+    args: list[str], tmp_path: Path
+) -> None:
+    result = CliRunner().invoke(cli.main, [*args, "--name", "refusals", "--state-dir", str(tmp_path / "c")])
+    assert result.exit_code == 1 and "shipped" in result.output, result.output
+    assert "hint: give a shipped scenario's name or the path of a scenario file (ending in .yaml)" in result.output
+    assert "fix the file" not in result.output and "--set keys" not in result.output, result.output
+
+
 def test_a_fleet_file_that_is_not_yaml_is_pointed_at_not_its_fields(tmp_path: Path) -> None:
     fleet = tmp_path / "fleet.yaml"
     fleet.write_text("pools:\n  - {name: a, count: 2}\n\t bad\n")
