@@ -61,6 +61,13 @@ As kubelet v1.37 does:
   health from the drivers' health streams, updated when health changes, when the pod
   changes beyond its status and on every periodic pod sync, each pod's own 60-90 s
   after its last (resync.py); a device not heard of within its timeout reads Unknown.
+
+The work is in layers, each class built on the one before: podcore.py (each pod's state
+and how it is shown: status writes, Events, probes, spec changes, containers stopped,
+claims released), initcontainers.py (init containers and sidecars), restarts.py
+(containers started again: restart rules, back-off, a changed image, a restart in
+place) and this module's PodManager (the pod watch, admission, a pod's run from its
+start to its end, deletion).
 """
 
 from __future__ import annotations
@@ -70,112 +77,46 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable, Collection, Coroutine, Iterable, Mapping
-from pathlib import Path
-from typing import Any, TypeVar
+from collections.abc import Collection, Mapping
 
-from testbed.config import KUBELET_SYNC_FREQUENCY_S
 from testbed.http11 import TransportError
 from testbed.keys import CONTAINER_ENV_ANNOTATION
 from testbed.kubeapi import (
     ApiError,
-    KubeClient,
     Obj,
-    WatchPosition,
     now_rfc3339,
     parse_rfc3339,
     path_for,
-    rfc3339,
 )
 from testbed.kubelet import admission, backoff, commands, containerevents, metrics, podstatus, probes
 from testbed.kubelet.containerevents import Told
-from testbed.kubelet.dra import PREPARE_FAILED, DRAManager, StartFailed
-from testbed.kubelet.events import EventQueue, EventRecorder
-from testbed.kubelet.node import NodeSpec, node_object
-from testbed.kubelet.plugins import PluginManager
-from testbed.kubelet.podnetwork import AddressesExhausted, PodAddresses
+from testbed.kubelet.dra import PREPARE_FAILED, StartFailed
+from testbed.kubelet.node import node_object
+from testbed.kubelet.podcore import (
+    SANDBOX_FAILED,
+    container_ids,
+    sandbox_shown,
+    sandbox_with_own_ip,
+    start_time,
+    started_now,
+)
 from testbed.kubelet.podstate import PodState
-from testbed.kubelet.resync import ResyncSchedule
-from testbed.kubelet.statuswriter import StatusWriter
+from testbed.kubelet.restarts import ContainerRestarts
 from testbed.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 RECONCILE_S = 60.0
 """How often claims of pods that are gone are looked for, as the kubelet's DRA manager does."""
-CREATING_SHOWN_AFTER_S = 1.0
-"""A start (the claims' prepare) that takes longer shows the pod Pending with its
-containers ContainerCreating, as the kubelet's status at the start of its sync does; a
-quicker one goes straight to Running (the kubelet's ContainerCreating then lasts a
-fraction of a second), saving one status write per pod."""
-SANDBOX_FAILED = "FailedCreatePodSandBox"
 CREATE_CONTAINER_ERROR = "CreateContainerError"
 DEADLINE_EXCEEDED = "DeadlineExceeded"
 DEADLINE_MESSAGE = "Pod was active on the node longer than the specified deadline"
 """The kubelet's words (its active deadline handler) for a pod past activeDeadlineSeconds."""
 
 
-class PodManager:
-    def __init__(
-        self,
-        client: KubeClient,
-        node: NodeSpec,
-        plugins: PluginManager,
-        cdi_dir: Path,
-        watch_pods: bool = True,
-        checkpoint: Path | None = None,
-        watch_client: KubeClient | None = None,
-        durable: bool = True,
-        pod_cidr: Callable[[], str | None] = lambda: None,
-        images: containerevents.ImageStore | None = None,
-        sync_frequency_s: float = KUBELET_SYNC_FREQUENCY_S,
-        node_seen: Callable[[], Obj | None] = lambda: None,
-    ):
-        """``durable``: fsync the checkpoint, as the kubelet does (a real node); synthetic
-        nodes, whose state is throw-away, skip it. ``pod_cidr``: the Node's, as last seen
-        (pods get their IPs from it: podnetwork.py). ``images``: the node's, as its
-        runtime keeps them (none to start with, forgotten on a restart, if not given).
-        ``sync_frequency_s``: the KubeletConfiguration's syncFrequency. ``node_seen``: the
-        Node as last seen (pods are admitted against it; None: as it was registered)."""
-        self.client = client
-        self.node_seen = node_seen
-        self.watch_client = watch_client or client
-        self.node = node
-        self.plugins = plugins
-        self.dra = DRAManager(client, node.name, plugins, cdi_dir, checkpoint, durable)
-        self.watch_pods = watch_pods
-        self.pod_cidr = pod_cidr
-        self._addresses = PodAddresses()
-        self._workers: dict[str, asyncio.Task[None]] = {}
-        self._pods: dict[str, PodState] = {}
-        """By UID: each pod bound here that this kubelet knows of, and how far it took it."""
-        self._task: asyncio.Task[None] | None = None
-        self._resync_task: asyncio.Task[None] | None = None
-        self._reconcile_task: asyncio.Task[None] | None = None
-        self._position = WatchPosition()
-        """How far the pod watch got: set once its first list was handed over."""
-        self._status_tasks: set[asyncio.Task[None]] = set()
-        self._events = EventRecorder(node.name)
-        self._told = EventQueue(client, self._events)
-        self._statuses = StatusWriter(client)
-        self._images = images or containerevents.ImageStore()
-        self.sync_frequency_s = sync_frequency_s
-        self._resync_schedule = ResyncSchedule(sync_frequency_s, backoff.JITTER)
-        self._resync_wake = asyncio.Event()
-        """Set when a pod starts running: it may be due before the one slept for."""
-        self._terminated: set[str] = set()
-        """Pods whose claims were released after their containers stopped, until the API
-        says they are gone: their late events must not release them again."""
-        self._process_changes: dict[tuple[str, str, str], list[int | None]] = {}
-        """By namespace, pod and container: ``process_changed`` calls made before the pod
-        ran here (a NodeHost taking a node over restarts its driver before its kubelet
-        has adopted the driver pod), told once it runs."""
-        self._process_back_off: dict[tuple[str, str, str], tuple[float, float]] = {}
-        """Per container whose process runs beside this kubelet: its back-off (backoff.restart_delay)."""
-        self._to_admit: list[str] = []
-        """Pods seen and not admitted yet: those that came in together are admitted
-        together, oldest first (``_admission``)."""
+class PodManager(ContainerRestarts):
+    """The pods bound to this node, each taken by a worker of its own from its admission
+    to its end; what the layers below it do is theirs."""
 
     def start(self) -> None:
         self.dra.load_checkpoint()
@@ -213,7 +154,7 @@ class PodManager:
             state.pod = seen
         if log.isEnabledFor(logging.INFO):
             self._log_sync_loop(kind, before, pod)
-        if before is None and _sandbox_with_own_ip(pod):
+        if before is None and sandbox_with_own_ip(pod):
             # Its sandbox made before this kubelet started: its IP is held from now on, as a network
             # plugin's IPAM keeps it on disk, so that no pod new here gets it meanwhile.
             with contextlib.suppress(StartFailed):
@@ -265,28 +206,6 @@ class PodManager:
             return
         log.info("%s: SyncLoop %s pod %s/%s (%s)", self.node.name, what, meta["namespace"], meta["name"], meta["uid"])
 
-    # --- helpers ---------------------------------------------------------------------
-
-    def _pod(self, uid: str) -> Obj:
-        return self._pods[uid].pod
-
-    def _seen(self, uid: str) -> Obj | None:
-        """The pod as last seen, if this kubelet still knows of it."""
-        state = self._pods.get(uid)
-        return None if state is None else state.pod
-
-    def _runs(self, uid: str) -> bool:
-        """Its containers run (it may be gone since the question came up)."""
-        state = self._pods.get(uid)
-        return state is not None and bool(state.running_since)
-
-    def _deleting(self, uid: str) -> bool:
-        return self._pods[uid].deleting()
-
-    def _ending(self, uid: str) -> bool:
-        """Being deleted, or past its active deadline: its worker stops what it does."""
-        return self._pods[uid].ending()
-
     def _arm_deadline(self, uid: str) -> None:
         """Fail the pod once its activeDeadlineSeconds passed, counted from its startTime as
         the kubelet counts it (from now for a pod new here)."""
@@ -295,7 +214,7 @@ class PodManager:
         seconds = _deadline(state.pod)
         if seconds is None:
             return
-        began = parse_rfc3339(_start_time(state.pod))
+        began = parse_rfc3339(start_time(state.pod))
         delay = max(0.0, began + seconds - time.time())
         state.deadline_timer = asyncio.get_running_loop().call_later(delay, self._deadline_passed, uid)
 
@@ -308,94 +227,6 @@ class PodManager:
             return
         state.past_deadline = True
         state.changed()
-
-    async def _pause(self, uid: str, seconds: float, seen: int | None = None) -> None:
-        """Sleep, but wake at once if the pod changes (e.g. is being deleted), or return at
-        once if it changed since ``seen`` (from ``_changes``, taken when the attempt that
-        ends here began): as a kubelet's pod worker syncs again right away for an update
-        that came in during a sync."""
-        state = self._pods.get(uid)
-        if state is None:  # forgotten meanwhile: nothing can wake it
-            await asyncio.sleep(seconds)
-            return
-        state.updated.clear()
-        if seen is not None and state.changes != seen:
-            return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(state.updated.wait(), seconds)
-
-    def tell(self, pod: Obj, told: Told, container: str = "") -> None:
-        """Record an Event on the pod, or on its ``container``, as a kubelet's event
-        recorder does (events.py): written behind, in the order told."""
-        where = containerevents.field_path(pod, container) if container else ""
-        self._told.tell(pod, told.kind, told.reason, told.message, where)
-
-    def _tell_started(self, pod: Obj, container: Obj, pull: containerevents.Pull | None = None) -> None:
-        """A container is created and started: told so, and the image it runs noted.
-        ``pull``: its image was made sure of already (``_pull_images``)."""
-        if (state := self._pods.get(pod["metadata"]["uid"])) is not None:
-            state.ran_images[container["name"]] = container.get("image", "")
-        if pull is None:
-            pull = containerevents.Pull(self._images.ensure(container))
-        elif pull.started_told:
-            return
-        for each in [*pull.told, containerevents.CREATED, containerevents.STARTED]:
-            self.tell(pod, each, container["name"])
-
-    def _sync_failed(self, pod: Obj, why: str) -> None:
-        """As the kubelet's pod worker logs each failed sync ("Error syncing pod, skipping")."""
-        meta = pod["metadata"]
-        log.warning(
-            "%s: error syncing pod %s/%s (%s), skipping: %s",
-            self.node.name,
-            meta["namespace"],
-            meta["name"],
-            meta["uid"],
-            why,
-        )
-
-    def _containers_not_started(self, pod: Obj, failed: Mapping[str, tuple[str, str]]) -> None:
-        """A sync that could not start containers (image not pulled, crash loop): each one's
-        reason and message, in the kubelet's words."""
-        said = [
-            f'failed to "StartContainer" for {json.dumps(name)} with {why}: {json.dumps(words)}'
-            for name, (why, words) in failed.items()
-        ]
-        self._sync_failed(pod, said[0] if len(said) == 1 else f"[{', '.join(said)}]")
-
-    def _pull_images(self, pod: Obj, before: Mapping[str, containerevents.Pull]) -> dict[str, containerevents.Pull]:
-        """Make sure of the images of the pod's containers, in spec order, as the kubelet
-        does before it creates each: a pull may fail (the node's pull limit) or be backed
-        off (``ImageStore.pull``), which is told at once; then the pod waits for its next
-        sync. The kubelet starts the others meanwhile, and does not pull their images
-        again (``before``): they run, and are shown so, while the pod stays Pending."""
-        uid, pulls = pod["metadata"]["uid"], {}
-        containers = {container["name"]: container for container in pod["spec"].get("containers", [])}
-        for name, container in containers.items():
-            pull = before.get(name)
-            if pull is None or pull.failed is not None:
-                pull = self._images.pull(container, uid)
-            pulls[name] = pull
-        if any(pull.failed for pull in pulls.values()):
-            for name, pull in pulls.items():
-                if pull.failed is None and not pull.started_told:
-                    self._tell_started(pod, containers[name], pull)
-                    self._pods[uid].started_early[name] = _started_now(pod, containers[name])
-                    pulls[name] = containerevents.Pull([], None, started_told=True)
-                else:
-                    for told in pull.told:
-                        self.tell(pod, told, name)
-                    if pull.failed is not None:
-                        metrics.STARTED_CONTAINER_ERRORS.labels("container", pull.failed[0]).inc()
-                    pulls[name] = containerevents.Pull([], pull.failed, pull.started_told)
-            self._containers_not_started(pod, {n: p.failed for n, p in pulls.items() if p.failed is not None})
-        return pulls
-
-    async def events_sent(self) -> None:
-        """Until every Event told so far was written."""
-        await self._told.sent()
-
-    # --- lifecycle -------------------------------------------------------------------
 
     def _admission(self, uid: str) -> admission.Refusal | None:
         """This pod's verdict. Every pod seen since the last admission is admitted first,
@@ -458,7 +289,7 @@ class PodManager:
         if self._kept_running(pod):
             # Its containers ran through this kubelet's restart: they are stopped and its
             # claims unprepared, and its status tells of them, as for any pod the kubelet fails.
-            state.running_since = _start_time(pod)
+            state.running_since = start_time(pod)
             state.inits = podstatus.InitRun.from_status(pod) or podstatus.InitRun.complete(pod, now_rfc3339())
             state.restarted = podstatus.Restarted.from_status(pod)
             await self._terminate(uid, {"reason": refused.reason, "message": message})
@@ -527,7 +358,7 @@ class PodManager:
         one ended (or the pod's run-seconds annotation's time is over), False if the pod
         is being deleted first."""
         begin, pod = time.monotonic(), self._pod(uid)
-        ids, restarted = _container_ids(pod), self._pods[uid].restarted
+        ids, restarted = container_ids(pod), self._pods[uid].restarted
         # Those that had ended before this kubelet restarted stay so.
         ends = {name: begin + e.seconds for name, e in commands.endings(pod).items() if name not in restarted}
         last = begin + seconds
@@ -570,7 +401,7 @@ class PodManager:
         time, and the containers started meanwhile (``_started_early``) run on. None: a
         pod to start from the beginning."""
         status = pod.get("status", {})
-        if status.get("phase") != "Pending" or not _sandbox_shown(pod) or not self.dra.prepared_before_restart(pod):
+        if status.get("phase") != "Pending" or not sandbox_shown(pod) or not self.dra.prepared_before_restart(pod):
             return None
         return podstatus.InitRun.so_far(pod)
 
@@ -664,262 +495,6 @@ class PodManager:
             await self._pause(uid, next_sync, seen)
         return False
 
-    async def _creating_while(self, pod: Obj, start: Coroutine[Any, Any, T]) -> T:
-        """``start``'s result; once it took ``CREATING_SHOWN_AFTER_S``, the pod is shown
-        ContainerCreating meanwhile (a slow driver's prepare), a write that always lands
-        before the next one, as it is awaited first."""
-        task = asyncio.ensure_future(start)
-        try:
-            done, _ = await asyncio.wait({task}, timeout=CREATING_SHOWN_AFTER_S)
-            if not done:
-                await self._set_waiting(pod)
-        except asyncio.CancelledError:
-            task.cancel()
-            raise
-        except BaseException:
-            # The pod is gone: let the start end, so that what it prepared is recorded
-            # and released with the pod.
-            with contextlib.suppress(Exception):
-                await task
-            raise
-        return await task
-
-    async def _initialize(
-        self,
-        pod: Obj,
-        carried: Mapping[str, podstatus.Restarted] | None = None,
-        resumed: podstatus.InitRun | None = None,
-    ) -> podstatus.InitRun | None:
-        """Run the pod's init containers in order before its own, as the kubelet does: each
-        to its end (``sleep N``: N seconds; ``sleep infinity``: never; any other command at
-        once), a sidecar (restartPolicy Always) started and left running. While one runs,
-        the pod shows Pending with it running. One that exits non-zero (``exit N``) fails
-        the pod under restartPolicy Never (returned ``failing``), else is started again
-        until the pod is deleted (``_retry_init``). None if the pod is deleted meanwhile.
-        ``carried``: they run again, the pod restarted in place (``InitRun.carried``).
-        ``resumed``: how far they got before this kubelet restarted (``_sandbox_kept``)."""
-        uid = pod["metadata"]["uid"]
-        run = resumed or podstatus.InitRun(carried=carried or {})
-        ran_before = len(run.spans) if resumed else 0
-        state = self._pods[uid]
-        if resumed:
-            state.inits = run
-        state.initializing = True
-        self._sandbox_made(uid)
-        try:
-            while True:
-                for index, container in enumerate(pod["spec"].get("initContainers") or []):
-                    seconds, ends_at = commands.init_seconds(container), None
-                    if index < ran_before:
-                        began, ended = run.spans[index]
-                        if ended or podstatus.is_sidecar(container):
-                            continue  # done, or running on, through this kubelet's restart
-                        if seconds is not None:  # the one running then ends at its own time
-                            ends_at = parse_rfc3339(began) + seconds
-                            seconds = max(0.0, ends_at - time.time())
-                    else:
-                        pull = await self._pull_init_image(uid, container, run)
-                        if pull is None:
-                            return None
-                        self._tell_started(pod, container, pull)
-                        run = state.inits = run.then(now_rfc3339())
-                        if podstatus.is_sidecar(container):
-                            if not await self._start_sidecar(uid, container):
-                                return None
-                            continue
-                    if seconds != 0:
-                        await self._write_initializing(uid)
-                        if not await self._runs_for(uid, seconds):
-                            return None
-                    if code := commands.exit_code(container):
-                        if commands.restarts_all(container, code):
-                            break  # the pod restarts in place: from its first init container again
-                        return await self._retry_init(uid, container, code)
-                    run = state.inits = run.ended(now_rfc3339() if ends_at is None else rfc3339(ends_at))
-                else:
-                    return run
-                if (again := await self._restart_initializing(uid, container, code)) is None:
-                    return None
-                run, ran_before = again, 0
-        finally:
-            state.initializing = False
-
-    async def _pull_init_image(self, uid: str, container: Obj, run: podstatus.InitRun) -> containerevents.Pull | None:
-        """Make sure of an init container's image before it starts: while the pull fails
-        (the node's pull limit, then the pod's back-off), the kubelet starts nothing more
-        of the pod and tries again at its next sync, whose start shows why the one before
-        failed (``Init:ErrImagePull``, then ``Init:ImagePullBackOff``). None if the pod is
-        ending first. A sidecar's failed pull holds the pod up too, where the kubelet goes
-        on with the next init container."""
-        made_sandbox = not run.spans
-        while True:
-            pull = self._images.pull(container, uid)
-            if pull.failed is None:
-                return pull
-            pod = self._pod(uid)
-            for told in pull.told:
-                self.tell(pod, told, container["name"])
-            metrics.STARTED_CONTAINER_ERRORS.labels("init_container", pull.failed[0]).inc()
-            self._containers_not_started(pod, {container["name"]: pull.failed})
-            # A sync that made the sandbox is followed by the relist's, another by the
-            # pod worker's back-off.
-            next_sync = backoff.until_next_relist() if made_sandbox else backoff.jittered(backoff.SYNC_ERROR_BACKOFF_S)
-            made_sandbox = False
-            if not await self._runs_for(uid, next_sync):
-                return None
-            self._pods[uid].inits = run
-            await self._write_initializing(uid, {container["name"]: pull.failed})
-
-    async def _restart_initializing(self, uid: str, source: Obj, code: int) -> podstatus.InitRun | None:
-        """Init container ``source`` exited with ``code``, as a RestartAllContainers rule
-        of its says: seen at the next PLEG relist and shown so (AllContainersRestarting),
-        the pod restarts in place (``_remove_all``); the run its init containers start
-        again with, None if the pod is ending first."""
-        if not await self._runs_for(uid, backoff.until_next_relist()):
-            return None
-        state, name = self._pods[uid], source["name"]
-        run = state.init_run()
-        now = run.carried.get(name) or podstatus.Restarted(0, _container_ids(state.pod)[name], {}, {})
-        ended = podstatus.Ended.exit_status(code, now_rfc3339())
-        exited = podstatus.terminated_state(now.container_id, run.spans[-1][0], ended)
-        run = state.inits = run.failed(podstatus.Restarted(now.count, now.container_id, exited, now.last))
-        await self._write_initializing(uid)
-        latest = state.pod
-        before = podstatus.initializing_status(
-            latest, _start_time(latest), _container_ids(latest), run, {}, now_rfc3339()
-        )
-        await self._remove_all(uid, before)
-        return state.init_run()
-
-    async def _start_sidecar(self, uid: str, container: Obj) -> bool:
-        """A sidecar is probed from its start, as the pod's containers are from theirs;
-        the kubelet starts the next container once its startup probe passed (shown
-        running, not started, meanwhile; then started, the next one shown from the
-        relist after). False if the pod is deleted first."""
-        name, began = container["name"], time.monotonic()
-        changes = self._probed_from_start(uid, container)
-        probing = self._pods[uid].probing
-        if probing.get(name) == "starting":
-            await self._write_initializing(uid)
-            (started_after, _, then), *changes = changes  # its startup probe's pass comes first
-            if not await self._runs_for(uid, started_after):
-                return False
-            if then is None:
-                probing.pop(name, None)
-            else:
-                probing[name] = then
-            # The probe's result syncs the pod: shown started, and the next container,
-            # started by that sync, shown running from the relist after.
-            await self._write_initializing(uid)
-            if not await self._runs_for(uid, backoff.until_next_relist()):
-                return False
-        if changes:
-            probed = {name: _container_ids(self._pod(uid))[name]}
-            self._in_background(self._follow_probes(uid, changes, probed, began), f"pod-probes-{probed[name]}")
-        return True
-
-    async def _fail_initializing(self, uid: str) -> None:
-        """The pod failed for its init container (restartPolicy Never): as for a pod whose
-        containers ended, its sidecars stopped and its claims unprepared before its
-        terminal status is written."""
-        await self._stop_containers(uid)
-        self._not_running(uid)
-        await self._release(uid)
-        pod = self._pod(uid)
-        status = podstatus.failed_initializing_status(
-            pod, _container_ids(pod), self._pods[uid].init_run(), now_rfc3339()
-        )
-        await self._patch_status(pod, {"status": status})
-
-    async def _write_initializing(self, uid: str, waits: Mapping[str, tuple[str, str]] | None = None) -> None:
-        """``waits``: containers not started, with the reason and message they wait for."""
-        state = self._pods[uid]
-        latest = state.pod
-        addresses = self._addresses_of(latest)
-        status = podstatus.initializing_status(
-            latest,
-            _start_time(latest),
-            _container_ids(latest),
-            state.init_run(),
-            addresses,
-            now_rfc3339(),
-            state.probing,
-            state.restarted,
-            waits,
-        )
-        self._add_device_health(latest, status["containerStatuses"])  # its claims are prepared
-        await self._patch_status(latest, {"status": status})
-
-    async def _runs_for(self, uid: str, seconds: float | None) -> bool:
-        """Until ``seconds`` passed (None: for good); False if the pod is ending (``_ending``)."""
-        deadline = None if seconds is None else time.monotonic() + seconds
-        while not self._ending(uid):
-            left = 3600.0 if deadline is None else deadline - time.monotonic()
-            if left <= 0:
-                return True
-            await self._pause(uid, left)
-        return False
-
-    async def _retry_init(self, uid: str, container: Obj, code: int) -> podstatus.InitRun | None:
-        """An init container exited with ``code``: if it is not to be started again
-        (``commands.should_restart``: under restartPolicy Never, say), the run with it
-        failed; else, as the kubelet, it is started again, at once the first time, then
-        after a back-off (``backoff.restart_delay``, ``backoff.back_off_syncs``; shown exited meanwhile),
-        the pod Pending, until the pod is deleted (None). Its command ends alike each
-        time, so it never gets further."""
-        state, name = self._pods[uid], container["name"]
-        pod, run = state.pod, state.init_run()
-        first_id = _container_ids(pod)[name]
-        carried = run.carried.get(name) or podstatus.Restarted(0, first_id, {}, {})
-        now = carried.started_again(carried.container_id, run.spans[-1][0])
-        back_off: tuple[float, float] | None = None
-        seconds = commands.init_seconds(container)
-        while True:
-            ended = podstatus.Ended.exit_status(code, now_rfc3339())
-            exited = podstatus.terminated_state(now.container_id, now.state["running"]["startedAt"], ended)
-            run = state.inits = run.failed(podstatus.Restarted(now.count, now.container_id, exited, now.last))
-            if not commands.should_restart(pod, container, code):
-                run = state.inits = run.ended(ended.at)
-                return run
-            exited_at = time.monotonic()
-            delay, back_off = backoff.restart_delay(back_off, exited_at)
-            # Shown exited by the sync that finds it so (started again at once, the kubelet's
-            # write of it may be overtaken by the next: its status manager sends the latest).
-            await self._write_initializing(uid)
-            blocked, restart_at = backoff.back_off_syncs(delay, resync_s=self.sync_frequency_s)
-            for synced, at in enumerate(blocked):
-                if not await self._runs_for(uid, exited_at + at - time.monotonic()):
-                    return None
-                self._back_off_blocked(pod, name, delay)
-                if synced:  # the sync before was blocked too
-                    run = await self._show_init_crash_loop(uid, name, delay)
-            if not await self._runs_for(uid, exited_at + restart_at - time.monotonic()):
-                return None
-            if blocked:  # the sync that starts it shows first why the one before failed
-                run = await self._show_init_crash_loop(uid, name, delay)
-            self._tell_started(pod, container)
-            count = now.count + 1
-            now = podstatus.Restarted(count, f"{first_id}-{count}", {"running": {"startedAt": now_rfc3339()}}, exited)
-            run = state.inits = run.failed(now)
-            if seconds != 0:  # one that ends at once is gone before the next relist could show it running
-                await self._write_initializing(uid)
-            if not await self._runs_for(uid, seconds):
-                return None
-
-    async def _show_init_crash_loop(self, uid: str, name: str, delay: float) -> podstatus.InitRun:
-        """The failing init container ``name`` shown waiting in CrashLoopBackOff, as for the
-        pod's own containers (``_show_crash_loop``), if it does not show it yet."""
-        state = self._pods[uid]
-        run = state.init_run()
-        failing = run.failing
-        if failing is not None and "terminated" in failing.state:
-            waiting = backoff.crash_loop_state(state.pod, name, delay)
-            run = state.inits = run.failed(
-                podstatus.Restarted(failing.count, failing.container_id, waiting, failing.state)
-            )
-            await self._write_initializing(uid)
-        return run
-
     async def _set_running(
         self,
         pod: Obj,
@@ -962,13 +537,13 @@ class PodManager:
         changes = [change for change in changes if change[1] not in exited]
         probing = state.probing = {**state.probing, **probing}  # sidecars' kept
         restarted = state.restarted  # a restarted kubelet's, read from the status
-        status = podstatus.running_status(pod, stamp, _container_ids(pod), now_rfc3339(), inits, restarted, probing)
+        status = podstatus.running_status(pod, stamp, container_ids(pod), now_rfc3339(), inits, restarted, probing)
         if exited and commands.run_seconds(pod) == 0:
             # All exited and none restarts: the kubelet keeps the phase it wrote before
             # until its pod worker has stopped the pod (then Succeeded or Failed).
             status["phase"] = "Pending"
         self._add_device_health(pod, status["containerStatuses"])
-        status.update(startTime=_start_time(pod, stamp), **addresses)
+        status.update(startTime=start_time(pod, stamp), **addresses)
         body: Obj = {"status": status}
         if any(env.values()):
             # The runtime's report rides in the one write that makes the pod Running, so
@@ -981,14 +556,14 @@ class PodManager:
             for exit_code in self._process_changes.pop((meta["namespace"], meta["name"], container["name"]), []):
                 await self.process_changed(meta["namespace"], meta["name"], container["name"], exit_code)
         if changes:
-            probed_ids = _container_ids(pod)
+            probed_ids = container_ids(pod)
             self._in_background(self._follow_probes(meta["uid"], changes, probed_ids), f"pod-probes-{meta['uid']}")
 
     def _exited_at_once(self, pod: Obj, started: str, besides: Collection[str] = ()) -> set[str]:
         """The pod's containers whose command ends as it starts, noted exited (restart
         count 0): the kubelet's first status after their start comes from the PLEG relist
         after it, which finds them exited already, so they never show running (or ready).
-        ``besides``: those started before (``_started_now`` noted them)."""
+        ``besides``: those started before (``started_now`` noted them)."""
         uid = pod["metadata"]["uid"]
         restarted = self._pods[uid].restarted
         exited = set()
@@ -997,426 +572,9 @@ class PodManager:
             if name in besides:
                 exited |= {name} if "terminated" in restarted[name].state else set()
             elif commands.exits_at_once(pod, container):
-                restarted[name] = _started_now(pod, container, started)
+                restarted[name] = started_now(pod, container, started)
                 exited.add(name)
         return exited
-
-    def _probe_again(self, uid: str, container: Obj, container_id: str) -> None:
-        """A container started again is probed as a new one (the prober resets its result
-        for a new container ID): unready, or not started, until its probes pass."""
-        changes = self._probed_from_start(uid, container)
-        if changes:
-            probed = {container["name"]: container_id}
-            self._in_background(self._follow_probes(uid, changes, probed), f"pod-probes-{container_id}")
-
-    def _probed_from_start(self, uid: str, container: Obj) -> list[tuple[float, str, str | None]]:
-        """A container starting now: what it waits for first noted in ``_probing``; the
-        changes to come, in seconds from now (``probes.probe_plan``)."""
-        waiting, changes = probes.probe_plan({"spec": {"containers": [container]}})
-        probing = self._pods[uid].probing
-        probing.pop(container["name"], None)
-        probing.update(waiting)
-        return changes
-
-    def _readiness_period(self, uid: str, container: Obj) -> float | None:
-        """How often the container's readiness probe runs, if it passed (the container is
-        ready by it); else None."""
-        probe = container.get("readinessProbe")
-        if probe is None or container["name"] in self._pods[uid].probing:
-            return None
-        return float(probe.get("periodSeconds") or 10)
-
-    async def _follow_probes(
-        self,
-        uid: str,
-        changes: list[tuple[float, str, str | None]],
-        probed_ids: Mapping[str, str],
-        started: float | None = None,
-    ) -> None:
-        """As the kubelet's prober passes a container's startup and readiness probes (their
-        commands taken to succeed): each change written when it comes (``changes``' times
-        count from ``started``, monotonic, else now), while the pod runs or initializes
-        (a sidecar's) and the container is the one probed (``probed_ids``: not one
-        started since)."""
-        started = time.monotonic() if started is None else started
-        for after, name, waits_for in changes:
-            await asyncio.sleep(max(0.0, started + after - time.monotonic()))
-            state = self._pods.get(uid)
-            if state is None or not (state.running_since or state.initializing) or state.ending():
-                return
-            probing, running = state.probing, bool(state.running_since)
-            again = state.restarted.get(name)
-            if again is not None and again.container_id != probed_ids[name]:
-                continue  # it exited since; the one started after it has probes of its own
-            if waits_for is None:
-                probing.pop(name, None)
-            else:
-                probing[name] = waits_for
-            await (self._write_running(uid) if running else self._write_initializing(uid))
-
-    async def _set_waiting(
-        self, pod: Obj, refused: Mapping[str, tuple[str, str]] | None = None, inits: podstatus.InitRun | None = None
-    ) -> None:
-        """Pending with its containers ContainerCreating, as the kubelet shows a pod whose
-        sandbox it could not make yet, or with those that ``refused`` names waiting for
-        that reason and message (CreateContainerError in the runtime's words, or its image
-        not pulled): written when that changes. ``inits``: its init containers ran."""
-        uid = pod["metadata"]["uid"]
-        state = self._pods[uid]
-        if state.shown_pending and state.refused == refused:
-            return  # a container starts early only as its wait ends (``_pull_images``): shown
-        early = self._pods[uid].started_early
-        probing = probes.probe_plan(
-            {"spec": {"containers": [c for c in pod["spec"]["containers"] if c["name"] in early]}}
-        )[0]
-        if inits is not None and inits.spans:
-            addresses = self._addresses_of(pod)
-            ids, now = _container_ids(pod), now_rfc3339()
-            status = podstatus.initializing_status(
-                pod, _start_time(pod), ids, inits, addresses, now, probing, waits=refused, started_early=early
-            )
-        else:
-            failed = None
-            if refused is not None:  # the sandbox exists, with its IP
-                try:
-                    pod_ip = self._sandbox_ip(pod)
-                except StartFailed:  # none left: the node's, as without a CIDR
-                    pod_ip = self.node.internal_ip()
-                failed = podstatus.CreateFailed(pod_ip, dict(refused))
-            status = podstatus.waiting_status(pod, self.node.internal_ip(), now_rfc3339(), failed, early, probing)
-        try:
-            await self._patch_status(pod, {"status": status})
-        except ApiError as exc:
-            if exc.not_found:
-                raise
-            log.debug("pod %s: status update failed: %s", pod["metadata"]["name"], exc)
-            return
-        state.shown_pending, state.refused = True, dict(refused) if refused is not None else None
-
-    async def _restart_exited(self, uid: str) -> str | None:
-        """As the kubelet restarts the containers of a pod that does not end of itself
-        (``commands.run_seconds`` None): a container whose command ends exits and, under
-        restartPolicy Always or when it failed under OnFailure, is started again, at once
-        the first time, then after a back-off (``backoff.restart_delay``), by the first of the
-        pod worker's syncs (``backoff.back_off_syncs``: at the next relist, then at the back-off's
-        end) that finds it over: shown exited, then CrashLoopBackOff once a sync was
-        blocked (each blocked sync tells BackOff; the one that starts it again shows
-        CrashLoopBackOff for a moment), the pod Running throughout with that container not ready
-        meanwhile, its claims left prepared (a container restart is no concern of the
-        drivers'); one that completed under OnFailure stays so. A container (or sidecar)
-        whose image changed is started again with the new one at once (``_redefined``).
-        Returns the name of one whose exit restarts all of the pod's containers
-        (``_restart_in_place``), or None once the pod is ending (``_ending``)."""
-        pod = self._pod(uid)
-        periods = {
-            c["name"]: seconds
-            for c in pod["spec"].get("containers", [])
-            if (seconds := commands.restart_seconds(pod, c)) is not None
-        }
-        ids, restarted = _container_ids(pod), self._pods[uid].restarted
-        for container in pod["spec"].get("containers", []):  # exited for good before this kubelet restarted
-            again = restarted.get(container["name"])
-            if again is not None and "terminated" in again.state and not commands.restarts(pod, container):
-                periods.pop(container["name"], None)
-        due = {name: time.monotonic() + seconds for name, seconds in periods.items()}
-        back_off: dict[str, tuple[float, float]] = {}
-        for name in periods:  # shown exited at their first start (``_exited_at_once``): their restart at once is now
-            if (again := restarted.get(name)) is not None and again.count == 0 and "terminated" in again.state:
-                _, back_off[name] = backoff.restart_delay(None, time.monotonic())
-        backed_off: dict[str, backoff.BackingOff] = {}
-        """Containers that exited, until started again."""
-        while not self._ending(uid):
-            seen = self._pods[uid].changes
-            for container in self._redefined(uid, backed_off):
-                if not await self._start_redefined(uid, container):
-                    return None
-                name = container["name"]
-                # Its back-off was the old image's: the new one's starts now, as for a first start.
-                _, back_off[name] = backoff.restart_delay(None, time.monotonic())
-                backed_off.pop(name, None)
-                if name in periods:
-                    due[name] = time.monotonic() + periods[name]
-            if not due:
-                await self._pause(uid, 3600, seen)
-                continue
-            name = min(due, key=due.__getitem__)
-            if (left := due[name] - time.monotonic()) > 0:
-                await self._pause(uid, left, seen)
-                continue
-            pod, again = self._pod(uid), restarted.get(name)
-            if again is None:  # the first container of that name
-                running = {"running": {"startedAt": self._pods[uid].running_since}}
-                again = restarted[name] = podstatus.Restarted(0, ids[name], running, {})
-            if "running" in again.state:  # it exits now, its command done
-                container = next(c for c in pod["spec"]["containers"] if c["name"] == name)
-                ended = podstatus.Ended.exit_status(commands.exit_code(container), now_rfc3339())
-                exited = podstatus.terminated_state(again.container_id, again.state["running"]["startedAt"], ended)
-                restarted[name] = podstatus.Restarted(again.count, again.container_id, exited, again.last)
-                if commands.restarts_all(container, commands.exit_code(container)):
-                    return str(name)
-                if not commands.restarts(pod, container):
-                    del periods[name], due[name]
-                    await self._write_running(uid)
-                    continue
-                exited_at = time.monotonic()
-                delay, back_off[name] = backoff.restart_delay(back_off.get(name), exited_at)
-                # Shown exited by the sync that finds it so, whether or not it starts it again.
-                await self._write_running(uid)
-                probed_every = self._readiness_period(uid, container)
-                blocked, restart_at = backoff.back_off_syncs(delay, probed_every, self.sync_frequency_s)
-                backed_off[name] = backoff.BackingOff(delay, [exited_at + at for at in blocked], exited_at + restart_at)
-                due[name] = backed_off[name].next_sync()
-                continue
-            plan: backoff.BackingOff | None = backed_off.pop(name, None)  # None: found so by a restarted kubelet
-            if plan is not None and plan.blocked:  # a sync its back-off blocks
-                plan.blocked.pop(0)
-                await self._blocked_sync(uid, name, plan)
-                backed_off[name] = plan
-                due[name] = plan.next_sync()
-                continue
-            if plan is not None:
-                await self._show_crash_loop(uid, name, plan)
-            count = again.count + 1
-            container = next(c for c in pod["spec"]["containers"] if c["name"] == name)
-            self._tell_started(pod, container)
-            running = {"running": {"startedAt": now_rfc3339()}}
-            before = again.last if "waiting" in again.state else again.state
-            restarted[name] = podstatus.Restarted(count, f"{ids[name]}-{count}", running, before)
-            self._probe_again(uid, container, restarted[name].container_id)
-            if periods[name]:  # one that exits at once is gone before the next relist could show it running
-                await self._write_running(uid)
-            due[name] = time.monotonic() + periods[name]
-        return None
-
-    def _redefined(self, uid: str, to_start: Collection[str]) -> list[Obj]:
-        """The containers running (the pod's own and its sidecars) or to be started again
-        (``to_start``) whose spec names an image other than the one they were made with:
-        as the kubelet compares a container's hash (its name and image) with the spec's."""
-        pod, ran = self._pod(uid), self._pods[uid].ran_images
-        running = self._running_containers(uid)
-        ephemeral = pod["spec"].get("ephemeralContainers") or []
-        candidates = [c for c in running if c not in ephemeral]
-        candidates += [c for c in pod["spec"].get("containers", []) if c["name"] in to_start and c not in running]
-        return [
-            c
-            for c in candidates
-            if c["name"] in ran
-            and podstatus.image_reference(ran[c["name"]]) != podstatus.image_reference(c.get("image", ""))
-        ]
-
-    async def _start_redefined(self, uid: str, container: Obj) -> bool:
-        """As kubelet v1.37 handles a container whose image changed: one running is killed
-        (Killing "Container X definition changed, will be restarted", or "Init container
-        X definition changed" for a sidecar; its preStop hook run, cut short at the grace
-        period) and, whatever the restart policy, started again at once with the new
-        image, counted once more, the one before shown stopped; one waiting out a back-off
-        is started at once (its back-off was the old image's). The pod's status written;
-        its claims stay prepared. False if the pod is ending first."""
-        pod, name = self._pod(uid), container["name"]
-        index = next((i for i, c in enumerate(pod["spec"].get("initContainers") or []) if c["name"] == name), None)
-        running = any(c["name"] == name for c in self._running_containers(uid))
-        if running:
-            words = f"Init container {name} definition changed" if index is not None else None
-            words = words or f"Container {name} definition changed, will be restarted"
-            self.tell(pod, Told("Normal", "Killing", words), name)
-            hook_s = commands.pre_stop_seconds([container], commands.grace_seconds(pod))
-            if hook_s and not await self._runs_for(uid, hook_s):
-                return False
-        pod, first_id, now = self._pod(uid), _container_ids(pod)[name], now_rfc3339()
-        if index is not None:  # a sidecar: it runs in the init containers' run
-            run = self._pods[uid].init_run()
-            before = run.carried.get(name) or podstatus.Restarted(0, first_id, {}, {})
-            stopped = podstatus.terminated_state(before.container_id, run.spans[index][0], podstatus.Ended.stopped(now))
-            again = podstatus.Restarted(before.count + 1, f"{first_id}-{before.count + 1}", {}, stopped)
-            self._pods[uid].inits = run.started_again(index, name, again, now)
-        else:
-            restarted = self._pods[uid].restarted
-            before = restarted.get(name) or podstatus.Restarted(
-                0, first_id, {"running": {"startedAt": self._pods[uid].running_since}}, {}
-            )
-            if running:
-                began = before.state["running"]["startedAt"]
-                ended = podstatus.terminated_state(before.container_id, began, podstatus.Ended.stopped(now))
-            else:
-                ended = before.state if "terminated" in before.state else before.last
-            count = before.count + 1
-            again = podstatus.Restarted(count, f"{first_id}-{count}", {"running": {"startedAt": now}}, ended)
-            restarted[name] = again
-        self._tell_started(pod, container)
-        self._probe_again(uid, container, again.container_id)
-        if (ends := commands.ending(container)) is None or ends.seconds:  # else gone before the next relist
-            await self._write_running(uid)
-        return not self._ending(uid)
-
-    async def _restart_in_place(self, uid: str, source: str) -> bool:
-        """Container ``source`` exited as a RestartAllContainers rule of its says: as
-        kubelet v1.37 (RestartAllContainersOnContainerExits, beta and on), the pod shown
-        AllContainersRestarting, every container that runs killed at once (Killing
-        "killing": no preStop hook, no grace; the pod's own, then its sidecars), all
-        removed and shown waiting, each counted once more (``podstatus.restarting_status``);
-        then its init containers run again and its own start, with no back-off. Its
-        sandbox, IP and prepared claims stay: no driver is called. False if the pod is
-        ending first, or an init container fails it now."""
-        if not await self._runs_for(uid, backoff.until_next_relist()):  # the exit, as the PLEG sees it
-            return False
-        await self._write_running(uid)  # the source shown exited: AllContainersRestarting
-        state = self._pods[uid]
-        pod, restarted, ids = state.pod, state.restarted, _container_ids(state.pod)
-        before = podstatus.running_status(pod, state.running_since, ids, now_rfc3339(), state.init_run(), restarted)
-        status = await self._remove_all(uid, before)
-        # The pod's own are to start again, each under a container ID of its own.
-        for container in pod["spec"].get("containers", []):
-            restarted[container["name"]] = podstatus.Restarted.shown(status, container["name"])
-        ran = await self._initialize(state.pod, state.init_run().carried)
-        if ran is None:
-            return False  # deleted meanwhile
-        if ran.failing is not None:
-            await self._fail_initializing(uid)
-            return False
-        pod = self._pod(uid)
-        for container in pod["spec"].get("containers", []):
-            self._tell_started(pod, container)
-            hook_s = commands.hook_seconds(container, "postStart")
-            if hook_s and not await self._runs_for(uid, hook_s):
-                return False
-            now, ids = restarted[container["name"]], _container_ids(pod)
-            restarted[container["name"]] = now.started_again(f"{ids[container['name']]}-{now.count}", now_rfc3339())
-            self._probe_again(uid, container, restarted[container["name"]].container_id)
-        await self._write_running(uid)
-        return not self._ending(uid)
-
-    async def _remove_all(self, uid: str, before: Obj) -> Obj:
-        """Restarting the pod in place, as the kubelet: its running containers killed at
-        once (the pod's own, then its sidecars), and all removed; the status that shows
-        them so, worked out from the one written ``before``, written and returned. Its
-        init containers are to run again (``InitRun.carried``), each under a container ID
-        of its own."""
-        pod = self._pod(uid)
-        running = self._running_containers(uid)  # ephemeral ones, not the pod's, run on
-        mains = [c for c in running if c in pod["spec"].get("containers", [])]
-        inits = [c for c in running if c in (pod["spec"].get("initContainers") or [])]
-        for container in [*mains, *reversed(inits)]:
-            self.tell(pod, containerevents.removed_in_place(container), container["name"])
-        status = podstatus.restarting_status(pod, before, now_rfc3339())
-        self._add_device_health(pod, status["containerStatuses"])
-        ids, carried = _container_ids(pod), {}
-        for shown in status.get("initContainerStatuses") or []:
-            name, count = shown["name"], shown["restartCount"]
-            carried[name] = podstatus.Restarted(
-                count, f"{ids[name]}-{count}" if count else ids[name], {}, shown["lastState"]
-            )
-        self._pods[uid].inits = podstatus.InitRun(carried=carried)
-        await self._patch_status(pod, {"status": status})
-        return status
-
-    async def _blocked_sync(self, uid: str, name: str, plan: backoff.BackingOff) -> None:
-        """A pod worker's sync that finds container ``name`` still backing off: BackOff
-        told, and CrashLoopBackOff shown if a sync before was blocked too."""
-        self._back_off_blocked(self._pod(uid), name, plan.delay)
-        await self._show_crash_loop(uid, name, plan)
-        plan.synced = True
-
-    def _back_off_blocked(self, pod: Obj, name: str, delay: float) -> None:
-        """A sync that container ``name``'s back-off (of ``delay`` s) kept from starting it:
-        BackOff told, and the sync's failure logged."""
-        self.tell(pod, backoff.back_off_told(pod, name), name)
-        waiting = backoff.crash_loop_state(pod, name, delay)["waiting"]
-        self._containers_not_started(pod, {name: (waiting["reason"], waiting["message"])})
-
-    async def _show_crash_loop(self, uid: str, name: str, plan: backoff.BackingOff) -> None:
-        """Container ``name`` shown waiting in CrashLoopBackOff once a sync was blocked by
-        its back-off: the kubelet writes a pod's status at the start of each sync, with
-        the reason the sync before failed for, so the sync that starts it again shows it
-        too, for a moment (written only if the container does not show it yet)."""
-        restarted = self._pods[uid].restarted
-        again = restarted[name]
-        if plan.synced and "terminated" in again.state:
-            waiting = backoff.crash_loop_state(self._pod(uid), name, plan.delay)
-            restarted[name] = podstatus.Restarted(again.count, again.container_id, waiting, again.state)
-            await self._write_running(uid)
-
-    async def _write_running(self, uid: str) -> None:
-        """The status of a Running pod whose containers changed since it started."""
-        state = self._pods[uid]
-        pod, started, inits = state.pod, state.running_since, state.inits or podstatus.NO_INITS
-        status = podstatus.running_status(
-            pod, started, _container_ids(pod), now_rfc3339(), inits, state.restarted, state.probing
-        )
-        self._add_device_health(pod, status["containerStatuses"])
-        status["startTime"] = _start_time(pod, started)
-        await self._patch_status(pod, {"status": status})
-
-    def _addresses_of(self, pod: Obj) -> Obj:
-        """The host's and the pod's addresses, as its status shows them."""
-        host, pod_ip = self.node.internal_ip(), self._sandbox_ip(pod)
-        return {"hostIP": host, "hostIPs": [{"ip": host}], "podIP": pod_ip, "podIPs": [{"ip": pod_ip}]}
-
-    def _sandbox_ip(self, pod: Obj) -> str:
-        """The node's IP for a pod on the host's network, else its own (``_pod_ip``)."""
-        return self.node.internal_ip() if pod["spec"].get("hostNetwork") else self._pod_ip(pod)
-
-    def _pod_ip(self, pod: Obj) -> str:
-        """From the Node's pod CIDR (the node's IP without one); a pod running when this
-        kubelet started (its sandbox outlived a restart) keeps the IP it had."""
-        kept = pod["status"]["podIP"] if _sandbox_with_own_ip(pod) else None
-        try:
-            address = self._addresses.address(pod["metadata"]["uid"], self.pod_cidr(), kept)
-        except AddressesExhausted as exc:
-            raise StartFailed(SANDBOX_FAILED, f"Failed to create pod sandbox: setting up its network: {exc}") from None
-        return address or self.node.internal_ip()
-
-    async def _patch_status(self, pod: Obj, body: Obj) -> None:
-        """Through the status writer (statuswriter.py): raises ApiError 404 if the pod is
-        gone or was replaced; what the API server cannot take now is written later. Each
-        container made is shown with the image it was made with, as the runtime reports
-        it, whatever the spec says now (a container not restarted for its new image: one
-        that completed, or one stopping to be restarted)."""
-        state = self._pods.get(pod["metadata"]["uid"])
-        status, ran = body.get("status", {}), {} if state is None else state.ran_images
-        for shown in [*status.get("containerStatuses", []), *status.get("initContainerStatuses", [])]:
-            image = ran.get(shown["name"])
-            if image is not None and shown.get("containerID"):
-                reference = podstatus.image_reference(image)
-                shown.update(image=reference, imageID=podstatus.image_id(reference))
-        await self._statuses.patch(pod, body)
-
-    def _running_container_statuses(self, pod: Obj, stamp: str) -> list[Obj]:
-        uid = pod["metadata"]["uid"]
-        state = self._pods[uid]
-        statuses = podstatus.running_containers(pod, stamp, _container_ids(pod), state.restarted, state.probing)
-        self._add_device_health(pod, statuses)
-        return statuses
-
-    def _add_device_health(self, pod: Obj, statuses: list[Obj]) -> None:
-        """Each container's ``allocatedResourcesStatus``, noted to write only changes."""
-        uid = pod["metadata"]["uid"]
-        containers = {c["name"]: c for c in pod["spec"].get("containers", [])}
-        for status in statuses:
-            resources = self.dra.allocated_resources_status(uid, containers[status["name"]])
-            if resources:
-                status["allocatedResourcesStatus"] = resources
-        if (state := self._pods.get(uid)) is not None:
-            state.resources_status = [s.get("allocatedResourcesStatus") for s in statuses]
-
-    def _follow_readiness_gates(self, pod: Obj) -> None:
-        """A running pod's gate conditions changed (someone else writes them): Ready
-        follows at once, as the kubelet's status manager makes it."""
-        if pod.get("status", {}).get("phase") != "Running" or pod["metadata"].get("deletionTimestamp"):
-            return
-        update = podstatus.readiness_update(pod, now_rfc3339())
-        if update is not None:
-            self._in_background(self._patch_status(pod, {"status": update}), f"pod-ready-{pod['metadata']['uid']}")
-
-    def _in_background(self, work: Coroutine[Any, Any, None], name: str) -> None:
-        async def logged() -> None:
-            try:
-                await work
-            except ApiError as exc:
-                log.debug("%s on %s: %s", name, self.node.name, exc)
-
-        task = asyncio.create_task(logged(), name=name)
-        self._status_tasks.add(task)
-        task.add_done_callback(self._status_tasks.discard)
 
     def health_changed(self, driver: str, devices: list[tuple[str, str]]) -> None:
         """A driver's health stream changed these (pool, device): resync the pods using them."""
@@ -1441,142 +599,6 @@ class PodManager:
                 if self._runs(uid):
                     self._resync_schedule.add(uid, time.monotonic())
 
-    def _sync_spec(self, uid: str) -> None:
-        """Sync the pod's spec change (``_observe_generation``) now, or once more when
-        the sync under way is done."""
-        state = self._pods[uid]
-        if state.generation_sync is not None:
-            state.generation_sync = True
-        else:
-            state.generation_sync = False
-            self._in_background(self._observe_generation(uid), f"pod-generation-{uid}")
-
-    def _sandbox_made(self, uid: str) -> None:
-        """The pod's sandbox exists now (its init containers or its own start): ephemeral
-        containers added before are started, as the kubelet's next sync starts them."""
-        state = self._pods.get(uid)
-        if state is None:
-            return
-        started = state.ephemeral
-        if any(c["name"] not in started for c in state.pod["spec"].get("ephemeralContainers") or []):
-            self._sync_spec(uid)
-
-    async def _observe_generation(self, uid: str) -> None:
-        """The pod's spec changed: as the kubelet's next sync, its status says it observed
-        that generation, and an ephemeral container added to a running pod is started
-        (its Events as any container's) and shown running, never ready; it runs as its
-        command says, is never started again, and stops with the pod. One sync at a time
-        per pod, as its pod worker makes them, each from the pod as last seen."""
-        try:
-            while True:
-                await self._sync_generation(uid)
-                state = self._pods.get(uid)
-                if state is None or not state.generation_sync:
-                    return
-                state.generation_sync = False
-        finally:
-            if (state := self._pods.get(uid)) is not None:
-                state.generation_sync = None
-
-    async def _sync_generation(self, uid: str) -> None:
-        pod = self._seen(uid)
-        if pod is None or self._ending(uid):
-            return
-        state = self._pods[uid]
-        status = podstatus.generation_update(pod)
-        started = state.ephemeral
-        new = []
-        if state.running_since or state.initializing:  # its sandbox exists
-            new = [c for c in pod["spec"].get("ephemeralContainers") or [] if c["name"] not in started]
-        if started or new:  # the sync's status: the new ones not made yet
-            waiting = podstatus.POD_INITIALIZING if state.initializing else podstatus.CONTAINER_CREATING
-            status["ephemeralContainerStatuses"] = self._ephemeral_statuses(pod, unmade=new, waiting=waiting)
-        with contextlib.suppress(ApiError):
-            await self._patch_status(pod, {"status": status})
-        if not new:
-            return
-        for container in new:
-            self._tell_started(pod, container)
-            started[container["name"]] = {"running": {"startedAt": now_rfc3339()}}
-            if (ends := commands.ending(container)) is not None:
-                self._in_background(self._end_ephemeral(uid, container, ends), f"pod-debug-{uid}")
-        with contextlib.suppress(ApiError):  # as the relist after sees them
-            await self._patch_status(pod, {"status": {"ephemeralContainerStatuses": self._ephemeral_statuses(pod)}})
-
-    async def _end_ephemeral(self, uid: str, container: Obj, ends: commands.Ending) -> None:
-        if not await self._runs_for(uid, ends.seconds):
-            return
-        started, pod = self._pods[uid].ephemeral, self._pod(uid)
-        ended = podstatus.Ended.exit_status(ends.exit_code, now_rfc3339())
-        began = started[container["name"]]["running"]["startedAt"]
-        started[container["name"]] = podstatus.terminated_state(_ephemeral_id(pod, container), began, ended)
-        with contextlib.suppress(ApiError):
-            await self._patch_status(pod, {"status": {"ephemeralContainerStatuses": self._ephemeral_statuses(pod)}})
-
-    def _ephemeral_statuses(
-        self, pod: Obj, stopped_at: str | None = None, unmade: Iterable[Obj] = (), waiting: str = ""
-    ) -> list[Obj]:
-        """The statuses of the pod's ephemeral containers started so far, and those
-        ``unmade`` yet (``waiting`` for that reason), by name as the kubelet lists them;
-        with ``stopped_at``, those running stopped then (the pod ended)."""
-        known = self._pods.get(pod["metadata"]["uid"])
-        started = {} if known is None else known.ephemeral
-        statuses = [podstatus.ephemeral_status(c, "", {"waiting": {"reason": waiting}}) for c in unmade]
-        for container in pod["spec"].get("ephemeralContainers") or []:
-            state = started.get(container["name"])
-            if state is None:
-                continue
-            container_id = _ephemeral_id(pod, container)
-            if stopped_at is not None and "running" in state:
-                state = podstatus.terminated_state(
-                    container_id, state["running"]["startedAt"], podstatus.Ended.stopped(stopped_at)
-                )
-            statuses.append(podstatus.ephemeral_status(container, container_id, state))
-        return sorted(statuses, key=lambda status: str(status["name"]))
-
-    async def _sync_status(self, uid: str) -> None:
-        """Write the running pod's container statuses again if their device health changed."""
-        state = self._pods.get(uid)
-        if state is None or not state.running_since or state.ending():
-            return
-        pod, stamp = state.pod, state.running_since
-        before = state.resources_status
-        statuses = self._running_container_statuses(pod, stamp)
-        if state.resources_status == before:
-            return
-        meta = pod["metadata"]
-        try:
-            await self._patch_status(pod, {"status": {"containerStatuses": statuses}})
-        except ApiError as exc:
-            state.resources_status = None  # try again at the next sync
-            log.debug("pod %s: status update failed: %s", meta["name"], exc)
-
-    async def _set_ended(self, uid: str, started: str, ended: podstatus.Ended) -> None:
-        state = self._pods[uid]
-        pod, inits = state.pod, state.inits or podstatus.NO_INITS
-        status = podstatus.ended_status(pod, started, _container_ids(pod), ended, inits, state.restarted)
-        if state.ephemeral:
-            status["ephemeralContainerStatuses"] = self._ephemeral_statuses(pod, ended.at)
-        await self._patch_status(pod, {"status": status})
-
-    async def _release(self, pod_uid: str) -> None:
-        """Unprepare the claims this pod was the last user of, once the pod's containers
-        stopped (the kubelet's terminated-pod sync); tried again after the kubelet's
-        sync-error backoff until the driver succeeds (the pod is not finished before),
-        sooner if the pod changes. A pod whose termination was synced is not again when
-        it is deleted later, as in the kubelet."""
-        if pod_uid in self._terminated:
-            return
-        retry_in = backoff.until_next_relist()  # the containers' exit, seen at the next relist, syncs the pod once more
-        while True:
-            seen = state.changes if (state := self._pods.get(pod_uid)) is not None else None
-            if await self.dra.release(pod_uid):
-                break
-            await self._pause(pod_uid, retry_in, seen)
-            retry_in = backoff.jittered(backoff.SYNC_ERROR_BACKOFF_S)
-        self.dra.forget(pod_uid)
-        self._terminated.add(pod_uid)
-
     def active_uids(self) -> set[str]:
         """Pods this kubelet still runs or is still stopping (the kubelet's active pods)."""
         ended = ("Succeeded", "Failed")
@@ -1588,76 +610,6 @@ class PodManager:
 
     def active_pods(self) -> list[Obj]:
         return [self._pod(uid) for uid in sorted(self.active_uids()) if uid in self._pods]
-
-    def known_pod(self, namespace: str, name: str) -> Obj | None:
-        """A pod bound here that is still in the API, by name."""
-        for state in self._pods.values():
-            meta = state.pod["metadata"]
-            if not state.pod.get("_deleted") and meta["name"] == name and meta["namespace"] == namespace:
-                return state.pod
-        return None
-
-    async def process_changed(self, namespace: str, name: str, container: str, exit_code: int | None) -> None:
-        """A container whose process runs beside this kubelet (a node's command-line
-        driver, for its driver pod) exited with ``exit_code``, or was started again (None):
-        shown in the pod's status as the kubelet shows its own containers' (terminated,
-        then running with restartCount one up and the exit as lastState, with the Events
-        of a start). Kept until the pod runs here, if it does not yet."""
-        pod = self.known_pod(namespace, name)
-        uid = "" if pod is None else pod["metadata"]["uid"]
-        if pod is None or not self._pods[uid].running_since:
-            self._process_changes.setdefault((namespace, name, container), []).append(exit_code)
-            return
-        if self._ending(uid):
-            return
-        spec = next((c for c in pod["spec"].get("containers", []) if c["name"] == container), None)
-        if spec is None:
-            return
-        restarted = self._pods[uid].restarted
-        now = restarted.get(container)
-        if now is None:
-            running = {"running": {"startedAt": self._pods[uid].running_since}}
-            now = podstatus.Restarted(0, _container_ids(pod)[container], running, {})
-        if exit_code is not None:
-            if "running" not in now.state:
-                return
-            ended = podstatus.Ended.exit_status(exit_code, now_rfc3339())
-            exited = podstatus.terminated_state(now.container_id, now.state["running"]["startedAt"], ended)
-            restarted[container] = podstatus.Restarted(now.count, now.container_id, exited, now.last)
-        else:
-            if "running" in now.state:
-                return
-            count = now.count + 1
-            running = {"running": {"startedAt": now_rfc3339()}}
-            container_id = f"{_container_ids(pod)[container]}-{count}"
-            before = now.last if "waiting" in now.state else now.state
-            restarted[container] = podstatus.Restarted(count, container_id, running, before)
-            self._tell_started(pod, spec)
-        await self._write_running(uid)
-
-    async def process_restart(self, namespace: str, name: str, container: str) -> None:
-        """After process_changed told an exit: until this kubelet starts that container
-        again, as it does its own (``_restart_exited``): at once the first time, then
-        after its back-off, telling BackOff at each sync that back-off blocks and showing
-        CrashLoopBackOff once one was blocked. For a pod not running here (yet), the
-        back-off alone."""
-        key, exited_at = (namespace, name, container), time.monotonic()
-        delay, self._process_back_off[key] = backoff.restart_delay(self._process_back_off.get(key), exited_at)
-        pod = self.known_pod(namespace, name)
-        uid = "" if pod is None else pod["metadata"]["uid"]
-        if pod is None or not self._pods[uid].running_since or container not in self._pods[uid].restarted:
-            await asyncio.sleep(delay)
-            return
-        blocked, restart_at = backoff.back_off_syncs(delay, resync_s=self.sync_frequency_s)
-        plan = backoff.BackingOff(delay, [exited_at + at for at in blocked], exited_at + restart_at)
-        while plan.blocked:
-            await asyncio.sleep(max(0.0, plan.blocked.pop(0) - time.monotonic()))
-            if self._ending(uid):
-                return
-            await self._blocked_sync(uid, container, plan)
-        await asyncio.sleep(max(0.0, plan.restart_at - time.monotonic()))
-        if not self._ending(uid):
-            await self._show_crash_loop(uid, container, plan)
 
     async def _reconcile(self) -> None:
         """The DRA manager's reconcile, every RECONCILE_S once the pods bound here are
@@ -1671,58 +623,6 @@ class PodManager:
         """Whether the pods bound here are all known: before, every pod looks gone. Fed
         by someone else's watch, it cannot tell, and claims are left alone."""
         return self.watch_pods and bool(self._position.resource_version)
-
-    async def _stop_containers(self, uid: str) -> None:
-        """Stop each container that runs now, telling of it: the pod's own (unless they
-        completed), then its init containers still running (sidecars, stopped last); after
-        their preStop hooks, as the kubelet runs them (a sleep action takes its time, cut
-        short at the grace period), unless the pod is gone from the API meanwhile."""
-        pod = self._pod(uid)
-        running = self._running_containers(uid)
-        about = pod
-        if self._pods[uid].rejected:
-            # Refused after its containers ran through a restart: the kubelet stops them as
-            # the runtime lists them, each rebuilt from its labels as the one container of
-            # a pod of its own, so its Events name the pod without a resourceVersion and
-            # every container as one of spec.containers (an init container too).
-            meta = {k: v for k, v in pod["metadata"].items() if k != "resourceVersion"}
-            about = {**pod, "metadata": meta, "spec": {"containers": running}}
-        for container in running:
-            self.tell(about, containerevents.stopping(container), container["name"])
-        deadline = time.monotonic() + commands.pre_stop_seconds(running, commands.grace_seconds(pod))
-        while (left := deadline - time.monotonic()) > 0 and not self._pod(uid).get("_deleted"):
-            await self._pause(uid, left)
-
-    def _running_containers(self, uid: str) -> list[Obj]:
-        state = self._pods[uid]
-        spec, restarted = state.pod["spec"], state.restarted
-        running = []
-        if state.running_since:
-            running = [
-                c
-                for c in spec.get("containers", [])
-                if c["name"] not in restarted or "running" in restarted[c["name"]].state
-            ]
-        elif early := state.started_early:
-            running = [
-                c for c in spec.get("containers", []) if c["name"] in early and "running" in early[c["name"]].state
-            ]
-        # Ephemeral ones: started once its sandbox was there, before its init containers ended maybe.
-        running += [c for c in spec.get("ephemeralContainers") or [] if "running" in state.ephemeral.get(c["name"], {})]
-        run = state.inits or podstatus.NO_INITS  # those started so far
-        inits = enumerate((spec.get("initContainers") or [])[: len(run.spans)])
-        running += reversed([c for index, c in inits if run.runs(index)])
-        return running
-
-    def _not_running(self, uid: str) -> str:
-        """Its containers and sandbox are gone (its status keeps the IP it had); when they
-        had started ("" if they never ran)."""
-        started = ""
-        if (state := self._pods.get(uid)) is not None:
-            started, state.running_since = state.running_since, ""
-        self._addresses.release(uid)
-        self._resync_schedule.remove(uid)
-        return started
 
     async def _exceed_deadline(self, uid: str) -> None:
         """Past its activeDeadlineSeconds, as the kubelet's active deadline handler has it:
@@ -1746,12 +646,12 @@ class PodManager:
         pod, now, status = state.pod, now_rfc3339(), None
         if started:
             ended, inits = podstatus.Ended.stopped(now), state.inits or podstatus.NO_INITS
-            status = podstatus.ended_status(pod, started, _container_ids(pod), ended, inits, state.restarted)
+            status = podstatus.ended_status(pod, started, container_ids(pod), ended, inits, state.restarted)
             if state.ephemeral:
                 status["ephemeralContainerStatuses"] = self._ephemeral_statuses(pod, now)
         elif state.inits is not None:
             stopped = failed is not None
-            status = podstatus.stopped_initializing_status(pod, _container_ids(pod), state.inits, now, stopped)
+            status = podstatus.stopped_initializing_status(pod, container_ids(pod), state.inits, now, stopped)
             if state.ephemeral:
                 status["ephemeralContainerStatuses"] = self._ephemeral_statuses(pod, now)
         elif state.shown_pending or failed is not None:
@@ -1787,31 +687,9 @@ class PodManager:
         self._events.forget(uid)
 
 
-def _start_time(pod: Obj, default: str | None = None) -> str:
-    """When the kubelet first took the pod on: kept from its first status write on."""
-    return str(pod.get("status", {}).get("startTime") or default or now_rfc3339())
-
-
 def _deadline(pod: Obj) -> float | None:
     seconds = pod["spec"].get("activeDeadlineSeconds")
     return None if seconds is None else float(seconds)
-
-
-def _started_now(pod: Obj, container: Obj, at: str | None = None) -> podstatus.Restarted:
-    """A container the runtime starts ``at`` (default: now), as the next relist finds it:
-    running, or exited already if its command ends as it starts."""
-    name, at = container["name"], at or now_rfc3339()
-    container_id = _container_ids(pod)[name]
-    if commands.exits_at_once(pod, container):
-        ended = podstatus.Ended.exit_status(commands.exit_code(container), now_rfc3339())
-        return podstatus.Restarted(0, container_id, podstatus.terminated_state(container_id, at, ended), {})
-    return podstatus.Restarted(0, container_id, {"running": {"startedAt": at}}, {})
-
-
-def _container_ids(pod: Obj) -> dict[str, str]:
-    uid, spec = pod["metadata"]["uid"], pod["spec"]
-    containers = [*spec.get("initContainers", []), *spec.get("containers", [])]
-    return {c["name"]: f"dra-testbed://{uid}-{c['name']}" for c in containers}
 
 
 def _images_shown(pod: Obj) -> dict[str, str]:
@@ -1825,24 +703,6 @@ def _ephemeral_shown(pod: Obj) -> dict[str, Obj]:
     """By name: the state of each ephemeral container made, as the pod's status shows it."""
     shown = pod.get("status", {}).get("ephemeralContainerStatuses") or []
     return {s["name"]: s.get("state") or {} for s in shown if s.get("containerID")}
-
-
-def _ephemeral_id(pod: Obj, container: Obj) -> str:
-    return f"dra-testbed://{pod['metadata']['uid']}-{container['name']}"
-
-
-def _sandbox_shown(pod: Obj) -> bool:
-    """Whether the pod's status shows its sandbox made (PodReadyToStartContainers)."""
-    conditions = pod.get("status", {}).get("conditions") or []
-    return any(c.get("type") == "PodReadyToStartContainers" and c.get("status") == "True" for c in conditions)
-
-
-def _sandbox_with_own_ip(pod: Obj) -> bool:
-    """The pod has a sandbox with an IP of its own (not the host's network): it runs, or
-    it starts and its status shows the sandbox."""
-    status = pod.get("status", {})
-    made = status.get("phase") == "Running" or (status.get("phase") == "Pending" and _sandbox_shown(pod))
-    return bool(made and status.get("podIP") and not pod["spec"].get("hostNetwork"))
 
 
 def _differs_beyond_status(before: Obj, after: Obj) -> bool:
