@@ -28,13 +28,13 @@ from prometheus_client import REGISTRY, generate_latest
 from fake_devices import sysfs
 from fake_devices.hardware import Health, NodeHardware
 from fake_devices.profiles import HardwareProfile
+from testbed import heap
 from testbed.config import log_to_stderr
 from testbed.controlplane.binaries import ensure_node_binaries
 from testbed.drivers import drivers_for, load_profile
 from testbed.errors import TestbedError
 from testbed.files import private_dir, write_secret
 from testbed.fingerprint import code_version
-from testbed.fleet import heap
 from testbed.fleet.drain import DrainResult, drain, drain_process_node
 from testbed.fleet.external import (
     ExternalDriver,

@@ -29,6 +29,7 @@ from typing import Any
 import aiohttp
 
 from fake_devices.hardware import build_inventory
+from testbed import heap
 from testbed.controlplane.components import Ports
 from testbed.controlplane.processes import process_start_ticks
 from testbed.drivers import PROFILES, class_kinds, load_profile
@@ -865,48 +866,49 @@ class Runner:
             "annotations": {RUNNER_ANNOTATION: json.dumps(runner_identity())},
         }
         await self.client.create(path_for("v1", "namespaces"), {"metadata": metadata})
-        async with aiohttp.ClientSession() as session:
-            self.data.before = await self._scrape_all(session)
-            watches = (
-                self._watch_pods(),
-                self._watch_jobs(),
-                self._watch_claims(),
-                self._sample(session),
-                watch_lateness(LOOP_PROBE_S, self._loop_held),
-            )
-            tasks = [asyncio.create_task(t) for t in watches]
-            if self.scenario.faults:
-                tasks.append(asyncio.create_task(self._inject_faults()))
-            held = 0
-            try:
-                for phase in self.scenario.phases:
-                    result = await self._run_phase(phase, held, session)
-                    if phase.run_seconds is None:  # long-running pods keep their devices
-                        held += result.pods_running
-            except (asyncio.CancelledError, KeyboardInterrupt):
-                self.data.interrupted = True
-                if self.data.phases and not self.data.phases[-1].ended:
-                    self.data.phases[-1].interrupted = True
-                    self._settle(self.data.phases[-1])
-                raise
-            finally:
-                self.data.ended = time.monotonic() - self.data.started
-                await self._snapshot(session)
-                self.data.after = await self._scrape_all(session, end=True)
-                for task in tasks:
-                    task.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
-                await self._undo_faults()
-                self._say(f"cleaning up namespace {self.data.namespace}")
+        with heap.settled():  # a full collection mid-phase would stop the watches that time the pods
+            async with aiohttp.ClientSession() as session:
+                self.data.before = await self._scrape_all(session)
+                watches = (
+                    self._watch_pods(),
+                    self._watch_jobs(),
+                    self._watch_claims(),
+                    self._sample(session),
+                    watch_lateness(LOOP_PROBE_S, self._loop_held),
+                )
+                tasks = [asyncio.create_task(t) for t in watches]
+                if self.scenario.faults:
+                    tasks.append(asyncio.create_task(self._inject_faults()))
+                held = 0
                 try:
-                    # Bounded: with the API server gone, retries would go on for minutes.
-                    async with asyncio.timeout(CLEANUP_TIMEOUT_S if self.data.error else None):
-                        await self._clean_up()
-                except (TimeoutError, ApiError, aiohttp.ClientError, OSError) as exc:
-                    self.data.left_behind = (
-                        f"namespace {self.data.namespace} ({type(exc).__name__}): delete it once the API "
-                        f"server is back: kubectl delete namespace {self.data.namespace}"
-                    )
+                    for phase in self.scenario.phases:
+                        result = await self._run_phase(phase, held, session)
+                        if phase.run_seconds is None:  # long-running pods keep their devices
+                            held += result.pods_running
+                except (asyncio.CancelledError, KeyboardInterrupt):
+                    self.data.interrupted = True
+                    if self.data.phases and not self.data.phases[-1].ended:
+                        self.data.phases[-1].interrupted = True
+                        self._settle(self.data.phases[-1])
+                    raise
+                finally:
+                    self.data.ended = time.monotonic() - self.data.started
+                    await self._snapshot(session)
+                    self.data.after = await self._scrape_all(session, end=True)
+                    for task in tasks:
+                        task.cancel()
+                    await asyncio.gather(*tasks, return_exceptions=True)
+                    await self._undo_faults()
+                    self._say(f"cleaning up namespace {self.data.namespace}")
+                    try:
+                        # Bounded: with the API server gone, retries would go on for minutes.
+                        async with asyncio.timeout(CLEANUP_TIMEOUT_S if self.data.error else None):
+                            await self._clean_up()
+                    except (TimeoutError, ApiError, aiohttp.ClientError, OSError) as exc:
+                        self.data.left_behind = (
+                            f"namespace {self.data.namespace} ({type(exc).__name__}): delete it once the API "
+                            f"server is back: kubectl delete namespace {self.data.namespace}"
+                        )
         return self.data
 
 

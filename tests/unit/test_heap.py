@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from testbed.fleet import heap
+from testbed import heap
 
 
 @pytest.fixture(autouse=True)
@@ -59,4 +59,17 @@ def test_what_removed_nodes_held_is_collected_after_release() -> None:
     gc.collect()
     assert gone() is not None, "settled objects are never collected by themselves"
     heap.release()
+    assert gone() is None
+
+
+def test_a_scenario_run_settles_what_its_process_held_and_gives_it_back_at_the_end() -> None:
+    before = Held()
+    with heap.settled():
+        assert not _collectable(before), "a full collection mid-run does not walk what was there"
+        during = Held()
+        assert _collectable(during), "what the run makes is collected as usual"
+    assert _collectable(before), "a test session running scenarios one after another leaks no cycles"
+    gone = weakref.ref(before)
+    del before
+    gc.collect()
     assert gone() is None
