@@ -1893,15 +1893,24 @@ def test_a_pod_past_its_active_deadline_is_failed_and_its_claim_unprepared_alike
                 deadline = {"spec": {"activeDeadlineSeconds": 1}}
                 await side.client.patch(path_for("v1", "pods", "later", side.namespace), deadline, "strategic")
                 found: dict[str, Any] = {}
-                for name in ("deadline", "initializing", "later"):
+                stopped_pods = ("deadline", "initializing", "later")
+                for name in stopped_pods:
                     failed = await until(lambda n=name: side._phase(n, "Failed"), 60, f"{side.kind}: {name} failed")
                     status = failed["status"]
                     found[name] = _status_shape(failed)
                     found[f"{name}: why"] = (status.get("reason"), status.get("message"))
                     found[f"{name}: exits"] = {**_exits(failed), **_init_exits(failed)}
                 found["calls"] = list((await _all_unprepared(side, since)).values())
-                told = await _told(side, counted=False)
                 wanted = ("DeadlineExceeded", "Killing")
+
+                async def all_told() -> dict[str, list[tuple[Any, ...]]] | None:
+                    """Events go out behind statuses, on either kubelet (CI once read the
+                    fake's before its init container's Killing had gone out)."""
+                    told = await _told(side, counted=False)
+                    reasons = [{fact[2] for fact in told.get(name, [])} for name in stopped_pods]
+                    return told if all(set(wanted) <= seen for seen in reasons) else None
+
+                told = await until(all_told, 30, f"{side.kind}: each deadline and each stop told")
                 found["told"] = {name: [t for t in facts if t[2] in wanted] for name, facts in told.items()}
                 found["still there"] = sorted(
                     p["metadata"]["name"]
@@ -2503,7 +2512,16 @@ def test_a_crash_looping_container_shows_each_exit_and_crash_loop_back_off_befor
                 assert flash in found["fake"]["states"][name], (name, found["fake"]["states"])
                 for seen in found.values():
                     seen["states"][name] = [state for state in seen["states"][name] if state != flash]
-            assert found["fake"]["states"] == found["real"]["states"]
+            # The container's first exit is shown by the sync that starts it again at once, as
+            # for the init container: the real node's status manager may send the running
+            # status after it in its place (CI, once in a few dozen runs); the fake always
+            # shows it, as asserted below.
+            first_exit, real = (0, "terminated", "Error"), found["real"]["states"]
+            fake = {
+                name: [state for state in shown if state != first_exit or first_exit in real[name]]
+                for name, shown in found["fake"]["states"].items()
+            }
+            assert fake == real
             assert found["fake"]["sync errors logged"] == found["real"]["sync errors logged"], found
             assert found["fake"]["sync errors logged"] == {
                 name: [
