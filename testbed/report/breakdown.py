@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from testbed.report.metrics import Scrape, by_label, fleet_increase, histogram, increase, label_sets
+from testbed.report.metrics import Narrowed, Only, Scrape, by_label, fleet_increase, histogram, increase, label_sets
 
 COMPONENTS = ("kube-apiserver", "etcd", "kube-controller-manager", "kube-scheduler")
 """The control-plane sources a snapshot scrapes, by the names reports use."""
@@ -33,8 +33,14 @@ BINDING_CONDITIONS = "scheduler_dra_bindingconditions_"
 PLUGIN_SAMPLE_PERCENT = 10
 """The scheduler times plugins in one scheduling cycle in ten (pluginMetricsSamplePercent)."""
 
-ONLY = {
-    "kube-apiserver": (CPU, "process_start_time_seconds", "apiserver_request_duration_seconds", "etcd_request_"),
+_OF_RESOURCES = tuple(f'resource="{resource}"' for resource in RESOURCES)
+ONLY: dict[str, Only] = {
+    "kube-apiserver": (
+        CPU,
+        "process_start_time_seconds",
+        Narrowed("apiserver_request_duration_seconds", _OF_RESOURCES),
+        Narrowed("etcd_request_duration_seconds", _OF_RESOURCES),
+    ),
     "etcd": (CPU, "process_start_time_seconds", "etcd_disk_wal_fsync", "etcd_disk_backend_commit"),
     "kube-controller-manager": (CPU, "process_start_time_seconds"),
     "kube-scheduler": (

@@ -62,6 +62,20 @@ def parse_sample(line: str) -> tuple[str, Labels, float]:
         raise MalformedMetrics(f"no name or value in {line!r}") from None
 
 
+@dataclass(frozen=True)
+class Narrowed:
+    """A filter entry for ``Scrape.parse``: the samples whose names start with ``prefix``,
+    kept only when their line holds one of ``labels`` (each ``key="value"`` as written).
+    So a report that reads four resources of the API server's per-resource histograms
+    parses those, not the thousands of lines of all the others."""
+
+    prefix: str
+    labels: tuple[str, ...]
+
+
+Only = tuple[str | Narrowed, ...]
+
+
 @dataclass
 class Scrape:
     """One scrape: sample name -> labels -> value."""
@@ -71,11 +85,14 @@ class Scrape:
     """Why the scrape got nothing (unreachable, timed out); "" if it worked."""
 
     @classmethod
-    def parse(cls, text: str, only: tuple[str, ...] = ()) -> Scrape:
-        """``only``: keep just the samples whose names start with these (parsing is the
-        costly part, so lines are dropped before it). A line that is not the text format
-        raises MalformedMetrics."""
+    def parse(cls, text: str, only: Only = ()) -> Scrape:
+        """``only``: keep just the samples whose names start with these, or, for a
+        ``Narrowed``, those of them with one of its labels (parsing is the costly part, so
+        lines are dropped before it). A line that is not the text format raises
+        MalformedMetrics."""
         scrape = cls()
+        prefixes = tuple(entry if isinstance(entry, str) else entry.prefix for entry in only)
+        narrowed = [(entry.prefix, entry.labels) for entry in only if isinstance(entry, Narrowed)]
         counters: set[str] = set()
         """Counters whose name lacks ``_total``: their samples get it, as Prometheus's own
         parser names them (so the name a report asks for never depends on the filter)."""
@@ -85,7 +102,9 @@ class Scrape:
                 if len(parts) == 4 and parts[3] == "counter" and not parts[2].endswith("_total"):
                     counters.add(parts[2])
                 continue
-            if not line or line.startswith("#") or (only and not line.startswith(only)):
+            if not line or line.startswith("#") or (only and not line.startswith(prefixes)):
+                continue
+            if narrowed and any(line.startswith(p) and not any(x in line for x in xs) for p, xs in narrowed):
                 continue
             name, labels, value = parse_sample(line)
             if name in counters:
@@ -243,7 +262,7 @@ def _any_certificate() -> ssl.SSLContext:
     return context
 
 
-async def scrape(session: aiohttp.ClientSession, url: str, only: tuple[str, ...] = ()) -> Scrape:
+async def scrape(session: aiohttp.ClientSession, url: str, only: Only = ()) -> Scrape:
     """``only``: keep just the samples whose names start with these. Parsing a component's
     whole /metrics takes tens of milliseconds of the event loop, which would delay the
     pod watch and corrupt the latencies it measures; the once-a-second samples need two

@@ -39,7 +39,7 @@ from testbed.kubeapi import ApiError, KubeClient, Obj, path_for
 from testbed.kubelet.node import SYNTHETIC_TOLERATION
 from testbed.kubeletplugin.leftovers import prepared_state
 from testbed.report.breakdown import NODEHOSTS, ONLY, Snapshot, machine_cpu
-from testbed.report.metrics import Scrape, fleet_increase, scrape
+from testbed.report.metrics import Only, Scrape, fleet_increase, scrape
 from testbed.scenarios.spec import Fault, Phase, Scenario, faults_to_undo
 from testbed.tasks import watch_lateness
 
@@ -539,7 +539,7 @@ class Runner:
             )
         snapshot.nodehosts = await self._nodehost_scrapes(ONLY[NODEHOSTS])
 
-    async def _nodehost_scrapes(self, only: tuple[str, ...] = ()) -> list[Scrape]:
+    async def _nodehost_scrapes(self, only: Only = ()) -> list[Scrape]:
         """One per NodeHost; a host that did not answer is a failed scrape, never an empty one."""
         if self.endpoints.nodehosts is None:
             return []

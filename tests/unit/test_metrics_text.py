@@ -8,7 +8,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from testbed.report.metrics import MalformedMetrics, Scrape, parse_sample
+from testbed.report.metrics import MalformedMetrics, Narrowed, Scrape, parse_sample
 
 
 def _reference(text: str) -> dict[str, dict[frozenset[tuple[str, str]], float]]:
@@ -59,6 +59,27 @@ def test_a_filter_keeps_only_the_named_samples_and_names_them_the_same() -> None
     kept = Scrape.parse(text, ("authenticated_user_requests", "queue_")).samples
     assert set(kept) == {"authenticated_user_requests_total", "queue_depth"}
     assert kept["queue_depth"] == {frozenset({("name", "resource_claim")}): math.inf}
+
+
+def test_a_narrowed_filter_keeps_a_family_only_for_the_labels_named_and_the_rest_as_before() -> None:
+    text = _exposition()
+    wanted = Narrowed("request_duration_seconds", ('resource="pods"',))
+    kept = Scrape.parse(text, (wanted, "queue_")).samples
+    everything = Scrape.parse(text).samples
+    assert set(kept) == {
+        "request_duration_seconds_bucket",
+        "request_duration_seconds_count",
+        "request_duration_seconds_sum",
+        "request_duration_seconds_created",
+        "queue_depth",
+    }
+    for name, series in kept.items():
+        assert series == {
+            labels: value
+            for labels, value in everything[name].items()
+            if name == "queue_depth" or ("resource", "pods") in labels
+        }, name
+    assert kept["request_duration_seconds_count"] == {frozenset({("verb", "GET"), ("resource", "pods")}): 1.0}
 
 
 @pytest.mark.parametrize(
