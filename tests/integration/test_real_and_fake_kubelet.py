@@ -1823,15 +1823,12 @@ def test_a_kubelet_restart_leaves_a_pod_without_claims_running_as_it_was_alike(
 
                 before = await until(lambda: settled(3), 30, f"{side.kind}: main on v2, the debugger running")
 
-                async def all_told() -> dict[str, list[tuple[Any, ...]]] | None:
-                    """The Events so far, once the starts shown are told: a kubelet writes
-                    them behind its status."""
-                    told = await _told(side)
+                def starts_told(told: Told) -> bool:
                     counts = {(e[0], e[2]): e[-1] for e in told.get("plain", [])}
                     main, debugger = "spec.containers{main}", "spec.ephemeralContainers{debugger}"
-                    return told if counts.get((main, "Started")) == 2 and counts.get((debugger, "Started")) else None
+                    return counts.get((main, "Started")) == 2 and bool(counts.get((debugger, "Started")))
 
-                told_before = await until(all_told, 30, f"{side.kind}: the starts told")
+                told_before = await _told_once(side, starts_told, "the starts told")
                 await side.node.stop_process("kubelet")
                 await side.node.start_kubelet()
                 await until(lambda: _ready(side), 60, f"{side.kind}: node Ready again")
@@ -1902,15 +1899,13 @@ def test_a_pod_past_its_active_deadline_is_failed_and_its_claim_unprepared_alike
                     found[f"{name}: exits"] = {**_exits(failed), **_init_exits(failed)}
                 found["calls"] = list((await _all_unprepared(side, since)).values())
                 wanted = ("DeadlineExceeded", "Killing")
-
-                async def all_told() -> dict[str, list[tuple[Any, ...]]] | None:
-                    """Events go out behind statuses, on either kubelet (CI once read the
-                    fake's before its init container's Killing had gone out)."""
-                    told = await _told(side, counted=False)
-                    reasons = [{fact[2] for fact in told.get(name, [])} for name in stopped_pods]
-                    return told if all(set(wanted) <= seen for seen in reasons) else None
-
-                told = await until(all_told, 30, f"{side.kind}: each deadline and each stop told")
+                # CI once read the fake's before its init container's Killing had gone out.
+                told = await _told_once(
+                    side,
+                    lambda told: all(set(wanted) <= {f[2] for f in told.get(pod, [])} for pod in stopped_pods),
+                    "each deadline and each stop told",
+                    counted=False,
+                )
                 found["told"] = {name: [t for t in facts if t[2] in wanted] for name, facts in told.items()}
                 found["still there"] = sorted(
                     p["metadata"]["name"]
@@ -1976,13 +1971,11 @@ def test_a_pod_bound_past_what_its_node_admits_is_refused_alike_and_never_prepar
                         bool(status.get("startTime")),
                     )
 
-                async def all_told() -> dict[str, list[tuple[Any, ...]]] | None:
-                    """The Events, once each refusal is told: a kubelet writes them behind
-                    the pod's status (the fake's came late once in CI)."""
-                    told = await _told(side)
-                    return told if all(told.get(n) for n in ("too-big", "elsewhere", "port-taken")) else None
-
-                told = await until(all_told, 30, f"{side.kind}: the refusals told")
+                told = await _told_once(
+                    side,
+                    lambda told: all(told.get(n) for n in ("too-big", "elsewhere", "port-taken")),
+                    "the refusals told",
+                )
                 found["told"] = {
                     name: [(*fact[:3], mask(fact[3]), *fact[4:]) for fact in told.get(name, [])]
                     for name in ("too-big", "elsewhere", "port-taken")
@@ -2085,14 +2078,13 @@ def test_a_kubelet_restart_admits_every_pod_again_oldest_first_and_stops_one_it_
 
                 await until(unprepared, 60, f"{side.kind}: the refused pod's claim unprepared")
 
-                async def all_told() -> dict[str, list[tuple[Any, ...]]] | None:
-                    """Events go out behind statuses and calls, on either kubelet."""
-                    told = await _told(side)
+                def refusals_and_stops_told(told: Told) -> bool:
                     refused = all(any(f[1] == "Warning" for f in told.get(n, [])) for n in refused_pods)
-                    stopped = all(any(f[2] == "Killing" for f in told.get(n, [])) for n in ("picky", "picky-starting"))
-                    return told if refused and stopped else None
+                    return refused and all(
+                        any(f[2] == "Killing" for f in told.get(n, [])) for n in ("picky", "picky-starting")
+                    )
 
-                told = await until(all_told, 30, f"{side.kind}: each refusal and each stop told")
+                told = await _told_once(side, refusals_and_stops_told, "each refusal and each stop told")
                 before = ("Pulling", "Pulled", "Created", "Started")
                 found["told"] = {
                     name: [fact for fact in told.get(name, []) if fact[2] not in before]
@@ -2748,7 +2740,11 @@ def parse_time(stamp: str) -> float:
     return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
-async def _told(side: Side, counted: bool = True) -> dict[str, list[tuple[Any, ...]]]:
+Told = dict[str, list[tuple[Any, ...]]]
+"""The Events a kubelet told, by pod (``_told``)."""
+
+
+async def _told(side: Side, counted: bool = True) -> Told:
     """The kubelet's Events on each pod, in the order told, as a user reads them: what
     they are about, their words (the node's and namespace's names, and a pull's
     duration, put aside), and how often each was counted."""
@@ -2763,6 +2759,19 @@ async def _told(side: Side, counted: bool = True) -> dict[str, list[tuple[Any, .
         fact = (about.get("fieldPath", ""), event["type"], event["reason"], words, sorted(about))
         told.setdefault(about["name"], []).append((*fact, event["count"]) if counted else fact)
     return told
+
+
+async def _told_once(side: Side, ready: Callable[[Told], bool], what: str, counted: bool = True) -> Told:
+    """The Events, once ``ready`` finds what it waits for in them: either kubelet writes
+    them behind the statuses and calls they follow, one at a time, so a test that read
+    them as soon as a status showed came too early now and then (CI, for the fake's and
+    the real node's alike)."""
+
+    async def when_ready() -> Told | None:
+        told = await _told(side, counted)
+        return told if ready(told) else None
+
+    return await until(when_ready, 30, f"{side.kind}: {what}")
 
 
 def _as_the_runtime_lists_it(fact: tuple[Any, ...]) -> tuple[Any, ...]:
