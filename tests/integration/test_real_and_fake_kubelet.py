@@ -2119,7 +2119,7 @@ def test_a_kubelet_restart_admits_every_pod_again_oldest_first_and_stops_one_it_
             # runtime lists them (the fake's way); now and then on the real node the watch's
             # update of its Failed status reaches the pod worker first (its resources are
             # still allocated from before the restart), which stops them with the API's pod
-            # (CI, 2026-12-03, for both pods). Either is the kubelet's, so both are compared
+            # (one run of this file in seven, 2026-12-03, for both pods). Either is the kubelet's, so both are compared
             # in the runtime's terms.
             for seen in found.values():
                 seen["told"] = {pod: [_as_the_runtime_lists_it(f) for f in told] for pod, told in seen["told"].items()}
